@@ -1,0 +1,233 @@
+//! Conversions between CRI wire messages and plegd's runtime types, both ways:
+//! the CRI client reads wire → domain; the simulated CRI server writes domain → wire.
+//! A wire message without what plegd needs (a sandbox without metadata or UID) is an
+//! error, never a silent default.
+
+use plegd_protocol::cri;
+
+use super::{
+    Container, ContainerState, ContainerStatus, PodRef, RuntimeError, Sandbox, SandboxState,
+    SandboxStatus,
+};
+
+fn pod_ref(
+    op: &'static str,
+    id: &str,
+    meta: Option<&cri::PodSandboxMetadata>,
+) -> Result<(PodRef, u32), RuntimeError> {
+    let meta = meta.ok_or_else(|| RuntimeError::Invalid {
+        op,
+        reason: format!("sandbox {id} has no metadata"),
+    })?;
+    if meta.uid.is_empty() {
+        return Err(RuntimeError::Invalid {
+            op,
+            reason: format!("sandbox {id} has an empty pod UID"),
+        });
+    }
+    Ok((
+        PodRef {
+            uid: meta.uid.clone(),
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+        },
+        meta.attempt,
+    ))
+}
+
+pub fn sandbox_state_from_wire(state: i32) -> SandboxState {
+    match cri::PodSandboxState::try_from(state) {
+        Ok(cri::PodSandboxState::SandboxReady) => SandboxState::Ready,
+        // An unknown sandbox state is not ready: it cannot be running anything we trust.
+        _ => SandboxState::NotReady,
+    }
+}
+
+pub fn container_state_from_wire(state: i32) -> ContainerState {
+    match cri::ContainerState::try_from(state) {
+        Ok(cri::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(cri::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(cri::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    }
+}
+
+pub fn sandbox_state_to_wire(state: SandboxState) -> i32 {
+    match state {
+        SandboxState::Ready => cri::PodSandboxState::SandboxReady as i32,
+        SandboxState::NotReady => cri::PodSandboxState::SandboxNotready as i32,
+    }
+}
+
+pub fn container_state_to_wire(state: ContainerState) -> i32 {
+    (match state {
+        ContainerState::Created => cri::ContainerState::ContainerCreated,
+        ContainerState::Running => cri::ContainerState::ContainerRunning,
+        ContainerState::Exited => cri::ContainerState::ContainerExited,
+        ContainerState::Unknown => cri::ContainerState::ContainerUnknown,
+    }) as i32
+}
+
+pub fn sandbox_from_wire(s: &cri::PodSandbox) -> Result<Sandbox, RuntimeError> {
+    let (pod, attempt) = pod_ref("ListPodSandbox", &s.id, s.metadata.as_ref())?;
+    Ok(Sandbox {
+        id: s.id.clone(),
+        pod,
+        attempt,
+        state: sandbox_state_from_wire(s.state),
+        created_at: s.created_at,
+    })
+}
+
+pub fn container_from_wire(c: &cri::Container) -> Result<Container, RuntimeError> {
+    if c.id.is_empty() || c.pod_sandbox_id.is_empty() {
+        return Err(RuntimeError::Invalid {
+            op: "ListContainers",
+            reason: format!("container {:?} without id or sandbox id", c.id),
+        });
+    }
+    let (name, attempt) = c
+        .metadata
+        .as_ref()
+        .map(|m| (m.name.clone(), m.attempt))
+        .unwrap_or_default();
+    Ok(Container {
+        id: c.id.clone(),
+        sandbox_id: c.pod_sandbox_id.clone(),
+        name,
+        attempt,
+        state: container_state_from_wire(c.state),
+        created_at: c.created_at,
+    })
+}
+
+pub fn sandbox_status_from_wire(s: &cri::PodSandboxStatus) -> Result<SandboxStatus, RuntimeError> {
+    let (pod, attempt) = pod_ref("PodSandboxStatus", &s.id, s.metadata.as_ref())?;
+    Ok(SandboxStatus {
+        id: s.id.clone(),
+        pod,
+        attempt,
+        state: sandbox_state_from_wire(s.state),
+        created_at: s.created_at,
+    })
+}
+
+/// ContainerStatus carries no sandbox ID on the wire; the caller knows it from the list.
+pub fn container_status_from_wire(sandbox_id: &str, s: &cri::ContainerStatus) -> ContainerStatus {
+    let (name, attempt) = s
+        .metadata
+        .as_ref()
+        .map(|m| (m.name.clone(), m.attempt))
+        .unwrap_or_default();
+    ContainerStatus {
+        id: s.id.clone(),
+        sandbox_id: sandbox_id.to_string(),
+        name,
+        attempt,
+        state: container_state_from_wire(s.state),
+        created_at: s.created_at,
+        started_at: s.started_at,
+        finished_at: s.finished_at,
+        exit_code: s.exit_code,
+        reason: s.reason.clone(),
+        message: s.message.clone(),
+    }
+}
+
+fn pod_meta_to_wire(pod: &PodRef, attempt: u32) -> cri::PodSandboxMetadata {
+    cri::PodSandboxMetadata {
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        namespace: pod.namespace.clone(),
+        attempt,
+    }
+}
+
+pub fn sandbox_to_wire(s: &Sandbox) -> cri::PodSandbox {
+    cri::PodSandbox {
+        id: s.id.clone(),
+        metadata: Some(pod_meta_to_wire(&s.pod, s.attempt)),
+        state: sandbox_state_to_wire(s.state),
+        created_at: s.created_at,
+        ..Default::default()
+    }
+}
+
+pub fn container_to_wire(c: &Container) -> cri::Container {
+    cri::Container {
+        id: c.id.clone(),
+        pod_sandbox_id: c.sandbox_id.clone(),
+        metadata: Some(cri::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: c.attempt,
+        }),
+        state: container_state_to_wire(c.state),
+        created_at: c.created_at,
+        ..Default::default()
+    }
+}
+
+pub fn sandbox_status_to_wire(s: &SandboxStatus) -> cri::PodSandboxStatus {
+    cri::PodSandboxStatus {
+        id: s.id.clone(),
+        metadata: Some(pod_meta_to_wire(&s.pod, s.attempt)),
+        state: sandbox_state_to_wire(s.state),
+        created_at: s.created_at,
+        ..Default::default()
+    }
+}
+
+pub fn container_status_to_wire(s: &ContainerStatus) -> cri::ContainerStatus {
+    cri::ContainerStatus {
+        id: s.id.clone(),
+        metadata: Some(cri::ContainerMetadata {
+            name: s.name.clone(),
+            attempt: s.attempt,
+        }),
+        state: container_state_to_wire(s.state),
+        created_at: s.created_at,
+        started_at: s.started_at,
+        finished_at: s.finished_at,
+        exit_code: s.exit_code,
+        reason: s.reason.clone(),
+        message: s.message.clone(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_without_uid_is_invalid() {
+        let s = cri::PodSandbox {
+            id: "s1".into(),
+            metadata: Some(cri::PodSandboxMetadata::default()),
+            ..Default::default()
+        };
+        assert!(matches!(sandbox_from_wire(&s), Err(RuntimeError::Invalid { .. })));
+        let s = cri::PodSandbox {
+            id: "s1".into(),
+            ..Default::default()
+        };
+        assert!(matches!(sandbox_from_wire(&s), Err(RuntimeError::Invalid { .. })));
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for st in [
+            ContainerState::Created,
+            ContainerState::Running,
+            ContainerState::Exited,
+            ContainerState::Unknown,
+        ] {
+            assert_eq!(container_state_from_wire(container_state_to_wire(st)), st);
+        }
+        for st in [SandboxState::Ready, SandboxState::NotReady] {
+            assert_eq!(sandbox_state_from_wire(sandbox_state_to_wire(st)), st);
+        }
+        assert_eq!(container_state_from_wire(99), ContainerState::Unknown);
+        assert_eq!(sandbox_state_from_wire(99), SandboxState::NotReady);
+    }
+}

@@ -1,0 +1,289 @@
+//! The CRI runtime client: tonic over a unix socket.
+//!
+//! Two channels to the same socket: one for unary calls, each bounded by the request
+//! timeout, and one for the event stream with no timeout at all — containerd sends no
+//! response headers until the first event, so any deadline on the stream would kill an
+//! idle stream (and on containerd 1.7 each killed stream swallows a later event).
+//! Channels are lazy and must be built inside a long-lived tokio runtime (the actix
+//! System arbiter): tonic spawns the connection worker on the current runtime.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use hyper_util::rt::TokioIo;
+use plegd_protocol::cri;
+use plegd_protocol::cri::runtime_service_client::RuntimeServiceClient;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::convert;
+use super::{
+    Container, ContainerStatus, EventStream, RuntimeClient, RuntimeError, RuntimeVersion, Sandbox,
+    SandboxStatus,
+};
+
+/// Parses `unix:///absolute/path` into the socket path. Anything else is refused with
+/// a reason (plegd talks to a node-local runtime only).
+pub fn parse_unix_endpoint(endpoint: &str) -> Result<PathBuf, RuntimeError> {
+    let bad = |reason: &str| RuntimeError::BadEndpoint {
+        endpoint: endpoint.to_string(),
+        reason: reason.to_string(),
+    };
+    let path = match endpoint.split_once("://") {
+        Some(("unix", rest)) => rest,
+        Some((scheme, _)) => {
+            return Err(bad(&format!(
+                "scheme {scheme:?} is not supported; use unix:///path/to/socket"
+            )))
+        }
+        None => return Err(bad("expected unix:///path/to/socket")),
+    };
+    if !path.starts_with('/') {
+        return Err(bad("the socket path must be absolute (unix:///path/to/socket)"));
+    }
+    if path.len() > 107 {
+        return Err(bad("unix socket paths are limited to 107 bytes"));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// A CRI v1 runtime reached over a unix socket.
+#[derive(Clone)]
+pub struct CriRuntime {
+    endpoint: String,
+    socket: PathBuf,
+    unary: RuntimeServiceClient<Channel>,
+    stream: RuntimeServiceClient<Channel>,
+    timeout: Duration,
+}
+
+fn lazy_channel(socket: &Path) -> Channel {
+    let socket = socket.to_path_buf();
+    // The URI is a placeholder: the connector ignores it and dials the socket.
+    Endpoint::from_static("http://cri.local")
+        .connect_timeout(Duration::from_secs(5))
+        .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+        }))
+}
+
+impl CriRuntime {
+    /// Builds the client. Does not connect: the first call does (see [`Self::check`]).
+    /// Must be called inside a tokio runtime that outlives the client.
+    pub fn new(endpoint: &str, request_timeout: Duration) -> Result<Self, RuntimeError> {
+        let socket = parse_unix_endpoint(endpoint)?;
+        Ok(CriRuntime {
+            endpoint: endpoint.to_string(),
+            unary: RuntimeServiceClient::new(lazy_channel(&socket)),
+            stream: RuntimeServiceClient::new(lazy_channel(&socket)),
+            socket,
+            timeout: request_timeout,
+        })
+    }
+
+    /// The start-up check: the socket exists and a CRI v1 server answers Version.
+    pub async fn check(&self) -> Result<RuntimeVersion, RuntimeError> {
+        match std::fs::metadata(&self.socket) {
+            Err(e) => {
+                return Err(RuntimeError::Unreachable {
+                    endpoint: self.endpoint.clone(),
+                    reason: format!("socket {}: {e}", self.socket.display()),
+                })
+            }
+            Ok(meta) => {
+                use std::os::unix::fs::FileTypeExt;
+                if !meta.file_type().is_socket() {
+                    return Err(RuntimeError::Unreachable {
+                        endpoint: self.endpoint.clone(),
+                        reason: format!("{} is not a unix socket", self.socket.display()),
+                    });
+                }
+            }
+        }
+        match self.version().await {
+            Ok(v) => Ok(v),
+            Err(RuntimeError::Rpc {
+                code: tonic::Code::Unimplemented,
+                ..
+            }) => Err(RuntimeError::Unreachable {
+                endpoint: self.endpoint.clone(),
+                reason: "the server does not implement CRI runtime.v1 (Version is unimplemented)"
+                    .into(),
+            }),
+            Err(e @ RuntimeError::Timeout { .. }) => Err(RuntimeError::Unreachable {
+                endpoint: self.endpoint.clone(),
+                reason: e.to_string(),
+            }),
+            Err(RuntimeError::Rpc { code, message, .. })
+                if matches!(code, tonic::Code::Unavailable | tonic::Code::Unknown) =>
+            {
+                Err(RuntimeError::Unreachable {
+                    endpoint: self.endpoint.clone(),
+                    reason: format!("not a CRI gRPC server or not answering: {message}"),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn unary<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T, RuntimeError>
+    where
+        F: FnOnce(RuntimeServiceClient<Channel>, Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = self.unary.clone();
+        match tokio::time::timeout(self.timeout, call(client, self.timeout)).await {
+            Err(_) => Err(RuntimeError::Timeout {
+                op,
+                timeout: self.timeout,
+            }),
+            Ok(Err(status)) => Err(status_error(op, status)),
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+        }
+    }
+}
+
+fn status_error(op: &'static str, status: tonic::Status) -> RuntimeError {
+    RuntimeError::Rpc {
+        op,
+        code: status.code(),
+        message: status.message().to_string(),
+    }
+}
+
+fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.set_timeout(timeout);
+    req
+}
+
+#[async_trait]
+impl RuntimeClient for CriRuntime {
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        let v = self
+            .unary("Version", |mut c, t| async move {
+                c.version(request(cri::VersionRequest::default(), t)).await
+            })
+            .await?;
+        Ok(RuntimeVersion {
+            runtime_name: v.runtime_name,
+            runtime_version: v.runtime_version,
+            runtime_api_version: v.runtime_api_version,
+        })
+    }
+
+    async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        let resp = self
+            .unary("ListPodSandbox", |mut c, t| async move {
+                c.list_pod_sandbox(request(cri::ListPodSandboxRequest::default(), t))
+                    .await
+            })
+            .await?;
+        resp.items.iter().map(convert::sandbox_from_wire).collect()
+    }
+
+    async fn list_containers(
+        &self,
+        sandbox_id: Option<&str>,
+    ) -> Result<Vec<Container>, RuntimeError> {
+        let filter = sandbox_id.map(|id| cri::ContainerFilter {
+            pod_sandbox_id: id.to_string(),
+            ..Default::default()
+        });
+        let resp = self
+            .unary("ListContainers", |mut c, t| async move {
+                c.list_containers(request(cri::ListContainersRequest { filter }, t))
+                    .await
+            })
+            .await?;
+        resp.containers
+            .iter()
+            .map(convert::container_from_wire)
+            .collect()
+    }
+
+    async fn sandbox_status(&self, sandbox_id: &str) -> Result<SandboxStatus, RuntimeError> {
+        let pod_sandbox_id = sandbox_id.to_string();
+        let resp = self
+            .unary("PodSandboxStatus", |mut c, t| async move {
+                c.pod_sandbox_status(request(
+                    cri::PodSandboxStatusRequest {
+                        pod_sandbox_id,
+                        verbose: false,
+                    },
+                    t,
+                ))
+                .await
+            })
+            .await?;
+        let status = resp.status.ok_or_else(|| RuntimeError::Invalid {
+            op: "PodSandboxStatus",
+            reason: format!("no status for sandbox {sandbox_id}"),
+        })?;
+        convert::sandbox_status_from_wire(&status)
+    }
+
+    async fn container_status(&self, container_id: &str) -> Result<ContainerStatus, RuntimeError> {
+        let id = container_id.to_string();
+        let resp = self
+            .unary("ContainerStatus", |mut c, t| async move {
+                c.container_status(request(
+                    cri::ContainerStatusRequest {
+                        container_id: id,
+                        verbose: false,
+                    },
+                    t,
+                ))
+                .await
+            })
+            .await?;
+        let status = resp.status.ok_or_else(|| RuntimeError::Invalid {
+            op: "ContainerStatus",
+            reason: format!("no status for container {container_id}"),
+        })?;
+        // The sandbox ID is filled in by the caller, which knows it from ListContainers.
+        Ok(convert::container_status_from_wire("", &status))
+    }
+
+    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+        let mut client = self.stream.clone();
+        let resp = client
+            .get_container_events(cri::GetEventsRequest::default())
+            .await
+            .map_err(|s| status_error("GetContainerEvents", s))?;
+        Ok(resp
+            .into_inner()
+            .map(|item| item.map_err(|s| status_error("GetContainerEvents", s)))
+            .boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_parsed_strictly() {
+        assert_eq!(
+            parse_unix_endpoint("unix:///run/containerd/containerd.sock").ok(),
+            Some(PathBuf::from("/run/containerd/containerd.sock"))
+        );
+        for bad in [
+            "tcp://127.0.0.1:1234",
+            "/run/containerd/containerd.sock",
+            "unix://relative.sock",
+            "",
+        ] {
+            let err = parse_unix_endpoint(bad).err();
+            assert!(
+                matches!(err, Some(RuntimeError::BadEndpoint { .. })),
+                "{bad:?} accepted"
+            );
+        }
+        let long = format!("unix:///{}", "x".repeat(120));
+        assert!(parse_unix_endpoint(&long).is_err());
+    }
+}

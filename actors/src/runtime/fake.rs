@@ -1,0 +1,548 @@
+//! An in-memory container runtime for tests and the simulator: scriptable state
+//! (pods, containers, their states), scriptable faults (errors, latency, per-pod
+//! status failures) and an event stream shaped like containerd's.
+//!
+//! It is also what the simulated CRI server serves over gRPC, so component tests
+//! (calling it directly) and integration tests (through the real tonic client) see
+//! the same runtime.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use plegd_protocol::cri;
+use tokio::sync::broadcast;
+
+use super::convert;
+use super::{
+    Container, ContainerState, ContainerStatus, EventStream, PodRef, RuntimeClient, RuntimeError,
+    RuntimeVersion, Sandbox, SandboxState, SandboxStatus,
+};
+
+/// The runtime calls, for fault injection and call counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Version,
+    ListSandboxes,
+    ListContainers,
+    SandboxStatus,
+    ContainerStatus,
+    Events,
+}
+
+#[derive(Clone, Debug)]
+struct Failure {
+    code: tonic::Code,
+    /// None: until cleared.
+    remaining: Option<u32>,
+}
+
+#[derive(Default)]
+struct State {
+    sandboxes: BTreeMap<String, SandboxStatus>,
+    containers: BTreeMap<String, ContainerStatus>,
+    next_id: u64,
+    failures: HashMap<Op, Failure>,
+    latency: HashMap<Op, Duration>,
+    failing_pods: HashSet<String>,
+    calls: HashMap<Op, u64>,
+}
+
+/// A scriptable in-memory runtime. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct FakeRuntime {
+    state: Arc<Mutex<State>>,
+    events: broadcast::Sender<cri::ContainerEventResponse>,
+    version: RuntimeVersion,
+}
+
+impl Default for FakeRuntime {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+impl FakeRuntime {
+    pub fn new() -> Self {
+        let (events, _) = broadcast::channel(4096);
+        FakeRuntime {
+            state: Arc::default(),
+            events,
+            version: RuntimeVersion {
+                runtime_name: "plegd-sim".into(),
+                runtime_version: env!("CARGO_PKG_VERSION").into(),
+                runtime_api_version: "v1".into(),
+            },
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock is a test bug; keep serving the state anyway.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn new_id(st: &mut State, prefix: &str) -> String {
+        st.next_id += 1;
+        format!("{prefix}{:012x}", st.next_id)
+    }
+
+    // ---- scripting the runtime's state -------------------------------------------
+
+    /// RunPodSandbox: a new ready sandbox for the pod; returns its ID.
+    pub fn run_pod(&self, uid: &str, name: &str, namespace: &str) -> String {
+        let mut st = self.lock();
+        let attempt = st.sandboxes.values().filter(|s| s.pod.uid == uid).count() as u32;
+        let id = Self::new_id(&mut st, "sb");
+        let status = SandboxStatus {
+            id: id.clone(),
+            pod: PodRef {
+                uid: uid.into(),
+                name: name.into(),
+                namespace: namespace.into(),
+            },
+            attempt,
+            state: SandboxState::Ready,
+            created_at: now_ns(),
+        };
+        st.sandboxes.insert(id.clone(), status);
+        self.emit(&st, &id, cri::ContainerEventType::ContainerCreatedEvent);
+        self.emit(&st, &id, cri::ContainerEventType::ContainerStartedEvent);
+        id
+    }
+
+    /// CreateContainer in a sandbox; returns its ID. Panics on an unknown sandbox (test bug).
+    pub fn create_container(&self, sandbox_id: &str, name: &str) -> String {
+        let mut st = self.lock();
+        assert!(st.sandboxes.contains_key(sandbox_id), "no sandbox {sandbox_id}");
+        let attempt = st
+            .containers
+            .values()
+            .filter(|c| c.sandbox_id == sandbox_id && c.name == name)
+            .count() as u32;
+        let id = Self::new_id(&mut st, "ctr");
+        st.containers.insert(
+            id.clone(),
+            ContainerStatus {
+                id: id.clone(),
+                sandbox_id: sandbox_id.into(),
+                name: name.into(),
+                attempt,
+                state: ContainerState::Created,
+                created_at: now_ns(),
+                started_at: 0,
+                finished_at: 0,
+                exit_code: 0,
+                reason: String::new(),
+                message: String::new(),
+            },
+        );
+        self.emit(&st, &id, cri::ContainerEventType::ContainerCreatedEvent);
+        id
+    }
+
+    /// StartContainer.
+    pub fn start_container(&self, id: &str) {
+        let mut st = self.lock();
+        if let Some(c) = st.containers.get_mut(id) {
+            c.state = ContainerState::Running;
+            c.started_at = now_ns();
+            self.emit(&st, id, cri::ContainerEventType::ContainerStartedEvent);
+        }
+    }
+
+    /// Create + start: a running container; returns its ID.
+    pub fn run_container(&self, sandbox_id: &str, name: &str) -> String {
+        let id = self.create_container(sandbox_id, name);
+        self.start_container(&id);
+        id
+    }
+
+    /// The container's process exits with `code`.
+    pub fn exit_container(&self, id: &str, code: i32) {
+        let mut st = self.lock();
+        if let Some(c) = st.containers.get_mut(id) {
+            if c.state == ContainerState::Exited {
+                return;
+            }
+            c.state = ContainerState::Exited;
+            c.finished_at = now_ns();
+            c.exit_code = code;
+            c.reason = if code == 0 { "Completed" } else { "Error" }.into();
+            self.emit(&st, id, cri::ContainerEventType::ContainerStoppedEvent);
+        }
+    }
+
+    /// Sets a container's state directly (e.g. Unknown), with no event.
+    pub fn set_container_state(&self, id: &str, state: ContainerState) {
+        if let Some(c) = self.lock().containers.get_mut(id) {
+            c.state = state;
+        }
+    }
+
+    /// RemoveContainer.
+    pub fn remove_container(&self, id: &str) {
+        let mut st = self.lock();
+        if st.containers.contains_key(id) {
+            self.emit(&st, id, cri::ContainerEventType::ContainerDeletedEvent);
+            st.containers.remove(id);
+        }
+    }
+
+    /// StopPodSandbox: its running containers exit (137), then the sandbox is not ready.
+    pub fn stop_pod(&self, sandbox_id: &str) {
+        let running: Vec<String> = self
+            .lock()
+            .containers
+            .values()
+            .filter(|c| c.sandbox_id == sandbox_id && c.state == ContainerState::Running)
+            .map(|c| c.id.clone())
+            .collect();
+        for id in running {
+            self.exit_container(&id, 137);
+        }
+        let mut st = self.lock();
+        if let Some(s) = st.sandboxes.get_mut(sandbox_id) {
+            if s.state != SandboxState::NotReady {
+                s.state = SandboxState::NotReady;
+                self.emit(&st, sandbox_id, cri::ContainerEventType::ContainerStoppedEvent);
+            }
+        }
+    }
+
+    /// RemovePodSandbox: the sandbox and all its containers go away.
+    pub fn remove_pod(&self, sandbox_id: &str) {
+        self.stop_pod(sandbox_id);
+        let ids: Vec<String> = self
+            .lock()
+            .containers
+            .values()
+            .filter(|c| c.sandbox_id == sandbox_id)
+            .map(|c| c.id.clone())
+            .collect();
+        for id in ids {
+            self.remove_container(&id);
+        }
+        let mut st = self.lock();
+        if st.sandboxes.remove(sandbox_id).is_some() {
+            // Like containerd: a sandbox's DELETED event has no pod_sandbox_status.
+            let _ = self.events.send(cri::ContainerEventResponse {
+                container_id: sandbox_id.into(),
+                container_event_type: cri::ContainerEventType::ContainerDeletedEvent as i32,
+                created_at: now_ns(),
+                ..Default::default()
+            });
+        }
+    }
+
+    /// All sandbox IDs of a pod.
+    pub fn sandboxes_of(&self, uid: &str) -> Vec<String> {
+        self.lock()
+            .sandboxes
+            .values()
+            .filter(|s| s.pod.uid == uid)
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
+    /// All containers of a sandbox (any state).
+    pub fn containers_of(&self, sandbox_id: &str) -> Vec<ContainerStatus> {
+        self.lock()
+            .containers
+            .values()
+            .filter(|c| c.sandbox_id == sandbox_id)
+            .cloned()
+            .collect()
+    }
+
+    /// A container's current status, if it exists.
+    pub fn container(&self, id: &str) -> Option<ContainerStatus> {
+        self.lock().containers.get(id).cloned()
+    }
+
+    /// Number of sandboxes.
+    pub fn pod_count(&self) -> usize {
+        self.lock().sandboxes.len()
+    }
+
+    // ---- faults --------------------------------------------------------------------
+
+    /// Make the next `times` calls of `op` fail with `code` (None: until cleared).
+    pub fn fail(&self, op: Op, code: tonic::Code, times: Option<u32>) {
+        self.lock().failures.insert(
+            op,
+            Failure {
+                code,
+                remaining: times,
+            },
+        );
+    }
+
+    /// Stop failing `op`.
+    pub fn clear_failure(&self, op: Op) {
+        self.lock().failures.remove(&op);
+    }
+
+    /// Delay every call of `op` by `latency` (zero: no delay).
+    pub fn set_latency(&self, op: Op, latency: Duration) {
+        self.lock().latency.insert(op, latency);
+    }
+
+    /// Status reads (PodSandboxStatus, ContainerStatus) of this pod's sandboxes and
+    /// containers fail with Unavailable while `failing` is true.
+    pub fn fail_pod_status(&self, uid: &str, failing: bool) {
+        let mut st = self.lock();
+        if failing {
+            st.failing_pods.insert(uid.into());
+        } else {
+            st.failing_pods.remove(uid);
+        }
+    }
+
+    /// How many calls of `op` were made.
+    pub fn calls(&self, op: Op) -> u64 {
+        self.lock().calls.get(&op).copied().unwrap_or(0)
+    }
+
+    /// Sends a raw event to every open event stream (for malformed, stale or duplicate
+    /// events). Returns the number of streams it reached.
+    pub fn inject_event(&self, ev: cri::ContainerEventResponse) -> usize {
+        self.events.send(ev).unwrap_or(0)
+    }
+
+    /// Number of open event streams.
+    pub fn event_streams(&self) -> usize {
+        self.events.receiver_count()
+    }
+
+    /// A CRI event about `id` (a container or a sandbox) in the shape containerd sends.
+    fn emit(&self, st: &State, id: &str, kind: cri::ContainerEventType) {
+        let sandbox_id = match st.containers.get(id) {
+            Some(c) => c.sandbox_id.clone(),
+            None => id.to_string(),
+        };
+        let Some(sandbox) = st.sandboxes.get(&sandbox_id) else {
+            return;
+        };
+        let containers_statuses = st
+            .containers
+            .values()
+            .filter(|c| c.sandbox_id == sandbox_id)
+            .map(convert::container_status_to_wire)
+            .collect();
+        let _ = self.events.send(cri::ContainerEventResponse {
+            container_id: id.to_string(),
+            container_event_type: kind as i32,
+            created_at: now_ns(),
+            pod_sandbox_status: Some(convert::sandbox_status_to_wire(sandbox)),
+            containers_statuses,
+        });
+    }
+
+    /// Counts the call, applies latency, then the scripted failure if any.
+    async fn enter(&self, op: Op, pod_uid: Option<&str>) -> Result<(), RuntimeError> {
+        let latency = {
+            let mut st = self.lock();
+            *st.calls.entry(op).or_default() += 1;
+            st.latency.get(&op).copied().unwrap_or_default()
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let mut st = self.lock();
+        if let Some(uid) = pod_uid {
+            if st.failing_pods.contains(uid) {
+                return Err(RuntimeError::Rpc {
+                    op: op_name(op),
+                    code: tonic::Code::Unavailable,
+                    message: format!("injected status failure for pod {uid}"),
+                });
+            }
+        }
+        if let Some(f) = st.failures.get_mut(&op) {
+            let code = f.code;
+            match &mut f.remaining {
+                Some(0) => {
+                    st.failures.remove(&op);
+                }
+                Some(n) => {
+                    *n -= 1;
+                    if *n == 0 {
+                        st.failures.remove(&op);
+                    }
+                    return Err(injected(op, code));
+                }
+                None => return Err(injected(op, code)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Version => "Version",
+        Op::ListSandboxes => "ListPodSandbox",
+        Op::ListContainers => "ListContainers",
+        Op::SandboxStatus => "PodSandboxStatus",
+        Op::ContainerStatus => "ContainerStatus",
+        Op::Events => "GetContainerEvents",
+    }
+}
+
+fn injected(op: Op, code: tonic::Code) -> RuntimeError {
+    RuntimeError::Rpc {
+        op: op_name(op),
+        code,
+        message: "injected failure".into(),
+    }
+}
+
+fn not_found(op: Op, id: &str) -> RuntimeError {
+    RuntimeError::Rpc {
+        op: op_name(op),
+        code: tonic::Code::NotFound,
+        message: format!("{id} not found"),
+    }
+}
+
+#[async_trait]
+impl RuntimeClient for FakeRuntime {
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        self.enter(Op::Version, None).await?;
+        Ok(self.version.clone())
+    }
+
+    async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.enter(Op::ListSandboxes, None).await?;
+        Ok(self
+            .lock()
+            .sandboxes
+            .values()
+            .map(|s| Sandbox {
+                id: s.id.clone(),
+                pod: s.pod.clone(),
+                attempt: s.attempt,
+                state: s.state,
+                created_at: s.created_at,
+            })
+            .collect())
+    }
+
+    async fn list_containers(
+        &self,
+        sandbox_id: Option<&str>,
+    ) -> Result<Vec<Container>, RuntimeError> {
+        self.enter(Op::ListContainers, None).await?;
+        Ok(self
+            .lock()
+            .containers
+            .values()
+            .filter(|c| sandbox_id.is_none_or(|s| c.sandbox_id == s))
+            .map(|c| Container {
+                id: c.id.clone(),
+                sandbox_id: c.sandbox_id.clone(),
+                name: c.name.clone(),
+                attempt: c.attempt,
+                state: c.state,
+                created_at: c.created_at,
+            })
+            .collect())
+    }
+
+    async fn sandbox_status(&self, sandbox_id: &str) -> Result<SandboxStatus, RuntimeError> {
+        let uid = self.lock().sandboxes.get(sandbox_id).map(|s| s.pod.uid.clone());
+        self.enter(Op::SandboxStatus, uid.as_deref()).await?;
+        self.lock()
+            .sandboxes
+            .get(sandbox_id)
+            .cloned()
+            .ok_or_else(|| not_found(Op::SandboxStatus, sandbox_id))
+    }
+
+    async fn container_status(&self, container_id: &str) -> Result<ContainerStatus, RuntimeError> {
+        let uid = {
+            let st = self.lock();
+            st.containers
+                .get(container_id)
+                .and_then(|c| st.sandboxes.get(&c.sandbox_id))
+                .map(|s| s.pod.uid.clone())
+        };
+        self.enter(Op::ContainerStatus, uid.as_deref()).await?;
+        self.lock()
+            .containers
+            .get(container_id)
+            .cloned()
+            .ok_or_else(|| not_found(Op::ContainerStatus, container_id))
+    }
+
+    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+        self.enter(Op::Events, None).await?;
+        let rx = self.events.subscribe();
+        Ok(futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(ev) => return Some((Ok(ev), rx)),
+                    // A slow reader loses events, as with a real runtime's buffer.
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+        .boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn scripted_failures_count_down() {
+        let rt = FakeRuntime::new();
+        rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, Some(2));
+        assert!(rt.list_sandboxes().await.is_err());
+        assert!(rt.list_sandboxes().await.is_err());
+        assert!(rt.list_sandboxes().await.is_ok());
+        assert_eq!(rt.calls(Op::ListSandboxes), 3);
+    }
+
+    #[tokio::test]
+    async fn pod_lifecycle_is_visible_in_lists_and_events() {
+        let rt = FakeRuntime::new();
+        let mut events = rt.container_events().await.unwrap();
+        let sb = rt.run_pod("u1", "p1", "ns");
+        let c = rt.run_container(&sb, "app");
+        rt.exit_container(&c, 3);
+        let cs = rt.list_containers(Some(&sb)).await.unwrap();
+        assert_eq!(cs.len(), 1);
+        assert_eq!(cs[0].state, ContainerState::Exited);
+        let mut kinds = vec![];
+        for _ in 0..5 {
+            let ev = events.next().await.unwrap().unwrap();
+            kinds.push(ev.container_event_type);
+        }
+        use cri::ContainerEventType::*;
+        assert_eq!(
+            kinds,
+            vec![
+                ContainerCreatedEvent as i32,
+                ContainerStartedEvent as i32,
+                ContainerCreatedEvent as i32,
+                ContainerStartedEvent as i32,
+                ContainerStoppedEvent as i32
+            ]
+        );
+        rt.remove_pod(&sb);
+        assert_eq!(rt.pod_count(), 0);
+        assert!(rt.container_status(&c).await.unwrap_err().is_not_found());
+    }
+}
