@@ -1,0 +1,133 @@
+//! EventPublisher: fans lifecycle events out to any number of subscribers, each
+//! through its own bounded queue. A full queue drops the event for that subscriber
+//! only (counted in kubelet_pleg_discard_events) and never slows the dispatcher.
+//!
+//! Unlike kubelet, a drop is never silent: every event a subscriber is offered takes
+//! the next number of its sequence, and the next event it does receive carries how
+//! many it missed, so the consumer knows to re-read pod status from the cache.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use plegd_telemetry::Metrics;
+
+use crate::lifecycle::LifecycleEvent;
+
+/// One event as a subscriber receives it.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    /// Per-subscriber sequence number, from 1; a gap equals `missed`.
+    pub seq: u64,
+    /// Events dropped for this subscriber since the previous delivery.
+    pub missed: u64,
+    pub event: Arc<LifecycleEvent>,
+}
+
+/// The receiving end of a subscription. Dropping it unsubscribes. Blocking receives
+/// (`recv`, `recv_timeout`) suit a consumer on its own thread.
+pub struct Subscription {
+    pub name: String,
+    pub rx: Receiver<Delivery>,
+}
+
+struct Subscriber {
+    name: String,
+    tx: Sender<Delivery>,
+    next_seq: u64,
+    missed: u64,
+}
+
+pub struct EventPublisher {
+    subscribers: Vec<Subscriber>,
+    metrics: Arc<Metrics>,
+}
+
+impl EventPublisher {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        EventPublisher {
+            subscribers: Vec::new(),
+            metrics,
+        }
+    }
+}
+
+impl Actor for EventPublisher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(64);
+    }
+}
+
+/// Adds a subscriber with a queue of `capacity` events.
+#[derive(Message)]
+#[rtype(result = "Subscription")]
+pub struct Subscribe {
+    pub name: String,
+    pub capacity: usize,
+}
+
+impl Handler<Subscribe> for EventPublisher {
+    type Result = MessageResult<Subscribe>;
+
+    fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = bounded(msg.capacity.max(1));
+        self.subscribers.push(Subscriber {
+            name: msg.name.clone(),
+            tx,
+            next_seq: 1,
+            missed: 0,
+        });
+        self.metrics.subscribers.set(self.subscribers.len() as i64);
+        MessageResult(Subscription { name: msg.name, rx })
+    }
+}
+
+/// Publishes the events of one relist, in order.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Publish(pub Vec<LifecycleEvent>);
+
+impl Handler<Publish> for EventPublisher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Publish, _: &mut Self::Context) {
+        for ev in msg.0 {
+            self.metrics
+                .events_total
+                .with_label_values(&[ev.relist_source.as_str()])
+                .inc();
+            let ev = Arc::new(ev);
+            self.subscribers.retain_mut(|s| {
+                let seq = s.next_seq;
+                s.next_seq += 1;
+                let delivery = Delivery {
+                    seq,
+                    missed: s.missed,
+                    event: ev.clone(),
+                };
+                match s.tx.try_send(delivery) {
+                    Ok(()) => {
+                        s.missed = 0;
+                        true
+                    }
+                    Err(TrySendError::Full(_)) => {
+                        s.missed += 1;
+                        self.metrics.discard_events.inc();
+                        self.metrics.subscriber_drops.inc();
+                        if s.missed == 1 {
+                            tracing::warn!(subscriber = %s.name, "subscriber queue full; dropping events");
+                        }
+                        true
+                    }
+                    Err(TrySendError::Disconnected(_)) => {
+                        tracing::debug!(subscriber = %s.name, "subscriber gone");
+                        false
+                    }
+                }
+            });
+        }
+        self.metrics.subscribers.set(self.subscribers.len() as i64);
+    }
+}

@@ -1,0 +1,75 @@
+//! Pod lifecycle events: what plegd publishes.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use crate::runtime::PodRef;
+
+/// Kubelet's PodLifecycleEventType, minus the ones Generic PLEG never publishes
+/// (ContainerChanged is computed but filtered, as in kubelet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    ContainerStarted,
+    ContainerDied,
+    ContainerRemoved,
+    /// A pod whose earlier status read failed was re-read successfully with no change.
+    PodSync,
+    /// Computed (→ created/unknown) but never published.
+    ContainerChanged,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::ContainerStarted => "ContainerStarted",
+            EventKind::ContainerDied => "ContainerDied",
+            EventKind::ContainerRemoved => "ContainerRemoved",
+            EventKind::PodSync => "PodSync",
+            EventKind::ContainerChanged => "ContainerChanged",
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which relist detected a change (the `relist_source` label of KEP-3386).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RelistSource {
+    Global,
+    EventedPleg,
+    PostSync,
+    PostAllocation,
+}
+
+impl RelistSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RelistSource::Global => "global",
+            RelistSource::EventedPleg => "evented_pleg",
+            RelistSource::PostSync => "post_sync",
+            RelistSource::PostAllocation => "post_allocation",
+        }
+    }
+}
+
+impl fmt::Display for RelistSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One lifecycle event of one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LifecycleEvent {
+    /// When the relist that found the change had read the pod's status.
+    pub time: SystemTime,
+    pub pod: PodRef,
+    pub kind: EventKind,
+    /// The container or sandbox the event is about (empty for PodSync).
+    pub container_id: String,
+    pub relist_source: RelistSource,
+}

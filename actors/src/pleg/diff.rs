@@ -1,0 +1,73 @@
+//! The old → new diff, exactly as kubelet's Generic PLEG computes it.
+
+use std::collections::BTreeSet;
+
+use super::record::{PlegState, PodRecord};
+use crate::lifecycle::EventKind;
+
+/// Events for one ID going from `old` to `new` (kubelet's generateEvents).
+pub fn events_for(old: PlegState, new: PlegState) -> &'static [EventKind] {
+    use EventKind::*;
+    if old == new {
+        return &[];
+    }
+    match new {
+        PlegState::Running => &[ContainerStarted],
+        PlegState::Exited => &[ContainerDied],
+        PlegState::Unknown => &[ContainerChanged],
+        PlegState::NonExistent => match old {
+            PlegState::Exited => &[ContainerRemoved],
+            _ => &[ContainerDied, ContainerRemoved],
+        },
+    }
+}
+
+/// Events for a whole pod: over the union of old and new sandbox and container IDs.
+/// Returns (id, kind) pairs in a stable order (sandboxes, then containers, by ID).
+pub fn pod_events(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<(String, EventKind)> {
+    let mut sandbox_ids = BTreeSet::new();
+    let mut container_ids = BTreeSet::new();
+    for rec in [old, new].into_iter().flatten() {
+        sandbox_ids.extend(rec.sandboxes.keys().cloned());
+        container_ids.extend(rec.containers.keys().cloned());
+    }
+    let state = |rec: Option<&PodRecord>, id: &str| {
+        rec.map(|r| r.state_of(id)).unwrap_or(PlegState::NonExistent)
+    };
+    let mut out = Vec::new();
+    for id in sandbox_ids.into_iter().chain(container_ids) {
+        for kind in events_for(state(old, &id), state(new, &id)) {
+            out.push((id.clone(), *kind));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use EventKind::*;
+    use PlegState::*;
+
+    #[test]
+    fn transitions_match_kubelet() {
+        let cases: &[(PlegState, PlegState, &[EventKind])] = &[
+            (NonExistent, Running, &[ContainerStarted]),
+            (NonExistent, Exited, &[ContainerDied]),
+            (NonExistent, Unknown, &[ContainerChanged]),
+            (Unknown, Running, &[ContainerStarted]),
+            (Running, Exited, &[ContainerDied]),
+            (Running, NonExistent, &[ContainerDied, ContainerRemoved]),
+            (Unknown, NonExistent, &[ContainerDied, ContainerRemoved]),
+            (Exited, NonExistent, &[ContainerRemoved]),
+            (Exited, Running, &[ContainerStarted]),
+            (Running, Unknown, &[ContainerChanged]),
+            (Running, Running, &[]),
+            (Exited, Exited, &[]),
+            (NonExistent, NonExistent, &[]),
+        ];
+        for (old, new, want) in cases {
+            assert_eq!(events_for(*old, *new), *want, "{old:?} -> {new:?}");
+        }
+    }
+}

@@ -1,0 +1,270 @@
+//! One relist of the Generic PLEG, global or of one pod. Both kinds share one path:
+//! list → group by pod UID → diff against the last reconciled record → read the full
+//! status of pods that changed → cache updates + lifecycle events.
+//!
+//! Rules (kubelet's Generic PLEG, DESIGN.md "Event semantics"): a pod whose status
+//! read fails gets its error cached, keeps its old record, emits nothing, and is
+//! reinspected next time; a reinspection that succeeds with no change emits PodSync.
+//! One pod's failure never blocks the others. The relist timestamp is taken before
+//! any read.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use futures::StreamExt;
+
+use super::diff::pod_events;
+use super::record::{group, PodRecord};
+use super::status::{read_pod_status, PodStatus};
+use crate::lifecycle::{EventKind, LifecycleEvent, RelistSource};
+use crate::runtime::{RuntimeClient, RuntimeError};
+
+/// What to relist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RelistScope {
+    Global,
+    Pod { uid: String, source: RelistSource },
+}
+
+impl RelistScope {
+    pub fn source(&self) -> RelistSource {
+        match self {
+            RelistScope::Global => RelistSource::Global,
+            RelistScope::Pod { source, .. } => *source,
+        }
+    }
+}
+
+/// A change for the CacheOwner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheUpdate {
+    /// The pod was read at `read_at` (the read's start): its status, or the error.
+    Set {
+        uid: String,
+        status: Result<PodStatus, String>,
+        read_at: SystemTime,
+    },
+    /// The pod is gone from the runtime.
+    Delete { uid: String },
+}
+
+/// The result of one relist, to be applied in order: cache first, then events.
+#[derive(Debug, Default)]
+pub struct RelistOutput {
+    pub cache: Vec<CacheUpdate>,
+    pub events: Vec<LifecycleEvent>,
+    /// Pods whose status read failed this time.
+    pub status_errors: usize,
+    /// Pods whose record changed or were re-read.
+    pub pods_inspected: usize,
+}
+
+/// The Generic PLEG's state: the last reconciled record of each pod and the pods
+/// to reinspect. Owned by exactly one RelistDispatcher.
+pub struct GenericPleg {
+    runtime: Arc<dyn RuntimeClient>,
+    records: HashMap<String, PodRecord>,
+    reinspect: HashSet<String>,
+    concurrency: usize,
+}
+
+struct Work {
+    uid: String,
+    new: Option<PodRecord>,
+    changes: Vec<(String, EventKind)>,
+    reinspect: bool,
+}
+
+impl GenericPleg {
+    /// `concurrency`: pods whose status is read at once (containerd: 8 in flight on one
+    /// channel relisted 50 pods in 8.5 ms vs 26–29 ms one at a time).
+    pub fn new(runtime: Arc<dyn RuntimeClient>, concurrency: usize) -> Self {
+        GenericPleg {
+            runtime,
+            records: HashMap::new(),
+            reinspect: HashSet::new(),
+            concurrency: concurrency.max(1),
+        }
+    }
+
+    /// The last reconciled record of a pod.
+    pub fn record(&self, uid: &str) -> Option<&PodRecord> {
+        self.records.get(uid)
+    }
+
+    /// Number of pods with a record.
+    pub fn pod_count(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether a pod awaits reinspection.
+    pub fn needs_reinspection(&self, uid: &str) -> bool {
+        self.reinspect.contains(uid)
+    }
+
+    /// One relist. `suspended(uid)` pods are left untouched (a sync holds them).
+    /// Err means the lists failed: nothing changed, no timestamp may advance.
+    pub async fn relist(
+        &mut self,
+        scope: &RelistScope,
+        suspended: &dyn Fn(&str) -> bool,
+    ) -> Result<RelistOutput, RuntimeError> {
+        let source = scope.source();
+        let work = match scope {
+            RelistScope::Global => self.global_work(suspended).await?,
+            RelistScope::Pod { uid, .. } => {
+                if suspended(uid) {
+                    Vec::new()
+                } else {
+                    self.pod_work(uid).await?
+                }
+            }
+        };
+        Ok(self.process(work, source).await)
+    }
+
+    async fn global_work(
+        &mut self,
+        suspended: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Work>, RuntimeError> {
+        let sandboxes = self.runtime.list_sandboxes().await?;
+        let containers = self.runtime.list_containers(None).await?;
+        let mut current = group(&sandboxes, &containers);
+        let uids: BTreeSet<String> = self
+            .records
+            .keys()
+            .chain(current.keys())
+            .cloned()
+            .collect();
+        let mut work = Vec::new();
+        for uid in uids {
+            if suspended(&uid) {
+                continue;
+            }
+            let new = current.remove(&uid);
+            let changes = pod_events(self.records.get(&uid), new.as_ref());
+            let reinspect = self.reinspect.contains(&uid);
+            if changes.is_empty() && !reinspect {
+                continue;
+            }
+            work.push(Work {
+                uid,
+                new,
+                changes,
+                reinspect,
+            });
+        }
+        Ok(work)
+    }
+
+    /// A targeted relist reads only this pod: its sandboxes, then their containers.
+    /// Always re-reads the status (that is what was asked for); a pod that is gone and
+    /// unknown is a no-op.
+    async fn pod_work(&mut self, uid: &str) -> Result<Vec<Work>, RuntimeError> {
+        let sandboxes: Vec<_> = self
+            .runtime
+            .list_sandboxes()
+            .await?
+            .into_iter()
+            .filter(|s| s.pod.uid == uid)
+            .collect();
+        let mut containers = Vec::new();
+        for sb in &sandboxes {
+            containers.extend(self.runtime.list_containers(Some(&sb.id)).await?);
+        }
+        let new = group(&sandboxes, &containers).remove(uid);
+        if new.is_none() && !self.records.contains_key(uid) {
+            return Ok(Vec::new());
+        }
+        let changes = pod_events(self.records.get(uid), new.as_ref());
+        Ok(vec![Work {
+            uid: uid.to_string(),
+            new,
+            changes,
+            reinspect: self.reinspect.contains(uid),
+        }])
+    }
+
+    async fn process(&mut self, work: Vec<Work>, source: RelistSource) -> RelistOutput {
+        let runtime = self.runtime.clone();
+        let reads = futures::stream::iter(work)
+            .map(|w| {
+                let runtime = runtime.clone();
+                async move {
+                    let read_at = SystemTime::now();
+                    let status = match &w.new {
+                        Some(rec) => Some(read_pod_status(runtime.as_ref(), rec).await),
+                        None => None,
+                    };
+                    (w, read_at, status)
+                }
+            })
+            .buffered(self.concurrency)
+            .collect::<Vec<_>>()
+            .await;
+
+        let mut out = RelistOutput::default();
+        for (w, read_at, status) in reads {
+            out.pods_inspected += 1;
+            let pod = match (&w.new, self.records.get(&w.uid)) {
+                (Some(rec), _) | (None, Some(rec)) => rec.pod.clone(),
+                (None, None) => continue,
+            };
+            match status {
+                None => {
+                    out.cache.push(CacheUpdate::Delete { uid: w.uid.clone() });
+                    self.records.remove(&w.uid);
+                    self.reinspect.remove(&w.uid);
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(pod = %w.uid, error = %e, "status read failed; will reinspect");
+                    out.status_errors += 1;
+                    out.cache.push(CacheUpdate::Set {
+                        uid: w.uid.clone(),
+                        status: Err(e.to_string()),
+                        read_at,
+                    });
+                    self.reinspect.insert(w.uid);
+                    continue;
+                }
+                Some(Ok(status)) => {
+                    out.cache.push(CacheUpdate::Set {
+                        uid: w.uid.clone(),
+                        status: Ok(status),
+                        read_at,
+                    });
+                    self.reinspect.remove(&w.uid);
+                    if let Some(rec) = w.new {
+                        self.records.insert(w.uid.clone(), rec);
+                    }
+                }
+            }
+            let now = SystemTime::now();
+            let published: Vec<_> = w
+                .changes
+                .iter()
+                .filter(|(_, k)| *k != EventKind::ContainerChanged)
+                .collect();
+            if w.changes.is_empty() && w.reinspect {
+                out.events.push(LifecycleEvent {
+                    time: now,
+                    pod: pod.clone(),
+                    kind: EventKind::PodSync,
+                    container_id: String::new(),
+                    relist_source: source,
+                });
+            }
+            for (id, kind) in published {
+                out.events.push(LifecycleEvent {
+                    time: now,
+                    pod: pod.clone(),
+                    kind: *kind,
+                    container_id: id.clone(),
+                    relist_source: source,
+                });
+            }
+        }
+        out
+    }
+}

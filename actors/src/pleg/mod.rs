@@ -1,0 +1,15 @@
+//! The Generic PLEG's logic, free of actors: pod records, the old/new diff that
+//! yields lifecycle events, and one relist (global or of one pod). The
+//! RelistDispatcher actor drives it; tests can drive it directly.
+
+pub mod diff;
+pub mod generic;
+pub mod record;
+pub mod status;
+
+pub use generic::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
+pub use record::PodRecord;
+pub use status::PodStatus;
+
+#[cfg(test)]
+mod tests;

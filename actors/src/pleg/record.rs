@@ -1,0 +1,89 @@
+//! Pod records: per pod, the state of each sandbox and container as the lists said,
+//! grouped by the sandbox's pod UID (never by labels).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::runtime::{Container, ContainerState, PodRef, Sandbox, SandboxState};
+
+/// The state Generic PLEG compares (kubelet's plegContainerState).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PlegState {
+    Running,
+    Exited,
+    Unknown,
+    NonExistent,
+}
+
+impl From<ContainerState> for PlegState {
+    fn from(s: ContainerState) -> Self {
+        match s {
+            ContainerState::Running => PlegState::Running,
+            ContainerState::Exited => PlegState::Exited,
+            ContainerState::Created | ContainerState::Unknown => PlegState::Unknown,
+        }
+    }
+}
+
+impl From<SandboxState> for PlegState {
+    fn from(s: SandboxState) -> Self {
+        match s {
+            SandboxState::Ready => PlegState::Running,
+            SandboxState::NotReady => PlegState::Exited,
+        }
+    }
+}
+
+/// One pod as the lists saw it. Sandboxes and containers share one ID space: a
+/// sandbox is treated like a container (kubelet does the same).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRecord {
+    pub pod: PodRef,
+    /// Sandbox ID → state.
+    pub sandboxes: BTreeMap<String, PlegState>,
+    /// Container ID → (sandbox ID, state).
+    pub containers: BTreeMap<String, (String, PlegState)>,
+}
+
+impl PodRecord {
+    /// The state of a sandbox or container ID in this record.
+    pub fn state_of(&self, id: &str) -> PlegState {
+        self.sandboxes
+            .get(id)
+            .copied()
+            .or_else(|| self.containers.get(id).map(|(_, s)| *s))
+            .unwrap_or(PlegState::NonExistent)
+    }
+
+    /// Every sandbox and container ID, sandboxes first.
+    pub fn ids(&self) -> impl Iterator<Item = &String> {
+        self.sandboxes.keys().chain(self.containers.keys())
+    }
+}
+
+/// Groups listed sandboxes and containers into pod records keyed by pod UID.
+/// A container whose sandbox is not listed cannot be attributed to a pod and is left
+/// out (the next relist sees it once its sandbox is listed, or never if it is gone).
+pub fn group(sandboxes: &[Sandbox], containers: &[Container]) -> HashMap<String, PodRecord> {
+    let mut pods: HashMap<String, PodRecord> = HashMap::new();
+    let mut owner: HashMap<&str, &str> = HashMap::new();
+    for sb in sandboxes {
+        owner.insert(&sb.id, &sb.pod.uid);
+        let rec = pods.entry(sb.pod.uid.clone()).or_insert_with(|| PodRecord {
+            pod: sb.pod.clone(),
+            sandboxes: BTreeMap::new(),
+            containers: BTreeMap::new(),
+        });
+        // The newest sandbox names the pod (a recreated pod keeps its UID).
+        rec.pod = sb.pod.clone();
+        rec.sandboxes.insert(sb.id.clone(), sb.state.into());
+    }
+    for c in containers {
+        if let Some(uid) = owner.get(c.sandbox_id.as_str()) {
+            if let Some(rec) = pods.get_mut(*uid) {
+                rec.containers
+                    .insert(c.id.clone(), (c.sandbox_id.clone(), c.state.into()));
+            }
+        }
+    }
+    pods
+}

@@ -1,0 +1,249 @@
+//! The metric set. One [`Metrics`] owns its own registry, so tests can run many
+//! instances side by side and read exact values.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// Values of the `relist_source` label (KEP-3386).
+pub const RELIST_SOURCES: [&str; 4] = ["global", "evented_pleg", "post_sync", "post_allocation"];
+
+/// Values of the `result` label of `plegd_relist_requests_total`.
+pub const REQUEST_RESULTS: [&str; 5] = ["queued", "coalesced", "dropped", "skipped", "done"];
+
+pub struct Metrics {
+    registry: Registry,
+    // Generic PLEG (kubelet names).
+    pub relist_duration: Histogram,
+    pub relist_interval: Histogram,
+    pub pod_relist_duration: HistogramVec,
+    pub last_seen: prometheus::Gauge,
+    pub discard_events: IntCounter,
+    pub events_total: IntCounterVec,
+    pub relist_errors: IntCounterVec,
+    // Relist requests (on-demand queue).
+    pub relist_requests: IntCounterVec,
+    pub queue_depth: IntGauge,
+    // Evented PLEG stream (kubelet names + stream state).
+    pub connection_errors: IntCounter,
+    pub connection_successes: IntCounter,
+    pub connection_latency: Histogram,
+    pub stream_connected: IntGauge,
+    pub reconnect_attempts: IntCounter,
+    pub stream_events: IntCounterVec,
+    // Subscribers.
+    pub subscribers: IntGauge,
+    pub subscriber_drops: IntCounter,
+}
+
+fn latency_buckets() -> Vec<f64> {
+    vec![
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ]
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let hist = |name: &str, help: &str| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(latency_buckets()))
+                .expect("static histogram options are valid")
+        };
+        let counter = |name: &str, help: &str| {
+            IntCounter::with_opts(Opts::new(name, help)).expect("static counter options are valid")
+        };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+                .expect("static counter options are valid")
+        };
+        let gauge = |name: &str, help: &str| {
+            IntGauge::with_opts(Opts::new(name, help)).expect("static gauge options are valid")
+        };
+        let m = Metrics {
+            relist_duration: hist(
+                "kubelet_pleg_relist_duration_seconds",
+                "Duration of a global relist (list, diff, status reads, cache update, publish).",
+            ),
+            relist_interval: hist(
+                "kubelet_pleg_relist_interval_seconds",
+                "Interval between the starts of two global relists.",
+            ),
+            pod_relist_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "kubelet_pleg_pod_relist_duration_seconds",
+                    "Duration of a targeted (one pod) relist, by what asked for it.",
+                )
+                .buckets(latency_buckets()),
+                &["relist_source"],
+            )
+            .expect("static histogram options are valid"),
+            last_seen: prometheus::Gauge::with_opts(Opts::new(
+                "kubelet_pleg_last_seen_seconds",
+                "Unix time of the last successful global relist.",
+            ))
+            .expect("static gauge options are valid"),
+            discard_events: counter(
+                "kubelet_pleg_discard_events",
+                "Lifecycle events dropped because a subscriber's queue was full.",
+            ),
+            events_total: counter_vec(
+                "kubelet_pleg_events_total",
+                "Lifecycle events generated, by the relist that detected them.",
+                &["relist_source"],
+            ),
+            relist_errors: counter_vec(
+                "plegd_relist_errors_total",
+                "Relist failures: phase=list (the whole relist failed) or status (one pod's status read).",
+                &["phase"],
+            ),
+            relist_requests: counter_vec(
+                "plegd_relist_requests_total",
+                "Targeted relist requests by outcome (queued, coalesced, dropped, skipped, done) and source.",
+                &["result", "relist_source"],
+            ),
+            queue_depth: gauge(
+                "plegd_relist_queue_depth",
+                "Targeted relist requests waiting in the dispatcher's mailbox.",
+            ),
+            connection_errors: counter(
+                "kubelet_evented_pleg_connection_error_count",
+                "Event stream connection attempts or streams that failed (EOF included).",
+            ),
+            connection_successes: counter(
+                "kubelet_evented_pleg_connection_success_count",
+                "Event stream connections that delivered a first event.",
+            ),
+            connection_latency: hist(
+                "kubelet_evented_pleg_connection_latency_seconds",
+                "Time from an event's created_at to its receipt by plegd.",
+            ),
+            stream_connected: gauge(
+                "plegd_evented_stream_connected",
+                "1 while the CRI event stream is open, else 0.",
+            ),
+            reconnect_attempts: counter(
+                "plegd_evented_reconnect_attempts_total",
+                "Event stream reconnect attempts.",
+            ),
+            stream_events: counter_vec(
+                "plegd_evented_stream_events_total",
+                "CRI events received, by type (created, started, stopped, deleted, unknown, invalid).",
+                &["type"],
+            ),
+            subscribers: gauge("plegd_subscribers", "Current lifecycle event subscribers."),
+            subscriber_drops: counter(
+                "plegd_subscriber_dropped_events_total",
+                "Events a subscriber missed because its queue was full (each is also in kubelet_pleg_discard_events).",
+            ),
+            registry,
+        };
+        m.register_all();
+        m
+    }
+
+    fn register_all(&self) {
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(self.relist_duration.clone()),
+            Box::new(self.relist_interval.clone()),
+            Box::new(self.pod_relist_duration.clone()),
+            Box::new(self.last_seen.clone()),
+            Box::new(self.discard_events.clone()),
+            Box::new(self.events_total.clone()),
+            Box::new(self.relist_errors.clone()),
+            Box::new(self.relist_requests.clone()),
+            Box::new(self.queue_depth.clone()),
+            Box::new(self.connection_errors.clone()),
+            Box::new(self.connection_successes.clone()),
+            Box::new(self.connection_latency.clone()),
+            Box::new(self.stream_connected.clone()),
+            Box::new(self.reconnect_attempts.clone()),
+            Box::new(self.stream_events.clone()),
+            Box::new(self.subscribers.clone()),
+            Box::new(self.subscriber_drops.clone()),
+        ];
+        for c in collectors {
+            self.registry
+                .register(c)
+                .expect("metric names are unique within one registry");
+        }
+        // Pre-create the labelled series so a scrape shows zeros, not absences.
+        for s in RELIST_SOURCES {
+            self.events_total.with_label_values(&[s]);
+            self.pod_relist_duration.with_label_values(&[s]);
+            for r in REQUEST_RESULTS {
+                self.relist_requests.with_label_values(&[r, s]);
+            }
+        }
+        for p in ["list", "status"] {
+            self.relist_errors.with_label_values(&[p]);
+        }
+    }
+
+    /// `kubelet_pleg_events_total{relist_source}` for one source.
+    pub fn events(&self, source: &str) -> u64 {
+        self.events_total.with_label_values(&[source]).get()
+    }
+
+    /// `plegd_relist_requests_total{result, relist_source}` for one pair.
+    pub fn requests(&self, result: &str, source: &str) -> u64 {
+        self.relist_requests.with_label_values(&[result, source]).get()
+    }
+
+    /// Counts one request outcome.
+    pub fn count_request(&self, result: &str, source: &str) {
+        self.relist_requests.with_label_values(&[result, source]).inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding our own well-formed families into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kep_names_are_exposed_with_bounded_labels() {
+        let m = Metrics::new();
+        m.events_total.with_label_values(&["global"]).inc();
+        let text = m.encode();
+        for name in [
+            "kubelet_evented_pleg_connection_error_count",
+            "kubelet_evented_pleg_connection_success_count",
+            "kubelet_evented_pleg_connection_latency_seconds",
+            "kubelet_pleg_pod_relist_duration_seconds",
+            "kubelet_pleg_relist_interval_seconds",
+            "kubelet_pleg_relist_duration_seconds",
+            "kubelet_pleg_last_seen_seconds",
+            "kubelet_pleg_discard_events",
+            "kubelet_pleg_events_total",
+        ] {
+            assert!(text.contains(name), "{name} missing");
+        }
+        assert!(text.contains("kubelet_pleg_events_total{relist_source=\"global\"} 1"));
+        for fam in m.registry.gather() {
+            for metric in fam.get_metric() {
+                for l in metric.get_label() {
+                    assert!(
+                        ["relist_source", "result", "phase", "type", "le"].contains(&l.name()),
+                        "unexpected label {} on {}",
+                        l.name(),
+                        fam.name()
+                    );
+                }
+            }
+        }
+    }
+}
