@@ -131,3 +131,18 @@ impl Handler<Publish> for EventPublisher {
         self.metrics.subscribers.set(self.subscribers.len() as i64);
     }
 }
+
+/// Drops every subscriber (their queues drain, then report disconnection) and stops.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Close;
+
+impl Handler<Close> for EventPublisher {
+    type Result = ();
+
+    fn handle(&mut self, _: Close, ctx: &mut Self::Context) {
+        self.subscribers.clear();
+        self.metrics.subscribers.set(0);
+        ctx.stop();
+    }
+}

@@ -2,6 +2,7 @@
 //! No metric carries a pod UID, container ID, error text or endpoint as a label:
 //! every label here has a small fixed set of values.
 
+pub mod http;
 pub mod logging;
 pub mod metrics;
 

@@ -1,0 +1,154 @@
+//! Command line: `plegd run` (a real CRI runtime) and `plegd demo` (the built-in
+//! simulated runtime). Every value is checked here; a bad one fails at start with the
+//! flag's name and the reason.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const AFTER_HELP: &str = "\
+Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when the runtime cannot be
+reached or is not a CRI v1 runtime at start, 2 for bad flags or configuration.
+
+Durations take units: 500ms, 1s, 3m. Logs go to stderr (RUST_LOG=debug for more).";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "plegd",
+    version,
+    about = "Pod lifecycle events from a CRI runtime: polled for truth, hinted by the CRI event stream",
+    after_help = AFTER_HELP
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Watch a real CRI runtime (containerd 1.7+/2.x, CRI-O) and publish its pods'
+    /// lifecycle events. Events go to stdout as JSON lines unless --events-json says
+    /// otherwise.
+    Run(RunArgs),
+    /// Run the whole service against a built-in simulated runtime (a real CRI gRPC
+    /// server on a temporary unix socket, with pods starting, exiting, restarting and
+    /// going away). Needs no container runtime. Prints readable events by default.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The CRI runtime's socket, as unix:///path/to/socket.
+    #[arg(long, env = "PLEGD_RUNTIME_ENDPOINT", value_name = "ENDPOINT")]
+    pub runtime_endpoint: String,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Pods the simulated node keeps running.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub pods: u32,
+    /// Time between two churn steps (a container exits, restarts, a pod is replaced...).
+    #[arg(long, default_value = "300ms", value_parser = parse_positive_duration)]
+    pub churn_period: Duration,
+    /// Seed of the churn workload (same seed, same story).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Stop after this long (default: run until SIGTERM/SIGINT).
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub duration: Option<Duration>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct CommonArgs {
+    /// Period of the global relist, which runs whatever the event stream does.
+    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
+    pub relist_period: Duration,
+    /// /healthz fails when the last successful global relist is older than this.
+    #[arg(long, default_value = "3m", value_parser = parse_positive_duration)]
+    pub health_threshold: Duration,
+    /// Deadline of each unary CRI call.
+    #[arg(long, default_value = "2s", value_parser = parse_positive_duration)]
+    pub runtime_request_timeout: Duration,
+    /// Capacity of the on-demand (targeted) relist queue; a full queue drops requests
+    /// (counted) and the next global relist reconciles.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub queue_capacity: u32,
+    /// Pods whose status is read concurrently during a relist.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub status_concurrency: u32,
+    /// Write events as JSON lines to PATH ('-' for stdout).
+    #[arg(long, value_name = "PATH|-")]
+    pub events_json: Option<PathBuf>,
+    /// Serve /metrics, /healthz and /readyz on this address ('off' to disable).
+    #[arg(long, default_value = "127.0.0.1:9464", value_parser = parse_metrics_addr)]
+    pub metrics_addr: MetricsAddr,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum MetricsAddr {
+    Off,
+    On(SocketAddr),
+}
+
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 1s, 3m)"))?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr::Off);
+    }
+    s.parse::<SocketAddr>()
+        .map(MetricsAddr::On)
+        .map_err(|e| format!("{e} (expected HOST:PORT such as 127.0.0.1:9464, or 'off')"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_flag_name() {
+        for args in [
+            vec!["plegd", "demo", "--relist-period", "0s"],
+            vec!["plegd", "demo", "--relist-period", "-1s"],
+            vec!["plegd", "demo", "--relist-period", "fast"],
+            vec!["plegd", "demo", "--metrics-addr", "localhost"],
+            vec!["plegd", "demo", "--pods", "0"],
+            vec!["plegd", "demo", "--unknown-flag"],
+        ] {
+            let err = Cli::try_parse_from(&args).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{args:?}");
+        }
+        let err = Cli::try_parse_from(["plegd", "demo", "--relist-period", "0s"]).unwrap_err();
+        assert!(err.to_string().contains("--relist-period"), "{err}");
+    }
+
+    #[test]
+    fn defaults() {
+        let cli = Cli::try_parse_from(["plegd", "demo"]).unwrap();
+        let Command::Demo(d) = cli.command else {
+            panic!("not demo")
+        };
+        assert_eq!(d.common.relist_period, Duration::from_secs(1));
+        assert_eq!(d.common.health_threshold, Duration::from_secs(180));
+        assert!(matches!(d.common.metrics_addr, MetricsAddr::On(_)));
+    }
+}

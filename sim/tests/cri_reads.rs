@@ -1,0 +1,239 @@
+//! The read RPCs plegd uses, through plegd's real CRI client: what is scripted in the
+//! FakeRuntime comes back over gRPC, errors keep their codes.
+
+mod common;
+
+use plegd_actors::runtime::{ContainerState, PodRef, RuntimeClient, RuntimeError, SandboxState};
+use plegd_protocol::cri;
+use plegd_sim::{FakeRuntime, Op};
+
+use common::{raw_client, serve};
+
+fn pod(uid: &str, name: &str, namespace: &str) -> PodRef {
+    PodRef {
+        uid: uid.into(),
+        name: name.into(),
+        namespace: namespace.into(),
+    }
+}
+
+#[tokio::test]
+async fn check_reports_the_simulator() {
+    let rt = FakeRuntime::new();
+    let (_dir, _server, client) = serve(&rt).await;
+    let v = client.check().await.unwrap();
+    assert_eq!(v.runtime_name, "plegd-sim");
+    assert_eq!(v.runtime_api_version, "v1");
+    assert_eq!(rt.calls(Op::Version), 1);
+}
+
+#[tokio::test]
+async fn lists_and_statuses_round_trip() {
+    let rt = FakeRuntime::new();
+    let sb1 = rt.run_pod("uid-1", "web-1", "ns-1");
+    let app = rt.run_container(&sb1, "app");
+    let sidecar = rt.run_container(&sb1, "sidecar");
+    rt.exit_container(&sidecar, 3);
+    let sb2 = rt.run_pod("uid-2", "web-2", "ns-2");
+    rt.stop_pod(&sb2);
+    let (_dir, _server, client) = serve(&rt).await;
+
+    let mut sandboxes = client.list_sandboxes().await.unwrap();
+    sandboxes.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
+    assert_eq!(sandboxes.len(), 2);
+    assert_eq!(sandboxes[0].id, sb1);
+    assert_eq!(sandboxes[0].pod, pod("uid-1", "web-1", "ns-1"));
+    assert_eq!(sandboxes[0].state, SandboxState::Ready);
+    assert!(sandboxes[0].created_at > 0);
+    assert_eq!(sandboxes[1].id, sb2);
+    assert_eq!(sandboxes[1].pod, pod("uid-2", "web-2", "ns-2"));
+    assert_eq!(sandboxes[1].state, SandboxState::NotReady);
+
+    let all = client.list_containers(None).await.unwrap();
+    assert_eq!(all.len(), 2);
+    let of_sb1 = client.list_containers(Some(&sb1)).await.unwrap();
+    assert_eq!(of_sb1, all);
+    assert!(client.list_containers(Some(&sb2)).await.unwrap().is_empty());
+    let listed_app = all.iter().find(|c| c.id == app).unwrap();
+    assert_eq!(listed_app.sandbox_id, sb1);
+    assert_eq!(listed_app.name, "app");
+    assert_eq!(listed_app.state, ContainerState::Running);
+    let listed_sidecar = all.iter().find(|c| c.id == sidecar).unwrap();
+    assert_eq!(listed_sidecar.sandbox_id, sb1);
+    assert_eq!(listed_sidecar.state, ContainerState::Exited);
+
+    let status = client.sandbox_status(&sb1).await.unwrap();
+    assert_eq!(status.id, sb1);
+    assert_eq!(status.pod, pod("uid-1", "web-1", "ns-1"));
+    assert_eq!(status.state, SandboxState::Ready);
+    assert_eq!(status.attempt, 0);
+
+    let status = client.container_status(&sidecar).await.unwrap();
+    let scripted = rt.container(&sidecar).unwrap();
+    assert_eq!(status.id, sidecar);
+    assert_eq!(status.name, "sidecar");
+    assert_eq!(status.state, ContainerState::Exited);
+    assert_eq!(status.exit_code, 3);
+    assert_eq!(status.reason, "Error");
+    assert_eq!(status.started_at, scripted.started_at);
+    assert_eq!(status.finished_at, scripted.finished_at);
+    assert!(status.finished_at >= status.started_at && status.started_at > 0);
+    // The wire has no sandbox ID: plegd's client leaves it for the caller to fill in.
+    assert_eq!(status.sandbox_id, "");
+    let status = client.container_status(&app).await.unwrap();
+    assert_eq!(status.state, ContainerState::Running);
+}
+
+#[tokio::test]
+async fn missing_objects_are_not_found() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("uid-1", "web-1", "ns");
+    let c = rt.run_container(&sb, "app");
+    let (_dir, _server, client) = serve(&rt).await;
+    assert!(client.container_status(&c).await.is_ok());
+    rt.remove_container(&c);
+    let err = client.container_status(&c).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    assert!(matches!(err, RuntimeError::Rpc { .. }), "{err:?}");
+    rt.remove_pod(&sb);
+    assert!(client.sandbox_status(&sb).await.unwrap_err().is_not_found());
+}
+
+#[tokio::test]
+async fn injected_faults_keep_their_codes() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("uid-1", "web-1", "ns");
+    let (_dir, _server, client) = serve(&rt).await;
+
+    rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, Some(1));
+    let err = client.list_sandboxes().await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+    assert_eq!(client.list_sandboxes().await.unwrap().len(), 1);
+
+    rt.fail(Op::ListContainers, tonic::Code::ResourceExhausted, None);
+    for _ in 0..2 {
+        let err = client.list_containers(None).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    }
+    rt.clear_failure(Op::ListContainers);
+    assert!(client.list_containers(None).await.is_ok());
+
+    rt.fail_pod_status("uid-1", true);
+    let err = client.sandbox_status(&sb).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    rt.fail_pod_status("uid-1", false);
+    assert!(client.sandbox_status(&sb).await.is_ok());
+}
+
+#[tokio::test]
+async fn list_filters_are_honoured() {
+    let rt = FakeRuntime::new();
+    let sb1 = rt.run_pod("uid-1", "web-1", "ns");
+    let sb2 = rt.run_pod("uid-2", "web-2", "ns");
+    rt.stop_pod(&sb2);
+    let c1 = rt.run_container(&sb1, "app");
+    let c2 = rt.create_container(&sb1, "init");
+    let (_dir, server, _client) = serve(&rt).await;
+    let mut raw = raw_client(server.path());
+
+    let sandboxes = |filter: cri::PodSandboxFilter| {
+        let mut raw = raw.clone();
+        async move {
+            let req = cri::ListPodSandboxRequest {
+                filter: Some(filter),
+            };
+            let items = raw.list_pod_sandbox(req).await.unwrap().into_inner().items;
+            items.into_iter().map(|s| s.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        sandboxes(cri::PodSandboxFilter {
+            id: sb2.clone(),
+            ..Default::default()
+        })
+        .await,
+        vec![sb2.clone()]
+    );
+    assert_eq!(
+        sandboxes(cri::PodSandboxFilter {
+            state: Some(cri::PodSandboxStateValue {
+                state: cri::PodSandboxState::SandboxReady as i32
+            }),
+            ..Default::default()
+        })
+        .await,
+        vec![sb1.clone()]
+    );
+    // The simulator's sandboxes have no labels.
+    assert!(sandboxes(cri::PodSandboxFilter {
+        label_selector: [("app".to_string(), "web".to_string())].into(),
+        ..Default::default()
+    })
+    .await
+    .is_empty());
+
+    let mut containers = |filter: cri::ContainerFilter| {
+        let mut raw = raw.clone();
+        async move {
+            let req = cri::ListContainersRequest {
+                filter: Some(filter),
+            };
+            let items = raw.list_containers(req).await.unwrap().into_inner();
+            items.containers.into_iter().map(|c| c.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        containers(cri::ContainerFilter {
+            id: c2.clone(),
+            ..Default::default()
+        })
+        .await,
+        vec![c2.clone()]
+    );
+    assert_eq!(
+        containers(cri::ContainerFilter {
+            state: Some(cri::ContainerStateValue {
+                state: cri::ContainerState::ContainerRunning as i32
+            }),
+            pod_sandbox_id: sb1.clone(),
+            ..Default::default()
+        })
+        .await,
+        vec![c1.clone()]
+    );
+    assert!(containers(cri::ContainerFilter {
+        pod_sandbox_id: sb2.clone(),
+        ..Default::default()
+    })
+    .await
+    .is_empty());
+
+    // Status: ready; the rest of the API is refused clearly.
+    let status = raw
+        .status(cri::StatusRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let conditions = status.status.unwrap().conditions;
+    for kind in ["RuntimeReady", "NetworkReady"] {
+        assert!(conditions.iter().any(|c| c.r#type == kind && c.status));
+    }
+    let err = raw
+        .exec_sync(cri::ExecSyncRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+    assert!(err.message().contains("ExecSync is not simulated"), "{err}");
+
+    // PodSandboxStatus leaves containers_statuses empty, like containerd 1.7.
+    let resp = raw
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: sb1.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(resp.containers_statuses.is_empty());
+    assert_eq!(resp.status.unwrap().metadata.unwrap().uid, "uid-1");
+}
