@@ -25,5 +25,8 @@ pub(crate) fn create_container(
     }
     // FakeRuntime asserts before mutating and recovers a poisoned lock, so its state is
     // consistent after an unwind.
-    catch_unwind(AssertUnwindSafe(|| runtime.create_container(sandbox_id, name))).ok()
+    catch_unwind(AssertUnwindSafe(|| {
+        runtime.create_container(sandbox_id, name)
+    }))
+    .ok()
 }

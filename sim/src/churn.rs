@@ -233,8 +233,7 @@ impl Churn {
     fn sandbox_exists(&self, pod: &ChurnPod) -> bool {
         self.runtime
             .sandboxes_of(&pod.uid)
-            .iter()
-            .any(|s| *s == pod.sandbox_id)
+            .contains(&pod.sandbox_id)
     }
 
     /// Create + start; a sandbox that vanished meanwhile is caught by the next step.

@@ -10,8 +10,7 @@ use plegd_protocol::cri;
 /// selector matches nothing.
 pub(crate) fn sandbox_matches(s: &Sandbox, f: &cri::PodSandboxFilter) -> bool {
     (f.id.is_empty() || s.id == f.id)
-        && f
-            .state
+        && f.state
             .as_ref()
             .is_none_or(|v| v.state == convert::sandbox_state_to_wire(s.state))
         && f.label_selector.is_empty()
@@ -22,8 +21,7 @@ pub(crate) fn sandbox_matches(s: &Sandbox, f: &cri::PodSandboxFilter) -> bool {
 pub(crate) fn container_matches(c: &Container, f: &cri::ContainerFilter) -> bool {
     (f.id.is_empty() || c.id == f.id)
         && (f.pod_sandbox_id.is_empty() || c.sandbox_id == f.pod_sandbox_id)
-        && f
-            .state
+        && f.state
             .as_ref()
             .is_none_or(|v| v.state == convert::container_state_to_wire(c.state))
         && f.label_selector.is_empty()
@@ -64,7 +62,10 @@ mod tests {
             ..Default::default()
         };
         assert!(!sandbox_matches(&ready, &not_ready));
-        assert!(sandbox_matches(&sandbox("a", SandboxState::NotReady), &not_ready));
+        assert!(sandbox_matches(
+            &sandbox("a", SandboxState::NotReady),
+            &not_ready
+        ));
         let labels = cri::PodSandboxFilter {
             label_selector: [("app".to_string(), "web".to_string())].into(),
             ..Default::default()

@@ -22,4 +22,6 @@ pub use error::SimError;
 pub use lifecycle::{KILL_EXIT_CODE, STOP_EXIT_CODE};
 pub use plegd_actors::runtime::fake::{FakeRuntime, Op};
 pub use server::CriServer;
-pub use socket::{serve_unix, spawn_in_thread, SimServer, ThreadedSimServer, SHUTDOWN_GRACE};
+pub use socket::{
+    serve_unix, spawn_in_thread, SimServer, ThreadedSimServer, SHUTDOWN_GRACE, THREAD_STOP_GRACE,
+};

@@ -17,7 +17,9 @@ pub const KILL_EXIT_CODE: i32 = 137;
 
 fn required<'a>(op: &str, field: &str, value: &'a str) -> Result<&'a str, Status> {
     if value.is_empty() {
-        Err(Status::invalid_argument(format!("{op}: {field} is required")))
+        Err(Status::invalid_argument(format!(
+            "{op}: {field} is required"
+        )))
     } else {
         Ok(value)
     }

@@ -83,7 +83,9 @@ fn until_stopped(
         };
         match next {
             None => Some((
-                Err(Status::unavailable("plegd-sim: the runtime is shutting down")),
+                Err(Status::unavailable(
+                    "plegd-sim: the runtime is shutting down",
+                )),
                 None,
             )),
             Some(item) => item.map(|item| (item, Some((events, stopping)))),

@@ -24,6 +24,12 @@ use crate::server::CriServer;
 /// delayed by scripted latency, say) before abandoning them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// How long [`ThreadedSimServer::stop`] lets connections drain before closing them.
+/// Short, because draining needs the client's cooperation (hyper's graceful HTTP/2
+/// shutdown waits for the client to acknowledge a PING), and a client on the thread
+/// that calls `stop()` cannot give it.
+pub const THREAD_STOP_GRACE: Duration = Duration::from_millis(250);
+
 /// sun_path holds 108 bytes including the terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
 
@@ -51,7 +57,9 @@ fn prepare_path(path: &Path) -> Result<(), SimError> {
     if text.len() > MAX_SOCKET_PATH {
         return Err(bad("unix socket paths are limited to 107 bytes"));
     }
-    let dir = path.parent().ok_or_else(|| bad("has no parent directory"))?;
+    let dir = path
+        .parent()
+        .ok_or_else(|| bad("has no parent directory"))?;
     if !dir.is_dir() {
         return Err(SimError::MissingDirectory {
             path: path.to_path_buf(),
@@ -137,15 +145,22 @@ impl SimServer {
 
     /// Stops accepting, ends open event streams with Unavailable, waits up to
     /// [`SHUTDOWN_GRACE`] for connections to close, and removes the socket file.
-    pub async fn shutdown(mut self) {
+    pub async fn shutdown(self) {
+        self.shutdown_within(SHUTDOWN_GRACE).await
+    }
+
+    /// [`shutdown`](Self::shutdown) with another grace period. Connections still open
+    /// after it are abandoned: their tasks end when their clients go or the tokio
+    /// runtime does.
+    pub async fn shutdown_within(mut self, grace: Duration) {
         self.stopping.send_replace(true);
         if let Some(mut task) = self.task.take() {
-            match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+            match tokio::time::timeout(grace, &mut task).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(e))) => tracing::warn!(error = %e, "plegd-sim server failed"),
                 Ok(Err(e)) => tracing::warn!(error = %e, "plegd-sim server task failed"),
                 Err(_) => {
-                    tracing::warn!("plegd-sim connections did not drain; abandoning them");
+                    tracing::debug!(?grace, "plegd-sim connections did not drain");
                     task.abort();
                 }
             }
@@ -177,12 +192,13 @@ impl Drop for SimServer {
 
 /// A simulator serving on its own OS thread and 2-worker tokio runtime.
 ///
-/// [`stop`](Self::stop) or dropping it shuts the server down as
-/// [`SimServer::shutdown`] does and joins the thread, so either may block for up to
-/// [`SHUTDOWN_GRACE`] (plus a second to cancel what is left).
+/// [`stop`](Self::stop) or dropping it shuts the server down (draining connections
+/// for up to [`THREAD_STOP_GRACE`]), drops the thread's runtime — which closes any
+/// connection still open — and joins the thread. [`kill`](Self::kill) does the same
+/// with no grace, as when a runtime crashes.
 pub struct ThreadedSimServer {
     path: PathBuf,
-    stop: Option<oneshot::Sender<()>>,
+    stop: Option<oneshot::Sender<Duration>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -190,7 +206,7 @@ pub struct ThreadedSimServer {
 /// (or binding failed). Needs no tokio runtime in the caller.
 pub fn spawn_in_thread(path: &Path, runtime: FakeRuntime) -> Result<ThreadedSimServer, SimError> {
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Result<(), SimError>>(1);
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<Duration>();
     let socket = path.to_path_buf();
     let thread = std::thread::Builder::new()
         .name("plegd-sim".into())
@@ -215,12 +231,13 @@ pub fn spawn_in_thread(path: &Path, runtime: FakeRuntime) -> Result<ThreadedSimS
                     Ok(server) => {
                         let _ = ready_tx.send(Ok(()));
                         // Err: the handle was dropped, which also means stop.
-                        let _ = stop_rx.await;
-                        server.shutdown().await;
+                        let grace = stop_rx.await.unwrap_or(THREAD_STOP_GRACE);
+                        server.shutdown_within(grace).await;
                     }
                 }
             });
-            // Cancels connection tasks that outlived the grace period.
+            // Drops the connection tasks that outlived the grace period, closing
+            // their sockets.
             rt.shutdown_timeout(Duration::from_secs(1));
         })
         .map_err(|source| SimError::Thread { source })?;
@@ -251,12 +268,18 @@ impl ThreadedSimServer {
 
     /// Shuts the server down and joins its thread.
     pub fn stop(mut self) {
-        self.stop_and_join();
+        self.stop_and_join(THREAD_STOP_GRACE);
     }
 
-    fn stop_and_join(&mut self) {
+    /// Shuts the server down with no grace: open calls and streams fail with a
+    /// transport error or Unavailable, like a crashed runtime's.
+    pub fn kill(mut self) {
+        self.stop_and_join(Duration::ZERO);
+    }
+
+    fn stop_and_join(&mut self, grace: Duration) {
         if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+            let _ = stop.send(grace);
         }
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
@@ -268,7 +291,7 @@ impl ThreadedSimServer {
 
 impl Drop for ThreadedSimServer {
     fn drop(&mut self) {
-        self.stop_and_join();
+        self.stop_and_join(THREAD_STOP_GRACE);
     }
 }
 

@@ -172,14 +172,18 @@ async fn list_filters_are_honoured() {
     .await
     .is_empty());
 
-    let mut containers = |filter: cri::ContainerFilter| {
+    let containers = |filter: cri::ContainerFilter| {
         let mut raw = raw.clone();
         async move {
             let req = cri::ListContainersRequest {
                 filter: Some(filter),
             };
             let items = raw.list_containers(req).await.unwrap().into_inner();
-            items.containers.into_iter().map(|c| c.id).collect::<Vec<_>>()
+            items
+                .containers
+                .into_iter()
+                .map(|c| c.id)
+                .collect::<Vec<_>>()
         }
     };
     assert_eq!(

@@ -1,0 +1,297 @@
+//! Component tests of the Generic PLEG's actors (dispatcher, cache, publisher,
+//! health) over the in-memory fake runtime.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::*;
+use plegd_actors::lifecycle::{EventKind, RelistSource};
+use plegd_actors::runtime::fake::{FakeRuntime, Op};
+use plegd_actors::service::{Pleg, PlegConfig};
+use plegd_telemetry::Metrics;
+
+fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
+    start_with(rt, PlegConfig {
+        relist_period: period,
+        ..PlegConfig::default()
+    })
+}
+
+fn start_with(rt: &FakeRuntime, cfg: PlegConfig) -> Pleg {
+    Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))
+}
+
+fn global_relists(p: &Pleg) -> u64 {
+    p.metrics.relist_duration.get_sample_count()
+}
+
+#[actix_rt::test]
+async fn events_are_published_after_the_cache_is_updated() {
+    let rt = FakeRuntime::new();
+    let p = start(&rt, Duration::from_millis(20));
+    let sub = p.subscribe("t", 1024).await.unwrap();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let d = expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::Global);
+    assert_eq!(d.event.pod.name, "web");
+    // The cache already holds the status that caused the event.
+    let cached = p.cache.get("u1").expect("cached before the event was published");
+    let status = cached.status.expect("status");
+    assert!(status.containers.iter().any(|s| s.id == c));
+
+    rt.exit_container(&c, 3);
+    expect_event(&sub, EventKind::ContainerDied, &c).await;
+    let st = p.cache.get("u1").unwrap().status.unwrap();
+    let cs = st.containers.iter().find(|s| s.id == c).unwrap();
+    assert_eq!(cs.exit_code, 3);
+
+    rt.remove_pod(&sb);
+    // Sandboxes come first within a pod: Died+Removed of the sandbox, then Removed of
+    // the container.
+    let last = expect_event(&sub, EventKind::ContainerRemoved, &c).await;
+    assert!(p.cache.get("u1").is_none(), "a deleted pod leaves the cache");
+    // Started ×2, Died, then Died+Removed (sandbox) and Removed (container).
+    assert_eq!(last.seq, 6);
+    assert_eq!(p.metrics.events("global"), 6);
+}
+
+#[actix_rt::test]
+async fn wait_newer_than_is_released_by_reads_and_by_global_relists() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let p = start(&rt, Duration::from_millis(50));
+    wait_until("first relist", || p.health.ready()).await;
+    let t = SystemTime::now();
+    // A pod that does not exist: released by the next global relist, with no entry.
+    let cache = p.cache.clone();
+    let absent = cache.wait_newer_than("nope", t, TIMEOUT).await;
+    assert_eq!(absent, Ok(None));
+    assert!(p.cache.global_timestamp().unwrap() > t);
+    // An existing pod with no change keeps its old entry, released by the global time.
+    let entry = p.cache.wait_newer_than("u1", t, TIMEOUT).await.unwrap().unwrap();
+    assert!(entry.modified < t);
+    // A change: the entry read after t carries it.
+    let t2 = SystemTime::now();
+    let c = rt.run_container(&sb, "app");
+    let fresh = loop {
+        let e = p.cache.wait_newer_than("u1", t2, TIMEOUT).await.unwrap().unwrap();
+        if e.modified > t2 {
+            break e;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert!(fresh.status.unwrap().containers.iter().any(|s| s.id == c));
+    // A timeout is reported as such.
+    let far = SystemTime::now() + Duration::from_secs(3600);
+    assert_eq!(p.cache.wait_newer_than("u1", far, Duration::from_millis(30)).await, Err(()));
+}
+
+#[actix_rt::test]
+async fn status_errors_are_cached_and_the_pod_reinspected() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let p = start(&rt, Duration::from_millis(20));
+    let sub = p.subscribe("t", 1024).await.unwrap();
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    rt.fail_pod_status("u1", true);
+    rt.exit_container(&c, 1);
+    wait_until("error cached", || {
+        p.cache.get("u1").is_some_and(|e| e.error.is_some())
+    })
+    .await;
+    let e = p.cache.get("u1").unwrap();
+    assert!(e.status.is_some(), "the last good status is kept");
+    assert!(drain(&sub).is_empty(), "nothing published for a pod that cannot be read");
+    rt.fail_pod_status("u1", false);
+    expect_event(&sub, EventKind::ContainerDied, &c).await;
+    assert!(p.cache.get("u1").unwrap().error.is_none());
+    assert!(p.metrics.relist_errors.with_label_values(&["status"]).get() >= 1);
+}
+
+#[actix_rt::test]
+async fn a_full_subscriber_queue_drops_counts_and_tells_the_subscriber() {
+    let rt = FakeRuntime::new();
+    let p = start(&rt, Duration::from_millis(10));
+    let slow = p.subscribe("slow", 2).await.unwrap();
+    let fast = p.subscribe("fast", 100_000).await.unwrap();
+    let mut sandboxes = Vec::new();
+    for i in 0..20 {
+        sandboxes.push(rt.run_pod(&format!("u{i}"), &format!("p{i}"), "ns"));
+    }
+    let mut seen = std::collections::HashSet::new();
+    recv_until(&fast, "all 20 sandboxes started", |d| {
+        seen.insert(d.event.container_id.clone());
+        sandboxes.iter().all(|sb| seen.contains(sb))
+    })
+    .await;
+    // The dispatcher was never blocked by the slow subscriber: relists keep coming.
+    let before = global_relists(&p);
+    wait_until("more global relists", || global_relists(&p) >= before + 3).await;
+    assert_eq!(p.metrics.discard_events.get(), 18);
+    let got = drain(&slow);
+    assert_eq!(got.iter().map(|d| d.seq).collect::<Vec<_>>(), vec![1, 2]);
+    assert!(got.iter().all(|d| d.missed == 0));
+    // The next delivery says how many were missed, and the sequence shows the gap.
+    let sb = rt.run_pod("late", "late", "ns");
+    let d = expect_event(&slow, EventKind::ContainerStarted, &sb).await;
+    assert_eq!(d.missed, 18);
+    assert_eq!(d.seq, 21);
+    // A dropped subscriber is forgotten.
+    drop(slow);
+    let sb2 = rt.run_pod("later", "later", "ns");
+    expect_event(&fast, EventKind::ContainerStarted, &sb2).await;
+    assert_eq!(p.metrics.subscribers.get(), 1);
+}
+
+#[actix_rt::test]
+async fn health_follows_the_global_relist_not_the_stream() {
+    let rt = FakeRuntime::new();
+    rt.run_pod("u1", "web", "ns");
+    let p = start_with(&rt, PlegConfig {
+        relist_period: Duration::from_millis(10),
+        health_threshold: Duration::from_millis(300),
+        ..PlegConfig::default()
+    });
+    wait_until("ready", || p.health.ready()).await;
+    assert!(p.health.check().is_ok());
+    // The event stream failing changes nothing (there is no stream here at all).
+    rt.fail(Op::Events, tonic::Code::Unavailable, None);
+    rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
+    wait_until("unhealthy", || p.health.check().is_err()).await;
+    assert!(p.metrics.relist_errors.with_label_values(&["list"]).get() > 0);
+    rt.clear_failure(Op::ListSandboxes);
+    wait_until("healthy again", || p.health.check().is_ok()).await;
+}
+
+#[actix_rt::test]
+async fn targeted_relist_is_fast_and_tagged_with_its_source() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    // A relist period far longer than the test: only the targeted relist can see the exit.
+    let p = start(&rt, Duration::from_secs(3600));
+    let sub = p.subscribe("t", 1024).await.unwrap();
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    rt.exit_container(&c, 137);
+    assert!(p.queue.request("u1", RelistSource::EventedPleg));
+    let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::EventedPleg);
+    assert_eq!(p.metrics.events("evented_pleg"), 1);
+    // A duplicate request: a fresh read, no second event.
+    assert!(p.queue.request("u1", RelistSource::EventedPleg));
+    wait_until("request done", || p.metrics.requests("done", "evented_pleg") == 2).await;
+    assert!(drain(&sub).is_empty());
+    assert_eq!(p.metrics.queue_depth.get(), 0);
+}
+
+#[actix_rt::test]
+async fn requests_covered_by_a_completed_global_relist_are_skipped() {
+    let rt = FakeRuntime::new();
+    rt.run_pod("u1", "web", "ns");
+    // Every relist takes ≥ 100 ms, twice the period: requests queue up behind the
+    // first global relist, and a second one is due when it ends.
+    rt.set_latency(Op::ListContainers, Duration::from_millis(100));
+    let p = start(&rt, Duration::from_millis(50));
+    wait_until("first relist started", || rt.calls(Op::ListContainers) >= 1).await;
+    for _ in 0..5 {
+        assert!(p.queue.request("u1", RelistSource::EventedPleg));
+    }
+    // They arrived after the first relist began (it may have missed their cause), so
+    // the first is preceded by the due global relist, which covers all five.
+    wait_until("requests handled", || {
+        p.metrics.requests("skipped", "evented_pleg") == 5
+    })
+    .await;
+    assert_eq!(p.metrics.requests("done", "evented_pleg"), 0);
+}
+
+#[actix_rt::test]
+async fn a_full_queue_drops_requests_and_the_global_relist_still_converges() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let p = start_with(&rt, PlegConfig {
+        relist_period: Duration::from_millis(200),
+        queue_capacity: 4,
+        ..PlegConfig::default()
+    });
+    let sub = p.subscribe("t", 1024).await.unwrap();
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    // Slow targeted relists; the mailbox fills while one runs.
+    rt.set_latency(Op::ListContainers, Duration::from_millis(50));
+    let mut accepted = 0;
+    for _ in 0..100 {
+        if p.queue.request("u1", RelistSource::EventedPleg) {
+            accepted += 1;
+        }
+    }
+    let dropped = p.metrics.requests("dropped", "evented_pleg");
+    assert_eq!(accepted + dropped, 100);
+    // actix's real bound: capacity + one slot per sender handle.
+    assert!(accepted <= 4 + 2, "accepted {accepted}");
+    assert!(dropped >= 94);
+    rt.exit_container(&c, 1);
+    expect_event(&sub, EventKind::ContainerDied, &c).await;
+}
+
+#[actix_rt::test]
+async fn a_storm_of_targeted_requests_does_not_starve_the_global_relist() {
+    let rt = FakeRuntime::new();
+    rt.run_pod("storm", "storm", "ns");
+    let other_sb = rt.run_pod("other", "other", "ns");
+    let other = rt.run_container(&other_sb, "app");
+    let p = start_with(&rt, PlegConfig {
+        relist_period: Duration::from_millis(50),
+        queue_capacity: 100_000,
+        ..PlegConfig::default()
+    });
+    let sub = p.subscribe("t", 100_000).await.unwrap();
+    expect_event(&sub, EventKind::ContainerStarted, &other).await;
+    // Each targeted relist costs ≥ 1 ms and requests keep coming faster than that.
+    rt.set_latency(Op::ListContainers, Duration::from_millis(1));
+    let storming = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let queue = p.queue.clone();
+    let flag = storming.clone();
+    let storm = actix_rt::spawn(async move {
+        while flag.load(std::sync::atomic::Ordering::Relaxed) {
+            for _ in 0..20 {
+                queue.request("storm", RelistSource::EventedPleg);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    wait_until("storm under way", || p.metrics.requests("done", "evented_pleg") >= 50).await;
+    // Only a global relist reads pod "other": its exit is found during the storm,
+    // and global relists keep coming.
+    let before = global_relists(&p);
+    rt.exit_container(&other, 1);
+    let d = expect_event(&sub, EventKind::ContainerDied, &other).await;
+    assert_eq!(d.event.relist_source, RelistSource::Global);
+    wait_until("five more global relists", || global_relists(&p) >= before + 5).await;
+    storming.store(false, std::sync::atomic::Ordering::Relaxed);
+    storm.await.unwrap();
+    assert!(p.metrics.requests("queued", "evented_pleg") > 100);
+}
+
+#[actix_rt::test]
+async fn stop_in_the_middle_of_a_relist() {
+    let rt = FakeRuntime::new();
+    rt.run_pod("u1", "web", "ns");
+    rt.set_latency(Op::ListContainers, Duration::from_millis(200));
+    let p = start(&rt, Duration::from_millis(10));
+    let sub = p.subscribe("t", 16).await.unwrap();
+    wait_until("relist in progress", || rt.calls(Op::ListContainers) >= 1).await;
+    p.dispatcher.stop();
+    wait_until("dispatcher stopped", || p.dispatcher.stopped()).await;
+    // The relist in progress completed and published before stopping.
+    let got = drain(&sub);
+    assert_eq!(got.len(), 1);
+    let calls = rt.calls(Op::ListContainers);
+    assert!(!p.queue.request("u1", RelistSource::EventedPleg));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(rt.calls(Op::ListContainers), calls, "no relist after stop");
+}

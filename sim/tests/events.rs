@@ -1,0 +1,123 @@
+//! GetContainerEvents through plegd's client: containerd-shaped events, and streams
+//! that end when the server goes.
+
+mod common;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use plegd_actors::runtime::{EventStream, RuntimeClient};
+use plegd_protocol::cri;
+use plegd_sim::FakeRuntime;
+
+use common::{serve, wait_until, PATIENCE};
+
+async fn next_event(events: &mut EventStream) -> cri::ContainerEventResponse {
+    tokio::time::timeout(PATIENCE, events.next())
+        .await
+        .expect("no event in time")
+        .expect("stream ended")
+        .expect("stream failed")
+}
+
+#[tokio::test]
+async fn events_carry_the_pod_identity() {
+    let rt = FakeRuntime::new();
+    let (_dir, _server, client) = serve(&rt).await;
+    let mut events = client.container_events().await.unwrap();
+    assert_eq!(rt.event_streams(), 1);
+
+    let sb = rt.run_pod("uid-1", "web-1", "ns");
+    let c = rt.run_container(&sb, "app");
+    rt.exit_container(&c, 1);
+
+    use cri::ContainerEventType::*;
+    let expected = [
+        (&sb, ContainerCreatedEvent),
+        (&sb, ContainerStartedEvent),
+        (&c, ContainerCreatedEvent),
+        (&c, ContainerStartedEvent),
+        (&c, ContainerStoppedEvent),
+    ];
+    for (id, kind) in expected {
+        let ev = next_event(&mut events).await;
+        assert_eq!(&ev.container_id, id);
+        assert_eq!(ev.container_event_type, kind as i32);
+        let status = ev.pod_sandbox_status.expect("pod_sandbox_status");
+        assert_eq!(status.id, sb);
+        let meta = status.metadata.expect("metadata");
+        assert_eq!((meta.uid.as_str(), meta.name.as_str()), ("uid-1", "web-1"));
+    }
+    // The last event shows the container's exit.
+    rt.remove_container(&c);
+    let ev = next_event(&mut events).await;
+    assert_eq!(ev.container_event_type, ContainerDeletedEvent as i32);
+    assert_eq!(ev.containers_statuses.len(), 1);
+    assert_eq!(ev.containers_statuses[0].exit_code, 1);
+
+    drop(events);
+    wait_until("the server to drop its subscription", || {
+        rt.event_streams() == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_open_streams() {
+    let rt = FakeRuntime::new();
+    let (_dir, server, client) = serve(&rt).await;
+    let path = server.path().to_path_buf();
+    let mut events = client.container_events().await.unwrap();
+
+    let shutdown = tokio::spawn(server.shutdown());
+    match tokio::time::timeout(PATIENCE, events.next()).await {
+        Err(_) => panic!("the stream outlived the server"),
+        Ok(Some(Ok(ev))) => panic!("unexpected event {ev:?}"),
+        Ok(Some(Err(e))) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e}"),
+        Ok(None) => {}
+    }
+    tokio::time::timeout(PATIENCE, shutdown)
+        .await
+        .expect("shutdown hangs")
+        .unwrap();
+    assert!(!path.exists(), "the socket outlived the server");
+    assert_eq!(rt.event_streams(), 0);
+    assert!(client.list_sandboxes().await.is_err());
+}
+
+#[tokio::test]
+async fn dropping_the_server_ends_open_streams() {
+    let rt = FakeRuntime::new();
+    let (_dir, server, client) = serve(&rt).await;
+    let path = server.path().to_path_buf();
+    let mut events = client.container_events().await.unwrap();
+    drop(server);
+    assert!(!path.exists(), "the socket outlived the server");
+    let end = tokio::time::timeout(PATIENCE, events.next())
+        .await
+        .expect("the stream outlived the server");
+    assert!(!matches!(end, Some(Ok(_))), "{end:?}");
+    wait_until("the server to drop its subscription", || {
+        rt.event_streams() == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_slow_unary_call_does_not_block_a_stream() {
+    // Latency on one call must not stall events on the other channel.
+    let rt = FakeRuntime::new();
+    rt.set_latency(plegd_sim::Op::ListSandboxes, Duration::from_millis(500));
+    let (_dir, _server, client) = serve(&rt).await;
+    let mut events = client.container_events().await.unwrap();
+    let slow = {
+        let client = client.clone();
+        tokio::spawn(async move { client.list_sandboxes().await })
+    };
+    rt.run_pod("uid-1", "web-1", "ns");
+    let ev = tokio::time::timeout(Duration::from_millis(400), events.next())
+        .await
+        .expect("event stalled behind a slow call");
+    assert!(matches!(ev, Some(Ok(_))));
+    assert_eq!(slow.await.unwrap().unwrap().len(), 1);
+}
