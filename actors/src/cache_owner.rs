@@ -73,8 +73,7 @@ impl PodCache {
             loop {
                 let global = rx.borrow_and_update().0;
                 let entry = self.get(uid);
-                if entry.as_ref().is_some_and(|e| e.modified > t) || global.is_some_and(|g| g > t)
-                {
+                if entry.as_ref().is_some_and(|e| e.modified > t) || global.is_some_and(|g| g > t) {
                     return entry;
                 }
                 if rx.changed().await.is_err() {

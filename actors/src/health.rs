@@ -42,8 +42,8 @@ impl Health {
 
     /// Time since the last successful global relist (or since start), as of `now`.
     pub fn since_last_relist(&self, now: Instant) -> Duration {
-        let last = self.inner.start
-            + Duration::from_millis(self.inner.last_ok_ms.load(Ordering::Relaxed));
+        let last =
+            self.inner.start + Duration::from_millis(self.inner.last_ok_ms.load(Ordering::Relaxed));
         now.saturating_duration_since(last)
     }
 

@@ -59,6 +59,8 @@ pub struct RelistDispatcher {
     covered_until: Option<Instant>,
     timer: Option<SpawnHandle>,
     list_errors: RateLimiter,
+    /// When a global relist was last brought forward.
+    last_forced: Option<Instant>,
 }
 
 /// Ask for a relist of one pod. Build with [`RelistQueue::request`], which stamps the
@@ -105,6 +107,19 @@ impl RelistQueue {
         }
     }
 }
+
+impl RelistQueue {
+    /// Asks for the next global relist to run now (after a stream reconnect: events
+    /// around it may be lost). Honoured at most once per relist period.
+    pub fn relist_soon(&self) {
+        let _ = self.addr.try_send(RelistSoon);
+    }
+}
+
+/// Bring the next global relist forward (at most once per period).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RelistSoon;
 
 /// Stops the dispatcher: sets a flag every unit of work checks first, then nudges the
 /// mailbox (which may be full: queued messages then see the flag).
@@ -163,6 +178,7 @@ impl RelistDispatcher {
             covered_until: None,
             timer: None,
             list_errors: RateLimiter::new(Duration::from_secs(30)),
+            last_forced: None,
         };
         let addr = ctx.run(actor);
         DispatcherHandle {
@@ -315,6 +331,11 @@ async fn global_relist(
 }
 
 async fn targeted_relist(core: &mut GenericPleg, deps: &Deps, req: &RequestRelist) {
+    // Enqueued before a sync took the pod: it becomes the gate's pending relist.
+    if deps.suspended.coalesce(&req.uid) {
+        deps.metrics.count_request("coalesced", req.source.as_str());
+        return;
+    }
     let start = Instant::now();
     let suspended = deps.suspended.clone();
     let scope = RelistScope::Pod {
@@ -369,5 +390,27 @@ impl Handler<Stop> for RelistDispatcher {
 
     fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
         ctx.stop();
+    }
+}
+
+impl Handler<RelistSoon> for RelistDispatcher {
+    type Result = ();
+
+    fn handle(&mut self, _: RelistSoon, ctx: &mut Self::Context) {
+        if self.stop_if_asked(ctx) {
+            return;
+        }
+        let now = Instant::now();
+        if self
+            .last_forced
+            .is_some_and(|t| now.duration_since(t) < self.cfg.relist_period)
+        {
+            return;
+        }
+        self.last_forced = Some(now);
+        if self.next_global > now {
+            self.next_global = now;
+            self.schedule_tick(ctx);
+        }
     }
 }

@@ -1,17 +1,23 @@
-//! The set of pods whose relists are suspended while a sync holds them. Written
-//! only by the PodSyncGate side; read by the RelistDispatcher (one writer, many
-//! readers, as DESIGN.md allows for a concurrent map).
+//! The pods whose relists are suspended while a sync holds them, each with its
+//! "a relist is pending" flag.
+//!
+//! Each key is written (inserted, removed) only by that pod's PodSyncGate; request
+//! sources and the dispatcher only read it and set the flag. The flag is set while
+//! holding the map's read guard and the gate checks it after removing the key (which
+//! waits for readers), so a request either lands in the flag before the gate looks,
+//! or finds no key and goes to the dispatcher: never lost.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use dashmap::DashSet;
+use dashmap::DashMap;
 
 #[derive(Clone, Default)]
-pub struct SuspendedPods(Arc<DashSet<String>>);
+pub struct SuspendedPods(Arc<DashMap<String, Arc<AtomicBool>>>);
 
 impl SuspendedPods {
     pub fn contains(&self, uid: &str) -> bool {
-        self.0.contains(uid)
+        self.0.contains_key(uid)
     }
 
     pub fn len(&self) -> usize {
@@ -22,11 +28,27 @@ impl SuspendedPods {
         self.0.is_empty()
     }
 
-    pub(crate) fn insert(&self, uid: &str) {
-        self.0.insert(uid.to_string());
+    /// If the pod is suspended, marks a relist pending and returns true.
+    pub fn coalesce(&self, uid: &str) -> bool {
+        match self.0.get(uid) {
+            Some(flag) => {
+                flag.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
     }
 
-    pub(crate) fn remove(&self, uid: &str) {
-        self.0.remove(uid);
+    /// Suspends the pod (its gate only).
+    pub(crate) fn suspend(&self, uid: &str) {
+        self.0
+            .insert(uid.to_string(), Arc::new(AtomicBool::new(false)));
+    }
+
+    /// Resumes the pod (its gate only); true if a relist was pending.
+    pub(crate) fn resume(&self, uid: &str) -> bool {
+        self.0
+            .remove(uid)
+            .is_some_and(|(_, flag)| flag.load(Ordering::SeqCst))
     }
 }

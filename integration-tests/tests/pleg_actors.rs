@@ -13,10 +13,13 @@ use plegd_actors::service::{Pleg, PlegConfig};
 use plegd_telemetry::Metrics;
 
 fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
-    start_with(rt, PlegConfig {
-        relist_period: period,
-        ..PlegConfig::default()
-    })
+    start_with(
+        rt,
+        PlegConfig {
+            relist_period: period,
+            ..PlegConfig::default()
+        },
+    )
 }
 
 fn start_with(rt: &FakeRuntime, cfg: PlegConfig) -> Pleg {
@@ -38,7 +41,10 @@ async fn events_are_published_after_the_cache_is_updated() {
     assert_eq!(d.event.relist_source, RelistSource::Global);
     assert_eq!(d.event.pod.name, "web");
     // The cache already holds the status that caused the event.
-    let cached = p.cache.get("u1").expect("cached before the event was published");
+    let cached = p
+        .cache
+        .get("u1")
+        .expect("cached before the event was published");
     let status = cached.status.expect("status");
     assert!(status.containers.iter().any(|s| s.id == c));
 
@@ -52,7 +58,10 @@ async fn events_are_published_after_the_cache_is_updated() {
     // Sandboxes come first within a pod: Died+Removed of the sandbox, then Removed of
     // the container.
     let last = expect_event(&sub, EventKind::ContainerRemoved, &c).await;
-    assert!(p.cache.get("u1").is_none(), "a deleted pod leaves the cache");
+    assert!(
+        p.cache.get("u1").is_none(),
+        "a deleted pod leaves the cache"
+    );
     // Started ×2, Died, then Died+Removed (sandbox) and Removed (container).
     assert_eq!(last.seq, 6);
     assert_eq!(p.metrics.events("global"), 6);
@@ -71,13 +80,23 @@ async fn wait_newer_than_is_released_by_reads_and_by_global_relists() {
     assert_eq!(absent, Ok(None));
     assert!(p.cache.global_timestamp().unwrap() > t);
     // An existing pod with no change keeps its old entry, released by the global time.
-    let entry = p.cache.wait_newer_than("u1", t, TIMEOUT).await.unwrap().unwrap();
+    let entry = p
+        .cache
+        .wait_newer_than("u1", t, TIMEOUT)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(entry.modified < t);
     // A change: the entry read after t carries it.
     let t2 = SystemTime::now();
     let c = rt.run_container(&sb, "app");
     let fresh = loop {
-        let e = p.cache.wait_newer_than("u1", t2, TIMEOUT).await.unwrap().unwrap();
+        let e = p
+            .cache
+            .wait_newer_than("u1", t2, TIMEOUT)
+            .await
+            .unwrap()
+            .unwrap();
         if e.modified > t2 {
             break e;
         }
@@ -86,7 +105,12 @@ async fn wait_newer_than_is_released_by_reads_and_by_global_relists() {
     assert!(fresh.status.unwrap().containers.iter().any(|s| s.id == c));
     // A timeout is reported as such.
     let far = SystemTime::now() + Duration::from_secs(3600);
-    assert_eq!(p.cache.wait_newer_than("u1", far, Duration::from_millis(30)).await, Err(()));
+    assert_eq!(
+        p.cache
+            .wait_newer_than("u1", far, Duration::from_millis(30))
+            .await,
+        Err(())
+    );
 }
 
 #[actix_rt::test]
@@ -105,7 +129,10 @@ async fn status_errors_are_cached_and_the_pod_reinspected() {
     .await;
     let e = p.cache.get("u1").unwrap();
     assert!(e.status.is_some(), "the last good status is kept");
-    assert!(drain(&sub).is_empty(), "nothing published for a pod that cannot be read");
+    assert!(
+        drain(&sub).is_empty(),
+        "nothing published for a pod that cannot be read"
+    );
     rt.fail_pod_status("u1", false);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert!(p.cache.get("u1").unwrap().error.is_none());
@@ -151,11 +178,14 @@ async fn a_full_subscriber_queue_drops_counts_and_tells_the_subscriber() {
 async fn health_follows_the_global_relist_not_the_stream() {
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");
-    let p = start_with(&rt, PlegConfig {
-        relist_period: Duration::from_millis(10),
-        health_threshold: Duration::from_millis(300),
-        ..PlegConfig::default()
-    });
+    let p = start_with(
+        &rt,
+        PlegConfig {
+            relist_period: Duration::from_millis(10),
+            health_threshold: Duration::from_millis(300),
+            ..PlegConfig::default()
+        },
+    );
     wait_until("ready", || p.health.ready()).await;
     assert!(p.health.check().is_ok());
     // The event stream failing changes nothing (there is no stream here at all).
@@ -183,7 +213,10 @@ async fn targeted_relist_is_fast_and_tagged_with_its_source() {
     assert_eq!(p.metrics.events("evented_pleg"), 1);
     // A duplicate request: a fresh read, no second event.
     assert!(p.queue.request("u1", RelistSource::EventedPleg));
-    wait_until("request done", || p.metrics.requests("done", "evented_pleg") == 2).await;
+    wait_until("request done", || {
+        p.metrics.requests("done", "evented_pleg") == 2
+    })
+    .await;
     assert!(drain(&sub).is_empty());
     assert_eq!(p.metrics.queue_depth.get(), 0);
 }
@@ -214,11 +247,14 @@ async fn a_full_queue_drops_requests_and_the_global_relist_still_converges() {
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
-    let p = start_with(&rt, PlegConfig {
-        relist_period: Duration::from_millis(200),
-        queue_capacity: 4,
-        ..PlegConfig::default()
-    });
+    let p = start_with(
+        &rt,
+        PlegConfig {
+            relist_period: Duration::from_millis(200),
+            queue_capacity: 4,
+            ..PlegConfig::default()
+        },
+    );
     let sub = p.subscribe("t", 1024).await.unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &c).await;
     // Slow targeted relists; the mailbox fills while one runs.
@@ -244,11 +280,14 @@ async fn a_storm_of_targeted_requests_does_not_starve_the_global_relist() {
     rt.run_pod("storm", "storm", "ns");
     let other_sb = rt.run_pod("other", "other", "ns");
     let other = rt.run_container(&other_sb, "app");
-    let p = start_with(&rt, PlegConfig {
-        relist_period: Duration::from_millis(50),
-        queue_capacity: 100_000,
-        ..PlegConfig::default()
-    });
+    let p = start_with(
+        &rt,
+        PlegConfig {
+            relist_period: Duration::from_millis(50),
+            queue_capacity: 100_000,
+            ..PlegConfig::default()
+        },
+    );
     let sub = p.subscribe("t", 100_000).await.unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &other).await;
     // Each targeted relist costs ≥ 1 ms and requests keep coming faster than that.
@@ -264,14 +303,20 @@ async fn a_storm_of_targeted_requests_does_not_starve_the_global_relist() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     });
-    wait_until("storm under way", || p.metrics.requests("done", "evented_pleg") >= 50).await;
+    wait_until("storm under way", || {
+        p.metrics.requests("done", "evented_pleg") >= 50
+    })
+    .await;
     // Only a global relist reads pod "other": its exit is found during the storm,
     // and global relists keep coming.
     let before = global_relists(&p);
     rt.exit_container(&other, 1);
     let d = expect_event(&sub, EventKind::ContainerDied, &other).await;
     assert_eq!(d.event.relist_source, RelistSource::Global);
-    wait_until("five more global relists", || global_relists(&p) >= before + 5).await;
+    wait_until("five more global relists", || {
+        global_relists(&p) >= before + 5
+    })
+    .await;
     storming.store(false, std::sync::atomic::Ordering::Relaxed);
     storm.await.unwrap();
     assert!(p.metrics.requests("queued", "evented_pleg") > 100);

@@ -83,6 +83,21 @@ pub struct CommonArgs {
     /// Pods whose status is read concurrently during a relist.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub status_concurrency: u32,
+    /// Watch the CRI event stream (GetContainerEvents) to notice container exits in
+    /// milliseconds. Only a hint: the global relist stays the source of truth.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    pub evented: bool,
+    /// Event stream: delay of the second reconnect attempt (the first is immediate);
+    /// later ones grow exponentially, with jitter.
+    #[arg(long, default_value = "500ms", value_parser = parse_positive_duration)]
+    pub reconnect_base: Duration,
+    /// Event stream: longest delay between reconnect attempts (also the retry period
+    /// of a runtime that does not implement the stream).
+    #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
+    pub reconnect_cap: Duration,
+    /// Event stream: a connection must stay up this long before the backoff resets.
+    #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
+    pub reconnect_healthy_reset: Duration,
     /// Write events as JSON lines to PATH ('-' for stdout).
     #[arg(long, value_name = "PATH|-")]
     pub events_json: Option<PathBuf>,

@@ -129,6 +129,8 @@ mod tests {
         assert_eq!(v["seq"], 7);
         assert_eq!(v["missed"], 2);
         let text = format_line(&d, Format::Text);
-        assert!(text.contains("ContainerDied") && text.contains("ns/web") && text.contains("missed 2"));
+        assert!(
+            text.contains("ContainerDied") && text.contains("ns/web") && text.contains("missed 2")
+        );
     }
 }

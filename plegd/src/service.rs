@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _};
 use plegd_actors::event_publisher::Close;
 use plegd_actors::health::Health;
+use plegd_actors::reconnect_backoff::ReconnectPolicy;
 use plegd_actors::runtime::cri::CriRuntime;
 use plegd_actors::runtime::{RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_actors::service::{Pleg, PlegConfig};
@@ -44,7 +45,13 @@ pub async fn run_real(args: RunArgs) -> Result<(), Failure> {
         Failure::Runtime(anyhow!(e).context("the runtime did not pass the start-up check"))
     })?;
     log_runtime(&version);
-    serve(Arc::new(runtime), &args.common, Format::Json, std::future::pending()).await
+    serve(
+        Arc::new(runtime),
+        &args.common,
+        Format::Json,
+        std::future::pending(),
+    )
+    .await
 }
 
 pub fn log_runtime(v: &RuntimeVersion) {
@@ -109,6 +116,14 @@ pub async fn serve(
         health_threshold: common.health_threshold,
         queue_capacity: common.queue_capacity as usize,
         status_concurrency: common.status_concurrency as usize,
+        evented: common.evented,
+        reconnect: ReconnectPolicy::new(
+            common.reconnect_base,
+            common.reconnect_cap,
+            common.reconnect_healthy_reset,
+        )
+        .map_err(|e| Failure::Config(anyhow!("--reconnect-base/--reconnect-cap: {e}")))?,
+        gate_idle: Duration::from_secs(5),
     };
     let metrics_server = match common.metrics_addr {
         MetricsAddr::Off => None,
@@ -146,12 +161,14 @@ pub async fn serve(
     };
     tracing::info!(reason, "shutting down");
     let deadline = Instant::now() + SHUTDOWN_GRACE;
-    pleg.dispatcher.stop();
+    pleg.stop();
     while !pleg.dispatcher.stopped() && Instant::now() < deadline {
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
     if !pleg.dispatcher.stopped() {
-        tracing::warn!("the relist in progress did not finish in time; its events are not published");
+        tracing::warn!(
+            "the relist in progress did not finish in time; its events are not published"
+        );
     }
     // Closing the publisher drops every subscriber's sender: the output thread then
     // drains what is queued and exits.

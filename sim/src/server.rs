@@ -4,7 +4,8 @@
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use plegd_actors::runtime::fake::{now_ns, FakeRuntime};
+use plegd_actors::runtime::fake::FakeRuntime;
+use plegd_actors::runtime::now_ns;
 use plegd_actors::runtime::{convert, RuntimeClient, RuntimeError};
 use plegd_protocol::cri;
 use plegd_protocol::cri::runtime_service_server::RuntimeService;

@@ -43,8 +43,7 @@ async fn churn_keeps_the_pod_count_and_makes_exits() {
         stats = churn.stats();
     }
     churn.stop();
-    let steps = rt.pod_count();
-    assert_eq!(steps, pods, "pod count after stopping");
+    assert_eq!(rt.pod_count(), pods, "pod count after stopping");
     // A step in progress may briefly hold one sandbox more or less.
     assert!(
         counts.iter().all(|&n| n + 1 >= pods && n <= pods + 1),

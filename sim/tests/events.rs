@@ -107,17 +107,23 @@ async fn dropping_the_server_ends_open_streams() {
 async fn a_slow_unary_call_does_not_block_a_stream() {
     // Latency on one call must not stall events on the other channel.
     let rt = FakeRuntime::new();
-    rt.set_latency(plegd_sim::Op::ListSandboxes, Duration::from_millis(500));
+    rt.set_latency(plegd_sim::Op::ListSandboxes, Duration::from_secs(2));
     let (_dir, _server, client) = serve(&rt).await;
     let mut events = client.container_events().await.unwrap();
     let slow = {
         let client = client.clone();
         tokio::spawn(async move { client.list_sandboxes().await })
     };
+    wait_until("the slow call to reach the runtime", || {
+        rt.calls(plegd_sim::Op::ListSandboxes) == 1
+    })
+    .await;
     rt.run_pod("uid-1", "web-1", "ns");
-    let ev = tokio::time::timeout(Duration::from_millis(400), events.next())
-        .await
-        .expect("event stalled behind a slow call");
-    assert!(matches!(ev, Some(Ok(_))));
-    assert_eq!(slow.await.unwrap().unwrap().len(), 1);
+    let ev = next_event(&mut events).await;
+    assert!(!slow.is_finished(), "the event waited for the slow call");
+    assert_eq!(
+        ev.pod_sandbox_status.unwrap().metadata.unwrap().uid,
+        "uid-1"
+    );
+    slow.abort();
 }

@@ -4,7 +4,8 @@ use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber once; later calls are no-ops (tests call it freely).
 pub fn init(default_filter: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

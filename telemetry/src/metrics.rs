@@ -35,6 +35,8 @@ pub struct Metrics {
     // Subscribers.
     pub subscribers: IntGauge,
     pub subscriber_drops: IntCounter,
+    // Sync gates.
+    pub sync_gates: IntGauge,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -136,6 +138,10 @@ impl Metrics {
                 "plegd_subscriber_dropped_events_total",
                 "Events a subscriber missed because its queue was full (each is also in kubelet_pleg_discard_events).",
             ),
+            sync_gates: gauge(
+                "plegd_sync_gates",
+                "Live PodSyncGate actors (pods held by a sync or recently released).",
+            ),
             registry,
         };
         m.register_all();
@@ -161,6 +167,7 @@ impl Metrics {
             Box::new(self.stream_events.clone()),
             Box::new(self.subscribers.clone()),
             Box::new(self.subscriber_drops.clone()),
+            Box::new(self.sync_gates.clone()),
         ];
         for c in collectors {
             self.registry
@@ -187,12 +194,16 @@ impl Metrics {
 
     /// `plegd_relist_requests_total{result, relist_source}` for one pair.
     pub fn requests(&self, result: &str, source: &str) -> u64 {
-        self.relist_requests.with_label_values(&[result, source]).get()
+        self.relist_requests
+            .with_label_values(&[result, source])
+            .get()
     }
 
     /// Counts one request outcome.
     pub fn count_request(&self, result: &str, source: &str) {
-        self.relist_requests.with_label_values(&[result, source]).inc();
+        self.relist_requests
+            .with_label_values(&[result, source])
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.

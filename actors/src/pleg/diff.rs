@@ -32,7 +32,8 @@ pub fn pod_events(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<(Stri
         container_ids.extend(rec.containers.keys().cloned());
     }
     let state = |rec: Option<&PodRecord>, id: &str| {
-        rec.map(|r| r.state_of(id)).unwrap_or(PlegState::NonExistent)
+        rec.map(|r| r.state_of(id))
+            .unwrap_or(PlegState::NonExistent)
     };
     let mut out = Vec::new();
     for id in sandbox_ids.into_iter().chain(container_ids) {

@@ -131,12 +131,7 @@ impl GenericPleg {
         let sandboxes = self.runtime.list_sandboxes().await?;
         let containers = self.runtime.list_containers(None).await?;
         let mut current = group(&sandboxes, &containers);
-        let uids: BTreeSet<String> = self
-            .records
-            .keys()
-            .chain(current.keys())
-            .cloned()
-            .collect();
+        let uids: BTreeSet<String> = self.records.keys().chain(current.keys()).cloned().collect();
         let mut work = Vec::new();
         for uid in uids {
             if suspended(&uid) {

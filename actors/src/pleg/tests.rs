@@ -64,10 +64,16 @@ async fn first_relist_of_a_populated_node() {
     want.sort_by(|a, b| (&a.0, a.1.as_str(), &a.2).cmp(&(&b.0, b.1.as_str(), &b.2)));
     assert_eq!(evs(&out), want);
     assert!(out.events.iter().all(|e| e.container_id != created));
-    assert!(out.events.iter().all(|e| e.relist_source == RelistSource::Global));
+    assert!(out
+        .events
+        .iter()
+        .all(|e| e.relist_source == RelistSource::Global));
     assert_eq!(out.cache.len(), 2);
     let e = out.events.iter().find(|e| e.pod.uid == "u1").unwrap();
-    assert_eq!((e.pod.name.as_str(), e.pod.namespace.as_str()), ("p1", "ns"));
+    assert_eq!(
+        (e.pod.name.as_str(), e.pod.namespace.as_str()),
+        ("p1", "ns")
+    );
     // Nothing changed: the next relist is silent and reads no status.
     let reads = rt.calls(Op::SandboxStatus);
     let out = global(&mut p).await;
@@ -80,20 +86,35 @@ async fn start_exit_restart_remove_sequence() {
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "p1", "ns");
     let mut p = pleg(&rt);
-    assert_eq!(evs(&global(&mut p).await), vec![ev("u1", ContainerStarted, &sb)]);
+    assert_eq!(
+        evs(&global(&mut p).await),
+        vec![ev("u1", ContainerStarted, &sb)]
+    );
 
     let c = rt.create_container(&sb, "app");
-    assert!(global(&mut p).await.events.is_empty(), "created is not published");
+    assert!(
+        global(&mut p).await.events.is_empty(),
+        "created is not published"
+    );
     rt.start_container(&c);
-    assert_eq!(evs(&global(&mut p).await), vec![ev("u1", ContainerStarted, &c)]);
+    assert_eq!(
+        evs(&global(&mut p).await),
+        vec![ev("u1", ContainerStarted, &c)]
+    );
     rt.exit_container(&c, 1);
-    assert_eq!(evs(&global(&mut p).await), vec![ev("u1", ContainerDied, &c)]);
+    assert_eq!(
+        evs(&global(&mut p).await),
+        vec![ev("u1", ContainerDied, &c)]
+    );
     // kubelet-style restart: a new container with the next attempt, old one removed.
     let c2 = rt.run_container(&sb, "app");
     rt.remove_container(&c);
     assert_eq!(
         evs(&global(&mut p).await),
-        vec![ev("u1", ContainerRemoved, &c), ev("u1", ContainerStarted, &c2)]
+        vec![
+            ev("u1", ContainerRemoved, &c),
+            ev("u1", ContainerStarted, &c2)
+        ]
     );
     // A running container that vanishes: Died then Removed.
     rt.remove_container(&c2);
@@ -119,7 +140,10 @@ async fn sandbox_state_changes_and_pod_removal() {
     let out = global(&mut p).await;
     assert_eq!(
         evs(&out),
-        vec![ev("u1", ContainerRemoved, &c), ev("u1", ContainerRemoved, &sb)]
+        vec![
+            ev("u1", ContainerRemoved, &c),
+            ev("u1", ContainerRemoved, &sb)
+        ]
     );
     assert_eq!(out.cache, vec![CacheUpdate::Delete { uid: "u1".into() }]);
     assert_eq!(p.pod_count(), 0);
@@ -141,7 +165,10 @@ async fn pod_without_infra_container() {
         other => panic!("unexpected {other:?}"),
     }
     let c = rt.run_container(&sb, "app");
-    assert_eq!(evs(&global(&mut p).await), vec![ev("u1", ContainerStarted, &c)]);
+    assert_eq!(
+        evs(&global(&mut p).await),
+        vec![ev("u1", ContainerStarted, &c)]
+    );
     rt.stop_pod(&sb);
     assert_eq!(
         evs(&global(&mut p).await),
@@ -212,7 +239,10 @@ async fn list_failure_changes_nothing() {
     rt.fail(Op::ListContainers, tonic::Code::Unavailable, Some(1));
     assert!(p.relist(&RelistScope::Global, &|_| false).await.is_err());
     assert_eq!(p.pod_count(), 0);
-    assert_eq!(evs(&global(&mut p).await), vec![ev("u1", ContainerStarted, &sb)]);
+    assert_eq!(
+        evs(&global(&mut p).await),
+        vec![ev("u1", ContainerStarted, &sb)]
+    );
 }
 
 #[tokio::test]
@@ -237,7 +267,10 @@ async fn targeted_relist_reads_only_that_pod() {
     assert!(out.events.is_empty());
     assert_eq!(out.cache.len(), 1);
     // The global relist finds only the other pod's change.
-    assert_eq!(evs(&global(&mut p).await), vec![ev("u2", ContainerDied, &c2)]);
+    assert_eq!(
+        evs(&global(&mut p).await),
+        vec![ev("u2", ContainerDied, &c2)]
+    );
     // A pod that is gone and unknown: no-op.
     let out = targeted(&mut p, "nope").await;
     assert!(out.events.is_empty() && out.cache.is_empty());

@@ -206,12 +206,18 @@ mod tests {
             metadata: Some(cri::PodSandboxMetadata::default()),
             ..Default::default()
         };
-        assert!(matches!(sandbox_from_wire(&s), Err(RuntimeError::Invalid { .. })));
+        assert!(matches!(
+            sandbox_from_wire(&s),
+            Err(RuntimeError::Invalid { .. })
+        ));
         let s = cri::PodSandbox {
             id: "s1".into(),
             ..Default::default()
         };
-        assert!(matches!(sandbox_from_wire(&s), Err(RuntimeError::Invalid { .. })));
+        assert!(matches!(
+            sandbox_from_wire(&s),
+            Err(RuntimeError::Invalid { .. })
+        ));
     }
 
     #[test]

@@ -41,7 +41,9 @@ pub fn parse_unix_endpoint(endpoint: &str) -> Result<PathBuf, RuntimeError> {
         None => return Err(bad("expected unix:///path/to/socket")),
     };
     if !path.starts_with('/') {
-        return Err(bad("the socket path must be absolute (unix:///path/to/socket)"));
+        return Err(bad(
+            "the socket path must be absolute (unix:///path/to/socket)",
+        ));
     }
     if path.len() > 107 {
         return Err(bad("unix socket paths are limited to 107 bytes"));
@@ -117,9 +119,11 @@ impl CriRuntime {
                 endpoint: self.endpoint.clone(),
                 reason: e.to_string(),
             }),
-            Err(RuntimeError::Rpc { code, message, .. })
-                if matches!(code, tonic::Code::Unavailable | tonic::Code::Unknown) =>
-            {
+            Err(RuntimeError::Rpc {
+                code: tonic::Code::Unavailable | tonic::Code::Unknown,
+                message,
+                ..
+            }) => {
                 Err(RuntimeError::Unreachable {
                     endpoint: self.endpoint.clone(),
                     reason: format!("not a CRI gRPC server or not answering: {message}"),

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -16,6 +16,7 @@ use plegd_protocol::cri;
 use tokio::sync::broadcast;
 
 use super::convert;
+use super::now_ns;
 use super::{
     Container, ContainerState, ContainerStatus, EventStream, PodRef, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox, SandboxState, SandboxStatus,
@@ -62,13 +63,6 @@ impl Default for FakeRuntime {
     fn default() -> Self {
         Self::new()
     }
-}
-
-pub fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }
 
 impl FakeRuntime {
@@ -122,7 +116,10 @@ impl FakeRuntime {
     /// CreateContainer in a sandbox; returns its ID. Panics on an unknown sandbox (test bug).
     pub fn create_container(&self, sandbox_id: &str, name: &str) -> String {
         let mut st = self.lock();
-        assert!(st.sandboxes.contains_key(sandbox_id), "no sandbox {sandbox_id}");
+        assert!(
+            st.sandboxes.contains_key(sandbox_id),
+            "no sandbox {sandbox_id}"
+        );
         let attempt = st
             .containers
             .values()
@@ -213,7 +210,11 @@ impl FakeRuntime {
         if let Some(s) = st.sandboxes.get_mut(sandbox_id) {
             if s.state != SandboxState::NotReady {
                 s.state = SandboxState::NotReady;
-                self.emit(&st, sandbox_id, cri::ContainerEventType::ContainerStoppedEvent);
+                self.emit(
+                    &st,
+                    sandbox_id,
+                    cri::ContainerEventType::ContainerStoppedEvent,
+                );
             }
         }
     }
@@ -459,7 +460,11 @@ impl RuntimeClient for FakeRuntime {
     }
 
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<SandboxStatus, RuntimeError> {
-        let uid = self.lock().sandboxes.get(sandbox_id).map(|s| s.pod.uid.clone());
+        let uid = self
+            .lock()
+            .sandboxes
+            .get(sandbox_id)
+            .map(|s| s.pod.uid.clone());
         self.enter(Op::SandboxStatus, uid.as_deref()).await?;
         self.lock()
             .sandboxes

@@ -17,6 +17,14 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use plegd_protocol::cri::ContainerEventResponse;
 
+/// Wall-clock nanoseconds since the Unix epoch (CRI's time unit).
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
 /// Who a pod is, as its sandbox's metadata says.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct PodRef {
@@ -145,13 +153,14 @@ pub trait RuntimeClient: Send + Sync + 'static {
     /// ListPodSandbox, unfiltered.
     async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError>;
     /// ListContainers, optionally only those of one sandbox.
-    async fn list_containers(&self, sandbox_id: Option<&str>)
-        -> Result<Vec<Container>, RuntimeError>;
+    async fn list_containers(
+        &self,
+        sandbox_id: Option<&str>,
+    ) -> Result<Vec<Container>, RuntimeError>;
     /// PodSandboxStatus of one sandbox.
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<SandboxStatus, RuntimeError>;
     /// ContainerStatus of one container.
-    async fn container_status(&self, container_id: &str)
-        -> Result<ContainerStatus, RuntimeError>;
+    async fn container_status(&self, container_id: &str) -> Result<ContainerStatus, RuntimeError>;
     /// Opens GetContainerEvents. May resolve only when the first event arrives
     /// (containerd sends no headers before it): never put a deadline on it.
     async fn container_events(&self) -> Result<EventStream, RuntimeError>;

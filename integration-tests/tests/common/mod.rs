@@ -51,7 +51,9 @@ pub async fn expect_event(sub: &Subscription, kind: EventKind, id: &str) -> Deli
         d.event.kind == kind && d.event.container_id == id
     })
     .await;
-    got.into_iter().last().expect("recv_until returns the match last")
+    got.into_iter()
+        .last()
+        .expect("recv_until returns the match last")
 }
 
 /// Everything queued right now.

@@ -1,0 +1,206 @@
+//! The event stream's reconnect policy (KEP-3386 "Design Details"), pure and
+//! clock-free: callers pass `now`, so tests drive it with a fake clock.
+//!
+//! - the first retry after a healthy period is immediate;
+//! - then exponential backoff with jitter, capped (default 60 s), forever;
+//! - the backoff resets only after a connection stayed healthy `healthy_reset`
+//!   (default 60 s), so a flapping runtime cannot cause a tight loop;
+//! - Unimplemented waits the cap every time (a runtime upgrade is picked up later).
+//!
+//! The exponential part is the `backoff` crate's. That crate is flagged unmaintained
+//! (RUSTSEC-2025-0012); it is used only here, behind [`ReconnectBackoff`], so it can be
+//! swapped for `backon` without touching the StreamWatcher.
+
+use std::time::{Duration, Instant};
+
+use backoff::backoff::Backoff as _;
+use backoff::{ExponentialBackoff, ExponentialBackoffBuilder};
+
+/// Validated reconnect settings: an invalid policy cannot be built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReconnectPolicy {
+    base: Duration,
+    cap: Duration,
+    healthy_reset: Duration,
+}
+
+impl ReconnectPolicy {
+    pub fn new(base: Duration, cap: Duration, healthy_reset: Duration) -> Result<Self, String> {
+        if base.is_zero() {
+            return Err("the reconnect base delay must be greater than zero".into());
+        }
+        if cap < base {
+            return Err(format!(
+                "the reconnect cap ({cap:?}) must not be below the base delay ({base:?})"
+            ));
+        }
+        if healthy_reset.is_zero() {
+            return Err("the healthy-reset duration must be greater than zero".into());
+        }
+        Ok(ReconnectPolicy {
+            base,
+            cap,
+            healthy_reset,
+        })
+    }
+
+    pub fn base(&self) -> Duration {
+        self.base
+    }
+    pub fn cap(&self) -> Duration {
+        self.cap
+    }
+    pub fn healthy_reset(&self) -> Duration {
+        self.healthy_reset
+    }
+}
+
+impl Default for ReconnectPolicy {
+    fn default() -> Self {
+        ReconnectPolicy {
+            base: Duration::from_millis(500),
+            cap: Duration::from_secs(60),
+            healthy_reset: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why the last attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Any error, EOF or clean close.
+    Other,
+    /// The runtime does not implement GetContainerEvents.
+    Unimplemented,
+}
+
+pub struct ReconnectBackoff {
+    policy: ReconnectPolicy,
+    exp: ExponentialBackoff,
+    /// Failures since the last reset.
+    failures: u32,
+    connected_at: Option<Instant>,
+}
+
+impl ReconnectBackoff {
+    pub fn new(policy: ReconnectPolicy) -> Self {
+        ReconnectBackoff {
+            exp: Self::exponential(&policy),
+            policy,
+            failures: 0,
+            connected_at: None,
+        }
+    }
+
+    fn exponential(policy: &ReconnectPolicy) -> ExponentialBackoff {
+        ExponentialBackoffBuilder::new()
+            .with_initial_interval(policy.base)
+            .with_multiplier(2.0)
+            .with_randomization_factor(0.2)
+            .with_max_interval(policy.cap)
+            .with_max_elapsed_time(None)
+            .build()
+    }
+
+    /// The stream is open (it delivered its first response).
+    pub fn connected(&mut self, now: Instant) {
+        self.connected_at = Some(now);
+    }
+
+    /// The attempt or the stream ended at `now`: how long to wait before the next one.
+    pub fn failed(&mut self, now: Instant, why: Failure) -> Duration {
+        if let Some(since) = self.connected_at.take() {
+            if now.saturating_duration_since(since) >= self.policy.healthy_reset {
+                self.failures = 0;
+                self.exp = Self::exponential(&self.policy);
+            }
+        }
+        self.failures = self.failures.saturating_add(1);
+        if why == Failure::Unimplemented {
+            return self.policy.cap;
+        }
+        if self.failures == 1 {
+            return Duration::ZERO;
+        }
+        self.exp
+            .next_backoff()
+            .unwrap_or(self.policy.cap)
+            .min(self.policy.cap)
+    }
+
+    /// Failures since the last reset.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> ReconnectPolicy {
+        ReconnectPolicy::new(
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn invalid_policies_cannot_be_built() {
+        let s = Duration::from_secs(1);
+        assert!(ReconnectPolicy::new(Duration::ZERO, s, s).is_err());
+        assert!(ReconnectPolicy::new(s * 2, s, s).is_err());
+        assert!(ReconnectPolicy::new(s, s, Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn first_retry_immediate_then_exponential_with_jitter_capped_forever() {
+        let mut b = ReconnectBackoff::new(policy());
+        let now = Instant::now();
+        assert_eq!(b.failed(now, Failure::Other), Duration::ZERO);
+        let mut prev = Duration::ZERO;
+        let mut delays = vec![];
+        for _ in 0..200 {
+            let d = b.failed(now, Failure::Other);
+            assert!(d <= Duration::from_secs(60), "{d:?} over the cap");
+            assert!(d >= Duration::from_millis(80), "{d:?} is a tight loop");
+            delays.push(d);
+            prev = prev.max(d);
+        }
+        // Grows (jitter ±20 % around 100 ms, 200 ms, 400 ms ...) ...
+        assert!(delays[0] <= Duration::from_millis(120));
+        assert!(delays[3] > delays[0] * 4);
+        // ... and stays near the cap, retrying forever.
+        assert!(delays[199] >= Duration::from_secs(47), "{:?}", delays[199]);
+        assert_eq!(b.failures(), 201);
+    }
+
+    #[test]
+    fn backoff_resets_only_after_a_healthy_minute() {
+        let mut b = ReconnectBackoff::new(policy());
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            b.failed(t0, Failure::Other);
+        }
+        // Flapping: connected for 59 s, then fails again: no reset.
+        b.connected(t0);
+        let d = b.failed(t0 + Duration::from_secs(59), Failure::Other);
+        assert!(d >= Duration::from_secs(20), "{d:?}");
+        // Healthy for 60 s: the next retry is immediate again.
+        let t1 = t0 + Duration::from_secs(100);
+        b.connected(t1);
+        assert_eq!(b.failed(t1 + Duration::from_secs(60), Failure::Other), Duration::ZERO);
+        assert_eq!(b.failures(), 1);
+    }
+
+    #[test]
+    fn unimplemented_waits_the_cap() {
+        let mut b = ReconnectBackoff::new(policy());
+        let now = Instant::now();
+        for _ in 0..5 {
+            assert_eq!(b.failed(now, Failure::Unimplemented), Duration::from_secs(60));
+        }
+    }
+}

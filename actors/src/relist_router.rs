@@ -1,0 +1,37 @@
+//! Where every relist request source sends its requests (the StreamWatcher, later
+//! NRI hints): to the pod's sync gate if a sync holds the pod (coalesced into one
+//! pending relist), else straight into the dispatcher's bounded queue, unmerged.
+
+use std::sync::Arc;
+
+use plegd_telemetry::Metrics;
+
+use crate::lifecycle::RelistSource;
+use crate::relist_dispatcher::RelistQueue;
+use crate::suspended::SuspendedPods;
+
+#[derive(Clone)]
+pub struct RelistRouter {
+    queue: RelistQueue,
+    suspended: SuspendedPods,
+    metrics: Arc<Metrics>,
+}
+
+impl RelistRouter {
+    pub fn new(queue: RelistQueue, suspended: SuspendedPods, metrics: Arc<Metrics>) -> Self {
+        RelistRouter {
+            queue,
+            suspended,
+            metrics,
+        }
+    }
+
+    /// Never blocks. False only if the request was dropped (full queue, counted).
+    pub fn request(&self, uid: &str, source: RelistSource) -> bool {
+        if self.suspended.coalesce(uid) {
+            self.metrics.count_request("coalesced", source.as_str());
+            return true;
+        }
+        self.queue.request(uid, source)
+    }
+}

@@ -1,0 +1,266 @@
+//! StreamWatcher: one long-lived CRI GetContainerEvents stream, used only as a hint.
+//!
+//! States (one at a time, every reconnect a transition):
+//!
+//! ```text
+//!   Connecting ──open──> Streaming ──error / EOF / clean close──> Waiting
+//!       │                                                           │
+//!       └──────────────error (incl. Unimplemented)──────> Waiting ──timer──> Connecting
+//!   any ──Stop──> Stopped   (cancels the RPC, the stream and the retry timer)
+//! ```
+//!
+//! For each event: require pod_sandbox_status, its metadata and a non-empty UID
+//! (else count it invalid, log rate-limited, ignore); record created_at-to-receipt
+//! latency; for CONTAINER_STOPPED_EVENT only — any exit code, with or without container
+//! statuses — request a relist of the pod (source evented_pleg). The payload is never
+//! stored. The stream is drained promptly: requests never wait (containerd 2.x blocks
+//! its dispatcher on a subscriber that stops reading).
+//!
+//! Opening has no deadline: containerd sends no headers before the first event.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use plegd_protocol::cri::{ContainerEventResponse, ContainerEventType};
+use plegd_telemetry::logging::RateLimiter;
+use plegd_telemetry::Metrics;
+
+use crate::lifecycle::RelistSource;
+use crate::reconnect_backoff::{Failure, ReconnectBackoff, ReconnectPolicy};
+use crate::relist_router::RelistRouter;
+use crate::runtime::{now_ns, EventStream, RuntimeClient, RuntimeError};
+
+/// The watcher's state, as in the diagram above.
+#[derive(Debug)]
+pub enum StreamState {
+    Connecting { handle: SpawnHandle },
+    Streaming { handle: SpawnHandle, since: Instant },
+    Waiting { handle: SpawnHandle, until: Instant },
+    Stopped,
+}
+
+/// Called after a stream opens following a failure (plegd brings the next global
+/// relist forward then: events around a reconnect may be lost).
+pub type ReconnectHook = Box<dyn Fn() + 'static>;
+
+pub struct StreamWatcher {
+    runtime: Arc<dyn RuntimeClient>,
+    router: RelistRouter,
+    metrics: Arc<Metrics>,
+    backoff: ReconnectBackoff,
+    state: StreamState,
+    attempts: u64,
+    /// The stream failed since the last successful open.
+    had_failure: bool,
+    on_reconnect: Option<ReconnectHook>,
+    error_log: RateLimiter,
+    invalid_log: RateLimiter,
+}
+
+impl StreamWatcher {
+    pub fn new(
+        runtime: Arc<dyn RuntimeClient>,
+        router: RelistRouter,
+        metrics: Arc<Metrics>,
+        policy: ReconnectPolicy,
+        on_reconnect: Option<ReconnectHook>,
+    ) -> Self {
+        StreamWatcher {
+            runtime,
+            router,
+            metrics,
+            backoff: ReconnectBackoff::new(policy),
+            state: StreamState::Stopped,
+            attempts: 0,
+            had_failure: false,
+            on_reconnect,
+            error_log: RateLimiter::new(Duration::from_secs(30)),
+            invalid_log: RateLimiter::new(Duration::from_secs(30)),
+        }
+    }
+
+    fn connect(&mut self, ctx: &mut Context<Self>) {
+        self.attempts += 1;
+        if self.attempts > 1 {
+            self.metrics.reconnect_attempts.inc();
+        }
+        let runtime = self.runtime.clone();
+        let handle = ctx.spawn(
+            async move { runtime.container_events().await }
+                .into_actor(self)
+                .map(|res, act, ctx| match res {
+                    Ok(stream) => act.opened(stream, ctx),
+                    Err(e) => act.failed(&e, ctx),
+                }),
+        );
+        self.state = StreamState::Connecting { handle };
+    }
+
+    fn opened(&mut self, stream: EventStream, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        self.metrics.connection_successes.inc();
+        self.metrics.stream_connected.set(1);
+        self.backoff.connected(now);
+        tracing::info!(attempt = self.attempts, "CRI event stream open");
+        let handle = ctx.add_stream(stream);
+        self.state = StreamState::Streaming { handle, since: now };
+        if std::mem::take(&mut self.had_failure) {
+            if let Some(hook) = &self.on_reconnect {
+                hook();
+            }
+        }
+    }
+
+    fn failed(&mut self, e: &RuntimeError, ctx: &mut Context<Self>) {
+        let why = if e.code() == tonic::Code::Unimplemented {
+            Failure::Unimplemented
+        } else {
+            Failure::Other
+        };
+        self.fail(why, &e.to_string(), ctx);
+    }
+
+    fn fail(&mut self, why: Failure, reason: &str, ctx: &mut Context<Self>) {
+        if let StreamState::Streaming { handle, .. } = self.state {
+            ctx.cancel_future(handle);
+        }
+        self.metrics.stream_connected.set(0);
+        self.metrics.connection_errors.inc();
+        self.had_failure = true;
+        let now = Instant::now();
+        let delay = self.backoff.failed(now, why);
+        if let Some(suppressed) = self.error_log.allow(now) {
+            tracing::warn!(
+                reason,
+                retry_in = ?delay,
+                suppressed,
+                "CRI event stream unavailable; global relists continue"
+            );
+        }
+        let handle = ctx.run_later(delay, |act, ctx| act.connect(ctx));
+        self.state = StreamState::Waiting {
+            handle,
+            until: now + delay,
+        };
+    }
+
+    fn event(&mut self, ev: ContainerEventResponse) {
+        let uid = ev
+            .pod_sandbox_status
+            .as_ref()
+            .and_then(|s| s.metadata.as_ref())
+            .map(|m| m.uid.as_str())
+            .filter(|uid| !uid.is_empty());
+        let Some(uid) = uid else {
+            self.metrics.stream_events.with_label_values(&["invalid"]).inc();
+            if let Some(suppressed) = self.invalid_log.allow(Instant::now()) {
+                tracing::info!(
+                    container = %ev.container_id,
+                    suppressed,
+                    "ignoring a CRI event without pod sandbox status, metadata or UID"
+                );
+            }
+            return;
+        };
+        if ev.created_at > 0 {
+            let latency = (now_ns() - ev.created_at).max(0) as f64 / 1e9;
+            self.metrics.connection_latency.observe(latency);
+        }
+        let kind = ContainerEventType::try_from(ev.container_event_type);
+        let label = match kind {
+            Ok(ContainerEventType::ContainerCreatedEvent) => "created",
+            Ok(ContainerEventType::ContainerStartedEvent) => "started",
+            Ok(ContainerEventType::ContainerStoppedEvent) => "stopped",
+            Ok(ContainerEventType::ContainerDeletedEvent) => "deleted",
+            Err(_) => "unknown",
+        };
+        self.metrics.stream_events.with_label_values(&[label]).inc();
+        if kind == Ok(ContainerEventType::ContainerStoppedEvent) {
+            self.router.request(uid, RelistSource::EventedPleg);
+        }
+    }
+
+    /// The current state's name (for tests and logs).
+    pub fn state_name(&self) -> &'static str {
+        match self.state {
+            StreamState::Connecting { .. } => "connecting",
+            StreamState::Streaming { .. } => "streaming",
+            StreamState::Waiting { .. } => "waiting",
+            StreamState::Stopped => "stopped",
+        }
+    }
+}
+
+impl Actor for StreamWatcher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(16);
+        self.connect(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.state = StreamState::Stopped;
+        self.metrics.stream_connected.set(0);
+    }
+}
+
+impl StreamHandler<Result<ContainerEventResponse, RuntimeError>> for StreamWatcher {
+    fn handle(
+        &mut self,
+        item: Result<ContainerEventResponse, RuntimeError>,
+        ctx: &mut Self::Context,
+    ) {
+        match item {
+            Ok(ev) => self.event(ev),
+            // An open stream may report its error more than once before it ends:
+            // drop it at the first and reconnect once.
+            Err(e) => self.failed(&e, ctx),
+        }
+    }
+
+    fn started(&mut self, _: &mut Self::Context) {}
+
+    /// EOF or a clean close is a failure like any other (the default would stop the
+    /// actor).
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        if matches!(self.state, StreamState::Streaming { .. }) {
+            self.fail(Failure::Other, "the event stream ended", ctx);
+        }
+    }
+}
+
+/// Stop: cancels the RPC, the stream and any retry timer.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopWatcher;
+
+impl Handler<StopWatcher> for StreamWatcher {
+    type Result = ();
+
+    fn handle(&mut self, _: StopWatcher, ctx: &mut Self::Context) {
+        match std::mem::replace(&mut self.state, StreamState::Stopped) {
+            StreamState::Connecting { handle }
+            | StreamState::Streaming { handle, .. }
+            | StreamState::Waiting { handle, .. } => {
+                ctx.cancel_future(handle);
+            }
+            StreamState::Stopped => {}
+        }
+        ctx.stop();
+    }
+}
+
+/// Reports the watcher's state name and connection attempts so far.
+#[derive(Message)]
+#[rtype(result = "(&'static str, u64)")]
+pub struct GetState;
+
+impl Handler<GetState> for StreamWatcher {
+    type Result = MessageResult<GetState>;
+
+    fn handle(&mut self, _: GetState, _: &mut Self::Context) -> Self::Result {
+        MessageResult((self.state_name(), self.attempts))
+    }
+}
