@@ -191,7 +191,10 @@ mod tests {
         // Healthy for 60 s: the next retry is immediate again.
         let t1 = t0 + Duration::from_secs(100);
         b.connected(t1);
-        assert_eq!(b.failed(t1 + Duration::from_secs(60), Failure::Other), Duration::ZERO);
+        assert_eq!(
+            b.failed(t1 + Duration::from_secs(60), Failure::Other),
+            Duration::ZERO
+        );
         assert_eq!(b.failures(), 1);
     }
 
@@ -200,7 +203,10 @@ mod tests {
         let mut b = ReconnectBackoff::new(policy());
         let now = Instant::now();
         for _ in 0..5 {
-            assert_eq!(b.failed(now, Failure::Unimplemented), Duration::from_secs(60));
+            assert_eq!(
+                b.failed(now, Failure::Unimplemented),
+                Duration::from_secs(60)
+            );
         }
     }
 }

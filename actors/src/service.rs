@@ -8,16 +8,16 @@ use actix::prelude::*;
 use plegd_telemetry::Metrics;
 
 use crate::cache_owner::{CacheOwner, PodCache};
-use crate::reconnect_backoff::ReconnectPolicy;
-use crate::relist_router::RelistRouter;
-use crate::stream_watcher::{StopWatcher, StreamWatcher};
-use crate::sync_gate_registry::{SyncGateRegistry, SyncGates};
 use crate::event_publisher::{EventPublisher, Subscribe, Subscription};
 use crate::health::Health;
 use crate::pleg::GenericPleg;
+use crate::reconnect_backoff::ReconnectPolicy;
 use crate::relist_dispatcher::{DispatcherConfig, RelistDispatcher, RelistQueue, Stopper};
+use crate::relist_router::RelistRouter;
 use crate::runtime::RuntimeClient;
+use crate::stream_watcher::{StopWatcher, StreamWatcher};
 use crate::suspended::SuspendedPods;
+use crate::sync_gate_registry::{SyncGateRegistry, SyncGates};
 
 #[derive(Clone, Debug)]
 pub struct PlegConfig {
@@ -83,7 +83,8 @@ impl Pleg {
             health.clone(),
             suspended.clone(),
         );
-        let router = RelistRouter::new(dispatcher.queue.clone(), suspended.clone(), metrics.clone());
+        let router =
+            RelistRouter::new(dispatcher.queue.clone(), suspended.clone(), metrics.clone());
         let gates = SyncGates::new(
             SyncGateRegistry::new(
                 dispatcher.queue.clone(),

@@ -153,7 +153,10 @@ impl StreamWatcher {
             .map(|m| m.uid.as_str())
             .filter(|uid| !uid.is_empty());
         let Some(uid) = uid else {
-            self.metrics.stream_events.with_label_values(&["invalid"]).inc();
+            self.metrics
+                .stream_events
+                .with_label_values(&["invalid"])
+                .inc();
             if let Some(suppressed) = self.invalid_log.allow(Instant::now()) {
                 tracing::info!(
                     container = %ev.container_id,

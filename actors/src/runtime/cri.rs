@@ -123,12 +123,10 @@ impl CriRuntime {
                 code: tonic::Code::Unavailable | tonic::Code::Unknown,
                 message,
                 ..
-            }) => {
-                Err(RuntimeError::Unreachable {
-                    endpoint: self.endpoint.clone(),
-                    reason: format!("not a CRI gRPC server or not answering: {message}"),
-                })
-            }
+            }) => Err(RuntimeError::Unreachable {
+                endpoint: self.endpoint.clone(),
+                reason: format!("not a CRI gRPC server or not answering: {message}"),
+            }),
             Err(e) => Err(e),
         }
     }

@@ -40,6 +40,16 @@ struct Failure {
     remaining: Option<u32>,
 }
 
+/// What the fake runtime sends down its open event streams.
+#[derive(Clone, Debug)]
+enum StreamSignal {
+    Event(Box<cri::ContainerEventResponse>),
+    /// End every open stream cleanly (EOF).
+    Close,
+    /// Fail every open stream with this code (then it ends).
+    Fail(tonic::Code),
+}
+
 #[derive(Default)]
 struct State {
     sandboxes: BTreeMap<String, SandboxStatus>,
@@ -55,7 +65,7 @@ struct State {
 #[derive(Clone)]
 pub struct FakeRuntime {
     state: Arc<Mutex<State>>,
-    events: broadcast::Sender<cri::ContainerEventResponse>,
+    events: broadcast::Sender<StreamSignal>,
     version: RuntimeVersion,
 }
 
@@ -235,12 +245,14 @@ impl FakeRuntime {
         let mut st = self.lock();
         if st.sandboxes.remove(sandbox_id).is_some() {
             // Like containerd: a sandbox's DELETED event has no pod_sandbox_status.
-            let _ = self.events.send(cri::ContainerEventResponse {
-                container_id: sandbox_id.into(),
-                container_event_type: cri::ContainerEventType::ContainerDeletedEvent as i32,
-                created_at: now_ns(),
-                ..Default::default()
-            });
+            let _ = self
+                .events
+                .send(StreamSignal::Event(Box::new(cri::ContainerEventResponse {
+                    container_id: sandbox_id.into(),
+                    container_event_type: cri::ContainerEventType::ContainerDeletedEvent as i32,
+                    created_at: now_ns(),
+                    ..Default::default()
+                })));
         }
     }
 
@@ -316,7 +328,49 @@ impl FakeRuntime {
     /// Sends a raw event to every open event stream (for malformed, stale or duplicate
     /// events). Returns the number of streams it reached.
     pub fn inject_event(&self, ev: cri::ContainerEventResponse) -> usize {
-        self.events.send(ev).unwrap_or(0)
+        self.events
+            .send(StreamSignal::Event(Box::new(ev)))
+            .unwrap_or(0)
+    }
+
+    /// Ends every open event stream cleanly (EOF, no error). Returns how many.
+    pub fn close_streams(&self) -> usize {
+        self.events.send(StreamSignal::Close).unwrap_or(0)
+    }
+
+    /// Fails every open event stream mid-stream with `code`. Returns how many.
+    pub fn fail_streams(&self, code: tonic::Code) -> usize {
+        self.events.send(StreamSignal::Fail(code)).unwrap_or(0)
+    }
+
+    /// The last event the runtime emitted about `id`, rebuilt as a stale copy: the
+    /// same payload with its original shape (for duplicate / stale event tests).
+    pub fn event_about(
+        &self,
+        id: &str,
+        kind: cri::ContainerEventType,
+    ) -> cri::ContainerEventResponse {
+        let st = self.lock();
+        let sandbox_id = st
+            .containers
+            .get(id)
+            .map(|c| c.sandbox_id.clone())
+            .unwrap_or_else(|| id.to_string());
+        cri::ContainerEventResponse {
+            container_id: id.to_string(),
+            container_event_type: kind as i32,
+            created_at: now_ns(),
+            pod_sandbox_status: st
+                .sandboxes
+                .get(&sandbox_id)
+                .map(convert::sandbox_status_to_wire),
+            containers_statuses: st
+                .containers
+                .values()
+                .filter(|c| c.sandbox_id == sandbox_id)
+                .map(convert::container_status_to_wire)
+                .collect(),
+        }
     }
 
     /// Number of open event streams.
@@ -339,13 +393,15 @@ impl FakeRuntime {
             .filter(|c| c.sandbox_id == sandbox_id)
             .map(convert::container_status_to_wire)
             .collect();
-        let _ = self.events.send(cri::ContainerEventResponse {
-            container_id: id.to_string(),
-            container_event_type: kind as i32,
-            created_at: now_ns(),
-            pod_sandbox_status: Some(convert::sandbox_status_to_wire(sandbox)),
-            containers_statuses,
-        });
+        let _ = self
+            .events
+            .send(StreamSignal::Event(Box::new(cri::ContainerEventResponse {
+                container_id: id.to_string(),
+                container_event_type: kind as i32,
+                created_at: now_ns(),
+                pod_sandbox_status: Some(convert::sandbox_status_to_wire(sandbox)),
+                containers_statuses,
+            })));
     }
 
     /// Counts the call, applies latency, then the scripted failure if any.
@@ -492,10 +548,15 @@ impl RuntimeClient for FakeRuntime {
     async fn container_events(&self) -> Result<EventStream, RuntimeError> {
         self.enter(Op::Events, None).await?;
         let rx = self.events.subscribe();
-        Ok(futures::stream::unfold(rx, |mut rx| async move {
+        Ok(futures::stream::unfold(Some(rx), |rx| async move {
+            let mut rx = rx?;
             loop {
                 match rx.recv().await {
-                    Ok(ev) => return Some((Ok(ev), rx)),
+                    Ok(StreamSignal::Event(ev)) => return Some((Ok(*ev), Some(rx))),
+                    Ok(StreamSignal::Close) => return None,
+                    Ok(StreamSignal::Fail(code)) => {
+                        return Some((Err(injected(Op::Events, code)), None));
+                    }
                     // A slow reader loses events, as with a real runtime's buffer.
                     Err(broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(broadcast::error::RecvError::Closed) => return None,
