@@ -22,7 +22,12 @@ fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
     )
 }
 
+/// The Generic PLEG alone: no event stream, so every relist here is asked for.
 fn start_with(rt: &FakeRuntime, cfg: PlegConfig) -> Pleg {
+    let cfg = PlegConfig {
+        evented: false,
+        ..cfg
+    };
     Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))
 }
 

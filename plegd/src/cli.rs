@@ -31,10 +31,12 @@ pub enum Command {
     /// Watch a real CRI runtime (containerd 1.7+/2.x, CRI-O) and publish its pods'
     /// lifecycle events. Events go to stdout as JSON lines unless --events-json says
     /// otherwise.
+    #[command(after_help = AFTER_HELP)]
     Run(RunArgs),
     /// Run the whole service against a built-in simulated runtime (a real CRI gRPC
     /// server on a temporary unix socket, with pods starting, exiting, restarting and
     /// going away). Needs no container runtime. Prints readable events by default.
+    #[command(after_help = AFTER_HELP)]
     Demo(DemoArgs),
 }
 
