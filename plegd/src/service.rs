@@ -39,7 +39,11 @@ impl HealthSource for HealthAdapter {
 
 /// `plegd run`: a real CRI runtime.
 pub async fn run_real(args: RunArgs) -> Result<(), Failure> {
-    let runtime = CriRuntime::new(&args.runtime_endpoint, args.common.runtime_request_timeout)
+    let endpoint = args
+        .runtime_endpoint
+        .as_deref()
+        .ok_or_else(|| Failure::Config(anyhow!("no runtime endpoint")))?;
+    let runtime = CriRuntime::new(endpoint, args.common.runtime_request_timeout)
         .map_err(|e| Failure::Config(anyhow!("--runtime-endpoint: {e}")))?;
     let version = runtime.check().await.map_err(|e| {
         Failure::Runtime(anyhow!(e).context("the runtime did not pass the start-up check"))

@@ -63,7 +63,11 @@ fn free_port() -> u16 {
 fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
     let code = body.split_whitespace().nth(1)?.parse().ok()?;
@@ -72,7 +76,13 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 #[test]
 fn bad_flags_exit_2_with_the_flag_named() {
-    let out = run_to_end(&["run", "--runtime-endpoint", "unix:///x.sock", "--relist-period", "0s"]);
+    let out = run_to_end(&[
+        "run",
+        "--runtime-endpoint",
+        "unix:///x.sock",
+        "--relist-period",
+        "0s",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--relist-period"), "{err}");
@@ -80,12 +90,23 @@ fn bad_flags_exit_2_with_the_flag_named() {
     let out = run_to_end(&["run", "--runtime-endpoint", "tcp://127.0.0.1:1"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--runtime-endpoint") && err.contains("unix:///"), "{err}");
+    assert!(
+        err.contains("--runtime-endpoint") && err.contains("unix:///"),
+        "{err}"
+    );
 
     let out = run_to_end(&["run"]);
     assert_eq!(out.status.code(), Some(2), "missing endpoint");
 
-    let out = run_to_end(&["demo", "--reconnect-base", "2s", "--reconnect-cap", "1s", "--metrics-addr", "off"]);
+    let out = run_to_end(&[
+        "demo",
+        "--reconnect-base",
+        "2s",
+        "--reconnect-cap",
+        "1s",
+        "--metrics-addr",
+        "off",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--reconnect-cap"));
 }
@@ -94,14 +115,29 @@ fn bad_flags_exit_2_with_the_flag_named() {
 fn an_unreachable_runtime_exits_1_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
     let missing = format!("unix://{}/nope.sock", dir.path().display());
-    let out = run_to_end(&["run", "--runtime-endpoint", &missing, "--metrics-addr", "off"]);
+    let out = run_to_end(&[
+        "run",
+        "--runtime-endpoint",
+        &missing,
+        "--metrics-addr",
+        "off",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("nope.sock") && err.contains("No such file"), "{err}");
+    assert!(
+        err.contains("nope.sock") && err.contains("No such file"),
+        "{err}"
+    );
 
     let file = dir.path().join("plain-file");
     std::fs::write(&file, "x").unwrap();
-    let out = run_to_end(&["run", "--runtime-endpoint", &format!("unix://{}", file.display()), "--metrics-addr", "off"]);
+    let out = run_to_end(&[
+        "run",
+        "--runtime-endpoint",
+        &format!("unix://{}", file.display()),
+        "--metrics-addr",
+        "off",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a unix socket"));
 
@@ -113,7 +149,15 @@ fn an_unreachable_runtime_exits_1_with_a_clear_message() {
             drop(s);
         }
     });
-    let out = run_to_end(&["run", "--runtime-endpoint", &format!("unix://{}", sock.display()), "--metrics-addr", "off", "--runtime-request-timeout", "1s"]);
+    let out = run_to_end(&[
+        "run",
+        "--runtime-endpoint",
+        &format!("unix://{}", sock.display()),
+        "--metrics-addr",
+        "off",
+        "--runtime-request-timeout",
+        "1s",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("start-up check"));
 }
@@ -126,7 +170,15 @@ fn run_prints_json_events_and_stops_on_sigterm_without_losing_any() {
     let c = sim.run_container(&sb, "app");
     let server = spawn_in_thread(&dir.path().join("cri.sock"), sim.clone()).unwrap();
     let mut child = plegd()
-        .args(["run", "--runtime-endpoint", &server.endpoint(), "--metrics-addr", "off", "--relist-period", "100ms"])
+        .args([
+            "run",
+            "--runtime-endpoint",
+            &server.endpoint(),
+            "--metrics-addr",
+            "off",
+            "--relist-period",
+            "100ms",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -144,7 +196,10 @@ fn run_prints_json_events_and_stops_on_sigterm_without_losing_any() {
     assert_eq!(first["relist_source"], "global");
     assert_eq!(first["container_id"], sb.as_str());
     let t = first["time"].as_str().unwrap();
-    assert!(t.ends_with('Z') && t.len() == "2026-01-01T00:00:00.000000000Z".len(), "{t}");
+    assert!(
+        t.ends_with('Z') && t.len() == "2026-01-01T00:00:00.000000000Z".len(),
+        "{t}"
+    );
     assert_eq!(next()["container_id"], c.as_str());
     sim.exit_container(&c, 1);
     let died = next();
@@ -194,7 +249,10 @@ fn demo_serves_events_metrics_and_health_and_stops_on_sigint() {
     let mut kinds = std::collections::HashSet::new();
     let mut sources = std::collections::HashSet::new();
     while !(kinds.contains("ContainerDied") && sources.contains("evented_pleg")) {
-        assert!(Instant::now() < deadline, "demo produced {kinds:?} {sources:?}");
+        assert!(
+            Instant::now() < deadline,
+            "demo produced {kinds:?} {sources:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
         let text = std::fs::read_to_string(&events).unwrap_or_default();
         for line in text.lines() {
@@ -222,7 +280,120 @@ fn help_explains_itself() {
     let out = run_to_end(&["run", "--help"]);
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--runtime-endpoint", "--relist-period", "--events-json", "--evented", "--metrics-addr", "Exit status"] {
+    for flag in [
+        "--runtime-endpoint",
+        "--relist-period",
+        "--events-json",
+        "--evented",
+        "--metrics-addr",
+        "Exit status",
+    ] {
         assert!(help.contains(flag), "{flag} missing from help");
     }
+}
+
+fn print_config(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut cmd = plegd();
+    cmd.args(args).arg("--print-config");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn config_precedence_is_flags_then_env_then_file_then_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plegd.toml");
+    std::fs::write(
+        &file,
+        "runtime-endpoint = \"unix:///from/file.sock\"\nrelist-period = \"5s\"\nqueue-capacity = 7\nhealth-threshold = \"10m\"\nevented = false\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let (code, out, err) = print_config(
+        &["run", "--config", f, "--queue-capacity", "9"],
+        &[("PLEGD_RELIST_PERIOD", "3s"), ("PLEGD_QUEUE_CAPACITY", "8")],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let cfg: toml::Table = toml::from_str(&out).unwrap();
+    assert_eq!(cfg["queue-capacity"].as_integer(), Some(9), "flag wins");
+    assert_eq!(cfg["relist-period"].as_str(), Some("3s"), "env beats file");
+    assert_eq!(
+        cfg["health-threshold"].as_str(),
+        Some("10m"),
+        "file beats default"
+    );
+    assert_eq!(cfg["evented"].as_bool(), Some(false));
+    assert_eq!(
+        cfg["runtime-endpoint"].as_str(),
+        Some("unix:///from/file.sock")
+    );
+    assert_eq!(
+        cfg["runtime-request-timeout"].as_str(),
+        Some("2s"),
+        "default"
+    );
+    // The config file itself can come from the environment.
+    let (code, out, _) = print_config(&["run"], &[("PLEGD_CONFIG", f)]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("relist-period = \"5s\""));
+}
+
+#[test]
+fn bad_config_fails_at_start_naming_the_key_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, &str)] = &[
+        ("relist-period = \"-1s\"\n", "relist-period", "negative"),
+        ("relist-period = \"soon\"\n", "relist-period", "500ms"),
+        ("bogus = 1\n", "bogus", "unknown key"),
+        ("queue-capacity = 0\n", "queue-capacity", "between"),
+        ("evented = \"yes\"\n", "evented", "true or false"),
+        ("metrics-addr = \"nowhere\"\n", "metrics-addr", "HOST:PORT"),
+        ("otlp-endpoint = \"grpc://x\"\n", "otlp-endpoint", "http://"),
+        (
+            "runtime-endpoint = \"tcp://1.2.3.4:5\"\n",
+            "runtime-endpoint",
+            "scheme",
+        ),
+        ("this is not toml", "not valid TOML", ""),
+    ];
+    for (i, (text, key, reason)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("c{i}.toml"));
+        std::fs::write(&file, text).unwrap();
+        let (code, _, err) = print_config(
+            &[
+                "run",
+                "--runtime-endpoint",
+                "unix:///x.sock",
+                "--config",
+                file.to_str().unwrap(),
+            ],
+            &[],
+        );
+        let (code, err) = if *key == "runtime-endpoint" {
+            let (c, _, e) = print_config(&["run", "--config", file.to_str().unwrap()], &[]);
+            (c, e)
+        } else {
+            (code, err)
+        };
+        assert_eq!(code, Some(2), "{text}: {err}");
+        assert!(err.contains(key) && err.contains(reason), "{text}: {err}");
+    }
+    let (code, _, err) = print_config(&["run", "--config", "/nonexistent/plegd.toml"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("cannot read"), "{err}");
+    let (code, _, err) = print_config(&["demo", "--relist-period=-5s"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--relist-period") && err.contains("negative"),
+        "{err}"
+    );
+    let (code, _, err) = print_config(&["demo"], &[("PLEGD_QUEUE_CAPACITY", "lots")]);
+    assert_eq!(code, Some(2), "{err}");
 }
