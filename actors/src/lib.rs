@@ -15,6 +15,7 @@ pub mod relist_dispatcher;
 pub mod relist_router;
 pub mod runtime;
 pub mod service;
+pub mod spans;
 pub mod stream_watcher;
 pub mod suspended;
 pub mod sync_gate_registry;

@@ -11,9 +11,13 @@
 use std::time::Duration;
 
 use actix::prelude::*;
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::Span as _;
+use opentelemetry::KeyValue;
 
 use crate::lifecycle::RelistSource;
 use crate::relist_dispatcher::RelistQueue;
+use crate::spans;
 use crate::suspended::SuspendedPods;
 use crate::sync_gate_registry::{GateIdle, SyncGateRegistry};
 
@@ -42,6 +46,7 @@ pub struct PodSyncGate {
     hold: Option<u64>,
     next_token: u64,
     idle_timer: Option<SpawnHandle>,
+    hold_span: Option<BoxedSpan>,
 }
 
 impl PodSyncGate {
@@ -61,6 +66,7 @@ impl PodSyncGate {
             hold: None,
             next_token: 1,
             idle_timer: None,
+            hold_span: None,
         }
     }
 
@@ -106,6 +112,9 @@ impl Actor for PodSyncGate {
         if self.hold.take().is_some() {
             self.suspended.resume(&self.uid);
         }
+        if let Some(span) = self.hold_span.take() {
+            spans::end_error(span, "the gate stopped while held".into());
+        }
     }
 }
 
@@ -128,6 +137,11 @@ impl Handler<BeginSync> for PodSyncGate {
         self.next_token += 1;
         self.hold = Some(token);
         self.suspended.suspend(&self.uid);
+        self.hold_span = Some(spans::start(
+            spans::SYNC_HOLD,
+            vec![KeyValue::new("pod.uid", self.uid.clone())],
+            None,
+        ));
         Ok(token)
     }
 }
@@ -149,9 +163,18 @@ impl Handler<EndSync> for PodSyncGate {
         }
         self.hold = None;
         let pending = self.suspended.resume(&self.uid);
-        if pending || msg.outcome == SyncOutcome::Success {
+        let relist = pending || msg.outcome == SyncOutcome::Success;
+        if relist {
             // A full queue drops this (counted); the next global relist covers the pod.
             self.queue.request(&self.uid, RelistSource::PostSync);
+        }
+        if let Some(mut span) = self.hold_span.take() {
+            span.set_attributes([
+                KeyValue::new("outcome", format!("{:?}", msg.outcome).to_lowercase()),
+                KeyValue::new("coalesced", pending),
+                KeyValue::new("relist_queued", relist),
+            ]);
+            span.end();
         }
         self.schedule_idle(ctx);
     }

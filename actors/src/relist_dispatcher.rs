@@ -19,6 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
+use opentelemetry::trace::{Span as _, SpanContext};
+use opentelemetry::KeyValue;
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::Metrics;
 
@@ -27,6 +29,7 @@ use crate::event_publisher::{EventPublisher, Publish};
 use crate::health::Health;
 use crate::lifecycle::RelistSource;
 use crate::pleg::{GenericPleg, RelistOutput, RelistScope};
+use crate::spans;
 use crate::suspended::SuspendedPods;
 
 #[derive(Clone, Debug)]
@@ -71,6 +74,8 @@ pub struct RequestRelist {
     pub uid: String,
     pub source: RelistSource,
     pub enqueued_at: Instant,
+    /// The span of what caused the request (a stream event), linked from the relist's.
+    pub cause: Option<SpanContext>,
 }
 
 /// Stop after the unit of work in progress.
@@ -89,10 +94,21 @@ impl RelistQueue {
     /// Enqueues a targeted relist without blocking. False if the queue was full (the
     /// request is dropped and counted) or the dispatcher is gone.
     pub fn request(&self, uid: &str, source: RelistSource) -> bool {
+        self.request_caused(uid, source, None)
+    }
+
+    /// As [`Self::request`], remembering the span of its cause.
+    pub fn request_caused(
+        &self,
+        uid: &str,
+        source: RelistSource,
+        cause: Option<SpanContext>,
+    ) -> bool {
         let msg = RequestRelist {
             uid: uid.to_string(),
             source,
             enqueued_at: Instant::now(),
+            cause,
         };
         match self.addr.try_send(msg) {
             Ok(()) => {
@@ -303,12 +319,19 @@ async fn global_relist(
 ) -> (Instant, Result<(), crate::runtime::RuntimeError>) {
     let start = Instant::now();
     let started_wall = SystemTime::now();
+    let mut span = spans::start(spans::GLOBAL_RELIST, vec![], None);
     let suspended = deps.suspended.clone();
     let result = core
         .relist(&RelistScope::Global, &|uid| suspended.contains(uid))
         .await;
     let result = match result {
         Ok(out) => {
+            span.set_attributes([
+                KeyValue::new("pods_inspected", out.pods_inspected as i64),
+                KeyValue::new("events", out.events.len() as i64),
+                KeyValue::new("status_errors", out.status_errors as i64),
+            ]);
+            span.end();
             apply(deps, out, Some(started_wall)).await;
             deps.health.relist_succeeded(Instant::now());
             if let Ok(d) = SystemTime::now().duration_since(UNIX_EPOCH) {
@@ -321,6 +344,7 @@ async fn global_relist(
                 .relist_errors
                 .with_label_values(&["list"])
                 .inc();
+            spans::end_error(span, e.to_string());
             Err(e)
         }
     };
@@ -337,19 +361,32 @@ async fn targeted_relist(core: &mut GenericPleg, deps: &Deps, req: &RequestRelis
         return;
     }
     let start = Instant::now();
+    let mut span = spans::start(
+        spans::TARGETED_RELIST,
+        vec![
+            KeyValue::new("relist_source", req.source.as_str()),
+            KeyValue::new("pod.uid", req.uid.clone()),
+        ],
+        req.cause.as_ref(),
+    );
     let suspended = deps.suspended.clone();
     let scope = RelistScope::Pod {
         uid: req.uid.clone(),
         source: req.source,
     };
     match core.relist(&scope, &|uid| suspended.contains(uid)).await {
-        Ok(out) => apply(deps, out, None).await,
+        Ok(out) => {
+            span.set_attribute(KeyValue::new("events", out.events.len() as i64));
+            span.end();
+            apply(deps, out, None).await
+        }
         Err(e) => {
             deps.metrics
                 .relist_errors
                 .with_label_values(&["list"])
                 .inc();
             tracing::debug!(pod = %req.uid, error = %e, "targeted relist failed");
+            spans::end_error(span, e.to_string());
         }
     }
     deps.metrics

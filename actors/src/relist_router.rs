@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use opentelemetry::trace::SpanContext;
 use plegd_telemetry::Metrics;
 
 use crate::lifecycle::RelistSource;
@@ -28,10 +29,20 @@ impl RelistRouter {
 
     /// Never blocks. False only if the request was dropped (full queue, counted).
     pub fn request(&self, uid: &str, source: RelistSource) -> bool {
+        self.request_caused(uid, source, None)
+    }
+
+    /// As [`Self::request`], with the span of its cause (linked from the relist).
+    pub fn request_caused(
+        &self,
+        uid: &str,
+        source: RelistSource,
+        cause: Option<SpanContext>,
+    ) -> bool {
         if self.suspended.coalesce(uid) {
             self.metrics.count_request("coalesced", source.as_str());
             return true;
         }
-        self.queue.request(uid, source)
+        self.queue.request_caused(uid, source, cause)
     }
 }

@@ -22,6 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::Span as _;
+use opentelemetry::KeyValue;
 use plegd_protocol::cri::{ContainerEventResponse, ContainerEventType};
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::Metrics;
@@ -30,6 +33,7 @@ use crate::lifecycle::RelistSource;
 use crate::reconnect_backoff::{Failure, ReconnectBackoff, ReconnectPolicy};
 use crate::relist_router::RelistRouter;
 use crate::runtime::{now_ns, EventStream, RuntimeClient, RuntimeError};
+use crate::spans;
 
 /// The watcher's state, as in the diagram above.
 #[derive(Debug)]
@@ -56,6 +60,9 @@ pub struct StreamWatcher {
     on_reconnect: Option<ReconnectHook>,
     error_log: RateLimiter,
     invalid_log: RateLimiter,
+    open_log: RateLimiter,
+    /// The span of the connection attempt in progress.
+    connect_span: Option<BoxedSpan>,
 }
 
 impl StreamWatcher {
@@ -77,6 +84,8 @@ impl StreamWatcher {
             on_reconnect,
             error_log: RateLimiter::new(Duration::from_secs(30)),
             invalid_log: RateLimiter::new(Duration::from_secs(30)),
+            open_log: RateLimiter::new(Duration::from_secs(30)),
+            connect_span: None,
         }
     }
 
@@ -85,6 +94,11 @@ impl StreamWatcher {
         if self.attempts > 1 {
             self.metrics.reconnect_attempts.inc();
         }
+        self.connect_span = Some(spans::start(
+            spans::STREAM_CONNECT,
+            vec![KeyValue::new("attempt", self.attempts as i64)],
+            None,
+        ));
         let runtime = self.runtime.clone();
         let handle = ctx.spawn(
             async move { runtime.container_events().await }
@@ -102,7 +116,15 @@ impl StreamWatcher {
         self.metrics.connection_successes.inc();
         self.metrics.stream_connected.set(1);
         self.backoff.connected(now);
-        tracing::info!(attempt = self.attempts, "CRI event stream open");
+        if let Some(mut span) = self.connect_span.take() {
+            span.set_attribute(KeyValue::new("outcome", "open"));
+            span.end();
+        }
+        if let Some(suppressed) = self.open_log.allow(now) {
+            tracing::info!(attempt = self.attempts, suppressed, "CRI event stream open");
+        } else {
+            tracing::debug!(attempt = self.attempts, "CRI event stream open");
+        }
         let handle = ctx.add_stream(stream);
         self.state = StreamState::Streaming { handle, since: now };
         if std::mem::take(&mut self.had_failure) {
@@ -118,6 +140,9 @@ impl StreamWatcher {
         } else {
             Failure::Other
         };
+        if let Some(span) = self.connect_span.take() {
+            spans::end_error(span, e.to_string());
+        }
         self.fail(why, &e.to_string(), ctx);
     }
 
@@ -157,7 +182,13 @@ impl StreamWatcher {
                 .stream_events
                 .with_label_values(&["invalid"])
                 .inc();
-            if let Some(suppressed) = self.invalid_log.allow(Instant::now()) {
+            // containerd sends every sandbox DELETED event without a sandbox status:
+            // expected, so not worth an info line.
+            let deleted =
+                ev.container_event_type == ContainerEventType::ContainerDeletedEvent as i32;
+            if deleted {
+                tracing::debug!(container = %ev.container_id, "ignoring a DELETED event without pod sandbox status");
+            } else if let Some(suppressed) = self.invalid_log.allow(Instant::now()) {
                 tracing::info!(
                     container = %ev.container_id,
                     suppressed,
@@ -180,7 +211,18 @@ impl StreamWatcher {
         };
         self.metrics.stream_events.with_label_values(&[label]).inc();
         if kind == Ok(ContainerEventType::ContainerStoppedEvent) {
-            self.router.request(uid, RelistSource::EventedPleg);
+            let mut span = spans::start(
+                spans::STOP_EVENT,
+                vec![
+                    KeyValue::new("pod.uid", uid.to_string()),
+                    KeyValue::new("container.id", ev.container_id.clone()),
+                ],
+                None,
+            );
+            let cause = span.span_context().clone();
+            span.end();
+            self.router
+                .request_caused(uid, RelistSource::EventedPleg, Some(cause));
         }
     }
 

@@ -14,6 +14,7 @@ use plegd_actors::runtime::cri::CriRuntime;
 use plegd_actors::runtime::{RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_actors::service::{Pleg, PlegConfig};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
+use plegd_telemetry::traces::{sdk_disabled, TraceExport};
 use plegd_telemetry::Metrics;
 
 use crate::cli::{CommonArgs, MetricsAddr, RunArgs};
@@ -134,6 +135,15 @@ pub async fn serve(
         MetricsAddr::On(addr) => Some((addr, ())),
     };
 
+    let traces = match &common.otlp_endpoint {
+        Some(ep) if !sdk_disabled() => {
+            let export = TraceExport::start(ep)
+                .map_err(|e| Failure::Config(anyhow!("--otlp-endpoint: {e}")))?;
+            tracing::info!(endpoint = %ep, "exporting traces over OTLP");
+            Some(export)
+        }
+        _ => None,
+    };
     let pleg = Pleg::start(runtime, &cfg, metrics.clone());
     let sub = pleg
         .subscribe("output", OUTPUT_QUEUE)
@@ -180,6 +190,9 @@ pub async fn serve(
     let _ = http_stop.send(());
     if let Some(t) = http_task {
         let _ = t.await;
+    }
+    if let Some(t) = traces {
+        t.shutdown(Duration::from_millis(300));
     }
     match writer.join() {
         Ok(Ok(())) => Ok(()),

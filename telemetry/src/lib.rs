@@ -5,5 +5,6 @@
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod traces;
 
 pub use metrics::Metrics;

@@ -1,0 +1,121 @@
+//! OTLP trace export. The exporter's tonic channel lives on a dedicated tokio
+//! runtime on its own thread: a channel built on the actor thread would deadlock a
+//! flush there, and one built outside any runtime panics. Spans are batched by the
+//! SDK's background thread; export failures are dropped there and never reach the
+//! service. The standard OTEL_* variables are honoured (service name, sampler,
+//! OTEL_SDK_DISABLED, exporter timeout and headers).
+
+use std::time::Duration;
+
+use opentelemetry::global;
+use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("cannot start the trace export runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("cannot build the OTLP exporter for {endpoint}: {reason}")]
+    Exporter { endpoint: String, reason: String },
+}
+
+/// A running trace export. Keep it alive; [`TraceExport::shutdown`] flushes.
+pub struct TraceExport {
+    provider: SdkTracerProvider,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// True when OTEL_SDK_DISABLED asks for no telemetry.
+pub fn sdk_disabled() -> bool {
+    std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+impl TraceExport {
+    /// Starts exporting spans of the global tracer to `endpoint` (OTLP/gRPC).
+    pub fn start(endpoint: &str) -> Result<TraceExport, TraceError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let ep = endpoint.to_string();
+        let thread = std::thread::Builder::new()
+            .name("otlp-export".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("otlp-io")
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(TraceError::Runtime(e)));
+                        return;
+                    }
+                };
+                let exporter = {
+                    let _guard = rt.enter();
+                    SpanExporter::builder()
+                        .with_tonic()
+                        .with_endpoint(ep.clone())
+                        .with_timeout(Duration::from_secs(3))
+                        .build()
+                };
+                let _ = ready_tx.send(exporter.map_err(|e| TraceError::Exporter {
+                    endpoint: ep,
+                    reason: e.to_string(),
+                }));
+                // Keep the runtime (and the channel's worker) alive until shutdown.
+                let _ = stop_rx.recv();
+                rt.shutdown_timeout(Duration::from_millis(200));
+            })
+            .map_err(TraceError::Runtime)?;
+        let exporter = ready_rx
+            .recv()
+            .map_err(|_| TraceError::Runtime(std::io::Error::other("export thread died")))??;
+        let mut resource = Resource::builder();
+        if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+            resource = resource.with_service_name("plegd");
+        }
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource.build())
+            .build();
+        global::set_tracer_provider(provider.clone());
+        Ok(TraceExport {
+            provider,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Exports what is buffered now (blocking, bounded by the exporter timeout).
+    pub fn flush(&self) {
+        if let Err(e) = self.provider.force_flush() {
+            tracing::debug!(error = %e, "trace flush failed");
+        }
+    }
+
+    /// Flushes within `timeout` and stops the export thread.
+    pub fn shutdown(mut self, timeout: Duration) {
+        if let Err(e) = self.provider.shutdown_with_timeout(timeout) {
+            tracing::debug!(error = %e, "trace shutdown incomplete");
+        }
+        self.stop_thread();
+    }
+
+    fn stop_thread(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TraceExport {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
