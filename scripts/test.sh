@@ -2,13 +2,51 @@
 # The whole test suite, as CI runs it on a fresh clone: installs what the build
 # needs, checks formatting and lints, then runs every test (unit, component,
 # mock-CRI-server and real-runtime tests).
+#
+# The real-runtime tests (integration-tests/tests/containerd.rs) need root: a private
+# containerd 1.7 (and bookworm's 1.6.20 for the Unimplemented case) is started here in
+# the background while fmt and clippy run, and stopped and purged at the end, whatever
+# happens (docs/containerd.md). State lives under $PLEGD_CRI_BASE (default
+# /var/lib/plegd-ci) and $PLEGD_CRI_BASE-1.6.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+
+export PLEGD_CRI_BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}"
+up_log="$(mktemp)"
+up_pid=""
+stop_containerd() {
+    if [ -n "$up_pid" ]; then wait "$up_pid" 2>/dev/null || true; fi
+    echo "[test] stopping containerd" >&2
+    bash scripts/containerd-down.sh "$PLEGD_CRI_BASE" --purge || true
+    PLEGD_CRI_CONTAINERD=1.6 bash scripts/containerd-down.sh "$PLEGD_CRI_BASE-1.6" --purge || true
+    rm -f "$up_log"
+}
+trap stop_containerd EXIT
+echo "[test] starting containerd 1.7 and 1.6 in the background (log: $up_log)" >&2
+(
+    set -e
+    bash scripts/containerd-up.sh "$PLEGD_CRI_BASE"
+    PLEGD_CRI_CONTAINERD=1.6 bash scripts/containerd-up.sh "$PLEGD_CRI_BASE-1.6"
+) >"$up_log" 2>&1 &
+up_pid=$!
 
 echo "[test] cargo fmt --check" >&2
 cargo fmt --all -- --check
 echo "[test] cargo clippy" >&2
 cargo clippy --locked --workspace --all-targets -- -D warnings
+
+if ! wait "$up_pid"; then
+    up_pid=""
+    cat "$up_log" >&2
+    echo "[test] containerd could not be started: the real-runtime tests cannot run (they need root; see docs/containerd.md)" >&2
+    exit 1
+fi
+up_pid=""
+echo "[test] containerd up: $(grep -E '^/' "$up_log" | tr '\n' ' ')" >&2
+
 echo "[test] cargo test" >&2
 cargo test --locked --workspace --all-targets
+
+echo "[test] deployment files (scripts/validate-deploy.sh)" >&2
+bash scripts/validate-deploy.sh

@@ -62,8 +62,10 @@ pub struct RelistDispatcher {
     covered_until: Option<Instant>,
     timer: Option<SpawnHandle>,
     list_errors: RateLimiter,
-    /// When a global relist was last brought forward.
+    /// Start of the last brought-forward global relist that succeeded.
     last_forced: Option<Instant>,
+    /// The next global relist was brought forward.
+    forced_pending: bool,
 }
 
 /// Ask for a relist of one pod. Build with [`RelistQueue::request`], which stamps the
@@ -126,7 +128,8 @@ impl RelistQueue {
 
 impl RelistQueue {
     /// Asks for the next global relist to run now (after a stream reconnect: events
-    /// around it may be lost). Honoured at most once per relist period.
+    /// around it may be lost). Honoured at most once per relist period; a brought-forward
+    /// relist that failed (the runtime still down) does not count.
     pub fn relist_soon(&self) {
         let _ = self.addr.try_send(RelistSoon);
     }
@@ -195,6 +198,7 @@ impl RelistDispatcher {
             timer: None,
             list_errors: RateLimiter::new(Duration::from_secs(30)),
             last_forced: None,
+            forced_pending: false,
         };
         let addr = ctx.run(actor);
         DispatcherHandle {
@@ -273,8 +277,15 @@ impl RelistDispatcher {
                 }
                 act.last_global_start = Some(start);
                 act.next_global = start + act.cfg.relist_period;
+                let forced = std::mem::take(&mut act.forced_pending);
                 match result {
-                    Ok(()) => act.covered_until = Some(start),
+                    Ok(()) => {
+                        act.covered_until = Some(start);
+                        // Only a forced relist that worked uses up the period's one.
+                        if forced {
+                            act.last_forced = Some(start);
+                        }
+                    }
                     Err(e) => {
                         if let Some(suppressed) = act.list_errors.allow(Instant::now()) {
                             tracing::warn!(error = %e, suppressed, "global relist failed");
@@ -444,8 +455,8 @@ impl Handler<RelistSoon> for RelistDispatcher {
         {
             return;
         }
-        self.last_forced = Some(now);
         if self.next_global > now {
+            self.forced_pending = true;
             self.next_global = now;
             self.schedule_tick(ctx);
         }

@@ -38,7 +38,7 @@ use crate::spans;
 /// The watcher's state, as in the diagram above.
 #[derive(Debug)]
 pub enum StreamState {
-    Connecting { handle: SpawnHandle },
+    Connecting { handle: SpawnHandle, since: Instant },
     Streaming { handle: SpawnHandle, since: Instant },
     Waiting { handle: SpawnHandle, until: Instant },
     Stopped,
@@ -61,6 +61,9 @@ pub struct StreamWatcher {
     error_log: RateLimiter,
     invalid_log: RateLimiter,
     open_log: RateLimiter,
+    /// When the current connection attempt began (ns): older events were buffered
+    /// by the runtime and would skew the latency histogram.
+    attempt_started_ns: i64,
     /// The span of the connection attempt in progress.
     connect_span: Option<BoxedSpan>,
 }
@@ -86,6 +89,7 @@ impl StreamWatcher {
             invalid_log: RateLimiter::new(Duration::from_secs(30)),
             open_log: RateLimiter::new(Duration::from_secs(30)),
             connect_span: None,
+            attempt_started_ns: 0,
         }
     }
 
@@ -93,6 +97,15 @@ impl StreamWatcher {
         self.attempts += 1;
         if self.attempts > 1 {
             self.metrics.reconnect_attempts.inc();
+        }
+        self.attempt_started_ns = now_ns();
+        // containerd answers nothing before its next event, so "reconnected" may be
+        // observed late; every attempt after a failure already asks for the global
+        // relist to come early (the dispatcher allows one per period).
+        if self.had_failure {
+            if let Some(hook) = &self.on_reconnect {
+                hook();
+            }
         }
         self.connect_span = Some(spans::start(
             spans::STREAM_CONNECT,
@@ -108,7 +121,10 @@ impl StreamWatcher {
                     Err(e) => act.failed(&e, ctx),
                 }),
         );
-        self.state = StreamState::Connecting { handle };
+        self.state = StreamState::Connecting {
+            handle,
+            since: Instant::now(),
+        };
     }
 
     fn opened(&mut self, stream: EventStream, ctx: &mut Context<Self>) {
@@ -149,6 +165,11 @@ impl StreamWatcher {
     fn fail(&mut self, why: Failure, reason: &str, ctx: &mut Context<Self>) {
         if let StreamState::Streaming { handle, .. } = self.state {
             ctx.cancel_future(handle);
+        }
+        // containerd sends no headers before its first event: an attempt that stayed
+        // pending for the healthy-reset time was a healthy stream on a quiet node.
+        if let StreamState::Connecting { since, .. } = self.state {
+            self.backoff.connected(since);
         }
         self.metrics.stream_connected.set(0);
         self.metrics.connection_errors.inc();
@@ -197,7 +218,7 @@ impl StreamWatcher {
             }
             return;
         };
-        if ev.created_at > 0 {
+        if ev.created_at > 0 && ev.created_at >= self.attempt_started_ns {
             let latency = (now_ns() - ev.created_at).max(0) as f64 / 1e9;
             self.metrics.connection_latency.observe(latency);
         }
@@ -286,7 +307,7 @@ impl Handler<StopWatcher> for StreamWatcher {
 
     fn handle(&mut self, _: StopWatcher, ctx: &mut Self::Context) {
         match std::mem::replace(&mut self.state, StreamState::Stopped) {
-            StreamState::Connecting { handle }
+            StreamState::Connecting { handle, .. }
             | StreamState::Streaming { handle, .. }
             | StreamState::Waiting { handle, .. } => {
                 ctx.cancel_future(handle);

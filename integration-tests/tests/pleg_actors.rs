@@ -345,3 +345,44 @@ async fn stop_in_the_middle_of_a_relist() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(rt.calls(Op::ListContainers), calls, "no relist after stop");
 }
+
+#[actix_rt::test]
+async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
+    let rt = FakeRuntime::new();
+    rt.run_pod("u1", "web", "ns");
+    let p = start(&rt, Duration::from_secs(3600));
+    wait_until("first relist", || p.health.ready()).await;
+    let n = global_relists(&p);
+    p.queue.relist_soon();
+    wait_until("brought forward", || global_relists(&p) == n + 1).await;
+    for _ in 0..20 {
+        p.queue.relist_soon();
+    }
+    // The mailbox is FIFO: once this request is done, every RelistSoon was handled.
+    assert!(p.queue.request("u1", RelistSource::EventedPleg));
+    wait_until("fence", || p.metrics.requests("done", "evented_pleg") == 1).await;
+    assert_eq!(global_relists(&p), n + 1, "at most once per period");
+
+    // A fresh plegd whose forced relists fail keeps honouring them.
+    let rt = FakeRuntime::new();
+    let p = start(&rt, Duration::from_secs(3600));
+    wait_until("first relist", || p.health.ready()).await;
+    rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
+    for i in 1..=3 {
+        let n = global_relists(&p);
+        p.queue.relist_soon();
+        wait_until("failed forced relist", || global_relists(&p) == n + 1).await;
+        assert_eq!(
+            p.metrics.relist_errors.with_label_values(&["list"]).get(),
+            i
+        );
+    }
+    rt.clear_failure(Op::ListSandboxes);
+    let n = global_relists(&p);
+    p.queue.relist_soon();
+    wait_until("a working forced relist", || global_relists(&p) == n + 1).await;
+    p.queue.relist_soon();
+    assert!(p.queue.request("u1", RelistSource::EventedPleg));
+    wait_until("fence", || p.metrics.requests("done", "evented_pleg") == 1).await;
+    assert_eq!(global_relists(&p), n + 1);
+}
