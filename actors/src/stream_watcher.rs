@@ -57,6 +57,8 @@ pub struct StreamWatcher {
     attempts: u64,
     /// The stream failed since the last successful open.
     had_failure: bool,
+    /// The delay chosen after the last failure.
+    last_delay: Option<Duration>,
     on_reconnect: Option<ReconnectHook>,
     error_log: RateLimiter,
     invalid_log: RateLimiter,
@@ -84,6 +86,7 @@ impl StreamWatcher {
             state: StreamState::Stopped,
             attempts: 0,
             had_failure: false,
+            last_delay: None,
             on_reconnect,
             error_log: RateLimiter::new(Duration::from_secs(30)),
             invalid_log: RateLimiter::new(Duration::from_secs(30)),
@@ -176,6 +179,7 @@ impl StreamWatcher {
         self.had_failure = true;
         let now = Instant::now();
         let delay = self.backoff.failed(now, why);
+        self.last_delay = Some(delay);
         if let Some(suppressed) = self.error_log.allow(now) {
             tracing::warn!(
                 reason,
@@ -318,15 +322,28 @@ impl Handler<StopWatcher> for StreamWatcher {
     }
 }
 
-/// Reports the watcher's state name and connection attempts so far.
+/// What the watcher is doing: for tests, and for a future debug endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatcherState {
+    pub state: &'static str,
+    pub attempts: u64,
+    /// The reconnect delay chosen after the last failure.
+    pub last_delay: Option<Duration>,
+}
+
+/// Reports the watcher's [`WatcherState`].
 #[derive(Message)]
-#[rtype(result = "(&'static str, u64)")]
+#[rtype(result = "WatcherState")]
 pub struct GetState;
 
 impl Handler<GetState> for StreamWatcher {
     type Result = MessageResult<GetState>;
 
     fn handle(&mut self, _: GetState, _: &mut Self::Context) -> Self::Result {
-        MessageResult((self.state_name(), self.attempts))
+        MessageResult(WatcherState {
+            state: self.state_name(),
+            attempts: self.attempts,
+            last_delay: self.last_delay,
+        })
     }
 }

@@ -46,13 +46,15 @@ impl Env {
     }
 
     async fn stream_state(&self) -> (&'static str, u64) {
-        self.pleg
+        let s = self
+            .pleg
             .watcher
             .as_ref()
             .expect("evented")
             .send(GetState)
             .await
-            .unwrap()
+            .unwrap();
+        (s.state, s.attempts)
     }
 
     async fn wait_connected(&self) {
@@ -605,6 +607,14 @@ async fn no_accumulation_over_a_thousand_reconnects() {
     let e = env(FakeRuntime::new(), c);
     e.wait_connected().await;
     let fds = open_fds();
+    // Tasks on the client's runtime (tonic's connection and buffer workers, hyper's
+    // streams); the server runs on its own thread and runtime.
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let tasks_before = tasks();
     let m = e.pleg.metrics.clone();
     while m.reconnect_attempts.get() < 1_000 {
         if m.stream_connected.get() == 1 {
@@ -616,6 +626,11 @@ async fn no_accumulation_over_a_thousand_reconnects() {
     let sim = e.sim.clone();
     wait_until("one server stream", || sim.event_streams() == 1).await;
     assert!(open_fds() <= fds + 2, "fds {fds} -> {}", open_fds());
+    wait_until("no leftover tasks", || tasks() <= tasks_before + 2).await;
+    println!(
+        "client runtime tasks: {tasks_before} before, {} after 1,000 reconnects",
+        tasks()
+    );
     // Still fully working.
     let sub = e.pleg.subscribe("t", 64).await.unwrap();
     let (_, c) = running_pod(&e, "u1", &sub).await;

@@ -386,3 +386,53 @@ async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
     wait_until("fence", || p.metrics.requests("done", "evented_pleg") == 1).await;
     assert_eq!(global_relists(&p), n + 1);
 }
+
+#[actix_rt::test]
+async fn a_quiet_healthy_stream_resets_the_backoff_like_containerds() {
+    use plegd_actors::reconnect_backoff::ReconnectPolicy;
+    use plegd_actors::stream_watcher::GetState;
+    // containerd answers GetContainerEvents only with its first event: on a quiet
+    // node the stream stays "connecting" while perfectly healthy.
+    let rt = FakeRuntime::new();
+    rt.set_quiet_until_first_event(true);
+    rt.fail(Op::Events, tonic::Code::Unavailable, Some(4));
+    let cfg = PlegConfig {
+        relist_period: Duration::from_secs(3600),
+        reconnect: ReconnectPolicy::new(
+            Duration::from_millis(20),
+            Duration::from_secs(10),
+            Duration::from_millis(300),
+        )
+        .unwrap(),
+        ..PlegConfig::default()
+    };
+    let p = Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()));
+    let watcher = p.watcher.clone().unwrap();
+    // Four quick failures: the backoff has grown.
+    wait_until("four failures then a pending attempt", || {
+        p.metrics.connection_errors.get() == 4 && rt.event_streams() == 1
+    })
+    .await;
+    let grown = watcher.send(GetState).await.unwrap();
+    assert_eq!(grown.state, "connecting");
+    assert!(
+        grown.last_delay.unwrap() >= Duration::from_millis(50),
+        "{grown:?}"
+    );
+    assert_eq!(p.metrics.stream_connected.get(), 0, "no first event yet");
+    // Quiet and healthy for longer than the healthy-reset time, then a failure.
+    let quiet_since = std::time::Instant::now();
+    wait_until("quiet for the reset time", || {
+        quiet_since.elapsed() > Duration::from_millis(400)
+    })
+    .await;
+    rt.fail_streams(tonic::Code::Unavailable);
+    wait_until("failure seen", || p.metrics.connection_errors.get() == 5).await;
+    let reset = watcher.send(GetState).await.unwrap();
+    assert_eq!(reset.last_delay, Some(Duration::ZERO), "{reset:?}");
+    // And a first event opens the stream for real.
+    wait_until("reconnecting", || rt.event_streams() == 1).await;
+    rt.run_pod("u1", "web", "ns");
+    wait_until("open", || p.metrics.stream_connected.get() == 1).await;
+    p.stop();
+}

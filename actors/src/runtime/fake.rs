@@ -58,6 +58,8 @@ struct State {
     failures: HashMap<Op, Failure>,
     latency: HashMap<Op, Duration>,
     failing_pods: HashSet<String>,
+    /// Like containerd: GetContainerEvents answers nothing until the first event.
+    quiet_until_first_event: bool,
     calls: HashMap<Op, u64>,
 }
 
@@ -320,6 +322,12 @@ impl FakeRuntime {
         }
     }
 
+    /// Makes GetContainerEvents behave like containerd's: the call resolves only when
+    /// the first event (or a stream failure) comes, not when the stream is set up.
+    pub fn set_quiet_until_first_event(&self, quiet: bool) {
+        self.lock().quiet_until_first_event = quiet;
+    }
+
     /// How many calls of `op` were made.
     pub fn calls(&self, op: Op) -> u64 {
         self.lock().calls.get(&op).copied().unwrap_or(0)
@@ -547,8 +555,24 @@ impl RuntimeClient for FakeRuntime {
 
     async fn container_events(&self) -> Result<EventStream, RuntimeError> {
         self.enter(Op::Events, None).await?;
-        let rx = self.events.subscribe();
-        Ok(futures::stream::unfold(Some(rx), |rx| async move {
+        let mut rx = self.events.subscribe();
+        let mut first = None;
+        if self.lock().quiet_until_first_event {
+            loop {
+                match rx.recv().await {
+                    Ok(StreamSignal::Event(ev)) => {
+                        first = Some(Ok(*ev));
+                        break;
+                    }
+                    Ok(StreamSignal::Close) | Err(broadcast::error::RecvError::Closed) => {
+                        return Ok(futures::stream::empty().boxed())
+                    }
+                    Ok(StreamSignal::Fail(code)) => return Err(injected(Op::Events, code)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                }
+            }
+        }
+        let rest = futures::stream::unfold(Some(rx), |rx| async move {
             let mut rx = rx?;
             loop {
                 match rx.recv().await {
@@ -562,8 +586,8 @@ impl RuntimeClient for FakeRuntime {
                     Err(broadcast::error::RecvError::Closed) => return None,
                 }
             }
-        })
-        .boxed())
+        });
+        Ok(futures::stream::iter(first).chain(rest).boxed())
     }
 }
 
