@@ -29,6 +29,10 @@ pub struct CachedPod {
 
 struct Shared {
     pods: DashMap<String, CachedPod>,
+    /// Pods the last global relist skipped (a sync held them) → the last global
+    /// timestamp that did cover them: a waiter on such a pod is not released by a
+    /// relist that never looked at it.
+    held_cover: DashMap<String, Option<SystemTime>>,
     /// (global timestamp, change counter): every write bumps it to wake waiters.
     changes: watch::Sender<(Option<SystemTime>, u64)>,
 }
@@ -71,7 +75,10 @@ impl PodCache {
         let mut rx = self.shared.changes.subscribe();
         let wait = async {
             loop {
-                let global = rx.borrow_and_update().0;
+                let mut global = rx.borrow_and_update().0;
+                if let Some(cover) = self.shared.held_cover.get(uid) {
+                    global = *cover;
+                }
                 let entry = self.get(uid);
                 if entry.as_ref().is_some_and(|e| e.modified > t) || global.is_some_and(|g| g > t) {
                     return entry;
@@ -97,6 +104,7 @@ impl CacheOwner {
         let (changes, _) = watch::channel((None, 0));
         let shared = Arc::new(Shared {
             pods: DashMap::new(),
+            held_cover: DashMap::new(),
             changes,
         });
         (
@@ -155,6 +163,8 @@ impl Actor for CacheOwner {
 pub struct ApplyRelist {
     pub updates: Vec<CacheUpdate>,
     pub global_timestamp: Option<SystemTime>,
+    /// With a global timestamp: the pods that relist skipped (held by a sync).
+    pub held: Vec<String>,
 }
 
 impl Handler<ApplyRelist> for CacheOwner {
@@ -163,6 +173,17 @@ impl Handler<ApplyRelist> for CacheOwner {
     fn handle(&mut self, msg: ApplyRelist, _: &mut Self::Context) {
         for u in msg.updates {
             self.apply(u);
+        }
+        if msg.global_timestamp.is_some() {
+            let previous = self.shared.changes.borrow().0;
+            let held = &msg.held;
+            self.shared.held_cover.retain(|uid, _| held.contains(uid));
+            for uid in held {
+                self.shared
+                    .held_cover
+                    .entry(uid.clone())
+                    .or_insert(previous);
+            }
         }
         self.shared.changes.send_modify(|(global, n)| {
             if let Some(t) = msg.global_timestamp {

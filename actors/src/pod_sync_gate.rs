@@ -44,7 +44,6 @@ pub struct PodSyncGate {
     registry: Addr<SyncGateRegistry>,
     idle_after: Duration,
     hold: Option<u64>,
-    next_token: u64,
     idle_timer: Option<SpawnHandle>,
     hold_span: Option<BoxedSpan>,
 }
@@ -64,7 +63,6 @@ impl PodSyncGate {
             registry,
             idle_after,
             hold: None,
-            next_token: 1,
             idle_timer: None,
             hold_span: None,
         }
@@ -118,31 +116,31 @@ impl Actor for PodSyncGate {
     }
 }
 
-/// Start a sync: suspend the pod's relists. Returns the hold's token.
+/// Start a sync holding `token` (chosen by the caller, unique): suspend the pod's relists.
 #[derive(Message)]
-#[rtype(result = "Result<u64, SyncError>")]
-pub struct BeginSync;
+#[rtype(result = "Result<(), SyncError>")]
+pub struct BeginSync {
+    pub token: u64,
+}
 
 impl Handler<BeginSync> for PodSyncGate {
-    type Result = Result<u64, SyncError>;
+    type Result = Result<(), SyncError>;
 
-    fn handle(&mut self, _: BeginSync, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: BeginSync, ctx: &mut Self::Context) -> Self::Result {
         if self.hold.is_some() {
             return Err(SyncError::AlreadyHeld);
         }
         if let Some(h) = self.idle_timer.take() {
             ctx.cancel_future(h);
         }
-        let token = self.next_token;
-        self.next_token += 1;
-        self.hold = Some(token);
+        self.hold = Some(msg.token);
         self.suspended.suspend(&self.uid);
         self.hold_span = Some(spans::start(
             spans::SYNC_HOLD,
             vec![KeyValue::new("pod.uid", self.uid.clone())],
             None,
         ));
-        Ok(token)
+        Ok(())
     }
 }
 

@@ -258,7 +258,10 @@ impl RelistDispatcher {
             };
             if let Some(req) = targeted {
                 let covered = matches!(global, Some((start, Ok(()))) if req.enqueued_at < start);
-                if covered {
+                // A global relist does not cover a pod a sync holds (it skipped it).
+                if covered && deps.suspended.coalesce(&req.uid) {
+                    deps.metrics.count_request("coalesced", req.source.as_str());
+                } else if covered {
                     deps.metrics.count_request("skipped", req.source.as_str());
                 } else {
                     targeted_relist(&mut core, &deps, &req).await;
@@ -312,6 +315,11 @@ async fn apply(deps: &Deps, out: RelistOutput, global_timestamp: Option<SystemTi
         .cache
         .send(ApplyRelist {
             updates: out.cache,
+            held: if global_timestamp.is_some() {
+                out.skipped
+            } else {
+                Vec::new()
+            },
             global_timestamp,
         })
         .await
@@ -385,7 +393,8 @@ async fn targeted_relist(core: &mut GenericPleg, deps: &Deps, req: &RequestRelis
         uid: req.uid.clone(),
         source: req.source,
     };
-    match core.relist(&scope, &|uid| suspended.contains(uid)).await {
+    // A sync that takes the pod meanwhile gets this request as its pending relist.
+    match core.relist(&scope, &|uid| suspended.coalesce(uid)).await {
         Ok(out) => {
             span.set_attribute(KeyValue::new("events", out.events.len() as i64));
             span.end();
@@ -410,6 +419,11 @@ async fn targeted_relist(core: &mut GenericPleg, deps: &Deps, req: &RequestRelis
 impl Actor for RelistDispatcher {
     type Context = Context<Self>;
 
+    fn stopped(&mut self, _: &mut Self::Context) {
+        // Requests still queued are dropped with the mailbox.
+        self.deps.metrics.queue_depth.set(0);
+    }
+
     fn started(&mut self, ctx: &mut Self::Context) {
         self.schedule_tick(ctx);
     }
@@ -424,9 +438,12 @@ impl Handler<RequestRelist> for RelistDispatcher {
             return;
         }
         if self.covered_until.is_some_and(|c| msg.enqueued_at < c) {
-            self.deps
-                .metrics
-                .count_request("skipped", msg.source.as_str());
+            // A global relist does not cover a pod a sync holds (it skipped it).
+            let held = self.deps.suspended.coalesce(&msg.uid);
+            self.deps.metrics.count_request(
+                if held { "coalesced" } else { "skipped" },
+                msg.source.as_str(),
+            );
             return;
         }
         self.run(ctx, Some(msg));

@@ -286,7 +286,13 @@ impl StreamHandler<Result<ContainerEventResponse, RuntimeError>> for StreamWatch
             Ok(ev) => self.event(ev),
             // An open stream may report its error more than once before it ends:
             // drop it at the first and reconnect once.
-            Err(e) => self.failed(&e, ctx),
+            // Only the first error of the current stream counts; tonic reports a
+            // transport error twice, and items keep coming after cancel_future.
+            Err(e) => {
+                if matches!(self.state, StreamState::Streaming { .. }) {
+                    self.failed(&e, ctx)
+                }
+            }
         }
     }
 

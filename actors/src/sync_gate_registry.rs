@@ -99,6 +99,8 @@ impl Handler<GateIdle> for SyncGateRegistry {
     }
 }
 
+static NEXT_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// The consumers' handle: hold a pod while syncing it.
 #[derive(Clone)]
 pub struct SyncGates {
@@ -121,16 +123,25 @@ impl SyncGates {
                 })
                 .await
                 .map_err(|_| SyncError::Unavailable)?;
-            match gate.send(BeginSync).await {
-                Ok(Ok(token)) => {
-                    return Ok(SyncHold {
-                        gate,
-                        token,
-                        ended: false,
-                    })
+            // The hold exists before BeginSync is sent: if this future is dropped
+            // after the gate took the hold but before its reply arrives, dropping the
+            // guard still releases it (the gate ignores a token it does not hold).
+            let token = NEXT_TOKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut hold = SyncHold {
+                gate: gate.clone(),
+                token,
+                ended: false,
+            };
+            match gate.send(BeginSync { token }).await {
+                Ok(Ok(())) => return Ok(hold),
+                Ok(Err(e)) => {
+                    hold.ended = true;
+                    return Err(e);
                 }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => continue,
+                Err(_) => {
+                    hold.ended = true;
+                    continue;
+                }
             }
         }
         Err(SyncError::Unavailable)

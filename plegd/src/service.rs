@@ -24,6 +24,8 @@ use crate::Failure;
 /// Queue of the output subscriber: large, so a slow terminal rarely drops events
 /// (and when it does, the next line says how many).
 const OUTPUT_QUEUE: usize = 65_536;
+/// How long shutdown waits for the output to drain what is queued.
+const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
 /// How long shutdown waits for the relist in progress.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(700);
 
@@ -193,6 +195,18 @@ pub async fn serve(
     }
     if let Some(t) = traces {
         t.shutdown(Duration::from_millis(300));
+    }
+    // A reader that stopped reading our stdout must not hold plegd up forever.
+    let drain_deadline = Instant::now() + OUTPUT_DRAIN;
+    while !writer.is_finished() && Instant::now() < drain_deadline {
+        actix_rt::time::sleep(Duration::from_millis(2)).await;
+    }
+    if !writer.is_finished() {
+        tracing::warn!(
+            "the event output is blocked (is its reader still reading?); exiting without \
+             writing the rest"
+        );
+        return Ok(());
     }
     match writer.join() {
         Ok(Ok(())) => Ok(()),

@@ -58,6 +58,8 @@ pub struct RelistOutput {
     pub status_errors: usize,
     /// Pods whose record changed or were re-read.
     pub pods_inspected: usize,
+    /// Pods left alone because a sync holds them: this relist says nothing of them.
+    pub skipped: Vec<String>,
 }
 
 /// The Generic PLEG's state: the last reconciled record of each pod and the pods
@@ -111,30 +113,44 @@ impl GenericPleg {
         suspended: &dyn Fn(&str) -> bool,
     ) -> Result<RelistOutput, RuntimeError> {
         let source = scope.source();
+        let mut skipped = Vec::new();
         let work = match scope {
-            RelistScope::Global => self.global_work(suspended).await?,
+            RelistScope::Global => self.global_work(suspended, &mut skipped).await?,
             RelistScope::Pod { uid, .. } => {
                 if suspended(uid) {
+                    skipped.push(uid.clone());
                     Vec::new()
                 } else {
                     self.pod_work(uid).await?
                 }
             }
         };
-        Ok(self.process(work, source).await)
+        let mut out = self.process(work, source, suspended).await;
+        out.skipped.extend(skipped);
+        Ok(out)
     }
 
     async fn global_work(
         &mut self,
         suspended: &dyn Fn(&str) -> bool,
+        skipped: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
         let sandboxes = self.runtime.list_sandboxes().await?;
         let containers = self.runtime.list_containers(None).await?;
         let mut current = group(&sandboxes, &containers);
-        let uids: BTreeSet<String> = self.records.keys().chain(current.keys()).cloned().collect();
+        // Pods known only from a failed first read are visited too, so that one that
+        // is gone gets its cache entry deleted.
+        let uids: BTreeSet<String> = self
+            .records
+            .keys()
+            .chain(current.keys())
+            .chain(self.reinspect.iter())
+            .cloned()
+            .collect();
         let mut work = Vec::new();
         for uid in uids {
             if suspended(&uid) {
+                skipped.push(uid);
                 continue;
             }
             let new = current.remove(&uid);
@@ -169,7 +185,7 @@ impl GenericPleg {
             containers.extend(self.runtime.list_containers(Some(&sb.id)).await?);
         }
         let new = group(&sandboxes, &containers).remove(uid);
-        if new.is_none() && !self.records.contains_key(uid) {
+        if new.is_none() && !self.records.contains_key(uid) && !self.reinspect.contains(uid) {
             return Ok(Vec::new());
         }
         let changes = pod_events(self.records.get(uid), new.as_ref());
@@ -181,7 +197,12 @@ impl GenericPleg {
         }])
     }
 
-    async fn process(&mut self, work: Vec<Work>, source: RelistSource) -> RelistOutput {
+    async fn process(
+        &mut self,
+        work: Vec<Work>,
+        source: RelistSource,
+        suspended: &dyn Fn(&str) -> bool,
+    ) -> RelistOutput {
         let runtime = self.runtime.clone();
         let reads = futures::stream::iter(work)
             .map(|w| {
@@ -201,10 +222,22 @@ impl GenericPleg {
 
         let mut out = RelistOutput::default();
         for (w, read_at, status) in reads {
+            // A sync took the pod while it was being read: what was read may be an
+            // intermediate state. Leave record and cache as they were; the pod is
+            // diffed again after the release.
+            if suspended(&w.uid) {
+                out.skipped.push(w.uid);
+                continue;
+            }
             out.pods_inspected += 1;
             let pod = match (&w.new, self.records.get(&w.uid)) {
                 (Some(rec), _) | (None, Some(rec)) => rec.pod.clone(),
-                (None, None) => continue,
+                (None, None) => {
+                    // Known only from a failed first read, and now gone.
+                    out.cache.push(CacheUpdate::Delete { uid: w.uid.clone() });
+                    self.reinspect.remove(&w.uid);
+                    continue;
+                }
             };
             match status {
                 None => {
@@ -241,7 +274,7 @@ impl GenericPleg {
                 .iter()
                 .filter(|(_, k)| *k != EventKind::ContainerChanged)
                 .collect();
-            if w.changes.is_empty() && w.reinspect {
+            if published.is_empty() && w.reinspect {
                 out.events.push(LifecycleEvent {
                     time: now,
                     pod: pod.clone(),

@@ -184,7 +184,18 @@ impl RuntimeClient for CriRuntime {
                     .await
             })
             .await?;
-        resp.items.iter().map(convert::sandbox_from_wire).collect()
+        // One sandbox plegd cannot attribute (no metadata or an empty UID, e.g. run by
+        // crictl: containerd only requires metadata) must not fail the whole node's
+        // relist; its containers are left out with it.
+        Ok(resp
+            .items
+            .iter()
+            .filter_map(|s| {
+                convert::sandbox_from_wire(s)
+                    .map_err(|e| tracing::debug!(error = %e, "ignoring a listed sandbox"))
+                    .ok()
+            })
+            .collect())
     }
 
     async fn list_containers(
@@ -201,10 +212,15 @@ impl RuntimeClient for CriRuntime {
                     .await
             })
             .await?;
-        resp.containers
+        Ok(resp
+            .containers
             .iter()
-            .map(convert::container_from_wire)
-            .collect()
+            .filter_map(|c| {
+                convert::container_from_wire(c)
+                    .map_err(|e| tracing::debug!(error = %e, "ignoring a listed container"))
+                    .ok()
+            })
+            .collect())
     }
 
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<SandboxStatus, RuntimeError> {

@@ -1,0 +1,303 @@
+//! Races and edge cases found in review, each with the scenario that broke: a stream
+//! error reported twice, a cancelled begin_sync, a sandbox without a UID, a pod that
+//! vanishes after a failed first read, a sync that begins while its pod is being
+//! read, a request queued just before a hold, waiting on a held pod, and the queue
+//! gauge after stop.
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use common::*;
+use futures::StreamExt;
+use plegd_actors::lifecycle::{EventKind, RelistSource};
+use plegd_actors::pod_sync_gate::SyncOutcome;
+use plegd_actors::reconnect_backoff::ReconnectPolicy;
+use plegd_actors::runtime::cri::CriRuntime;
+use plegd_actors::runtime::fake::{FakeRuntime, Op};
+use plegd_actors::runtime::{
+    Container, ContainerState, ContainerStatus, EventStream, RuntimeClient, RuntimeError,
+    RuntimeVersion, Sandbox, SandboxStatus,
+};
+use plegd_actors::service::{Pleg, PlegConfig};
+use plegd_sim::spawn_in_thread;
+use plegd_telemetry::Metrics;
+
+fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
+    let cfg = PlegConfig {
+        relist_period: period,
+        evented: false,
+        gate_idle: Duration::from_millis(50),
+        ..PlegConfig::default()
+    };
+    Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))
+}
+
+fn global_relists(p: &Pleg) -> u64 {
+    p.metrics.relist_duration.get_sample_count()
+}
+
+/// A runtime whose first event stream fails as a tonic stream does on a transport
+/// error: the same error twice, then the end.
+struct DoubleError {
+    inner: FakeRuntime,
+    calls: AtomicU32,
+}
+
+#[async_trait]
+impl RuntimeClient for DoubleError {
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        self.inner.version().await
+    }
+    async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.inner.list_sandboxes().await
+    }
+    async fn list_containers(&self, s: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
+        self.inner.list_containers(s).await
+    }
+    async fn sandbox_status(&self, id: &str) -> Result<SandboxStatus, RuntimeError> {
+        self.inner.sandbox_status(id).await
+    }
+    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        self.inner.container_status(id).await
+    }
+    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            let err = || RuntimeError::Rpc {
+                op: "GetContainerEvents",
+                code: tonic::Code::Unknown,
+                message: "h2 protocol error: connection reset".into(),
+            };
+            return Ok(futures::stream::iter(vec![Err(err()), Err(err())]).boxed());
+        }
+        self.inner.container_events().await
+    }
+}
+
+#[actix_rt::test]
+async fn a_stream_error_reported_twice_reconnects_once() {
+    let rt = FakeRuntime::new();
+    let client = Arc::new(DoubleError {
+        inner: rt.clone(),
+        calls: AtomicU32::new(0),
+    });
+    let cfg = PlegConfig {
+        relist_period: Duration::from_secs(3600),
+        reconnect: ReconnectPolicy::new(
+            Duration::from_millis(10),
+            Duration::from_millis(200),
+            Duration::from_secs(1),
+        )
+        .unwrap(),
+        ..PlegConfig::default()
+    };
+    let pleg = Pleg::start(client.clone(), &cfg, Arc::new(Metrics::new()));
+    let m = pleg.metrics.clone();
+    wait_until("reconnected", || m.stream_connected.get() == 1).await;
+    // Both errors arrive in the same poll: a second failure would be counted by now.
+    assert_eq!(m.connection_errors.get(), 1);
+    assert_eq!(client.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(rt.event_streams(), 1, "one event stream, not two");
+    let watcher = pleg.watcher.clone().unwrap();
+    let st = watcher
+        .send(plegd_actors::stream_watcher::GetState)
+        .await
+        .unwrap();
+    assert_eq!((st.state, st.attempts), ("streaming", 2));
+}
+
+#[actix_rt::test]
+async fn a_cancelled_begin_sync_does_not_leave_the_pod_suspended() {
+    let rt = FakeRuntime::new();
+    let pleg = start(&rt, Duration::from_millis(50));
+    let gates = pleg.gates.clone();
+    let mut fut = Box::pin(async move { gates.begin_sync("u1").await });
+    // Poll until the gate has taken the hold, then the caller goes away (a timeout,
+    // a disconnected API client) before it sees the reply.
+    let suspended = pleg.suspended.clone();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !suspended.contains("u1") {
+        assert!(matches!(futures::poll!(fut.as_mut()), Poll::Pending));
+        assert!(std::time::Instant::now() < deadline, "never suspended");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(fut);
+    wait_until("the hold is released", || !suspended.contains("u1")).await;
+    let hold = pleg
+        .gates
+        .begin_sync("u1")
+        .await
+        .expect("the pod can be held again");
+    hold.end(SyncOutcome::Success);
+}
+
+#[actix_rt::test]
+async fn a_sandbox_without_a_uid_does_not_stop_relisting() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = FakeRuntime::new();
+    let server = spawn_in_thread(&dir.path().join("cri.sock"), sim.clone()).unwrap();
+    let cri = CriRuntime::new(&server.endpoint(), Duration::from_secs(2)).unwrap();
+    let cfg = PlegConfig {
+        relist_period: Duration::from_millis(50),
+        evented: false,
+        ..PlegConfig::default()
+    };
+    let pleg = Pleg::start(Arc::new(cri), &cfg, Arc::new(Metrics::new()));
+    let sub = pleg.subscribe("t", 1024).await.unwrap();
+    let sb = sim.run_pod("u1", "web", "ns");
+    let c = sim.run_container(&sb, "app");
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    // Someone runs a sandbox whose metadata has no UID (crictl runp, minimal config).
+    let odd = sim.run_pod("", "adhoc", "default");
+    sim.run_container(&odd, "x");
+    sim.exit_container(&c, 1);
+    expect_event(&sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(
+        pleg.metrics
+            .relist_errors
+            .with_label_values(&["list"])
+            .get(),
+        0
+    );
+    assert!(pleg.cache.get("").is_none());
+}
+
+#[actix_rt::test]
+async fn a_new_pod_whose_first_read_failed_and_that_went_away_leaves_the_cache() {
+    let rt = FakeRuntime::new();
+    let pleg = start(&rt, Duration::from_millis(30));
+    wait_until("ready", || pleg.health.ready()).await;
+    let sb = rt.run_pod("gone", "gone", "ns");
+    rt.fail_pod_status("gone", true);
+    let cache = pleg.cache.clone();
+    wait_until("error cached", || {
+        cache.get("gone").is_some_and(|e| e.error.is_some())
+    })
+    .await;
+    rt.fail_pod_status("gone", false);
+    rt.remove_pod(&sb);
+    wait_until("the entry is deleted", || cache.get("gone").is_none()).await;
+}
+
+#[actix_rt::test]
+async fn a_sync_that_begins_while_its_pod_is_read_hides_what_was_read() {
+    let rt = FakeRuntime::new();
+    let pleg = start(&rt, Duration::from_millis(100));
+    let sub = pleg.subscribe("t", 1024).await.unwrap();
+    let sb = rt.run_pod("u1", "p", "ns");
+    let c = rt.run_container(&sb, "app");
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    rt.set_latency(Op::SandboxStatus, Duration::from_millis(200));
+    let reads = rt.calls(Op::SandboxStatus);
+    let relists = global_relists(&pleg);
+    rt.exit_container(&c, 1);
+    wait_until("status read started", || {
+        rt.calls(Op::SandboxStatus) > reads
+    })
+    .await;
+    // The pod's sync starts now, while the relist is reading it.
+    let hold = pleg.gates.begin_sync("u1").await.unwrap();
+    wait_until("that relist finished", || global_relists(&pleg) > relists).await;
+    assert!(drain(&sub).is_empty(), "a held pod's state was published");
+    rt.set_latency(Op::SandboxStatus, Duration::ZERO);
+    hold.end(SyncOutcome::Success);
+    // Published after the release (by the post-sync relist or a due global one).
+    let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
+    assert_ne!(d.event.relist_source, RelistSource::EventedPleg);
+}
+
+#[actix_rt::test]
+async fn a_request_queued_just_before_a_hold_becomes_its_pending_relist() {
+    let rt = FakeRuntime::new();
+    let pleg = start(&rt, Duration::from_millis(100));
+    let sub = pleg.subscribe("t", 1024).await.unwrap();
+    let sb = rt.run_pod("u1", "p", "ns");
+    let c = rt.run_container(&sb, "app");
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    rt.set_latency(Op::ListSandboxes, Duration::from_millis(200));
+    let calls = rt.calls(Op::ListSandboxes);
+    wait_until("a global relist in progress", || {
+        rt.calls(Op::ListSandboxes) > calls
+    })
+    .await;
+    rt.exit_container(&c, 1);
+    pleg.router.request("u1", RelistSource::PostAllocation); // queued: not held yet
+    let hold = pleg.gates.begin_sync("u1").await.unwrap(); // then the sync takes the pod
+    let m = pleg.metrics.clone();
+    wait_until("request handled", || {
+        m.requests("coalesced", "post_allocation") == 1
+    })
+    .await;
+    assert_eq!(m.requests("skipped", "post_allocation"), 0);
+    rt.set_latency(Op::ListSandboxes, Duration::ZERO);
+    hold.end(SyncOutcome::Error);
+    // The pending request is honoured after an error too (whichever relist, post-sync
+    // or a due global one, then notices the exit first).
+    expect_event(&sub, EventKind::ContainerDied, &c).await;
+    wait_until("the post-sync request handled", || {
+        m.requests("done", "post_sync") + m.requests("skipped", "post_sync") == 1
+    })
+    .await;
+    assert_eq!(m.requests("queued", "post_sync"), 1);
+}
+
+#[actix_rt::test]
+async fn waiting_on_a_held_pod_waits_for_a_relist_that_read_it() {
+    let rt = FakeRuntime::new();
+    let pleg = start(&rt, Duration::from_millis(30));
+    let sub = pleg.subscribe("t", 1024).await.unwrap();
+    let sb = rt.run_pod("u1", "p", "ns");
+    let c = rt.run_container(&sb, "app");
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    let hold = pleg.gates.begin_sync("u1").await.unwrap();
+    rt.exit_container(&c, 1);
+    let t = SystemTime::now();
+    let n = global_relists(&pleg);
+    wait_until("global relists that skip the held pod", || {
+        global_relists(&pleg) >= n + 3
+    })
+    .await;
+    assert!(pleg.cache.global_timestamp().unwrap() > t);
+    assert_eq!(
+        pleg.cache
+            .wait_newer_than("u1", t, Duration::from_millis(1))
+            .await,
+        Err(()),
+        "released by relists that never read the pod"
+    );
+    // Other pods are released by the same relists as before.
+    assert_eq!(
+        pleg.cache.wait_newer_than("other", t, TIMEOUT).await,
+        Ok(None)
+    );
+    hold.end(SyncOutcome::Error);
+    let entry = pleg
+        .cache
+        .wait_newer_than("u1", t, TIMEOUT)
+        .await
+        .unwrap()
+        .unwrap();
+    let st = entry.status.unwrap();
+    assert_eq!(st.containers[0].state, ContainerState::Exited);
+}
+
+#[actix_rt::test]
+async fn the_queue_depth_gauge_is_zero_after_stop() {
+    let rt = FakeRuntime::new();
+    rt.run_pod("x0", "p", "ns");
+    rt.set_latency(Op::ListSandboxes, Duration::from_millis(50));
+    let pleg = start(&rt, Duration::from_millis(10));
+    wait_until("ready", || pleg.health.ready()).await;
+    for i in 0..50 {
+        pleg.router
+            .request(&format!("x{i}"), RelistSource::EventedPleg);
+    }
+    assert!(pleg.metrics.queue_depth.get() > 0);
+    pleg.stop();
+    wait_until("stopped", || pleg.dispatcher.stopped()).await;
+    assert_eq!(pleg.metrics.queue_depth.get(), 0);
+}
