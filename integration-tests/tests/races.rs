@@ -37,6 +37,18 @@ fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
     Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))
 }
 
+/// A subscription, and pod "u1"'s running container "app", already seen by plegd.
+async fn running_pod(
+    pleg: &Pleg,
+    rt: &FakeRuntime,
+) -> (plegd_actors::event_publisher::Subscription, String) {
+    let sub = pleg.subscribe("t", 1024).await.unwrap();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    (sub, c)
+}
+
 fn global_relists(p: &Pleg) -> u64 {
     p.metrics.relist_duration.get_sample_count()
 }
@@ -147,10 +159,7 @@ async fn a_sandbox_without_a_uid_does_not_stop_relisting() {
         ..PlegConfig::default()
     };
     let pleg = Pleg::start(Arc::new(cri), &cfg, Arc::new(Metrics::new()));
-    let sub = pleg.subscribe("t", 1024).await.unwrap();
-    let sb = sim.run_pod("u1", "web", "ns");
-    let c = sim.run_container(&sb, "app");
-    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    let (sub, c) = running_pod(&pleg, &sim).await;
     // Someone runs a sandbox whose metadata has no UID (crictl runp, minimal config).
     let odd = sim.run_pod("", "adhoc", "default");
     sim.run_container(&odd, "x");
@@ -187,10 +196,7 @@ async fn a_new_pod_whose_first_read_failed_and_that_went_away_leaves_the_cache()
 async fn a_sync_that_begins_while_its_pod_is_read_hides_what_was_read() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(100));
-    let sub = pleg.subscribe("t", 1024).await.unwrap();
-    let sb = rt.run_pod("u1", "p", "ns");
-    let c = rt.run_container(&sb, "app");
-    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    let (sub, c) = running_pod(&pleg, &rt).await;
     rt.set_latency(Op::SandboxStatus, Duration::from_millis(200));
     let reads = rt.calls(Op::SandboxStatus);
     let relists = global_relists(&pleg);
@@ -214,10 +220,7 @@ async fn a_sync_that_begins_while_its_pod_is_read_hides_what_was_read() {
 async fn a_request_queued_just_before_a_hold_becomes_its_pending_relist() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(100));
-    let sub = pleg.subscribe("t", 1024).await.unwrap();
-    let sb = rt.run_pod("u1", "p", "ns");
-    let c = rt.run_container(&sb, "app");
-    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    let (sub, c) = running_pod(&pleg, &rt).await;
     rt.set_latency(Op::ListSandboxes, Duration::from_millis(200));
     let calls = rt.calls(Op::ListSandboxes);
     wait_until("a global relist in progress", || {
@@ -249,10 +252,7 @@ async fn a_request_queued_just_before_a_hold_becomes_its_pending_relist() {
 async fn waiting_on_a_held_pod_waits_for_a_relist_that_read_it() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(30));
-    let sub = pleg.subscribe("t", 1024).await.unwrap();
-    let sb = rt.run_pod("u1", "p", "ns");
-    let c = rt.run_container(&sb, "app");
-    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    let (_sub, c) = running_pod(&pleg, &rt).await;
     let hold = pleg.gates.begin_sync("u1").await.unwrap();
     rt.exit_container(&c, 1);
     let t = SystemTime::now();
