@@ -110,9 +110,30 @@ async fn running_pod(
     let c = e.sim.run_container(&sb, "app");
     // With a long period only the first global relist or a bring-forward sees it:
     // make sure it is seen by asking for a post-allocation relist (a targeted read).
+    let settled_before = post_allocation_settled(e);
     e.pleg.router.request(uid, RelistSource::PostAllocation);
     expect_event(sub, EventKind::ContainerStarted, &c).await;
+    // A global relist may have seen the start first: wait until the request is
+    // finished too, or it could run later and claim an event the test expects
+    // from another source.
+    let m = e.pleg.metrics.clone();
+    wait_until("post-allocation request settled", || {
+        post_allocation_settled_in(&m) > settled_before
+    })
+    .await;
     (sb, c)
+}
+
+/// Post-allocation requests that reached an end: done, skipped, coalesced or dropped.
+fn post_allocation_settled(e: &Env) -> u64 {
+    post_allocation_settled_in(&e.pleg.metrics)
+}
+
+fn post_allocation_settled_in(m: &Metrics) -> u64 {
+    ["done", "skipped", "coalesced", "dropped"]
+        .iter()
+        .map(|r| m.requests(r, "post_allocation"))
+        .sum()
 }
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -184,8 +205,12 @@ async fn unimplemented_retries_at_the_cap_until_the_runtime_is_upgraded() {
     let sub = e.pleg.subscribe("t", 1024).await.unwrap();
     let m = e.pleg.metrics.clone();
     wait_until("three failed attempts", || m.connection_errors.get() >= 3).await;
-    // Generic relisting works meanwhile and health is green.
-    let (_, c) = running_pod(&e, "u1", &sub).await;
+    // Generic relisting works meanwhile and health is green: with no stream and no
+    // targeted request, only the global relist can see this pod start and stop.
+    let sb = e.sim.run_pod("u1", "u1", "ns");
+    let c = e.sim.run_container(&sb, "app");
+    let d = expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::Global);
     e.sim.exit_container(&c, 1);
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::Global);
