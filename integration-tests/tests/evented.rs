@@ -124,6 +124,20 @@ async fn running_pod(
     (sb, c)
 }
 
+/// Waits until at least `n` stream requests were queued after `queued_before` was read
+/// and every queued one has been handled (no sync holds in these tests).
+async fn wait_evented_relists(m: &Metrics, queued_before: u64, n: u64) {
+    wait_until("stream-requested relists handled", || {
+        let queued = m.requests("queued", "evented_pleg");
+        let handled: u64 = ["done", "skipped", "coalesced"]
+            .iter()
+            .map(|r| m.requests(r, "evented_pleg"))
+            .sum();
+        queued >= queued_before + n && handled == queued
+    })
+    .await;
+}
+
 /// Post-allocation requests that reached an end: done, skipped, coalesced or dropped.
 fn post_allocation_settled(e: &Env) -> u64 {
     post_allocation_settled_in(&e.pleg.metrics)
@@ -317,25 +331,22 @@ async fn duplicate_delayed_stale_and_reordered_events_change_nothing() {
     let started = e
         .sim
         .event_about(&c, cri::ContainerEventType::ContainerStartedEvent);
+    let m = e.pleg.metrics.clone();
+    let queued = m.requests("queued", "evented_pleg");
     e.sim.exit_container(&c, 2);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
     let stopped = e
         .sim
         .event_about(&c, cri::ContainerEventType::ContainerStoppedEvent);
-    let m = e.pleg.metrics.clone();
-    let done = m.requests("done", "evented_pleg");
     // Duplicates of the stop, a stale STARTED (delayed from before the exit), and
-    // a reordered pair (STOPPED, then an older STARTED).
+    // a reordered pair (STOPPED, then an older STARTED): six more stop requests.
     for _ in 0..5 {
         e.sim.inject_event(stopped.clone());
     }
     e.sim.inject_event(started.clone());
     e.sim.inject_event(stopped.clone());
     e.sim.inject_event(started);
-    wait_until("all stop events relisted", || {
-        m.requests("done", "evented_pleg") == done + 6
-    })
-    .await;
+    wait_evented_relists(&m, queued, 1 + 6).await;
     assert!(drain(&sub).is_empty(), "no extra lifecycle events");
     // The cache holds what the runtime says (exited), never an event payload.
     let st = e.pleg.cache.get("u1").unwrap().status.unwrap();
@@ -343,15 +354,14 @@ async fn duplicate_delayed_stale_and_reordered_events_change_nothing() {
     assert_eq!(cs.state, plegd_actors::runtime::ContainerState::Exited);
     assert_eq!(cs.exit_code, 2);
     // A stop event for a pod that is gone: a no-op, and no event.
-    e.sim.remove_pod(&sb);
+    let queued = m.requests("queued", "evented_pleg");
+    e.sim.remove_pod(&sb); // stops the sandbox first: one stop event
     e.pleg.router.request("u1", RelistSource::PostAllocation);
     expect_event(&sub, EventKind::ContainerRemoved, &c).await;
-    let before = m.requests("done", "evented_pleg");
+    wait_evented_relists(&m, queued, 1).await;
+    let queued = m.requests("queued", "evented_pleg");
     e.sim.inject_event(stopped);
-    wait_until("stale stop relisted", || {
-        m.requests("done", "evented_pleg") == before + 1
-    })
-    .await;
+    wait_evented_relists(&m, queued, 1).await;
     assert!(drain(&sub).is_empty());
     assert!(e.pleg.cache.get("u1").is_none());
 }
@@ -461,14 +471,16 @@ async fn a_termination_storm_keeps_the_global_relist_on_schedule() {
 
 #[actix_rt::test]
 async fn sync_suspension_coalesces_and_releases_exactly_once() {
-    let e = env(FakeRuntime::new(), cfg(Duration::from_millis(30)));
+    // A long period: every relist below is one the test asked for, so each event's
+    // source is certain.
+    let e = env(FakeRuntime::new(), cfg(LONG));
     let sub = e.pleg.subscribe("t", 1024).await.unwrap();
     e.wait_connected().await;
     let (sb, c) = running_pod(&e, "u1", &sub).await;
     let m = e.pleg.metrics.clone();
 
     // Success path: requests during the hold coalesce; the exit is not published
-    // while held, even by global relists; release queues exactly one relist.
+    // while held, even by a global relist; release queues exactly one relist.
     let hold = e.pleg.gates.begin_sync("u1").await.unwrap();
     assert_eq!(
         e.pleg.gates.begin_sync("u1").await.err(),
@@ -482,8 +494,9 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
     })
     .await;
     let before = m.relist_duration.get_sample_count();
-    wait_until("global relists while held", || {
-        m.relist_duration.get_sample_count() >= before + 3
+    e.pleg.queue.relist_soon();
+    wait_until("a global relist while held", || {
+        m.relist_duration.get_sample_count() > before
     })
     .await;
     assert!(drain(&sub).is_empty(), "nothing published for a held pod");
