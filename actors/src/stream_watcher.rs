@@ -18,6 +18,7 @@
 //!
 //! Opening has no deadline: containerd sends no headers before the first event.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,30 @@ pub enum StreamState {
     Stopped,
 }
 
+/// Counts the watcher's live futures (RPC, stream, retry timer): each holds a
+/// [`Live`] token, dropped with it, so a future cancelled but never dropped shows.
+#[derive(Clone, Default)]
+struct LiveFutures(Arc<AtomicUsize>);
+
+struct Live(Arc<AtomicUsize>);
+
+impl LiveFutures {
+    fn token(&self) -> Live {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Live(self.0.clone())
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Called after a stream opens following a failure (plegd brings the next global
 /// relist forward then: events around a reconnect may be lost).
 pub type ReconnectHook = Box<dyn Fn() + 'static>;
@@ -68,6 +93,7 @@ pub struct StreamWatcher {
     attempt_started_ns: i64,
     /// The span of the connection attempt in progress.
     connect_span: Option<BoxedSpan>,
+    live: LiveFutures,
 }
 
 impl StreamWatcher {
@@ -93,6 +119,7 @@ impl StreamWatcher {
             open_log: RateLimiter::new(Duration::from_secs(30)),
             connect_span: None,
             attempt_started_ns: 0,
+            live: LiveFutures::default(),
         }
     }
 
@@ -116,13 +143,17 @@ impl StreamWatcher {
             None,
         ));
         let runtime = self.runtime.clone();
+        let live = self.live.token();
         let handle = ctx.spawn(
-            async move { runtime.container_events().await }
-                .into_actor(self)
-                .map(|res, act, ctx| match res {
-                    Ok(stream) => act.opened(stream, ctx),
-                    Err(e) => act.failed(&e, ctx),
-                }),
+            async move {
+                let _live = live;
+                runtime.container_events().await
+            }
+            .into_actor(self)
+            .map(|res, act, ctx| match res {
+                Ok(stream) => act.opened(stream, ctx),
+                Err(e) => act.failed(&e, ctx),
+            }),
         );
         self.state = StreamState::Connecting {
             handle,
@@ -144,7 +175,11 @@ impl StreamWatcher {
         } else {
             tracing::debug!(attempt = self.attempts, "CRI event stream open");
         }
-        let handle = ctx.add_stream(stream);
+        let live = self.live.token();
+        let handle = ctx.add_stream(futures::StreamExt::map(stream, move |item| {
+            let _ = &live;
+            item
+        }));
         self.state = StreamState::Streaming { handle, since: now };
         if std::mem::take(&mut self.had_failure) {
             if let Some(hook) = &self.on_reconnect {
@@ -188,7 +223,11 @@ impl StreamWatcher {
                 "CRI event stream unavailable; global relists continue"
             );
         }
-        let handle = ctx.run_later(delay, |act, ctx| act.connect(ctx));
+        let live = self.live.token();
+        let handle = ctx.run_later(delay, move |act, ctx| {
+            drop(live);
+            act.connect(ctx)
+        });
         self.state = StreamState::Waiting {
             handle,
             until: now + delay,
@@ -335,6 +374,9 @@ pub struct WatcherState {
     pub attempts: u64,
     /// The reconnect delay chosen after the last failure.
     pub last_delay: Option<Duration>,
+    /// Futures alive in the watcher (connection attempt, open stream, retry timer):
+    /// one at most, whatever happened before.
+    pub live_futures: usize,
 }
 
 /// Reports the watcher's [`WatcherState`].
@@ -350,6 +392,7 @@ impl Handler<GetState> for StreamWatcher {
             state: self.state_name(),
             attempts: self.attempts,
             last_delay: self.last_delay,
+            live_futures: self.live.count(),
         })
     }
 }

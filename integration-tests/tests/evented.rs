@@ -15,7 +15,7 @@ use plegd_actors::pod_sync_gate::{SyncError, SyncOutcome};
 use plegd_actors::reconnect_backoff::ReconnectPolicy;
 use plegd_actors::runtime::cri::CriRuntime;
 use plegd_actors::service::{Pleg, PlegConfig};
-use plegd_actors::stream_watcher::GetState;
+use plegd_actors::stream_watcher::{GetState, WatcherState};
 use plegd_protocol::cri;
 use plegd_sim::{spawn_in_thread, FakeRuntime, Op, ThreadedSimServer};
 use plegd_telemetry::Metrics;
@@ -46,15 +46,18 @@ impl Env {
     }
 
     async fn stream_state(&self) -> (&'static str, u64) {
-        let s = self
-            .pleg
+        let s = self.watcher_state().await;
+        (s.state, s.attempts)
+    }
+
+    async fn watcher_state(&self) -> WatcherState {
+        self.pleg
             .watcher
             .as_ref()
             .expect("evented")
             .send(GetState)
             .await
-            .unwrap();
-        (s.state, s.attempts)
+            .unwrap()
     }
 
     async fn wait_connected(&self) {
@@ -229,7 +232,9 @@ async fn unimplemented_retries_at_the_cap_until_the_runtime_is_upgraded() {
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::Global);
     assert!(e.pleg.health.check().is_ok());
-    assert_eq!(e.stream_state().await.0, "waiting");
+    let w = e.watcher_state().await;
+    assert_eq!(w.state, "waiting");
+    assert_eq!(w.live_futures, 1, "only the retry timer is alive");
     // The runtime is "upgraded": the stream opens without restarting plegd.
     e.sim.clear_failure(Op::Events);
     e.wait_connected().await;
@@ -665,8 +670,12 @@ async fn no_accumulation_over_a_thousand_reconnects() {
     wait_until("one server stream", || sim.event_streams() == 1).await;
     assert!(open_fds() <= fds + 2, "fds {fds} -> {}", open_fds());
     wait_until("no leftover tasks", || tasks() <= tasks_before + 2).await;
+    // The watcher's own futures (actix runs them inside its context, not as tokio
+    // tasks): each cancelled attempt, stream and timer was dropped.
+    let live = e.watcher_state().await.live_futures;
+    assert_eq!(live, 1, "only the open stream is alive");
     println!(
-        "client runtime tasks: {tasks_before} before, {} after 1,000 reconnects",
+        "client runtime tasks: {tasks_before} before, {} after 1,000 reconnects; watcher futures alive: {live}",
         tasks()
     );
     // Still fully working.
