@@ -7,9 +7,12 @@
 //! many it missed, so the consumer knows to re-read pod status from the cache.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
-use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use crossbeam_channel::{
+    bounded, Receiver, RecvError, RecvTimeoutError, Sender, TryIter, TryRecvError, TrySendError,
+};
 use plegd_telemetry::Metrics;
 
 use crate::lifecycle::LifecycleEvent;
@@ -24,14 +27,72 @@ pub struct Delivery {
     pub event: Arc<LifecycleEvent>,
 }
 
-/// The receiving end of a subscription. Dropping it unsubscribes. Blocking receives
-/// (`recv`, `recv_timeout`) suit a consumer on its own thread.
+/// The receiving end of a subscription. Dropping it unsubscribes at once, even on a
+/// quiet node. Blocking receives (`recv`, `recv_timeout`) suit a consumer on its own
+/// thread. After the publisher closes, `recv` returns what is queued, then an error.
+///
+/// The receiver is reached only through the subscription, so whoever receives also
+/// keeps the subscription alive (a closure capturing only a receiver field would
+/// unsubscribe at once).
 pub struct Subscription {
-    pub name: String,
-    pub rx: Receiver<Delivery>,
+    name: String,
+    rx: Receiver<Delivery>,
+    _unsubscribe: Unsubscriber,
+}
+
+impl Subscription {
+    /// The name given at subscription (for logs).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Blocks until the next delivery; an error once the publisher has closed and
+    /// the queue is empty.
+    pub fn recv(&self) -> Result<Delivery, RecvError> {
+        self.rx.recv()
+    }
+
+    /// As [`Self::recv`], giving up after `timeout`.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery, RecvTimeoutError> {
+        self.rx.recv_timeout(timeout)
+    }
+
+    /// The next delivery if one is queued.
+    pub fn try_recv(&self) -> Result<Delivery, TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    /// Every delivery queued now.
+    pub fn try_iter(&self) -> TryIter<'_, Delivery> {
+        self.rx.try_iter()
+    }
+
+    /// True if nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+
+    /// The channel itself, for `crossbeam_channel::select!` over several sources.
+    pub fn receiver(&self) -> &Receiver<Delivery> {
+        &self.rx
+    }
+}
+
+/// Tells the publisher when its subscription is dropped.
+struct Unsubscriber {
+    id: u64,
+    publisher: Addr<EventPublisher>,
+}
+
+impl Drop for Unsubscriber {
+    fn drop(&mut self) {
+        // After Close the publisher is gone and there is nothing to remove.
+        self.publisher.do_send(Unsubscribe(self.id));
+    }
 }
 
 struct Subscriber {
+    id: u64,
     name: String,
     tx: Sender<Delivery>,
     next_seq: u64,
@@ -40,6 +101,7 @@ struct Subscriber {
 
 pub struct EventPublisher {
     subscribers: Vec<Subscriber>,
+    next_id: u64,
     metrics: Arc<Metrics>,
 }
 
@@ -47,6 +109,7 @@ impl EventPublisher {
     pub fn new(metrics: Arc<Metrics>) -> Self {
         EventPublisher {
             subscribers: Vec::new(),
+            next_id: 0,
             metrics,
         }
     }
@@ -71,16 +134,40 @@ pub struct Subscribe {
 impl Handler<Subscribe> for EventPublisher {
     type Result = MessageResult<Subscribe>;
 
-    fn handle(&mut self, msg: Subscribe, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = bounded(msg.capacity.max(1));
+        self.next_id += 1;
+        let id = self.next_id;
         self.subscribers.push(Subscriber {
+            id,
             name: msg.name.clone(),
             tx,
             next_seq: 1,
             missed: 0,
         });
         self.metrics.subscribers.set(self.subscribers.len() as i64);
-        MessageResult(Subscription { name: msg.name, rx })
+        MessageResult(Subscription {
+            name: msg.name,
+            rx,
+            _unsubscribe: Unsubscriber {
+                id,
+                publisher: ctx.address(),
+            },
+        })
+    }
+}
+
+/// A subscription was dropped: forget its queue.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Unsubscribe(u64);
+
+impl Handler<Unsubscribe> for EventPublisher {
+    type Result = ();
+
+    fn handle(&mut self, msg: Unsubscribe, _: &mut Self::Context) {
+        self.subscribers.retain(|s| s.id != msg.0);
+        self.metrics.subscribers.set(self.subscribers.len() as i64);
     }
 }
 

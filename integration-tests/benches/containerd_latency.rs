@@ -95,11 +95,11 @@ impl std::fmt::Display for Stats {
 
 /// Blocks (off the runtime's thread) until the subscriber gets `kind` for `id`; returns
 /// the receipt time (ns since the epoch) and the delivery.
-async fn delivered(sub: &Subscription, kind: EventKind, id: &str) -> (i64, Delivery) {
-    let rx = sub.rx.clone();
+async fn delivered(sub: &Arc<Subscription>, kind: EventKind, id: &str) -> (i64, Delivery) {
+    let sub = sub.clone();
     let id = id.to_string();
     tokio::task::spawn_blocking(move || loop {
-        match rx.recv_timeout(Duration::from_secs(30)) {
+        match sub.recv_timeout(Duration::from_secs(30)) {
             Ok(d) if d.event.kind == kind && d.event.container_id == id => return (now_ns(), d),
             Ok(_) => {}
             Err(e) => panic!("no {kind} for {id} within 30 s: {e}"),
@@ -117,7 +117,7 @@ async fn measure_plegd(s: &Session, n: usize) -> Vec<f64> {
         ..PlegConfig::default()
     };
     let pleg = Pleg::start(Arc::new(runtime), &cfg, Arc::new(Metrics::new()));
-    let sub = pleg.subscribe("bench", 100_000).await.expect("subscribe");
+    let sub = Arc::new(pleg.subscribe("bench", 100_000).await.expect("subscribe"));
     while !pleg.health.ready() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -97,7 +97,7 @@ async fn wait_for(
 ) -> plegd_actors::event_publisher::Delivery {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        while let Ok(d) = sub.rx.try_recv() {
+        while let Ok(d) = sub.try_recv() {
             if d.event.kind == kind && d.event.container_id == id {
                 return d;
             }

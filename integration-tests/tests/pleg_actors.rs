@@ -180,6 +180,28 @@ async fn a_full_subscriber_queue_drops_counts_and_tells_the_subscriber() {
 }
 
 #[actix_rt::test]
+async fn a_dropped_subscription_is_forgotten_on_a_quiet_node() {
+    let rt = FakeRuntime::new();
+    // Nothing to publish: no pods and no periodic relist during the test.
+    let p = start(&rt, Duration::from_secs(3600));
+    let a = p.subscribe("a", 8).await.unwrap();
+    let b = p.subscribe("b", 8).await.unwrap();
+    let m = p.metrics.clone();
+    wait_until("two subscribers", || m.subscribers.get() == 2).await;
+    drop(a);
+    wait_until("one subscriber", || m.subscribers.get() == 1).await;
+    // Dropped by a consumer on its own thread.
+    std::thread::spawn(move || drop(b)).join().unwrap();
+    wait_until("no subscribers", || m.subscribers.get() == 0).await;
+    // Publishing still works for a new subscriber.
+    let c = p.subscribe("c", 8).await.unwrap();
+    let sb = rt.run_pod("u1", "web", "ns");
+    p.queue.request("u1", RelistSource::PostAllocation);
+    expect_event(&c, EventKind::ContainerStarted, &sb).await;
+    assert_eq!(m.subscribers.get(), 1);
+}
+
+#[actix_rt::test]
 async fn health_follows_the_global_relist_not_the_stream() {
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");

@@ -82,10 +82,10 @@ pub fn spawn_writer(
         .name("event-output".into())
         .spawn(move || {
             let mut out_buf = BufWriter::new(&mut out);
-            while let Ok(d) = sub.rx.recv() {
+            while let Ok(d) = sub.recv() {
                 writeln!(out_buf, "{}", format_line(&d, format))?;
                 // Flush when the queue is momentarily empty, so lines appear promptly.
-                if sub.rx.is_empty() {
+                if sub.is_empty() {
                     out_buf.flush()?;
                 }
             }

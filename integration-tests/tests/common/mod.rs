@@ -27,7 +27,7 @@ pub async fn recv_until(
     let deadline = Instant::now() + TIMEOUT;
     let mut got = Vec::new();
     loop {
-        while let Ok(d) = sub.rx.try_recv() {
+        while let Ok(d) = sub.try_recv() {
             let hit = pred(&d);
             got.push(d);
             if hit {
@@ -58,5 +58,5 @@ pub async fn expect_event(sub: &Subscription, kind: EventKind, id: &str) -> Deli
 
 /// Everything queued right now.
 pub fn drain(sub: &Subscription) -> Vec<Delivery> {
-    sub.rx.try_iter().collect()
+    sub.try_iter().collect()
 }
