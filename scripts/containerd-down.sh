@@ -54,21 +54,8 @@ elif [ -x "$BASE/bin-1.6/ctr" ]; then
 fi
 ctr_() { [ -n "$CTR" ] && timeout 30 "$CTR" --address "$SOCK" "$@"; }
 
-# a process that exists and is not a zombie (an unreaped zombie keeps its /proc entry)
-alive() {
-    local st
-    st="$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)"
-    [ -n "$st" ] && [ "$st" != Z ]
-}
-
-running_pid() {
-    local pid
-    [ -f "$PIDFILE" ] || return 1
-    pid="$(cat "$PIDFILE")"
-    [ -n "$pid" ] && alive "$pid" || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "--config $BASE/config.toml" || return 1
-    echo "$pid"
-}
+# shellcheck source-path=SCRIPTDIR source=lib/containerd-pid.sh
+. "$(dirname "$(readlink -f "$0")")/lib/containerd-pid.sh"
 
 # shim sockets of this instance, read from the bundles' "address" files
 shim_sockets() {
@@ -79,7 +66,7 @@ shim_sockets() {
 }
 SHIM_SOCKS="$(shim_sockets)"
 
-if pid="$(running_pid)"; then
+if pid="$(running_pid "--config $BASE/config.toml")"; then
     n=0
     for ns in $(ctr_ namespaces ls -q 2>/dev/null); do
         for t in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do

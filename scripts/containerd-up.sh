@@ -78,22 +78,8 @@ export DEBIAN_FRONTEND=noninteractive
 
 ctr_() { "$BIN/ctr" --address "$SOCK" "$@"; }
 
-# a process that exists and is not a zombie (an unreaped zombie keeps its /proc entry)
-alive() {
-    local st
-    st="$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)"
-    [ -n "$st" ] && [ "$st" != Z ]
-}
-
-running_pid() {
-    local pid
-    [ -f "$PIDFILE" ] || return 1
-    pid="$(cat "$PIDFILE")"
-    [ -n "$pid" ] && alive "$pid" || return 1
-    # make sure the PID is still *our* containerd (PIDs get reused), of this version
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$BIN/containerd --config $BASE/config.toml" || return 1
-    echo "$pid"
-}
+# shellcheck source-path=SCRIPTDIR source=lib/containerd-pid.sh
+. "$(dirname "$(readlink -f "$0")")/lib/containerd-pid.sh"
 
 # CRI readiness: a real runtime.v1 Version call. gRPC over HTTP/2 with prior knowledge;
 # the request is an empty VersionRequest (5-byte frame: no compression, length 0). The
@@ -118,7 +104,7 @@ cri_ready() {
 }
 
 # ---------------------------------------------------------------- already up?
-if pid="$(running_pid)" && cri_ready; then
+if pid="$(running_pid "$BIN/containerd --config $BASE/config.toml")" && cri_ready; then
     log "containerd $FLAVOR already running (pid $pid)"
     echo "$SOCK"
     exit 0
@@ -392,7 +378,7 @@ if [ ! -f "$BASE/images/pause.tar" ] || [ ! -f "$BASE/images/busybox.tar" ]; the
 fi
 
 # ---------------------------------------------------------------- 5. start containerd
-if pid="$(running_pid)"; then
+if pid="$(running_pid "$BIN/containerd --config $BASE/config.toml")"; then
     log "containerd pid $pid is running but CRI does not answer; stopping it first"
     kill -TERM "$pid" 2>/dev/null || true
     # containerd needs ~2 s to exit after SIGTERM (its socket disappears at once), and
