@@ -83,13 +83,7 @@ if pid="$(running_pid "--config $BASE/config.toml")"; then
     log "removed $n containers (pods included)"
     SHIM_SOCKS="$SHIM_SOCKS $(shim_sockets)"
     log "stopping containerd pid $pid (SIGTERM)"
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do alive "$pid" || break; sleep 0.1; done
-    if alive "$pid"; then
-        log "containerd pid $pid still alive after 10 s: SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-    fi
+    stop_pid "$pid" 10
 else
     log "containerd for $BASE is not running"
 fi

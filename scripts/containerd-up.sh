@@ -380,15 +380,9 @@ fi
 # ---------------------------------------------------------------- 5. start containerd
 if pid="$(running_pid "$BIN/containerd --config $BASE/config.toml")"; then
     log "containerd pid $pid is running but CRI does not answer; stopping it first"
-    kill -TERM "$pid" 2>/dev/null || true
     # containerd needs ~2 s to exit after SIGTERM (its socket disappears at once), and
     # a new one on the same BASE would block on the metadata DB lock meanwhile
-    for _ in $(seq 150); do alive "$pid" || break; sleep 0.1; done
-    if alive "$pid"; then
-        log "pid $pid still alive after 15 s: SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do alive "$pid" || break; sleep 0.1; done
-    fi
+    stop_pid "$pid" 15
 fi
 rm -f "$SOCK" "$SOCK.ttrpc" "$PIDFILE"
 echo "$FLAVOR" >"$BASE/flavor"
