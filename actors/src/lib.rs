@@ -1,21 +1,38 @@
-//! plegd's actors and the runtime boundary. See DESIGN.md for the picture.
+//! plegd's actors and the Generic PLEG logic (KEP-3386). See DESIGN.md for the picture.
 //!
-//! One actor per file, its messages beside it: [`relist_dispatcher`] (the Generic
-//! PLEG), [`cache_owner`], [`event_publisher`]. [`pleg`] is the relist logic without
-//! actors; [`runtime`] is the CRI boundary.
+//! Where each behaviour lives:
+//!
+//! - `relist`: the RelistDispatcher actor (global and targeted
+//!   relists, one at a time), its bounded queue, and the router that sends a held
+//!   pod's requests to its sync gate.
+//! - `sync`: PodSyncGate (SyncPod suspension), the registry of gates, the set of
+//!   held pods.
+//! - `stream`: the StreamWatcher (the CRI event stream as a hint) and its reconnect
+//!   policy.
+//! - `cache`: the CacheOwner and its readers; `publisher`: the EventPublisher and
+//!   subscriptions; `pleg`: one relist and the old/new diff, without actors.
+//! - `wiring`: starts everything and hands out [`Pleg`], the handles a user needs.
+//!
+//! Modules are private; this file is the crate's API.
 
-pub mod cache_owner;
-pub mod event_publisher;
-pub mod health;
-pub mod lifecycle;
-pub mod pleg;
-pub mod pod_sync_gate;
-pub mod reconnect_backoff;
-pub mod relist_dispatcher;
-pub mod relist_router;
-pub mod runtime;
-pub mod service;
+mod cache;
+mod event;
+mod health;
+mod pleg;
+mod publisher;
+mod relist;
 pub mod spans;
-pub mod stream_watcher;
-pub mod suspended;
-pub mod sync_gate_registry;
+mod stream;
+mod sync;
+mod wiring;
+
+pub use cache::{CachedPod, PodCache};
+pub use event::{EventKind, LifecycleEvent, RelistSource};
+pub use health::Health;
+pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
+pub use publisher::{Delivery, Subscription};
+pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
+pub use stream::watcher::WatcherState;
+pub use sync::gate::{SyncError, SyncHold, SyncOutcome};
+pub use sync::registry::SyncGates;
+pub use wiring::{Pleg, PlegConfig};

@@ -23,12 +23,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use containerd_support::*;
-use plegd_actors::event_publisher::{Delivery, Subscription};
-use plegd_actors::lifecycle::{EventKind, RelistSource};
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_actors::runtime::now_ns;
-use plegd_actors::service::{Pleg, PlegConfig};
-use plegd_protocol::cri;
+use plegd_actors::{Delivery, Subscription};
+use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_runtime::cri;
+use plegd_runtime::now_ns;
+use plegd_runtime::CriRuntime;
 use plegd_telemetry::Metrics;
 
 fn main() {
@@ -118,16 +118,16 @@ async fn measure_plegd(s: &Session, n: usize) -> Vec<f64> {
     };
     let pleg = Pleg::start(Arc::new(runtime), &cfg, Arc::new(Metrics::new()));
     let sub = Arc::new(pleg.subscribe("bench", 100_000).await.expect("subscribe"));
-    while !pleg.health.ready() {
+    while !pleg.health().ready() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let pod = s.cri.run_pod("latency-plegd").await;
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     s.cri
         .make_sole_receiver(&pod, move || stream_events_received(&m))
         .await;
     // Events buffered before the stream opened arrive late: leave them out.
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     let relist = m.pod_relist_duration.with_label_values(&["evented_pleg"]);
     let stream0 = (
         m.connection_latency.get_sample_sum(),
@@ -140,7 +140,7 @@ async fn measure_plegd(s: &Session, n: usize) -> Vec<f64> {
             .cri
             .run_container(&pod, &format!("c{i}"), &wait_script(1))
             .await;
-        pleg.router.request(&pod.uid, RelistSource::PostAllocation);
+        pleg.request_relist(&pod.uid, RelistSource::PostAllocation);
         delivered(&sub, EventKind::ContainerStarted, &c).await;
         s.cri.trigger_exit(&c).await;
         let (at, d) = delivered(&sub, EventKind::ContainerDied, &c).await;

@@ -10,10 +10,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plegd_actors::lifecycle::{EventKind, RelistSource};
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_actors::runtime::now_ns;
-use plegd_actors::service::{Pleg, PlegConfig};
+use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_runtime::now_ns;
+use plegd_runtime::CriRuntime;
 use plegd_sim::{spawn_in_thread, FakeRuntime};
 use plegd_telemetry::Metrics;
 
@@ -46,9 +46,9 @@ fn main() {
         let deadline = Instant::now() + Duration::from_secs(20);
         // Wait for the stream and for the first global relist: after it, only the
         // stream (or our own post-allocation requests) can trigger a relist.
-        while pleg.metrics.stream_connected.get() != 1
+        while pleg.metrics().stream_connected.get() != 1
             || sim.event_streams() == 0
-            || !pleg.health.ready()
+            || !pleg.health().ready()
         {
             assert!(Instant::now() < deadline, "stream never opened");
             actix_rt::time::sleep(Duration::from_millis(1)).await;
@@ -57,7 +57,7 @@ fn main() {
         let mut latencies = Vec::with_capacity(n);
         for i in 0..n {
             let c = sim.run_container(&sb, &format!("c{i}"));
-            pleg.router.request("target", RelistSource::PostAllocation);
+            pleg.request_relist("target", RelistSource::PostAllocation);
             wait_for(&sub, EventKind::ContainerStarted, &c).await;
             sim.exit_container(&c, 1);
             let d = wait_for(&sub, EventKind::ContainerDied, &c).await;
@@ -67,9 +67,9 @@ fn main() {
                 RelistSource::EventedPleg,
                 "exit {i}: {:?} queued={} done={} skipped={}",
                 d,
-                pleg.metrics.requests("queued", "evented_pleg"),
-                pleg.metrics.requests("done", "evented_pleg"),
-                pleg.metrics.requests("skipped", "evented_pleg")
+                pleg.metrics().requests("queued", "evented_pleg"),
+                pleg.metrics().requests("done", "evented_pleg"),
+                pleg.metrics().requests("skipped", "evented_pleg")
             );
             let finished = sim.container(&c).expect("container").finished_at;
             latencies.push(Duration::from_nanos((received - finished).max(0) as u64));
@@ -91,10 +91,10 @@ fn main() {
 }
 
 async fn wait_for(
-    sub: &plegd_actors::event_publisher::Subscription,
+    sub: &plegd_actors::Subscription,
     kind: EventKind,
     id: &str,
-) -> plegd_actors::event_publisher::Delivery {
+) -> plegd_actors::Delivery {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         while let Ok(d) = sub.try_recv() {

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plegd_actors::pleg::{GenericPleg, RelistScope};
-use plegd_actors::runtime::cri::CriRuntime;
+use plegd_actors::{GenericPleg, RelistScope};
+use plegd_runtime::CriRuntime;
 use plegd_sim::{spawn_in_thread, FakeRuntime};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -16,13 +16,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use containerd_support::*;
-use plegd_actors::event_publisher::{Delivery, Subscription};
-use plegd_actors::lifecycle::{EventKind, RelistSource};
-use plegd_actors::reconnect_backoff::ReconnectPolicy;
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_actors::service::{Pleg, PlegConfig};
-use plegd_actors::stream_watcher::GetState;
-use plegd_protocol::cri;
+use plegd_actors::ReconnectPolicy;
+use plegd_actors::{Delivery, Subscription};
+use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_runtime::cri;
+use plegd_runtime::CriRuntime;
 use plegd_telemetry::Metrics;
 
 /// Long enough that no periodic global relist happens during a test: what is found
@@ -57,7 +56,7 @@ async fn pleg_with_subscriber(
 ) -> (Pleg, Subscription) {
     let pleg = start_pleg(containerd, period, reconnect);
     let sub = pleg.subscribe("test", 100_000).await.expect("subscribe");
-    let health = pleg.health.clone();
+    let health = pleg.health().clone();
     wait_until("plegd's first global relist", || health.ready()).await;
     (pleg, sub)
 }
@@ -65,11 +64,11 @@ async fn pleg_with_subscriber(
 /// plegd's event stream is the only receiver of containerd's events (see
 /// containerd_support): generates events in `pod` until plegd has received one.
 async fn make_pleg_sole_receiver(s: &Session, pleg: &Pleg, pod: &Pod) {
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     s.cri
         .make_sole_receiver(pod, move || stream_events_received(&m))
         .await;
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     wait_until("stream connected", || m.stream_connected.get() == 1).await;
 }
 
@@ -84,7 +83,7 @@ async fn run_seen(
     script: &str,
 ) -> String {
     let c = s.cri.run_container(pod, name, script).await;
-    pleg.router.request(&pod.uid, RelistSource::PostAllocation);
+    pleg.request_relist(&pod.uid, RelistSource::PostAllocation);
     expect_event(sub, EventKind::ContainerStarted, &c).await;
     c
 }
@@ -111,7 +110,7 @@ async fn fast_path_publishes_real_exits_kills_and_stops_from_the_event_stream() 
         let c = run_seen(&s, &pleg, &sub, &pod, &format!("c{i}"), &wait_script(3)).await;
         s.cri.end_container(&c, death).await;
         let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
-        let received = plegd_actors::runtime::now_ns();
+        let received = plegd_runtime::now_ns();
         let st = s.cri.container_status(&c).await;
         assert_eq!(
             d.event.relist_source,
@@ -130,7 +129,7 @@ async fn fast_path_publishes_real_exits_kills_and_stops_from_the_event_stream() 
             (received - st.finished_at) as f64 / 1e6
         );
     }
-    let m = &pleg.metrics;
+    let m = &pleg.metrics();
     assert_eq!(
         m.events("global"),
         0,
@@ -139,7 +138,7 @@ async fn fast_path_publishes_real_exits_kills_and_stops_from_the_event_stream() 
     assert!(m.stream_events.with_label_values(&["stopped"]).get() >= 3);
     assert!(m.connection_latency.get_sample_count() > 0);
     assert_eq!(m.connection_errors.get(), 0);
-    assert!(pleg.health.check().is_ok());
+    assert!(pleg.health().check().is_ok());
     pleg.stop();
     s.cri.remove_all_pods().await;
 }
@@ -150,7 +149,7 @@ async fn survives_a_runtime_restart(signal: &str) {
     let s = Session::begin(Flavor::V1_7).await;
     let t0 = Instant::now();
     let (pleg, sub) = pleg_with_subscriber(s.containerd, LONG_PERIOD, policy(100, 1_000)).await;
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     // Different pods, different shims.
     let doomed_pod = s.cri.run_pod("exits-while-down").await;
     let pod = s.cri.run_pod("survives").await;
@@ -179,7 +178,7 @@ async fn survives_a_runtime_restart(signal: &str) {
         "reconnects were attempted while down"
     );
     assert!(
-        pleg.health.check().is_ok(),
+        pleg.health().check().is_ok(),
         "the stream never affects health"
     );
 
@@ -215,7 +214,7 @@ async fn survives_a_runtime_restart(signal: &str) {
     let d = expect_event(&sub, EventKind::ContainerDied, &survivor).await;
     assert_eq!(d.event.relist_source, RelistSource::EventedPleg, "{d:?}");
     assert_eq!(s.cri.container_status(&survivor).await.exit_code, 7);
-    assert!(pleg.health.check().is_ok());
+    assert!(pleg.health().check().is_ok());
     assert!(m.reconnect_attempts.get() >= 2);
     s.cri.remove_container(&canary).await;
     pleg.stop();
@@ -245,7 +244,7 @@ async fn containerd_1_6_without_the_event_stream_is_relisted_and_healthy() {
     let cap = Duration::from_secs(1);
     let (pleg, sub) =
         pleg_with_subscriber(s.containerd, Duration::from_secs(1), policy(100, 1_000)).await;
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     wait_until("GetContainerEvents refused twice", || {
         m.connection_errors.get() >= 2
     })
@@ -274,13 +273,12 @@ async fn containerd_1_6_without_the_event_stream_is_relisted_and_healthy() {
     assert_eq!(m.connection_successes.get(), 0);
     assert_eq!(m.stream_connected.get(), 0);
     assert_eq!(stream_events_received(&m), 0);
-    let watcher = pleg.watcher.as_ref().expect("evented");
-    let st = watcher.send(GetState).await.expect("watcher alive");
+    let st = pleg.watcher_state().await.expect("watcher alive");
     assert!(matches!(st.state, "waiting" | "connecting"), "{st:?}");
     assert!(st.attempts >= 3);
     // Unimplemented: every retry waits the cap.
     assert_eq!(st.last_delay, Some(cap), "{st:?}");
-    assert!(pleg.health.check().is_ok());
+    assert!(pleg.health().check().is_ok());
     pleg.stop();
     s.cri.remove_all_pods().await;
 }
@@ -307,7 +305,7 @@ async fn a_burst_of_deaths_is_published_once_each() {
     const PER_POD: usize = 3;
     let s = Session::begin(Flavor::V1_7).await;
     let (pleg, sub) = pleg_with_subscriber(s.containerd, LONG_PERIOD, policy(100, 2_000)).await;
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     let t = Instant::now();
     let pods: Vec<Pod> = futures::future::join_all((0..PODS).map(|i| {
         let cri = s.cri.clone();
@@ -324,7 +322,7 @@ async fn a_burst_of_deaths_is_published_once_each() {
                 .await;
             containers.push(c);
         }
-        pleg.router.request(&pod.uid, RelistSource::PostAllocation);
+        pleg.request_relist(&pod.uid, RelistSource::PostAllocation);
     }
     let mut started = std::collections::HashSet::new();
     recv_until(&sub, "all started", |d| {
@@ -376,7 +374,7 @@ async fn a_burst_of_deaths_is_published_once_each() {
     let burst = t.elapsed();
     // Then a global relist, and everything queued settled: nothing more to publish.
     let relists = m.relist_duration.get_sample_count();
-    pleg.queue.relist_soon();
+    pleg.relist_soon();
     wait_until("a global relist after the burst", || {
         m.relist_duration.get_sample_count() > relists && m.queue_depth.get() == 0
     })
@@ -406,7 +404,7 @@ async fn a_burst_of_deaths_is_published_once_each() {
         "every death found through the stream"
     );
     assert_eq!(m.requests("dropped", "evented_pleg"), 0);
-    assert!(pleg.health.check().is_ok());
+    assert!(pleg.health().check().is_ok());
     pleg.stop();
     s.cri.remove_all_pods().await;
 }

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use plegd_actors::lifecycle::{EventKind, RelistSource};
-use plegd_actors::pod_sync_gate::{SyncError, SyncOutcome};
-use plegd_actors::reconnect_backoff::ReconnectPolicy;
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_actors::service::{Pleg, PlegConfig};
-use plegd_actors::stream_watcher::{GetState, WatcherState};
-use plegd_protocol::cri;
+use plegd_actors::ReconnectPolicy;
+use plegd_actors::WatcherState;
+use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_actors::{SyncError, SyncOutcome};
+use plegd_runtime::cri;
+use plegd_runtime::CriRuntime;
 use plegd_sim::{spawn_in_thread, FakeRuntime, Op, ThreadedSimServer};
 use plegd_telemetry::Metrics;
 use tempfile::TempDir;
@@ -51,17 +51,11 @@ impl Env {
     }
 
     async fn watcher_state(&self) -> WatcherState {
-        self.pleg
-            .watcher
-            .as_ref()
-            .expect("evented")
-            .send(GetState)
-            .await
-            .unwrap()
+        self.pleg.watcher_state().await.expect("evented")
     }
 
     async fn wait_connected(&self) {
-        let m = self.pleg.metrics.clone();
+        let m = self.pleg.metrics().clone();
         wait_until("stream connected", || m.stream_connected.get() == 1).await;
         // The server side has its stream too (events sent now reach plegd).
         let sim = self.sim.clone();
@@ -101,25 +95,21 @@ fn env(sim: FakeRuntime, cfg: PlegConfig) -> Env {
 }
 
 /// A pod with one running container, seen by plegd.
-async fn running_pod(
-    e: &Env,
-    uid: &str,
-    sub: &plegd_actors::event_publisher::Subscription,
-) -> (String, String) {
+async fn running_pod(e: &Env, uid: &str, sub: &plegd_actors::Subscription) -> (String, String) {
     // After the first global relist, a long period leaves only targeted relists.
-    let health = e.pleg.health.clone();
+    let health = e.pleg.health().clone();
     wait_until("first global relist", || health.ready()).await;
     let sb = e.sim.run_pod(uid, uid, "ns");
     let c = e.sim.run_container(&sb, "app");
     // With a long period only the first global relist or a bring-forward sees it:
     // make sure it is seen by asking for a post-allocation relist (a targeted read).
     let settled_before = post_allocation_settled(e);
-    e.pleg.router.request(uid, RelistSource::PostAllocation);
+    e.pleg.request_relist(uid, RelistSource::PostAllocation);
     expect_event(sub, EventKind::ContainerStarted, &c).await;
     // A global relist may have seen the start first: wait until the request is
     // finished too, or it could run later and claim an event the test expects
     // from another source.
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     wait_until("post-allocation request settled", || {
         post_allocation_settled_in(&m) > settled_before
     })
@@ -143,7 +133,7 @@ async fn wait_evented_relists(m: &Metrics, queued_before: u64, n: u64) {
 
 /// Post-allocation requests that reached an end: done, skipped, coalesced or dropped.
 fn post_allocation_settled(e: &Env) -> u64 {
-    post_allocation_settled_in(&e.pleg.metrics)
+    post_allocation_settled_in(e.pleg.metrics())
 }
 
 fn post_allocation_settled_in(m: &Metrics) -> u64 {
@@ -169,7 +159,7 @@ async fn a_container_exit_is_published_by_the_evented_relist() {
             e.sim.run_container(&sb, &format!("c{code}"))
         };
         if code != 0 {
-            e.pleg.router.request("u1", RelistSource::PostAllocation);
+            e.pleg.request_relist("u1", RelistSource::PostAllocation);
             expect_event(&sub, EventKind::ContainerStarted, &c2).await;
         }
         e.sim.exit_container(&c2, code);
@@ -180,8 +170,8 @@ async fn a_container_exit_is_published_by_the_evented_relist() {
             "exit code {code}"
         );
     }
-    assert_eq!(e.pleg.metrics.events("evented_pleg"), 3);
-    assert!(e.pleg.metrics.connection_latency.get_sample_count() > 0);
+    assert_eq!(e.pleg.metrics().events("evented_pleg"), 3);
+    assert!(e.pleg.metrics().connection_latency.get_sample_count() > 0);
 }
 
 #[actix_rt::test]
@@ -190,9 +180,9 @@ async fn the_stream_recovers_after_a_runtime_crash_and_the_relist_finds_what_it_
     let sub = e.pleg.subscribe("t", 1024).await.unwrap();
     e.wait_connected().await;
     let (_, c) = running_pod(&e, "u1", &sub).await;
-    let errors = e.pleg.metrics.connection_errors.get();
+    let errors = e.pleg.metrics().connection_errors.get();
     e.kill_runtime();
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     wait_until("stream error seen", || m.connection_errors.get() > errors).await;
     assert_eq!(m.stream_connected.get(), 0);
     // The container exits while the runtime is down: no event can report it.
@@ -203,11 +193,11 @@ async fn the_stream_recovers_after_a_runtime_crash_and_the_relist_finds_what_it_
     // an hour): it finds the death.
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::Global);
-    assert!(e.pleg.health.check().is_ok());
+    assert!(e.pleg.health().check().is_ok());
     // And the fast path works again.
     let sb = e.sim.sandboxes_of("u1").pop().unwrap();
     let c2 = e.sim.run_container(&sb, "again");
-    e.pleg.router.request("u1", RelistSource::PostAllocation);
+    e.pleg.request_relist("u1", RelistSource::PostAllocation);
     expect_event(&sub, EventKind::ContainerStarted, &c2).await;
     e.sim.exit_container(&c2, 1);
     let d = expect_event(&sub, EventKind::ContainerDied, &c2).await;
@@ -220,7 +210,7 @@ async fn unimplemented_retries_at_the_cap_until_the_runtime_is_upgraded() {
     sim.fail(Op::Events, tonic::Code::Unimplemented, None);
     let e = env(sim, cfg(Duration::from_millis(50)));
     let sub = e.pleg.subscribe("t", 1024).await.unwrap();
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     wait_until("three failed attempts", || m.connection_errors.get() >= 3).await;
     // Generic relisting works meanwhile and health is green: with no stream and no
     // targeted request, only the global relist can see this pod start and stop.
@@ -231,7 +221,7 @@ async fn unimplemented_retries_at_the_cap_until_the_runtime_is_upgraded() {
     e.sim.exit_container(&c, 1);
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::Global);
-    assert!(e.pleg.health.check().is_ok());
+    assert!(e.pleg.health().check().is_ok());
     let w = e.watcher_state().await;
     assert_eq!(w.state, "waiting");
     assert_eq!(w.live_futures, 1, "only the retry timer is alive");
@@ -246,7 +236,7 @@ async fn eof_clean_close_and_mid_stream_errors_reconnect() {
     let e = env(FakeRuntime::new(), cfg(LONG));
     let sub = e.pleg.subscribe("t", 1024).await.unwrap();
     e.wait_connected().await;
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     for (i, fault) in ["close", "error", "close", "error"].iter().enumerate() {
         let errors = m.connection_errors.get();
         let opened = m.connection_successes.get();
@@ -272,7 +262,7 @@ async fn eof_clean_close_and_mid_stream_errors_reconnect() {
 async fn a_flapping_runtime_does_not_cause_a_tight_loop() {
     let e = env(FakeRuntime::new(), cfg(LONG));
     e.wait_connected().await;
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     let start_attempts = m.reconnect_attempts.get();
     // For one second, every stream that opens is closed at once.
     let deadline = std::time::Instant::now() + Duration::from_secs(1);
@@ -295,7 +285,7 @@ fn stopped_event(
     cri::ContainerEventResponse {
         container_id: "c-x".into(),
         container_event_type: cri::ContainerEventType::ContainerStoppedEvent as i32,
-        created_at: plegd_actors::runtime::now_ns(),
+        created_at: plegd_runtime::now_ns(),
         pod_sandbox_status: with_status.then(|| cri::PodSandboxStatus {
             id: "sb-x".into(),
             metadata: with_meta.then(|| cri::PodSandboxMetadata {
@@ -312,7 +302,7 @@ fn stopped_event(
 async fn events_without_sandbox_status_metadata_or_uid_are_ignored() {
     let e = env(FakeRuntime::new(), cfg(LONG));
     e.wait_connected().await;
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     e.sim.inject_event(stopped_event(None, false, false));
     e.sim.inject_event(stopped_event(None, true, false));
     e.sim.inject_event(stopped_event(Some(""), true, true));
@@ -336,7 +326,7 @@ async fn duplicate_delayed_stale_and_reordered_events_change_nothing() {
     let started = e
         .sim
         .event_about(&c, cri::ContainerEventType::ContainerStartedEvent);
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     let queued = m.requests("queued", "evented_pleg");
     e.sim.exit_container(&c, 2);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
@@ -354,21 +344,21 @@ async fn duplicate_delayed_stale_and_reordered_events_change_nothing() {
     wait_evented_relists(&m, queued, 1 + 6).await;
     assert!(drain(&sub).is_empty(), "no extra lifecycle events");
     // The cache holds what the runtime says (exited), never an event payload.
-    let st = e.pleg.cache.get("u1").unwrap().status.unwrap();
+    let st = e.pleg.cache().get("u1").unwrap().status.unwrap();
     let cs = st.containers.iter().find(|s| s.id == c).unwrap();
-    assert_eq!(cs.state, plegd_actors::runtime::ContainerState::Exited);
+    assert_eq!(cs.state, plegd_runtime::ContainerState::Exited);
     assert_eq!(cs.exit_code, 2);
     // A stop event for a pod that is gone: a no-op, and no event.
     let queued = m.requests("queued", "evented_pleg");
     e.sim.remove_pod(&sb); // stops the sandbox first: one stop event
-    e.pleg.router.request("u1", RelistSource::PostAllocation);
+    e.pleg.request_relist("u1", RelistSource::PostAllocation);
     expect_event(&sub, EventKind::ContainerRemoved, &c).await;
     wait_evented_relists(&m, queued, 1).await;
     let queued = m.requests("queued", "evented_pleg");
     e.sim.inject_event(stopped);
     wait_evented_relists(&m, queued, 1).await;
     assert!(drain(&sub).is_empty());
-    assert!(e.pleg.cache.get("u1").is_none());
+    assert!(e.pleg.cache().get("u1").is_none());
 }
 
 #[actix_rt::test]
@@ -383,7 +373,7 @@ async fn a_full_queue_drops_stream_requests_and_the_global_relist_converges() {
         let sb = e.sim.run_pod(&format!("u{i}"), "p", "ns");
         containers.push(e.sim.run_container(&sb, "app"));
     }
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     let n = containers.len();
     let mut seen = std::collections::HashSet::new();
     recv_until(&sub, "all started", |d| {
@@ -436,7 +426,7 @@ async fn a_termination_storm_keeps_the_global_relist_on_schedule() {
     let (_, other) = running_pod(&e, "other", &sub).await;
     e.sim
         .set_latency(Op::ListContainers, Duration::from_millis(1));
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     // Thousands of stop events for pods of all kinds keep arriving.
     let storming = Arc::new(AtomicBool::new(true));
     let (flag, sim) = (storming.clone(), e.sim.clone());
@@ -482,24 +472,24 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
     let sub = e.pleg.subscribe("t", 1024).await.unwrap();
     e.wait_connected().await;
     let (sb, c) = running_pod(&e, "u1", &sub).await;
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
 
     // Success path: requests during the hold coalesce; the exit is not published
     // while held, even by a global relist; release queues exactly one relist.
-    let hold = e.pleg.gates.begin_sync("u1").await.unwrap();
+    let hold = e.pleg.gates().begin_sync("u1").await.unwrap();
     assert_eq!(
-        e.pleg.gates.begin_sync("u1").await.err(),
+        e.pleg.gates().begin_sync("u1").await.err(),
         Some(SyncError::AlreadyHeld)
     );
     e.sim.exit_container(&c, 1); // a stop event → coalesced
-    e.pleg.router.request("u1", RelistSource::PostAllocation);
+    e.pleg.request_relist("u1", RelistSource::PostAllocation);
     wait_until("coalesced", || {
         m.requests("coalesced", "evented_pleg") == 1
             && m.requests("coalesced", "post_allocation") == 1
     })
     .await;
     let before = m.relist_duration.get_sample_count();
-    e.pleg.queue.relist_soon();
+    e.pleg.relist_soon();
     wait_until("a global relist while held", || {
         m.relist_duration.get_sample_count() > before
     })
@@ -512,26 +502,26 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
 
     // Error path with a pending request: one relist.
     let c2 = e.sim.run_container(&sb, "b");
-    let hold = e.pleg.gates.begin_sync("u1").await.unwrap();
-    e.pleg.router.request("u1", RelistSource::EventedPleg);
+    let hold = e.pleg.gates().begin_sync("u1").await.unwrap();
+    e.pleg.request_relist("u1", RelistSource::EventedPleg);
     hold.end(SyncOutcome::Error);
     let d = expect_event(&sub, EventKind::ContainerStarted, &c2).await;
     assert_eq!(d.event.relist_source, RelistSource::PostSync);
     assert_eq!(m.requests("queued", "post_sync"), 2);
 
     // Error path with nothing pending: no relist.
-    let hold = e.pleg.gates.begin_sync("u1").await.unwrap();
+    let hold = e.pleg.gates().begin_sync("u1").await.unwrap();
     hold.end(SyncOutcome::Error);
     // Cancellation (the holder goes away) with a pending request: one relist.
-    let hold = e.pleg.gates.begin_sync("u1").await.unwrap();
-    e.pleg.router.request("u1", RelistSource::EventedPleg);
+    let hold = e.pleg.gates().begin_sync("u1").await.unwrap();
+    e.pleg.request_relist("u1", RelistSource::EventedPleg);
     drop(hold);
     wait_until("post-cancel relist", || {
         m.requests("done", "post_sync") == 3
     })
     .await;
     assert_eq!(m.requests("queued", "post_sync"), 3);
-    assert!(e.pleg.suspended.is_empty());
+    assert!(e.pleg.held_pods() == 0);
 }
 
 #[actix_rt::test]
@@ -547,11 +537,11 @@ async fn concurrent_requests_from_every_source_converge_without_deadlock() {
     }
     let mut tasks = Vec::new();
     for (uid, c) in pods.clone() {
-        let (gates, router, sim) = (e.pleg.gates.clone(), e.pleg.router.clone(), e.sim.clone());
+        let (pleg, sim) = (e.pleg.clone(), e.sim.clone());
         tasks.push(actix_rt::spawn(async move {
             for round in 0..5 {
-                let hold = gates.begin_sync(&uid).await.unwrap();
-                router.request(&uid, RelistSource::PostAllocation);
+                let hold = pleg.gates().begin_sync(&uid).await.unwrap();
+                pleg.request_relist(&uid, RelistSource::PostAllocation);
                 if round == 2 {
                     sim.exit_container(&c, 1);
                 }
@@ -561,7 +551,7 @@ async fn concurrent_requests_from_every_source_converge_without_deadlock() {
                 } else {
                     SyncOutcome::Cancelled
                 });
-                router.request(&uid, RelistSource::EventedPleg);
+                pleg.request_relist(&uid, RelistSource::EventedPleg);
                 tokio::task::yield_now().await;
             }
         }));
@@ -578,8 +568,8 @@ async fn concurrent_requests_from_every_source_converge_without_deadlock() {
         pods.iter().all(|(_, c)| died.contains_key(c))
     })
     .await;
-    let before = e.pleg.metrics.relist_duration.get_sample_count();
-    let m = e.pleg.metrics.clone();
+    let before = e.pleg.metrics().relist_duration.get_sample_count();
+    let m = e.pleg.metrics().clone();
     wait_until("quiet relists", || {
         m.relist_duration.get_sample_count() >= before + 3
     })
@@ -590,7 +580,7 @@ async fn concurrent_requests_from_every_source_converge_without_deadlock() {
         }
     }
     assert!(died.values().all(|n| *n == 1), "{died:?}");
-    assert!(e.pleg.suspended.is_empty());
+    assert!(e.pleg.held_pods() == 0);
 }
 
 #[actix_rt::test]
@@ -606,7 +596,7 @@ async fn shutdown_mid_backoff_and_mid_relist() {
     )
     .unwrap();
     let e = env(sim, c);
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     wait_until("waiting 60 s to retry", || m.connection_errors.get() >= 1).await;
     e.sim
         .set_latency(Op::ListContainers, Duration::from_millis(300));
@@ -616,9 +606,8 @@ async fn shutdown_mid_backoff_and_mid_relist() {
     })
     .await;
     e.pleg.stop();
-    let watcher = e.pleg.watcher.clone().unwrap();
-    wait_until("watcher stopped", || !watcher.connected()).await;
-    wait_until("dispatcher stopped", || e.pleg.dispatcher.stopped()).await;
+    wait_until("watcher stopped", || !e.pleg.watcher_running()).await;
+    wait_until("dispatcher stopped", || e.pleg.stopped()).await;
     assert_eq!(m.stream_connected.get(), 0);
     assert_eq!(e.sim.event_streams(), 0);
 }
@@ -658,7 +647,7 @@ async fn no_accumulation_over_a_thousand_reconnects() {
             .num_alive_tasks()
     };
     let tasks_before = tasks();
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     while m.reconnect_attempts.get() < 1_000 {
         if m.stream_connected.get() == 1 {
             e.sim.close_streams();
@@ -689,11 +678,11 @@ async fn no_accumulation_over_a_thousand_reconnects() {
 #[actix_rt::test]
 async fn no_accumulation_of_gates_over_ten_thousand_short_lived_pods() {
     let e = env(FakeRuntime::new(), cfg(Duration::from_millis(50)));
-    let m = e.pleg.metrics.clone();
+    let m = e.pleg.metrics().clone();
     for i in 0..10_000 {
         let uid = format!("short-{i}");
-        let hold = e.pleg.gates.begin_sync(&uid).await.unwrap();
-        e.pleg.router.request(&uid, RelistSource::EventedPleg);
+        let hold = e.pleg.gates().begin_sync(&uid).await.unwrap();
+        e.pleg.request_relist(&uid, RelistSource::EventedPleg);
         hold.end(if i % 3 == 0 {
             SyncOutcome::Error
         } else {
@@ -701,6 +690,6 @@ async fn no_accumulation_of_gates_over_ten_thousand_short_lived_pods() {
         });
     }
     wait_until("every gate stopped", || m.sync_gates.get() == 0).await;
-    assert!(e.pleg.suspended.is_empty());
+    assert!(e.pleg.held_pods() == 0);
     assert_eq!(m.requests("coalesced", "evented_pleg"), 10_000);
 }

@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use plegd_actors::health::Health;
-use plegd_actors::lifecycle::{EventKind, RelistSource};
-use plegd_actors::reconnect_backoff::ReconnectPolicy;
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_actors::service::{Pleg, PlegConfig};
-use plegd_protocol::cri;
+use plegd_actors::Health;
+use plegd_actors::ReconnectPolicy;
+use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_runtime::cri;
+use plegd_runtime::CriRuntime;
 use plegd_sim::{spawn_in_thread, FakeRuntime, Op};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::Metrics;
@@ -131,8 +131,8 @@ async fn counters_move_as_the_troubleshooting_table_says() {
     let pleg = Pleg::start(Arc::new(cri_rt), &cfg, Arc::new(Metrics::new()));
     let http = MetricsServer::bind(
         "127.0.0.1:0".parse().unwrap(),
-        pleg.metrics.clone(),
-        Arc::new(H(pleg.health.clone())),
+        pleg.metrics().clone(),
+        Arc::new(H(pleg.health().clone())),
     )
     .await
     .unwrap();
@@ -151,7 +151,7 @@ async fn counters_move_as_the_troubleshooting_table_says() {
     }
     let last = containers.last().unwrap().clone();
     expect_event(&sub, EventKind::ContainerStarted, &last).await;
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     wait_until("stream open", || m.stream_connected.get() == 1).await;
     let healthy = scrape(port).await;
     assert_eq!(val(&healthy, "plegd_evented_stream_connected"), 1.0);
@@ -299,7 +299,7 @@ async fn a_flapping_runtime_cannot_flood_the_log() {
         ..PlegConfig::default()
     };
     let pleg = Pleg::start(Arc::new(sim.clone()), &cfg, Arc::new(Metrics::new()));
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     // Flap: every stream fails as soon as it opens, and every open attempt fails too
     // half of the time; plus garbage events.
     while m.reconnect_attempts.get() < 200 {
@@ -310,7 +310,7 @@ async fn a_flapping_runtime_cannot_flood_the_log() {
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    pleg.router.request("nobody", RelistSource::EventedPleg);
+    pleg.request_relist("nobody", RelistSource::EventedPleg);
     pleg.stop();
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     let unavailable = text.matches("CRI event stream unavailable").count();

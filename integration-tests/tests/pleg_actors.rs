@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use common::*;
-use plegd_actors::lifecycle::{EventKind, RelistSource};
-use plegd_actors::runtime::fake::{FakeRuntime, Op};
-use plegd_actors::service::{Pleg, PlegConfig};
+use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::Metrics;
 
 fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
@@ -32,7 +32,7 @@ fn start_with(rt: &FakeRuntime, cfg: PlegConfig) -> Pleg {
 }
 
 fn global_relists(p: &Pleg) -> u64 {
-    p.metrics.relist_duration.get_sample_count()
+    p.metrics().relist_duration.get_sample_count()
 }
 
 #[actix_rt::test]
@@ -47,7 +47,7 @@ async fn events_are_published_after_the_cache_is_updated() {
     assert_eq!(d.event.pod.name, "web");
     // The cache already holds the status that caused the event.
     let cached = p
-        .cache
+        .cache()
         .get("u1")
         .expect("cached before the event was published");
     let status = cached.status.expect("status");
@@ -55,7 +55,7 @@ async fn events_are_published_after_the_cache_is_updated() {
 
     rt.exit_container(&c, 3);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
-    let st = p.cache.get("u1").unwrap().status.unwrap();
+    let st = p.cache().get("u1").unwrap().status.unwrap();
     let cs = st.containers.iter().find(|s| s.id == c).unwrap();
     assert_eq!(cs.exit_code, 3);
 
@@ -64,12 +64,12 @@ async fn events_are_published_after_the_cache_is_updated() {
     // the container.
     let last = expect_event(&sub, EventKind::ContainerRemoved, &c).await;
     assert!(
-        p.cache.get("u1").is_none(),
+        p.cache().get("u1").is_none(),
         "a deleted pod leaves the cache"
     );
     // Started ×2, Died, then Died+Removed (sandbox) and Removed (container).
     assert_eq!(last.seq, 6);
-    assert_eq!(p.metrics.events("global"), 6);
+    assert_eq!(p.metrics().events("global"), 6);
 }
 
 #[actix_rt::test]
@@ -77,16 +77,16 @@ async fn wait_newer_than_is_released_by_reads_and_by_global_relists() {
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "web", "ns");
     let p = start(&rt, Duration::from_millis(50));
-    wait_until("first relist", || p.health.ready()).await;
+    wait_until("first relist", || p.health().ready()).await;
     let t = SystemTime::now();
     // A pod that does not exist: released by the next global relist, with no entry.
-    let cache = p.cache.clone();
+    let cache = p.cache().clone();
     let absent = cache.wait_newer_than("nope", t, TIMEOUT).await;
     assert_eq!(absent, Ok(None));
-    assert!(p.cache.global_timestamp().unwrap() > t);
+    assert!(p.cache().global_timestamp().unwrap() > t);
     // An existing pod with no change keeps its old entry, released by the global time.
     let entry = p
-        .cache
+        .cache()
         .wait_newer_than("u1", t, TIMEOUT)
         .await
         .unwrap()
@@ -97,7 +97,7 @@ async fn wait_newer_than_is_released_by_reads_and_by_global_relists() {
     let c = rt.run_container(&sb, "app");
     let fresh = loop {
         let e = p
-            .cache
+            .cache()
             .wait_newer_than("u1", t2, TIMEOUT)
             .await
             .unwrap()
@@ -111,7 +111,7 @@ async fn wait_newer_than_is_released_by_reads_and_by_global_relists() {
     // A timeout is reported as such.
     let far = SystemTime::now() + Duration::from_secs(3600);
     assert_eq!(
-        p.cache
+        p.cache()
             .wait_newer_than("u1", far, Duration::from_millis(30))
             .await,
         Err(())
@@ -129,10 +129,10 @@ async fn status_errors_are_cached_and_the_pod_reinspected() {
     rt.fail_pod_status("u1", true);
     rt.exit_container(&c, 1);
     wait_until("error cached", || {
-        p.cache.get("u1").is_some_and(|e| e.error.is_some())
+        p.cache().get("u1").is_some_and(|e| e.error.is_some())
     })
     .await;
-    let e = p.cache.get("u1").unwrap();
+    let e = p.cache().get("u1").unwrap();
     assert!(e.status.is_some(), "the last good status is kept");
     assert!(
         drain(&sub).is_empty(),
@@ -140,8 +140,14 @@ async fn status_errors_are_cached_and_the_pod_reinspected() {
     );
     rt.fail_pod_status("u1", false);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
-    assert!(p.cache.get("u1").unwrap().error.is_none());
-    assert!(p.metrics.relist_errors.with_label_values(&["status"]).get() >= 1);
+    assert!(p.cache().get("u1").unwrap().error.is_none());
+    assert!(
+        p.metrics()
+            .relist_errors
+            .with_label_values(&["status"])
+            .get()
+            >= 1
+    );
 }
 
 #[actix_rt::test]
@@ -163,7 +169,7 @@ async fn a_full_subscriber_queue_drops_counts_and_tells_the_subscriber() {
     // The dispatcher was never blocked by the slow subscriber: relists keep coming.
     let before = global_relists(&p);
     wait_until("more global relists", || global_relists(&p) >= before + 3).await;
-    assert_eq!(p.metrics.discard_events.get(), 18);
+    assert_eq!(p.metrics().discard_events.get(), 18);
     let got = drain(&slow);
     assert_eq!(got.iter().map(|d| d.seq).collect::<Vec<_>>(), vec![1, 2]);
     assert!(got.iter().all(|d| d.missed == 0));
@@ -176,7 +182,7 @@ async fn a_full_subscriber_queue_drops_counts_and_tells_the_subscriber() {
     drop(slow);
     let sb2 = rt.run_pod("later", "later", "ns");
     expect_event(&fast, EventKind::ContainerStarted, &sb2).await;
-    assert_eq!(p.metrics.subscribers.get(), 1);
+    assert_eq!(p.metrics().subscribers.get(), 1);
 }
 
 #[actix_rt::test]
@@ -186,7 +192,7 @@ async fn a_dropped_subscription_is_forgotten_on_a_quiet_node() {
     let p = start(&rt, Duration::from_secs(3600));
     let a = p.subscribe("a", 8).await.unwrap();
     let b = p.subscribe("b", 8).await.unwrap();
-    let m = p.metrics.clone();
+    let m = p.metrics().clone();
     wait_until("two subscribers", || m.subscribers.get() == 2).await;
     drop(a);
     wait_until("one subscriber", || m.subscribers.get() == 1).await;
@@ -196,7 +202,7 @@ async fn a_dropped_subscription_is_forgotten_on_a_quiet_node() {
     // Publishing still works for a new subscriber.
     let c = p.subscribe("c", 8).await.unwrap();
     let sb = rt.run_pod("u1", "web", "ns");
-    p.queue.request("u1", RelistSource::PostAllocation);
+    p.request_relist("u1", RelistSource::PostAllocation);
     expect_event(&c, EventKind::ContainerStarted, &sb).await;
     assert_eq!(m.subscribers.get(), 1);
 }
@@ -213,15 +219,15 @@ async fn health_follows_the_global_relist_not_the_stream() {
             ..PlegConfig::default()
         },
     );
-    wait_until("ready", || p.health.ready()).await;
-    assert!(p.health.check().is_ok());
+    wait_until("ready", || p.health().ready()).await;
+    assert!(p.health().check().is_ok());
     // The event stream failing changes nothing (there is no stream here at all).
     rt.fail(Op::Events, tonic::Code::Unavailable, None);
     rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
-    wait_until("unhealthy", || p.health.check().is_err()).await;
-    assert!(p.metrics.relist_errors.with_label_values(&["list"]).get() > 0);
+    wait_until("unhealthy", || p.health().check().is_err()).await;
+    assert!(p.metrics().relist_errors.with_label_values(&["list"]).get() > 0);
     rt.clear_failure(Op::ListSandboxes);
-    wait_until("healthy again", || p.health.check().is_ok()).await;
+    wait_until("healthy again", || p.health().check().is_ok()).await;
 }
 
 #[actix_rt::test]
@@ -234,18 +240,18 @@ async fn targeted_relist_is_fast_and_tagged_with_its_source() {
     let sub = p.subscribe("t", 1024).await.unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &c).await;
     rt.exit_container(&c, 137);
-    assert!(p.queue.request("u1", RelistSource::EventedPleg));
+    assert!(p.request_relist("u1", RelistSource::EventedPleg));
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::EventedPleg);
-    assert_eq!(p.metrics.events("evented_pleg"), 1);
+    assert_eq!(p.metrics().events("evented_pleg"), 1);
     // A duplicate request: a fresh read, no second event.
-    assert!(p.queue.request("u1", RelistSource::EventedPleg));
+    assert!(p.request_relist("u1", RelistSource::EventedPleg));
     wait_until("request done", || {
-        p.metrics.requests("done", "evented_pleg") == 2
+        p.metrics().requests("done", "evented_pleg") == 2
     })
     .await;
     assert!(drain(&sub).is_empty());
-    assert_eq!(p.metrics.queue_depth.get(), 0);
+    assert_eq!(p.metrics().queue_depth.get(), 0);
 }
 
 #[actix_rt::test]
@@ -258,15 +264,15 @@ async fn requests_covered_by_a_completed_global_relist_are_skipped() {
     let p = start(&rt, Duration::from_millis(50));
     wait_until("first relist started", || rt.calls(Op::ListContainers) >= 1).await;
     for _ in 0..5 {
-        assert!(p.queue.request("u1", RelistSource::EventedPleg));
+        assert!(p.request_relist("u1", RelistSource::EventedPleg));
     }
     // They arrived after the first relist began (it may have missed their cause), so
     // the first is preceded by the due global relist, which covers all five.
     wait_until("requests handled", || {
-        p.metrics.requests("skipped", "evented_pleg") == 5
+        p.metrics().requests("skipped", "evented_pleg") == 5
     })
     .await;
-    assert_eq!(p.metrics.requests("done", "evented_pleg"), 0);
+    assert_eq!(p.metrics().requests("done", "evented_pleg"), 0);
 }
 
 #[actix_rt::test]
@@ -288,11 +294,11 @@ async fn a_full_queue_drops_requests_and_the_global_relist_still_converges() {
     rt.set_latency(Op::ListContainers, Duration::from_millis(50));
     let mut accepted = 0;
     for _ in 0..100 {
-        if p.queue.request("u1", RelistSource::EventedPleg) {
+        if p.request_relist("u1", RelistSource::EventedPleg) {
             accepted += 1;
         }
     }
-    let dropped = p.metrics.requests("dropped", "evented_pleg");
+    let dropped = p.metrics().requests("dropped", "evented_pleg");
     assert_eq!(accepted + dropped, 100);
     // actix's real bound: capacity + one slot per sender handle.
     assert!(accepted <= 4 + 2, "accepted {accepted}");
@@ -320,18 +326,18 @@ async fn a_storm_of_targeted_requests_does_not_starve_the_global_relist() {
     // Each targeted relist costs ≥ 1 ms and requests keep coming faster than that.
     rt.set_latency(Op::ListContainers, Duration::from_millis(1));
     let storming = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let queue = p.queue.clone();
+    let queue = p.clone();
     let flag = storming.clone();
     let storm = actix_rt::spawn(async move {
         while flag.load(std::sync::atomic::Ordering::Relaxed) {
             for _ in 0..20 {
-                queue.request("storm", RelistSource::EventedPleg);
+                queue.request_relist("storm", RelistSource::EventedPleg);
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     });
     wait_until("storm under way", || {
-        p.metrics.requests("done", "evented_pleg") >= 50
+        p.metrics().requests("done", "evented_pleg") >= 50
     })
     .await;
     // Only a global relist reads pod "other": its exit is found during the storm,
@@ -346,7 +352,7 @@ async fn a_storm_of_targeted_requests_does_not_starve_the_global_relist() {
     .await;
     storming.store(false, std::sync::atomic::Ordering::Relaxed);
     storm.await.unwrap();
-    assert!(p.metrics.requests("queued", "evented_pleg") > 100);
+    assert!(p.metrics().requests("queued", "evented_pleg") > 100);
 }
 
 #[actix_rt::test]
@@ -357,13 +363,13 @@ async fn stop_in_the_middle_of_a_relist() {
     let p = start(&rt, Duration::from_millis(10));
     let sub = p.subscribe("t", 16).await.unwrap();
     wait_until("relist in progress", || rt.calls(Op::ListContainers) >= 1).await;
-    p.dispatcher.stop();
-    wait_until("dispatcher stopped", || p.dispatcher.stopped()).await;
+    p.stop();
+    wait_until("dispatcher stopped", || p.stopped()).await;
     // The relist in progress completed and published before stopping.
     let got = drain(&sub);
     assert_eq!(got.len(), 1);
     let calls = rt.calls(Op::ListContainers);
-    assert!(!p.queue.request("u1", RelistSource::EventedPleg));
+    assert!(!p.request_relist("u1", RelistSource::EventedPleg));
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(rt.calls(Op::ListContainers), calls, "no relist after stop");
 }
@@ -373,46 +379,51 @@ async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");
     let p = start(&rt, Duration::from_secs(3600));
-    wait_until("first relist", || p.health.ready()).await;
+    wait_until("first relist", || p.health().ready()).await;
     let n = global_relists(&p);
-    p.queue.relist_soon();
+    p.relist_soon();
     wait_until("brought forward", || global_relists(&p) == n + 1).await;
     for _ in 0..20 {
-        p.queue.relist_soon();
+        p.relist_soon();
     }
     // The mailbox is FIFO: once this request is done, every RelistSoon was handled.
-    assert!(p.queue.request("u1", RelistSource::EventedPleg));
-    wait_until("fence", || p.metrics.requests("done", "evented_pleg") == 1).await;
+    assert!(p.request_relist("u1", RelistSource::EventedPleg));
+    wait_until("fence", || {
+        p.metrics().requests("done", "evented_pleg") == 1
+    })
+    .await;
     assert_eq!(global_relists(&p), n + 1, "at most once per period");
 
     // A fresh plegd whose forced relists fail keeps honouring them.
     let rt = FakeRuntime::new();
     let p = start(&rt, Duration::from_secs(3600));
-    wait_until("first relist", || p.health.ready()).await;
+    wait_until("first relist", || p.health().ready()).await;
     rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
     for i in 1..=3 {
         let n = global_relists(&p);
-        p.queue.relist_soon();
+        p.relist_soon();
         wait_until("failed forced relist", || global_relists(&p) == n + 1).await;
         assert_eq!(
-            p.metrics.relist_errors.with_label_values(&["list"]).get(),
+            p.metrics().relist_errors.with_label_values(&["list"]).get(),
             i
         );
     }
     rt.clear_failure(Op::ListSandboxes);
     let n = global_relists(&p);
-    p.queue.relist_soon();
+    p.relist_soon();
     wait_until("a working forced relist", || global_relists(&p) == n + 1).await;
-    p.queue.relist_soon();
-    assert!(p.queue.request("u1", RelistSource::EventedPleg));
-    wait_until("fence", || p.metrics.requests("done", "evented_pleg") == 1).await;
+    p.relist_soon();
+    assert!(p.request_relist("u1", RelistSource::EventedPleg));
+    wait_until("fence", || {
+        p.metrics().requests("done", "evented_pleg") == 1
+    })
+    .await;
     assert_eq!(global_relists(&p), n + 1);
 }
 
 #[actix_rt::test]
 async fn a_quiet_healthy_stream_resets_the_backoff_like_containerds() {
-    use plegd_actors::reconnect_backoff::ReconnectPolicy;
-    use plegd_actors::stream_watcher::GetState;
+    use plegd_actors::ReconnectPolicy;
     // containerd answers GetContainerEvents only with its first event: on a quiet
     // node the stream stays "connecting" while perfectly healthy.
     let rt = FakeRuntime::new();
@@ -429,19 +440,18 @@ async fn a_quiet_healthy_stream_resets_the_backoff_like_containerds() {
         ..PlegConfig::default()
     };
     let p = Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()));
-    let watcher = p.watcher.clone().unwrap();
     // Four quick failures: the backoff has grown.
     wait_until("four failures then a pending attempt", || {
-        p.metrics.connection_errors.get() == 4 && rt.event_streams() == 1
+        p.metrics().connection_errors.get() == 4 && rt.event_streams() == 1
     })
     .await;
-    let grown = watcher.send(GetState).await.unwrap();
+    let grown = p.watcher_state().await.unwrap();
     assert_eq!(grown.state, "connecting");
     assert!(
         grown.last_delay.unwrap() >= Duration::from_millis(50),
         "{grown:?}"
     );
-    assert_eq!(p.metrics.stream_connected.get(), 0, "no first event yet");
+    assert_eq!(p.metrics().stream_connected.get(), 0, "no first event yet");
     // Quiet and healthy for longer than the healthy-reset time, then a failure.
     let quiet_since = std::time::Instant::now();
     wait_until("quiet for the reset time", || {
@@ -449,12 +459,12 @@ async fn a_quiet_healthy_stream_resets_the_backoff_like_containerds() {
     })
     .await;
     rt.fail_streams(tonic::Code::Unavailable);
-    wait_until("failure seen", || p.metrics.connection_errors.get() == 5).await;
-    let reset = watcher.send(GetState).await.unwrap();
+    wait_until("failure seen", || p.metrics().connection_errors.get() == 5).await;
+    let reset = p.watcher_state().await.unwrap();
     assert_eq!(reset.last_delay, Some(Duration::ZERO), "{reset:?}");
     // And a first event opens the stream for real.
     wait_until("reconnecting", || rt.event_streams() == 1).await;
     rt.run_pod("u1", "web", "ns");
-    wait_until("open", || p.metrics.stream_connected.get() == 1).await;
+    wait_until("open", || p.metrics().stream_connected.get() == 1).await;
     p.stop();
 }

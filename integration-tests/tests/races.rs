@@ -14,17 +14,17 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use common::*;
 use futures::StreamExt;
-use plegd_actors::lifecycle::{EventKind, RelistSource};
-use plegd_actors::pod_sync_gate::SyncOutcome;
-use plegd_actors::reconnect_backoff::ReconnectPolicy;
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_actors::runtime::fake::{FakeRuntime, Op};
-use plegd_actors::runtime::{
+use plegd_actors::ReconnectPolicy;
+use plegd_actors::SyncOutcome;
+use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_runtime::CriRuntime;
+use plegd_runtime::{
     Container, ContainerState, ContainerStatus, EventStream, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox, SandboxStatus,
 };
-use plegd_actors::service::{Pleg, PlegConfig};
 use plegd_sim::spawn_in_thread;
+use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::Metrics;
 
 fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
@@ -38,10 +38,7 @@ fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
 }
 
 /// A subscription, and pod "u1"'s running container "app", already seen by plegd.
-async fn running_pod(
-    pleg: &Pleg,
-    rt: &FakeRuntime,
-) -> (plegd_actors::event_publisher::Subscription, String) {
+async fn running_pod(pleg: &Pleg, rt: &FakeRuntime) -> (plegd_actors::Subscription, String) {
     let sub = pleg.subscribe("t", 1024).await.unwrap();
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
@@ -50,7 +47,7 @@ async fn running_pod(
 }
 
 fn global_relists(p: &Pleg) -> u64 {
-    p.metrics.relist_duration.get_sample_count()
+    p.metrics().relist_duration.get_sample_count()
 }
 
 /// A runtime whose first event stream fails as a tonic stream does on a transport
@@ -108,17 +105,13 @@ async fn a_stream_error_reported_twice_reconnects_once() {
         ..PlegConfig::default()
     };
     let pleg = Pleg::start(client.clone(), &cfg, Arc::new(Metrics::new()));
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     wait_until("reconnected", || m.stream_connected.get() == 1).await;
     // Both errors arrive in the same poll: a second failure would be counted by now.
     assert_eq!(m.connection_errors.get(), 1);
     assert_eq!(client.calls.load(Ordering::SeqCst), 2);
     assert_eq!(rt.event_streams(), 1, "one event stream, not two");
-    let watcher = pleg.watcher.clone().unwrap();
-    let st = watcher
-        .send(plegd_actors::stream_watcher::GetState)
-        .await
-        .unwrap();
+    let st = pleg.watcher_state().await.unwrap();
     assert_eq!((st.state, st.attempts), ("streaming", 2));
 }
 
@@ -126,21 +119,20 @@ async fn a_stream_error_reported_twice_reconnects_once() {
 async fn a_cancelled_begin_sync_does_not_leave_the_pod_suspended() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(50));
-    let gates = pleg.gates.clone();
+    let gates = pleg.gates().clone();
     let mut fut = Box::pin(async move { gates.begin_sync("u1").await });
     // Poll until the gate has taken the hold, then the caller goes away (a timeout,
     // a disconnected API client) before it sees the reply.
-    let suspended = pleg.suspended.clone();
     let deadline = std::time::Instant::now() + TIMEOUT;
-    while !suspended.contains("u1") {
+    while !pleg.is_held("u1") {
         assert!(matches!(futures::poll!(fut.as_mut()), Poll::Pending));
         assert!(std::time::Instant::now() < deadline, "never suspended");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     drop(fut);
-    wait_until("the hold is released", || !suspended.contains("u1")).await;
+    wait_until("the hold is released", || !pleg.is_held("u1")).await;
     let hold = pleg
-        .gates
+        .gates()
         .begin_sync("u1")
         .await
         .expect("the pod can be held again");
@@ -166,23 +158,23 @@ async fn a_sandbox_without_a_uid_does_not_stop_relisting() {
     sim.exit_container(&c, 1);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(
-        pleg.metrics
+        pleg.metrics()
             .relist_errors
             .with_label_values(&["list"])
             .get(),
         0
     );
-    assert!(pleg.cache.get("").is_none());
+    assert!(pleg.cache().get("").is_none());
 }
 
 #[actix_rt::test]
 async fn a_new_pod_whose_first_read_failed_and_that_went_away_leaves_the_cache() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(30));
-    wait_until("ready", || pleg.health.ready()).await;
+    wait_until("ready", || pleg.health().ready()).await;
     let sb = rt.run_pod("gone", "gone", "ns");
     rt.fail_pod_status("gone", true);
-    let cache = pleg.cache.clone();
+    let cache = pleg.cache().clone();
     wait_until("error cached", || {
         cache.get("gone").is_some_and(|e| e.error.is_some())
     })
@@ -206,7 +198,7 @@ async fn a_sync_that_begins_while_its_pod_is_read_hides_what_was_read() {
     })
     .await;
     // The pod's sync starts now, while the relist is reading it.
-    let hold = pleg.gates.begin_sync("u1").await.unwrap();
+    let hold = pleg.gates().begin_sync("u1").await.unwrap();
     wait_until("that relist finished", || global_relists(&pleg) > relists).await;
     assert!(drain(&sub).is_empty(), "a held pod's state was published");
     rt.set_latency(Op::SandboxStatus, Duration::ZERO);
@@ -228,9 +220,9 @@ async fn a_request_queued_just_before_a_hold_becomes_its_pending_relist() {
     })
     .await;
     rt.exit_container(&c, 1);
-    pleg.router.request("u1", RelistSource::PostAllocation); // queued: not held yet
-    let hold = pleg.gates.begin_sync("u1").await.unwrap(); // then the sync takes the pod
-    let m = pleg.metrics.clone();
+    pleg.request_relist("u1", RelistSource::PostAllocation); // queued: not held yet
+    let hold = pleg.gates().begin_sync("u1").await.unwrap(); // then the sync takes the pod
+    let m = pleg.metrics().clone();
     wait_until("request handled", || {
         m.requests("coalesced", "post_allocation") == 1
     })
@@ -253,7 +245,7 @@ async fn waiting_on_a_held_pod_waits_for_a_relist_that_read_it() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(30));
     let (_sub, c) = running_pod(&pleg, &rt).await;
-    let hold = pleg.gates.begin_sync("u1").await.unwrap();
+    let hold = pleg.gates().begin_sync("u1").await.unwrap();
     rt.exit_container(&c, 1);
     let t = SystemTime::now();
     let n = global_relists(&pleg);
@@ -261,9 +253,9 @@ async fn waiting_on_a_held_pod_waits_for_a_relist_that_read_it() {
         global_relists(&pleg) >= n + 3
     })
     .await;
-    assert!(pleg.cache.global_timestamp().unwrap() > t);
+    assert!(pleg.cache().global_timestamp().unwrap() > t);
     assert_eq!(
-        pleg.cache
+        pleg.cache()
             .wait_newer_than("u1", t, Duration::from_millis(1))
             .await,
         Err(()),
@@ -271,12 +263,12 @@ async fn waiting_on_a_held_pod_waits_for_a_relist_that_read_it() {
     );
     // Other pods are released by the same relists as before.
     assert_eq!(
-        pleg.cache.wait_newer_than("other", t, TIMEOUT).await,
+        pleg.cache().wait_newer_than("other", t, TIMEOUT).await,
         Ok(None)
     );
     hold.end(SyncOutcome::Error);
     let entry = pleg
-        .cache
+        .cache()
         .wait_newer_than("u1", t, TIMEOUT)
         .await
         .unwrap()
@@ -291,13 +283,12 @@ async fn the_queue_depth_gauge_is_zero_after_stop() {
     rt.run_pod("x0", "p", "ns");
     rt.set_latency(Op::ListSandboxes, Duration::from_millis(50));
     let pleg = start(&rt, Duration::from_millis(10));
-    wait_until("ready", || pleg.health.ready()).await;
+    wait_until("ready", || pleg.health().ready()).await;
     for i in 0..50 {
-        pleg.router
-            .request(&format!("x{i}"), RelistSource::EventedPleg);
+        pleg.request_relist(&format!("x{i}"), RelistSource::EventedPleg);
     }
-    assert!(pleg.metrics.queue_depth.get() > 0);
+    assert!(pleg.metrics().queue_depth.get() > 0);
     pleg.stop();
-    wait_until("stopped", || pleg.dispatcher.stopped()).await;
-    assert_eq!(pleg.metrics.queue_depth.get(), 0);
+    wait_until("stopped", || pleg.stopped()).await;
+    assert_eq!(pleg.metrics().queue_depth.get(), 0);
 }

@@ -17,11 +17,11 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use plegd_actors::lifecycle::{EventKind, RelistSource};
-use plegd_actors::pod_sync_gate::SyncOutcome;
-use plegd_actors::runtime::fake::FakeRuntime;
-use plegd_actors::service::{Pleg, PlegConfig};
 use plegd_actors::spans;
+use plegd_actors::SyncOutcome;
+use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_sim::FakeRuntime;
 use plegd_telemetry::traces::TraceExport;
 use plegd_telemetry::Metrics;
 
@@ -116,12 +116,12 @@ async fn spans_reach_an_otlp_receiver_with_their_attributes_and_links() {
     let pleg = Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()));
     let sub = pleg.subscribe("t", 64).await.unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &c).await;
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     wait_until("stream open", || m.stream_connected.get() == 1).await;
     rt.exit_container(&c, 1);
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::EventedPleg);
-    let hold = pleg.gates.begin_sync("u1").await.unwrap();
+    let hold = pleg.gates().begin_sync("u1").await.unwrap();
     hold.end(SyncOutcome::Success);
     wait_until("post-sync relist", || m.requests("done", "post_sync") == 1).await;
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use plegd_actors::lifecycle::EventKind;
-use plegd_actors::runtime::fake::FakeRuntime;
-use plegd_actors::service::{Pleg, PlegConfig};
+use plegd_actors::EventKind;
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_sim::FakeRuntime;
 use plegd_telemetry::traces::TraceExport;
 use plegd_telemetry::Metrics;
 
@@ -29,7 +29,7 @@ async fn an_unreachable_collector_never_affects_the_service() {
     let pleg = Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()));
     let sub = pleg.subscribe("t", 64).await.unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &sb).await;
-    let m = pleg.metrics.clone();
+    let m = pleg.metrics().clone();
     let before = m.relist_duration.get_sample_count();
     wait_until("relists continue", || {
         m.relist_duration.get_sample_count() >= before + 10

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use anyhow::anyhow;
-use plegd_actors::runtime::cri::CriRuntime;
+use plegd_runtime::CriRuntime;
 use plegd_sim::{spawn_churn, spawn_in_thread, ChurnConfig, FakeRuntime};
 
 use crate::cli::DemoArgs;
 use crate::output::Format;
-use crate::service::{log_runtime, serve, start_error};
+use crate::serve::{log_runtime, serve, start_error};
 use crate::Failure;
 
 pub async fn run(args: DemoArgs) -> Result<(), Failure> {

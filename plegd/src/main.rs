@@ -5,7 +5,7 @@ mod cli;
 mod config;
 mod demo;
 mod output;
-mod service;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -53,7 +53,7 @@ fn resolve(mut cli: Cli, matches: &clap::ArgMatches) -> Result<Option<Cli>, Fail
         )));
     }
     if let Some(e) = endpoint.as_deref() {
-        plegd_actors::runtime::cri::parse_unix_endpoint(e).map_err(|err| {
+        plegd_runtime::parse_unix_endpoint(e).map_err(|err| {
             Failure::Config(anyhow!(
                 "--runtime-endpoint (runtime-endpoint in the config file): {err}"
             ))
@@ -81,7 +81,7 @@ fn main() -> ExitCode {
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
         match cli.command {
-            Command::Run(args) => service::run_real(args).await,
+            Command::Run(args) => serve::run_real(args).await,
             Command::Demo(args) => demo::run(args).await,
         }
     });

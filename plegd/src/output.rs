@@ -5,7 +5,7 @@
 use std::io::{BufWriter, Write};
 use std::thread::JoinHandle;
 
-use plegd_actors::event_publisher::{Delivery, Subscription};
+use plegd_actors::{Delivery, Subscription};
 use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,8 +96,8 @@ pub fn spawn_writer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plegd_actors::lifecycle::{EventKind, LifecycleEvent, RelistSource};
-    use plegd_actors::runtime::PodRef;
+    use plegd_actors::{EventKind, LifecycleEvent, RelistSource};
+    use plegd_runtime::PodRef;
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
 

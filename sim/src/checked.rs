@@ -7,7 +7,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use plegd_actors::runtime::fake::FakeRuntime;
+use crate::fake::FakeRuntime;
 
 /// Creates a container, or `None` if the sandbox does not exist. With `pod_uid` the
 /// existence check is done up front; without it only the assertion is contained

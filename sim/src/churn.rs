@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use plegd_actors::runtime::fake::FakeRuntime;
-use plegd_actors::runtime::ContainerState;
+use crate::fake::FakeRuntime;
+use plegd_runtime::ContainerState;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -1,9 +1,9 @@
 //! CRI list filters applied to the simulator's state, with the same meaning as in
 //! containerd except where noted.
 
-use plegd_actors::runtime::convert;
-use plegd_actors::runtime::{Container, Sandbox};
-use plegd_protocol::cri;
+use plegd_runtime::convert;
+use plegd_runtime::cri;
+use plegd_runtime::{Container, Sandbox};
 
 /// ListPodSandbox's filter: `id` (exact; containerd also accepts a unique prefix),
 /// `state`, and `label_selector` — simulated sandboxes carry no labels, so a non-empty
@@ -30,7 +30,7 @@ pub(crate) fn container_matches(c: &Container, f: &cri::ContainerFilter) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plegd_actors::runtime::{ContainerState, PodRef, SandboxState};
+    use plegd_runtime::{ContainerState, PodRef, SandboxState};
 
     fn sandbox(id: &str, state: SandboxState) -> Sandbox {
         Sandbox {

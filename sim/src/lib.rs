@@ -1,5 +1,6 @@
 //! plegd-sim: a simulated CRI runtime. A real CRI v1 gRPC server on a unix socket
-//! over plegd's in-memory [`FakeRuntime`], so plegd (and tests) can run the real
+//! over an in-memory, scriptable runtime ([`FakeRuntime`], which tests also call
+//! directly as a `plegd_runtime::RuntimeClient`), so plegd (and tests) can run the real
 //! tonic client against scripted state, faults, latency, event streams and runtime
 //! restarts — with no containerd on the machine.
 //!
@@ -11,16 +12,17 @@
 
 mod checked;
 pub mod churn;
+mod cri_writes;
 mod error;
+mod fake;
 mod filter;
-mod lifecycle;
 pub mod server;
 pub mod socket;
 
 pub use churn::{spawn_churn, Churn, ChurnConfig, ChurnHandle, ChurnStats, ChurnStep};
+pub use cri_writes::{KILL_EXIT_CODE, STOP_EXIT_CODE};
 pub use error::SimError;
-pub use lifecycle::{KILL_EXIT_CODE, STOP_EXIT_CODE};
-pub use plegd_actors::runtime::fake::{FakeRuntime, Op};
+pub use fake::{FakeRuntime, Op};
 pub use server::CriServer;
 pub use socket::{
     serve_unix, spawn_in_thread, SimServer, ThreadedSimServer, SHUTDOWN_GRACE, THREAD_STOP_GRACE,

@@ -2,17 +2,17 @@
 //! answered from the runtime's state (with its scripted faults and latency), the
 //! lifecycle RPCs script it, everything else is Unimplemented.
 
+use crate::fake::FakeRuntime;
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use plegd_actors::runtime::fake::FakeRuntime;
-use plegd_actors::runtime::now_ns;
-use plegd_actors::runtime::{convert, RuntimeClient, RuntimeError};
-use plegd_protocol::cri;
-use plegd_protocol::cri::runtime_service_server::RuntimeService;
+use plegd_runtime::cri;
+use plegd_runtime::cri::runtime_service_server::RuntimeService;
+use plegd_runtime::now_ns;
+use plegd_runtime::{convert, RuntimeClient, RuntimeError};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::{filter, lifecycle};
+use crate::{cri_writes, filter};
 
 /// The kubelet API version a CRI runtime reports in VersionResponse.version.
 const KUBELET_API_VERSION: &str = "0.1.0";
@@ -67,7 +67,7 @@ type EventStream = BoxStream<'static, Result<cri::ContainerEventResponse, Status
 
 /// Runtime events until the client goes or the server stops.
 fn until_stopped(
-    events: plegd_actors::runtime::EventStream,
+    events: plegd_runtime::EventStream,
     stopping: Option<watch::Receiver<bool>>,
 ) -> EventStream {
     let events = events.map(|item| item.map_err(to_status));
@@ -111,14 +111,14 @@ impl RuntimeService for CriServer {
         &self,
         req: Request<cri::RunPodSandboxRequest>,
     ) -> Reply<cri::RunPodSandboxResponse> {
-        lifecycle::run_pod_sandbox(&self.runtime, req.into_inner()).map(Response::new)
+        cri_writes::run_pod_sandbox(&self.runtime, req.into_inner()).map(Response::new)
     }
 
     async fn stop_pod_sandbox(
         &self,
         req: Request<cri::StopPodSandboxRequest>,
     ) -> Reply<cri::StopPodSandboxResponse> {
-        lifecycle::stop_pod_sandbox(&self.runtime, &req.get_ref().pod_sandbox_id)
+        cri_writes::stop_pod_sandbox(&self.runtime, &req.get_ref().pod_sandbox_id)
             .map(|()| Response::new(cri::StopPodSandboxResponse {}))
     }
 
@@ -126,7 +126,7 @@ impl RuntimeService for CriServer {
         &self,
         req: Request<cri::RemovePodSandboxRequest>,
     ) -> Reply<cri::RemovePodSandboxResponse> {
-        lifecycle::remove_pod_sandbox(&self.runtime, &req.get_ref().pod_sandbox_id)
+        cri_writes::remove_pod_sandbox(&self.runtime, &req.get_ref().pod_sandbox_id)
             .map(|()| Response::new(cri::RemovePodSandboxResponse {}))
     }
 
@@ -168,14 +168,14 @@ impl RuntimeService for CriServer {
         &self,
         req: Request<cri::CreateContainerRequest>,
     ) -> Reply<cri::CreateContainerResponse> {
-        lifecycle::create_container(&self.runtime, req.into_inner()).map(Response::new)
+        cri_writes::create_container(&self.runtime, req.into_inner()).map(Response::new)
     }
 
     async fn start_container(
         &self,
         req: Request<cri::StartContainerRequest>,
     ) -> Reply<cri::StartContainerResponse> {
-        lifecycle::start_container(&self.runtime, &req.get_ref().container_id)
+        cri_writes::start_container(&self.runtime, &req.get_ref().container_id)
             .map(|()| Response::new(cri::StartContainerResponse {}))
     }
 
@@ -183,7 +183,7 @@ impl RuntimeService for CriServer {
         &self,
         req: Request<cri::StopContainerRequest>,
     ) -> Reply<cri::StopContainerResponse> {
-        lifecycle::stop_container(&self.runtime, &req.get_ref().container_id)
+        cri_writes::stop_container(&self.runtime, &req.get_ref().container_id)
             .map(|()| Response::new(cri::StopContainerResponse {}))
     }
 
@@ -191,7 +191,7 @@ impl RuntimeService for CriServer {
         &self,
         req: Request<cri::RemoveContainerRequest>,
     ) -> Reply<cri::RemoveContainerResponse> {
-        lifecycle::remove_container(&self.runtime, &req.get_ref().container_id)
+        cri_writes::remove_container(&self.runtime, &req.get_ref().container_id)
             .map(|()| Response::new(cri::RemoveContainerResponse {}))
     }
 

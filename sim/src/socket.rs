@@ -10,8 +10,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use plegd_actors::runtime::fake::FakeRuntime;
-use plegd_protocol::cri::runtime_service_server::RuntimeServiceServer;
+use crate::fake::FakeRuntime;
+use plegd_runtime::cri::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;

@@ -5,7 +5,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use plegd_actors::runtime::{ContainerState, RuntimeClient};
+use plegd_runtime::{ContainerState, RuntimeClient};
 use plegd_sim::{spawn_churn, Churn, ChurnConfig, ChurnStep, FakeRuntime};
 
 use common::{serve, wait_until};

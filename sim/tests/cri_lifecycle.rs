@@ -2,8 +2,8 @@
 
 mod common;
 
-use plegd_actors::runtime::{ContainerState, RuntimeClient};
-use plegd_protocol::cri;
+use plegd_runtime::cri;
+use plegd_runtime::{ContainerState, RuntimeClient};
 use plegd_sim::{FakeRuntime, STOP_EXIT_CODE};
 
 use common::{raw_client, serve};
@@ -119,7 +119,7 @@ async fn a_cri_client_drives_the_simulator() {
     }
     assert_eq!(
         client.sandbox_status(&sb).await.unwrap().state,
-        plegd_actors::runtime::SandboxState::NotReady
+        plegd_runtime::SandboxState::NotReady
     );
     for _ in 0..2 {
         raw.remove_pod_sandbox(cri::RemovePodSandboxRequest {

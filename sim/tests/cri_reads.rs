@@ -3,8 +3,8 @@
 
 mod common;
 
-use plegd_actors::runtime::{ContainerState, PodRef, RuntimeClient, RuntimeError, SandboxState};
-use plegd_protocol::cri;
+use plegd_runtime::cri;
+use plegd_runtime::{ContainerState, PodRef, RuntimeClient, RuntimeError, SandboxState};
 use plegd_sim::{FakeRuntime, Op};
 
 use common::{raw_client, serve};

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use futures::StreamExt;
-use plegd_actors::runtime::{EventStream, RuntimeClient};
-use plegd_protocol::cri;
+use plegd_runtime::cri;
+use plegd_runtime::{EventStream, RuntimeClient};
 use plegd_sim::FakeRuntime;
 
 use common::{serve, wait_until, PATIENCE};

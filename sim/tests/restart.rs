@@ -6,8 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_actors::runtime::{RuntimeClient, RuntimeError};
+use plegd_runtime::CriRuntime;
+use plegd_runtime::{RuntimeClient, RuntimeError};
 use plegd_sim::{serve_unix, spawn_in_thread, FakeRuntime, SimError};
 
 use common::{serve, socket_in, PATIENCE, REQUEST_TIMEOUT};

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use super::record::{PlegState, PodRecord};
-use crate::lifecycle::EventKind;
+use crate::event::EventKind;
 
 /// Events for one ID going from `old` to `new` (kubelet's generateEvents).
 pub fn events_for(old: PlegState, new: PlegState) -> &'static [EventKind] {

@@ -17,8 +17,8 @@ use futures::StreamExt;
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{read_pod_status, PodStatus};
-use crate::lifecycle::{EventKind, LifecycleEvent, RelistSource};
-use crate::runtime::{RuntimeClient, RuntimeError};
+use crate::event::{EventKind, LifecycleEvent, RelistSource};
+use plegd_runtime::{RuntimeClient, RuntimeError};
 
 /// What to relist.
 #[derive(Clone, Debug, PartialEq, Eq)]

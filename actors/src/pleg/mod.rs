@@ -2,13 +2,12 @@
 //! yields lifecycle events, and one relist (global or of one pod). The
 //! RelistDispatcher actor drives it; tests can drive it directly.
 
-pub mod diff;
-pub mod generic;
-pub mod record;
-pub mod status;
+mod diff;
+mod generic;
+mod record;
+mod status;
 
 pub use generic::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
-pub use record::PodRecord;
 pub use status::PodStatus;
 
 #[cfg(test)]

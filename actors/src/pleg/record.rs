@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::runtime::{Container, ContainerState, PodRef, Sandbox, SandboxState};
+use plegd_runtime::{Container, ContainerState, PodRef, Sandbox, SandboxState};
 
 /// The state Generic PLEG compares (kubelet's plegContainerState).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -4,7 +4,7 @@
 use futures::future::try_join_all;
 
 use super::record::PodRecord;
-use crate::runtime::{ContainerStatus, PodRef, RuntimeClient, RuntimeError, SandboxStatus};
+use plegd_runtime::{ContainerStatus, PodRef, RuntimeClient, RuntimeError, SandboxStatus};
 
 /// What the cache holds for a pod: read from the runtime, never from an event payload.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::lifecycle::{EventKind, EventKind::*, RelistSource};
-use crate::runtime::fake::{FakeRuntime, Op};
-use crate::runtime::ContainerState;
+use crate::event::{EventKind, EventKind::*, RelistSource};
+use plegd_runtime::ContainerState;
+use plegd_sim::{FakeRuntime, Op};
 
 fn pleg(rt: &FakeRuntime) -> GenericPleg {
     GenericPleg::new(Arc::new(rt.clone()), 4)

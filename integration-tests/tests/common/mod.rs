@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use plegd_actors::event_publisher::{Delivery, Subscription};
-use plegd_actors::lifecycle::EventKind;
+use plegd_actors::EventKind;
+use plegd_actors::{Delivery, Subscription};
 
 /// Generous: CI machines are slow and shared.
 pub const TIMEOUT: Duration = Duration::from_secs(20);

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
-use plegd_protocol::cri;
-use plegd_protocol::cri::runtime_service_client::RuntimeServiceClient;
+use plegd_runtime::cri;
+use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tokio::sync::{Mutex, MutexGuard};
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -399,7 +399,7 @@ impl Cri {
         let uid = format!(
             "plegd-test-{}-{n}-{}",
             std::process::id(),
-            plegd_actors::runtime::now_ns() % 1_000_000_000
+            plegd_runtime::now_ns() % 1_000_000_000
         );
         let namespace = "plegd-ci".to_string();
         let log_dir = self.logs.join(&uid);
@@ -697,7 +697,7 @@ impl Cri {
             };
             while let Some(item) = stream.next().await {
                 let ev = item?;
-                let at = plegd_actors::runtime::now_ns();
+                let at = plegd_runtime::now_ns();
                 n.fetch_add(1, Ordering::SeqCst);
                 if tx.send((at, ev)).is_err() {
                     break;

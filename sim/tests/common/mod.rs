@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_protocol::cri::runtime_service_client::RuntimeServiceClient;
+use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
+use plegd_runtime::CriRuntime;
 use plegd_sim::{serve_unix, FakeRuntime, SimServer};
 use tempfile::TempDir;
 use tokio::net::UnixStream;

@@ -26,18 +26,19 @@ use actix::prelude::*;
 use opentelemetry::global::BoxedSpan;
 use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
-use plegd_protocol::cri::{ContainerEventResponse, ContainerEventType};
+use plegd_runtime::cri::{ContainerEventResponse, ContainerEventType};
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::Metrics;
 
-use crate::lifecycle::RelistSource;
-use crate::reconnect_backoff::{Failure, ReconnectBackoff, ReconnectPolicy};
-use crate::relist_router::RelistRouter;
-use crate::runtime::{now_ns, EventStream, RuntimeClient, RuntimeError};
+use crate::event::RelistSource;
+use crate::relist::router::RelistRouter;
 use crate::spans;
+use crate::stream::reconnect::{Failure, ReconnectBackoff, ReconnectPolicy};
+use plegd_runtime::{now_ns, EventStream, RuntimeClient, RuntimeError};
 
 /// The watcher's state, as in the diagram above.
 #[derive(Debug)]
+#[allow(dead_code)] // since/until: read once the watcher is a pure state machine (issue 8)
 pub enum StreamState {
     Connecting { handle: SpawnHandle, since: Instant },
     Streaming { handle: SpawnHandle, since: Instant },
@@ -286,7 +287,7 @@ impl StreamWatcher {
             let cause = span.span_context().clone();
             span.end();
             self.router
-                .request_caused(uid, RelistSource::EventedPleg, Some(cause));
+                .request(uid, RelistSource::EventedPleg, Some(cause));
         }
     }
 

@@ -24,13 +24,14 @@ use opentelemetry::KeyValue;
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::Metrics;
 
-use crate::cache_owner::{ApplyRelist, CacheOwner};
-use crate::event_publisher::{EventPublisher, Publish};
+use super::queue::RelistQueue;
+use crate::cache::{ApplyRelist, CacheOwner};
+use crate::event::RelistSource;
 use crate::health::Health;
-use crate::lifecycle::RelistSource;
 use crate::pleg::{GenericPleg, RelistOutput, RelistScope};
+use crate::publisher::{EventPublisher, Publish};
 use crate::spans;
-use crate::suspended::SuspendedPods;
+use crate::sync::suspended::SuspendedPods;
 
 #[derive(Clone, Debug)]
 pub struct DispatcherConfig {
@@ -85,56 +86,6 @@ pub struct RequestRelist {
 #[rtype(result = "()")]
 pub struct Stop;
 
-/// The handle every request source uses. Cheap to clone.
-#[derive(Clone)]
-pub struct RelistQueue {
-    addr: Addr<RelistDispatcher>,
-    metrics: Arc<Metrics>,
-}
-
-impl RelistQueue {
-    /// Enqueues a targeted relist without blocking. False if the queue was full (the
-    /// request is dropped and counted) or the dispatcher is gone.
-    pub fn request(&self, uid: &str, source: RelistSource) -> bool {
-        self.request_caused(uid, source, None)
-    }
-
-    /// As [`Self::request`], remembering the span of its cause.
-    pub fn request_caused(
-        &self,
-        uid: &str,
-        source: RelistSource,
-        cause: Option<SpanContext>,
-    ) -> bool {
-        let msg = RequestRelist {
-            uid: uid.to_string(),
-            source,
-            enqueued_at: Instant::now(),
-            cause,
-        };
-        match self.addr.try_send(msg) {
-            Ok(()) => {
-                self.metrics.count_request("queued", source.as_str());
-                self.metrics.queue_depth.inc();
-                true
-            }
-            Err(_) => {
-                self.metrics.count_request("dropped", source.as_str());
-                false
-            }
-        }
-    }
-}
-
-impl RelistQueue {
-    /// Asks for the next global relist to run now (after a stream reconnect: events
-    /// around it may be lost). Honoured at most once per relist period; a brought-forward
-    /// relist that failed (the runtime still down) does not count.
-    pub fn relist_soon(&self) {
-        let _ = self.addr.try_send(RelistSoon);
-    }
-}
-
 /// Bring the next global relist forward (at most once per period).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -162,7 +113,6 @@ impl Stopper {
 
 /// The running dispatcher's handles.
 pub struct DispatcherHandle {
-    pub addr: Addr<RelistDispatcher>,
     pub queue: RelistQueue,
     pub stopper: Stopper,
 }
@@ -202,15 +152,11 @@ impl RelistDispatcher {
         };
         let addr = ctx.run(actor);
         DispatcherHandle {
-            queue: RelistQueue {
-                addr: addr.clone(),
-                metrics,
-            },
+            queue: RelistQueue::new(addr.clone().recipient(), addr.clone().recipient(), metrics),
             stopper: Stopper {
-                addr: addr.clone(),
+                addr,
                 flag: stopping,
             },
-            addr,
         }
     }
 
@@ -335,7 +281,7 @@ async fn apply(deps: &Deps, out: RelistOutput, global_timestamp: Option<SystemTi
 async fn global_relist(
     core: &mut GenericPleg,
     deps: &Deps,
-) -> (Instant, Result<(), crate::runtime::RuntimeError>) {
+) -> (Instant, Result<(), plegd_runtime::RuntimeError>) {
     let start = Instant::now();
     let started_wall = SystemTime::now();
     let mut span = spans::start(spans::GLOBAL_RELIST, vec![], None);

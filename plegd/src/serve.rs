@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
-use plegd_actors::event_publisher::Close;
-use plegd_actors::health::Health;
-use plegd_actors::reconnect_backoff::ReconnectPolicy;
-use plegd_actors::runtime::cri::CriRuntime;
-use plegd_actors::runtime::{RuntimeClient, RuntimeError, RuntimeVersion};
-use plegd_actors::service::{Pleg, PlegConfig};
+use plegd_actors::Health;
+use plegd_actors::ReconnectPolicy;
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_runtime::CriRuntime;
+use plegd_runtime::{RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::traces::{sdk_disabled, TraceExport};
 use plegd_telemetry::Metrics;
@@ -160,7 +159,7 @@ pub async fn serve(
         let server = MetricsServer::bind(
             addr,
             metrics.clone(),
-            Arc::new(HealthAdapter(pleg.health.clone())),
+            Arc::new(HealthAdapter(pleg.health().clone())),
         )
         .await
         .with_context(|| format!("--metrics-addr {addr}"))
@@ -178,17 +177,17 @@ pub async fn serve(
     tracing::info!(reason, "shutting down");
     let deadline = Instant::now() + SHUTDOWN_GRACE;
     pleg.stop();
-    while !pleg.dispatcher.stopped() && Instant::now() < deadline {
+    while !pleg.stopped() && Instant::now() < deadline {
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
-    if !pleg.dispatcher.stopped() {
+    if !pleg.stopped() {
         tracing::warn!(
             "the relist in progress did not finish in time; its events are not published"
         );
     }
     // Closing the publisher drops every subscriber's sender: the output thread then
     // drains what is queued and exits.
-    let _ = pleg.publisher.send(Close).await;
+    pleg.close_publisher().await;
     let _ = http_stop.send(());
     if let Some(t) = http_task {
         let _ = t.await;

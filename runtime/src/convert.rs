@@ -3,9 +3,9 @@
 //! A wire message without what plegd needs (a sandbox without metadata or UID) is an
 //! error, never a silent default.
 
-use plegd_protocol::cri;
+use crate::cri;
 
-use super::{
+use crate::{
     Container, ContainerState, ContainerStatus, PodRef, RuntimeError, Sandbox, SandboxState,
     SandboxStatus,
 };

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use crate::runtime::PodRef;
+use plegd_runtime::PodRef;
 
 /// Kubelet's PodLifecycleEventType, minus the ones Generic PLEG never publishes
 /// (ContainerChanged is computed but filtered, as in kubelet).

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use plegd_protocol::cri;
+use plegd_runtime::cri;
 use tokio::sync::broadcast;
 
-use super::convert;
-use super::now_ns;
-use super::{
+use plegd_runtime::convert;
+use plegd_runtime::now_ns;
+use plegd_runtime::{
     Container, ContainerState, ContainerStatus, EventStream, PodRef, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox, SandboxState, SandboxStatus,
 };

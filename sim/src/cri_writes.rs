@@ -3,9 +3,9 @@
 //! They change state and emit the same events as scripting the runtime directly;
 //! fault injection (`FakeRuntime::fail`) applies to the read RPCs only.
 
-use plegd_actors::runtime::fake::FakeRuntime;
-use plegd_actors::runtime::ContainerState;
-use plegd_protocol::cri;
+use crate::fake::FakeRuntime;
+use plegd_runtime::cri;
+use plegd_runtime::ContainerState;
 use tonic::Status;
 
 use crate::checked;

@@ -24,34 +24,37 @@ pub struct ReconnectPolicy {
     healthy_reset: Duration,
 }
 
+/// Why a [`ReconnectPolicy`] cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReconnectPolicyError {
+    #[error("the reconnect base delay must be greater than zero")]
+    ZeroBase,
+    #[error("the reconnect cap ({cap:?}) must not be below the base delay ({base:?})")]
+    CapBelowBase { base: Duration, cap: Duration },
+    #[error("the healthy-reset duration must be greater than zero")]
+    ZeroHealthyReset,
+}
+
 impl ReconnectPolicy {
-    pub fn new(base: Duration, cap: Duration, healthy_reset: Duration) -> Result<Self, String> {
+    pub fn new(
+        base: Duration,
+        cap: Duration,
+        healthy_reset: Duration,
+    ) -> Result<Self, ReconnectPolicyError> {
         if base.is_zero() {
-            return Err("the reconnect base delay must be greater than zero".into());
+            return Err(ReconnectPolicyError::ZeroBase);
         }
         if cap < base {
-            return Err(format!(
-                "the reconnect cap ({cap:?}) must not be below the base delay ({base:?})"
-            ));
+            return Err(ReconnectPolicyError::CapBelowBase { base, cap });
         }
         if healthy_reset.is_zero() {
-            return Err("the healthy-reset duration must be greater than zero".into());
+            return Err(ReconnectPolicyError::ZeroHealthyReset);
         }
         Ok(ReconnectPolicy {
             base,
             cap,
             healthy_reset,
         })
-    }
-
-    pub fn base(&self) -> Duration {
-        self.base
-    }
-    pub fn cap(&self) -> Duration {
-        self.cap
-    }
-    pub fn healthy_reset(&self) -> Duration {
-        self.healthy_reset
     }
 }
 
@@ -129,7 +132,8 @@ impl ReconnectBackoff {
     }
 
     /// Failures since the last reset.
-    pub fn failures(&self) -> u32 {
+    #[cfg(test)]
+    fn failures(&self) -> u32 {
         self.failures
     }
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use actix::prelude::*;
 use plegd_telemetry::Metrics;
 
-use crate::pod_sync_gate::{BeginSync, PodSyncGate, SyncError, SyncHold};
-use crate::relist_dispatcher::RelistQueue;
-use crate::suspended::SuspendedPods;
+use crate::relist::queue::RelistQueue;
+use crate::sync::gate::{BeginSync, PodSyncGate, SyncError, SyncHold};
+use crate::sync::suspended::SuspendedPods;
 
 pub struct SyncGateRegistry {
     gates: HashMap<String, Addr<PodSyncGate>>,

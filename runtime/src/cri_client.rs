@@ -10,16 +10,16 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::cri;
+use crate::cri::runtime_service_client::RuntimeServiceClient;
 use async_trait::async_trait;
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
-use plegd_protocol::cri;
-use plegd_protocol::cri::runtime_service_client::RuntimeServiceClient;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use super::convert;
-use super::{
+use crate::convert;
+use crate::{
     Container, ContainerStatus, EventStream, RuntimeClient, RuntimeError, RuntimeVersion, Sandbox,
     SandboxStatus,
 };

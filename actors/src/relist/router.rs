@@ -7,9 +7,9 @@ use std::sync::Arc;
 use opentelemetry::trace::SpanContext;
 use plegd_telemetry::Metrics;
 
-use crate::lifecycle::RelistSource;
-use crate::relist_dispatcher::RelistQueue;
-use crate::suspended::SuspendedPods;
+use super::queue::RelistQueue;
+use crate::event::RelistSource;
+use crate::sync::SuspendedPods;
 
 #[derive(Clone)]
 pub struct RelistRouter {
@@ -27,22 +27,13 @@ impl RelistRouter {
         }
     }
 
-    /// Never blocks. False only if the request was dropped (full queue, counted).
-    pub fn request(&self, uid: &str, source: RelistSource) -> bool {
-        self.request_caused(uid, source, None)
-    }
-
-    /// As [`Self::request`], with the span of its cause (linked from the relist).
-    pub fn request_caused(
-        &self,
-        uid: &str,
-        source: RelistSource,
-        cause: Option<SpanContext>,
-    ) -> bool {
+    /// Never blocks; `cause` is the span of what caused the request (linked from the
+    /// relist). False only if the request was dropped (full queue, counted).
+    pub fn request(&self, uid: &str, source: RelistSource, cause: Option<SpanContext>) -> bool {
         if self.suspended.coalesce(uid) {
             self.metrics.count_request("coalesced", source.as_str());
             return true;
         }
-        self.queue.request_caused(uid, source, cause)
+        self.queue.request(uid, source, cause)
     }
 }

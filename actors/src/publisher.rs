@@ -15,7 +15,7 @@ use crossbeam_channel::{
 };
 use plegd_telemetry::Metrics;
 
-use crate::lifecycle::LifecycleEvent;
+use crate::event::LifecycleEvent;
 
 /// One event as a subscriber receives it.
 #[derive(Clone, Debug)]

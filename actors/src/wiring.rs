@@ -7,17 +7,20 @@ use std::time::Duration;
 use actix::prelude::*;
 use plegd_telemetry::Metrics;
 
-use crate::cache_owner::{CacheOwner, PodCache};
-use crate::event_publisher::{EventPublisher, Subscribe, Subscription};
+use plegd_runtime::RuntimeClient;
+
+use crate::cache::{CacheOwner, PodCache};
+use crate::event::RelistSource;
 use crate::health::Health;
 use crate::pleg::GenericPleg;
-use crate::reconnect_backoff::ReconnectPolicy;
-use crate::relist_dispatcher::{DispatcherConfig, RelistDispatcher, RelistQueue, Stopper};
-use crate::relist_router::RelistRouter;
-use crate::runtime::RuntimeClient;
-use crate::stream_watcher::{StopWatcher, StreamWatcher};
-use crate::suspended::SuspendedPods;
-use crate::sync_gate_registry::{SyncGateRegistry, SyncGates};
+use crate::publisher::{EventPublisher, Subscribe, Subscription};
+use crate::relist::dispatcher::{DispatcherConfig, RelistDispatcher, Stopper};
+use crate::relist::queue::RelistQueue;
+use crate::relist::router::RelistRouter;
+use crate::stream::reconnect::ReconnectPolicy;
+use crate::stream::watcher::{GetState, StopWatcher, StreamWatcher, WatcherState};
+use crate::sync::registry::{SyncGateRegistry, SyncGates};
+use crate::sync::SuspendedPods;
 
 #[derive(Clone, Debug)]
 pub struct PlegConfig {
@@ -47,18 +50,20 @@ impl Default for PlegConfig {
     }
 }
 
-/// Handles on a running plegd core.
+/// Handles on a running plegd core: what a user of the PLEG needs, nothing more.
+/// Cheap to clone; every clone controls the same actors.
+#[derive(Clone)]
 pub struct Pleg {
-    pub cache: PodCache,
-    pub health: Health,
-    pub queue: RelistQueue,
-    pub publisher: Addr<EventPublisher>,
-    pub dispatcher: Stopper,
-    pub suspended: SuspendedPods,
-    pub router: RelistRouter,
-    pub gates: SyncGates,
-    pub watcher: Option<Addr<StreamWatcher>>,
-    pub metrics: Arc<Metrics>,
+    cache: PodCache,
+    health: Health,
+    queue: RelistQueue,
+    publisher: Addr<EventPublisher>,
+    dispatcher: Stopper,
+    suspended: SuspendedPods,
+    router: RelistRouter,
+    gates: SyncGates,
+    watcher: Option<Addr<StreamWatcher>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Pleg {
@@ -125,6 +130,69 @@ impl Pleg {
             let _ = w.try_send(StopWatcher);
         }
         self.dispatcher.stop();
+    }
+
+    /// Asks for a targeted relist of one pod (a hint: `post_sync`, `post_allocation`,
+    /// `evented_pleg`). Never blocks; a held pod's request is coalesced into its
+    /// gate's pending relist. False only if the request was dropped (full queue,
+    /// counted).
+    pub fn request_relist(&self, uid: &str, source: RelistSource) -> bool {
+        self.router.request(uid, source, None)
+    }
+
+    /// Asks for the next global relist to run now (honoured at most once per period).
+    pub fn relist_soon(&self) {
+        self.queue.relist_soon();
+    }
+
+    /// The pod cache (read-only).
+    pub fn cache(&self) -> &PodCache {
+        &self.cache
+    }
+
+    /// Generic PLEG health (liveness and readiness).
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Hold pods while syncing them (SyncPod suspension).
+    pub fn gates(&self) -> &SyncGates {
+        &self.gates
+    }
+
+    /// The metrics this PLEG writes.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Number of pods a sync holds right now.
+    pub fn held_pods(&self) -> usize {
+        self.suspended.len()
+    }
+
+    /// True while a sync holds the pod.
+    pub fn is_held(&self, uid: &str) -> bool {
+        self.suspended.contains(uid)
+    }
+
+    /// True once the dispatcher has stopped.
+    pub fn stopped(&self) -> bool {
+        self.dispatcher.stopped()
+    }
+
+    /// The StreamWatcher's state; None when not evented or already stopped.
+    pub async fn watcher_state(&self) -> Option<WatcherState> {
+        self.watcher.as_ref()?.send(GetState).await.ok()
+    }
+
+    /// True while the StreamWatcher actor runs (false when not evented).
+    pub fn watcher_running(&self) -> bool {
+        self.watcher.as_ref().is_some_and(|w| w.connected())
+    }
+
+    /// Stops the publisher: subscribers receive what is queued, then disconnection.
+    pub async fn close_publisher(&self) {
+        let _ = self.publisher.send(crate::publisher::Close).await;
     }
 
     /// Subscribes to lifecycle events with a queue of `capacity`.

@@ -6,7 +6,7 @@
 //! exactly one relist (source post_sync) if one is pending or the sync succeeded
 //! (KEP-3386: SyncPod suspension).
 //!
-//! [`SyncGateRegistry`]: crate::sync_gate_registry::SyncGateRegistry
+//! [`SyncGateRegistry`]: crate::sync::registry::SyncGateRegistry
 
 use std::time::Duration;
 
@@ -15,11 +15,11 @@ use opentelemetry::global::BoxedSpan;
 use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 
-use crate::lifecycle::RelistSource;
-use crate::relist_dispatcher::RelistQueue;
+use crate::event::RelistSource;
+use crate::relist::queue::RelistQueue;
 use crate::spans;
-use crate::suspended::SuspendedPods;
-use crate::sync_gate_registry::{GateIdle, SyncGateRegistry};
+use crate::sync::registry::{GateIdle, SyncGateRegistry};
+use crate::sync::suspended::SuspendedPods;
 
 /// How a sync ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +164,7 @@ impl Handler<EndSync> for PodSyncGate {
         let relist = pending || msg.outcome == SyncOutcome::Success;
         if relist {
             // A full queue drops this (counted); the next global relist covers the pod.
-            self.queue.request(&self.uid, RelistSource::PostSync);
+            self.queue.request(&self.uid, RelistSource::PostSync, None);
         }
         if let Some(mut span) = self.hold_span.take() {
             span.set_attributes([

@@ -1,0 +1,68 @@
+//! The on-demand relist queue: the handle every request source holds. It stamps each
+//! request with its enqueue time and `try_send`s it into the dispatcher's bounded
+//! mailbox, never blocking; a full mailbox drops the request and counts it (the next
+//! global relist reconciles).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use actix::prelude::*;
+use opentelemetry::trace::SpanContext;
+use plegd_telemetry::Metrics;
+
+use super::dispatcher::{RelistSoon, RequestRelist};
+use crate::event::RelistSource;
+
+/// The handle every request source uses. Cheap to clone.
+#[derive(Clone)]
+pub struct RelistQueue {
+    requests: Recipient<RequestRelist>,
+    soon: Recipient<RelistSoon>,
+    metrics: Arc<Metrics>,
+}
+
+impl RelistQueue {
+    /// A queue in front of whatever handles the two messages: the dispatcher, or a
+    /// recording actor in a component test.
+    pub(crate) fn new(
+        requests: Recipient<RequestRelist>,
+        soon: Recipient<RelistSoon>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        RelistQueue {
+            requests,
+            soon,
+            metrics,
+        }
+    }
+
+    /// Enqueues a targeted relist without blocking, remembering the span of its cause
+    /// (linked from the relist's). False if the queue was full (the request is dropped
+    /// and counted) or the dispatcher is gone.
+    pub fn request(&self, uid: &str, source: RelistSource, cause: Option<SpanContext>) -> bool {
+        let msg = RequestRelist {
+            uid: uid.to_string(),
+            source,
+            enqueued_at: Instant::now(),
+            cause,
+        };
+        match self.requests.try_send(msg) {
+            Ok(()) => {
+                self.metrics.count_request("queued", source.as_str());
+                self.metrics.queue_depth.inc();
+                true
+            }
+            Err(_) => {
+                self.metrics.count_request("dropped", source.as_str());
+                false
+            }
+        }
+    }
+
+    /// Asks for the next global relist to run now (after a stream reconnect: events
+    /// around it may be lost). Honoured at most once per relist period; a brought-forward
+    /// relist that failed (the runtime still down) does not count.
+    pub fn relist_soon(&self) {
+        let _ = self.soon.try_send(RelistSoon);
+    }
+}
