@@ -61,7 +61,10 @@ pub struct CriRuntime {
     timeout: Duration,
 }
 
-fn lazy_channel(socket: &Path) -> Channel {
+/// A lazy gRPC channel to a unix socket: it dials on first use (and again after the
+/// server comes back). Build it inside a tokio runtime that outlives it. Every CRI
+/// client in the tree (plegd's, the workload's, the tests' raw clients) uses this one.
+pub fn unix_channel(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();
     // The URI is a placeholder: the connector ignores it and dials the socket.
     Endpoint::from_static("http://cri.local")
@@ -79,8 +82,8 @@ impl CriRuntime {
         let socket = parse_unix_endpoint(endpoint)?;
         Ok(CriRuntime {
             endpoint: endpoint.to_string(),
-            unary: RuntimeServiceClient::new(lazy_channel(&socket)),
-            stream: RuntimeServiceClient::new(lazy_channel(&socket)),
+            unary: RuntimeServiceClient::new(unix_channel(&socket)),
+            stream: RuntimeServiceClient::new(unix_channel(&socket)),
             socket,
             timeout: request_timeout,
         })

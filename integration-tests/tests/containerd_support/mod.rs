@@ -29,12 +29,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hyper_util::rt::TokioIo;
 use plegd_runtime::cri;
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
-use tokio::net::UnixStream;
 use tokio::sync::{Mutex, MutexGuard};
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// The busybox image `containerd-up.sh` builds and imports.
 pub const BUSYBOX: &str = "localhost/pleg/busybox:1.0";
@@ -354,13 +352,7 @@ pub struct Cri {
 
 impl Cri {
     pub fn connect(socket: &Path) -> Cri {
-        let path = socket.to_path_buf();
-        let channel = Endpoint::from_static("http://cri.local")
-            .connect_timeout(Duration::from_secs(5))
-            .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { UnixStream::connect(path).await.map(TokioIo::new) }
-            }));
+        let channel = plegd_runtime::unix_channel(socket);
         let base = socket.parent().unwrap_or(Path::new("/tmp"));
         Cri {
             client: RuntimeServiceClient::new(channel),

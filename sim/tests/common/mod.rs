@@ -4,13 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
 use plegd_runtime::CriRuntime;
 use plegd_sim::{serve_unix, FakeRuntime, SimServer};
 use tempfile::TempDir;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// Generous: CI machines are slow, and a passing test never waits this long.
 pub const PATIENCE: Duration = Duration::from_secs(10);
@@ -30,14 +28,7 @@ pub async fn serve(runtime: &FakeRuntime) -> (TempDir, SimServer, CriRuntime) {
 
 /// The generated client, for RPCs and request fields that plegd's client does not use.
 pub fn raw_client(path: &Path) -> RuntimeServiceClient<Channel> {
-    let path = path.to_path_buf();
-    let channel = Endpoint::from_static("http://sim.local").connect_with_connector_lazy(
-        tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
-        }),
-    );
-    RuntimeServiceClient::new(channel)
+    RuntimeServiceClient::new(plegd_runtime::unix_channel(path))
 }
 
 /// Polls `cond` until it holds; fails the test after [`PATIENCE`].
