@@ -36,31 +36,9 @@ impl fmt::Display for EventKind {
     }
 }
 
-/// Which relist detected a change (the `relist_source` label of KEP-3386).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RelistSource {
-    Global,
-    EventedPleg,
-    PostSync,
-    PostAllocation,
-}
-
-impl RelistSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RelistSource::Global => "global",
-            RelistSource::EventedPleg => "evented_pleg",
-            RelistSource::PostSync => "post_sync",
-            RelistSource::PostAllocation => "post_allocation",
-        }
-    }
-}
-
-impl fmt::Display for RelistSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// Which relist detected a change: the KEP's `relist_source`, one value set shared
+/// with the metric label.
+pub use plegd_telemetry::RelistSource;
 
 /// One lifecycle event of one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]

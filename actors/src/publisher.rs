@@ -181,10 +181,7 @@ impl Handler<Publish> for EventPublisher {
 
     fn handle(&mut self, msg: Publish, _: &mut Self::Context) {
         for ev in msg.0 {
-            self.metrics
-                .events_total
-                .with_label_values(&[ev.relist_source.as_str()])
-                .inc();
+            self.metrics.count_event(ev.relist_source);
             let ev = Arc::new(ev);
             self.subscribers.retain_mut(|s| {
                 let seq = s.next_seq;

@@ -128,7 +128,7 @@ async fn measure_plegd(s: &Session, n: usize) -> Vec<f64> {
         .await;
     // Events buffered before the stream opened arrive late: leave them out.
     let m = pleg.metrics().clone();
-    let relist = m.pod_relist_duration.with_label_values(&["evented_pleg"]);
+    let relist = m.pod_relist_histogram(RelistSource::EventedPleg);
     let stream0 = (
         m.connection_latency.get_sample_sum(),
         m.connection_latency.get_sample_count(),

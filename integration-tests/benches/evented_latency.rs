@@ -7,6 +7,7 @@
 //! `cargo bench -p integration-tests --bench evented_latency [-- N]` prints p50/p99.
 //! Run as a test it does a few exits as a smoke test.
 
+use plegd_telemetry::RequestResult;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -67,9 +68,12 @@ fn main() {
                 RelistSource::EventedPleg,
                 "exit {i}: {:?} queued={} done={} skipped={}",
                 d,
-                pleg.metrics().requests("queued", "evented_pleg"),
-                pleg.metrics().requests("done", "evented_pleg"),
-                pleg.metrics().requests("skipped", "evented_pleg")
+                pleg.metrics()
+                    .requests(RequestResult::Queued, RelistSource::EventedPleg),
+                pleg.metrics()
+                    .requests(RequestResult::Done, RelistSource::EventedPleg),
+                pleg.metrics()
+                    .requests(RequestResult::Skipped, RelistSource::EventedPleg)
             );
             let finished = sim.container(&c).expect("container").finished_at;
             latencies.push(Duration::from_nanos((received - finished).max(0) as u64));

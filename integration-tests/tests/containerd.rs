@@ -10,6 +10,7 @@
 mod common;
 mod containerd_support;
 
+use plegd_telemetry::{RequestResult, StreamEventType};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -131,11 +132,11 @@ async fn fast_path_publishes_real_exits_kills_and_stops_from_the_event_stream() 
     }
     let m = &pleg.metrics();
     assert_eq!(
-        m.events("global"),
+        m.events(RelistSource::Global),
         0,
         "only the first (empty) global relist ran"
     );
-    assert!(m.stream_events.with_label_values(&["stopped"]).get() >= 3);
+    assert!(m.stream_events(StreamEventType::Stopped) >= 3);
     assert!(m.connection_latency.get_sample_count() > 0);
     assert_eq!(m.connection_errors.get(), 0);
     assert!(pleg.health().check().is_ok());
@@ -403,7 +404,10 @@ async fn a_burst_of_deaths_is_published_once_each() {
         Some(deaths.len() as u32),
         "every death found through the stream"
     );
-    assert_eq!(m.requests("dropped", "evented_pleg"), 0);
+    assert_eq!(
+        m.requests(RequestResult::Dropped, RelistSource::EventedPleg),
+        0
+    );
     assert!(pleg.health().check().is_ok());
     pleg.stop();
     s.cri.remove_all_pods().await;

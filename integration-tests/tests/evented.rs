@@ -5,6 +5,7 @@
 
 mod common;
 
+use plegd_telemetry::{RequestResult, StreamEventType};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,11 +122,15 @@ async fn running_pod(e: &Env, uid: &str, sub: &plegd_actors::Subscription) -> (S
 /// and every queued one has been handled (no sync holds in these tests).
 async fn wait_evented_relists(m: &Metrics, queued_before: u64, n: u64) {
     wait_until("stream-requested relists handled", || {
-        let queued = m.requests("queued", "evented_pleg");
-        let handled: u64 = ["done", "skipped", "coalesced"]
-            .iter()
-            .map(|r| m.requests(r, "evented_pleg"))
-            .sum();
+        let queued = m.requests(RequestResult::Queued, RelistSource::EventedPleg);
+        let handled: u64 = [
+            RequestResult::Done,
+            RequestResult::Skipped,
+            RequestResult::Coalesced,
+        ]
+        .into_iter()
+        .map(|r| m.requests(r, RelistSource::EventedPleg))
+        .sum();
         queued >= queued_before + n && handled == queued
     })
     .await;
@@ -137,10 +142,15 @@ fn post_allocation_settled(e: &Env) -> u64 {
 }
 
 fn post_allocation_settled_in(m: &Metrics) -> u64 {
-    ["done", "skipped", "coalesced", "dropped"]
-        .iter()
-        .map(|r| m.requests(r, "post_allocation"))
-        .sum()
+    [
+        RequestResult::Done,
+        RequestResult::Skipped,
+        RequestResult::Coalesced,
+        RequestResult::Dropped,
+    ]
+    .into_iter()
+    .map(|r| m.requests(r, RelistSource::PostAllocation))
+    .sum()
 }
 
 const LONG: Duration = Duration::from_secs(3600);
@@ -170,7 +180,7 @@ async fn a_container_exit_is_published_by_the_evented_relist() {
             "exit code {code}"
         );
     }
-    assert_eq!(e.pleg.metrics().events("evented_pleg"), 3);
+    assert_eq!(e.pleg.metrics().events(RelistSource::EventedPleg), 3);
     assert!(e.pleg.metrics().connection_latency.get_sample_count() > 0);
 }
 
@@ -310,11 +320,11 @@ async fn events_without_sandbox_status_metadata_or_uid_are_ignored() {
     e.sim
         .inject_event(stopped_event(Some("u-valid"), true, true));
     wait_until("valid one requested", || {
-        m.requests("queued", "evented_pleg") == 1
+        m.requests(RequestResult::Queued, RelistSource::EventedPleg) == 1
     })
     .await;
-    assert_eq!(m.stream_events.with_label_values(&["invalid"]).get(), 3);
-    assert_eq!(m.stream_events.with_label_values(&["stopped"]).get(), 1);
+    assert_eq!(m.stream_events(StreamEventType::Invalid), 3);
+    assert_eq!(m.stream_events(StreamEventType::Stopped), 1);
 }
 
 #[actix_rt::test]
@@ -327,7 +337,7 @@ async fn duplicate_delayed_stale_and_reordered_events_change_nothing() {
         .sim
         .event_about(&c, cri::ContainerEventType::ContainerStartedEvent);
     let m = e.pleg.metrics().clone();
-    let queued = m.requests("queued", "evented_pleg");
+    let queued = m.requests(RequestResult::Queued, RelistSource::EventedPleg);
     e.sim.exit_container(&c, 2);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
     let stopped = e
@@ -349,12 +359,12 @@ async fn duplicate_delayed_stale_and_reordered_events_change_nothing() {
     assert_eq!(cs.state, plegd_runtime::ContainerState::Exited);
     assert_eq!(cs.exit_code, 2);
     // A stop event for a pod that is gone: a no-op, and no event.
-    let queued = m.requests("queued", "evented_pleg");
+    let queued = m.requests(RequestResult::Queued, RelistSource::EventedPleg);
     e.sim.remove_pod(&sb); // stops the sandbox first: one stop event
     e.pleg.request_relist("u1", RelistSource::PostAllocation);
     expect_event(&sub, EventKind::ContainerRemoved, &c).await;
     wait_evented_relists(&m, queued, 1).await;
-    let queued = m.requests("queued", "evented_pleg");
+    let queued = m.requests(RequestResult::Queued, RelistSource::EventedPleg);
     e.sim.inject_event(stopped);
     wait_evented_relists(&m, queued, 1).await;
     assert!(drain(&sub).is_empty());
@@ -396,10 +406,10 @@ async fn a_full_queue_drops_stream_requests_and_the_global_relist_converges() {
         died.len() == n
     })
     .await;
-    let dropped = m.requests("dropped", "evented_pleg");
+    let dropped = m.requests(RequestResult::Dropped, RelistSource::EventedPleg);
     assert!(dropped > 0, "the queue never filled");
     // A dropped request's pod can only be found by a global relist.
-    assert!(m.events("global") >= 1);
+    assert!(m.events(RelistSource::Global) >= 1);
     let before = m.relist_duration.get_sample_count();
     wait_until("two more global relists", || {
         m.relist_duration.get_sample_count() >= before + 2
@@ -446,7 +456,7 @@ async fn a_termination_storm_keeps_the_global_relist_on_schedule() {
         i
     });
     wait_until("storm under way", || {
-        m.requests("queued", "evented_pleg") > 2_000
+        m.requests(RequestResult::Queued, RelistSource::EventedPleg) > 2_000
     })
     .await;
     let before = m.relist_duration.get_sample_count();
@@ -484,8 +494,8 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
     e.sim.exit_container(&c, 1); // a stop event → coalesced
     e.pleg.request_relist("u1", RelistSource::PostAllocation);
     wait_until("coalesced", || {
-        m.requests("coalesced", "evented_pleg") == 1
-            && m.requests("coalesced", "post_allocation") == 1
+        m.requests(RequestResult::Coalesced, RelistSource::EventedPleg) == 1
+            && m.requests(RequestResult::Coalesced, RelistSource::PostAllocation) == 1
     })
     .await;
     let before = m.relist_duration.get_sample_count();
@@ -498,7 +508,7 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
     hold.end(SyncOutcome::Success);
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::PostSync);
-    assert_eq!(m.requests("queued", "post_sync"), 1);
+    assert_eq!(m.requests(RequestResult::Queued, RelistSource::PostSync), 1);
 
     // Error path with a pending request: one relist.
     let c2 = e.sim.run_container(&sb, "b");
@@ -507,7 +517,7 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
     hold.end(SyncOutcome::Error);
     let d = expect_event(&sub, EventKind::ContainerStarted, &c2).await;
     assert_eq!(d.event.relist_source, RelistSource::PostSync);
-    assert_eq!(m.requests("queued", "post_sync"), 2);
+    assert_eq!(m.requests(RequestResult::Queued, RelistSource::PostSync), 2);
 
     // Error path with nothing pending: no relist.
     let hold = e.pleg.gates().begin_sync("u1").await.unwrap();
@@ -517,10 +527,10 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
     e.pleg.request_relist("u1", RelistSource::EventedPleg);
     drop(hold);
     wait_until("post-cancel relist", || {
-        m.requests("done", "post_sync") == 3
+        m.requests(RequestResult::Done, RelistSource::PostSync) == 3
     })
     .await;
-    assert_eq!(m.requests("queued", "post_sync"), 3);
+    assert_eq!(m.requests(RequestResult::Queued, RelistSource::PostSync), 3);
     assert!(e.pleg.held_pods() == 0);
 }
 
@@ -691,5 +701,8 @@ async fn no_accumulation_of_gates_over_ten_thousand_short_lived_pods() {
     }
     wait_until("every gate stopped", || m.sync_gates.get() == 0).await;
     assert!(e.pleg.held_pods() == 0);
-    assert_eq!(m.requests("coalesced", "evented_pleg"), 10_000);
+    assert_eq!(
+        m.requests(RequestResult::Coalesced, RelistSource::EventedPleg),
+        10_000
+    );
 }

@@ -5,6 +5,7 @@
 
 mod common;
 
+use plegd_telemetry::RelistPhase;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -162,7 +163,7 @@ async fn counters_move_as_the_troubleshooting_table_says() {
     // connection state, reconnect attempts, and connection-error metrics."
     server.take().unwrap().kill();
     wait_until("errors counted", || {
-        m.connection_errors.get() >= 2 && m.relist_errors.with_label_values(&["list"]).get() > 0
+        m.connection_errors.get() >= 2 && m.relist_errors(RelistPhase::List) > 0
     })
     .await;
     let down = scrape(port).await;

@@ -3,6 +3,7 @@
 
 mod common;
 
+use plegd_telemetry::{RelistPhase, RequestResult};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -69,7 +70,7 @@ async fn events_are_published_after_the_cache_is_updated() {
     );
     // Started ×2, Died, then Died+Removed (sandbox) and Removed (container).
     assert_eq!(last.seq, 6);
-    assert_eq!(p.metrics().events("global"), 6);
+    assert_eq!(p.metrics().events(RelistSource::Global), 6);
 }
 
 #[actix_rt::test]
@@ -141,13 +142,7 @@ async fn status_errors_are_cached_and_the_pod_reinspected() {
     rt.fail_pod_status("u1", false);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert!(p.cache().get("u1").unwrap().error.is_none());
-    assert!(
-        p.metrics()
-            .relist_errors
-            .with_label_values(&["status"])
-            .get()
-            >= 1
-    );
+    assert!(p.metrics().relist_errors(RelistPhase::Status) >= 1);
 }
 
 #[actix_rt::test]
@@ -225,7 +220,7 @@ async fn health_follows_the_global_relist_not_the_stream() {
     rt.fail(Op::Events, tonic::Code::Unavailable, None);
     rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
     wait_until("unhealthy", || p.health().check().is_err()).await;
-    assert!(p.metrics().relist_errors.with_label_values(&["list"]).get() > 0);
+    assert!(p.metrics().relist_errors(RelistPhase::List) > 0);
     rt.clear_failure(Op::ListSandboxes);
     wait_until("healthy again", || p.health().check().is_ok()).await;
 }
@@ -243,11 +238,13 @@ async fn targeted_relist_is_fast_and_tagged_with_its_source() {
     assert!(p.request_relist("u1", RelistSource::EventedPleg));
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::EventedPleg);
-    assert_eq!(p.metrics().events("evented_pleg"), 1);
+    assert_eq!(p.metrics().events(RelistSource::EventedPleg), 1);
     // A duplicate request: a fresh read, no second event.
     assert!(p.request_relist("u1", RelistSource::EventedPleg));
     wait_until("request done", || {
-        p.metrics().requests("done", "evented_pleg") == 2
+        p.metrics()
+            .requests(RequestResult::Done, RelistSource::EventedPleg)
+            == 2
     })
     .await;
     assert!(drain(&sub).is_empty());
@@ -269,10 +266,16 @@ async fn requests_covered_by_a_completed_global_relist_are_skipped() {
     // They arrived after the first relist began (it may have missed their cause), so
     // the first is preceded by the due global relist, which covers all five.
     wait_until("requests handled", || {
-        p.metrics().requests("skipped", "evented_pleg") == 5
+        p.metrics()
+            .requests(RequestResult::Skipped, RelistSource::EventedPleg)
+            == 5
     })
     .await;
-    assert_eq!(p.metrics().requests("done", "evented_pleg"), 0);
+    assert_eq!(
+        p.metrics()
+            .requests(RequestResult::Done, RelistSource::EventedPleg),
+        0
+    );
 }
 
 #[actix_rt::test]
@@ -298,7 +301,9 @@ async fn a_full_queue_drops_requests_and_the_global_relist_still_converges() {
             accepted += 1;
         }
     }
-    let dropped = p.metrics().requests("dropped", "evented_pleg");
+    let dropped = p
+        .metrics()
+        .requests(RequestResult::Dropped, RelistSource::EventedPleg);
     assert_eq!(accepted + dropped, 100);
     // actix's real bound: capacity + one slot per sender handle.
     assert!(accepted <= 4 + 2, "accepted {accepted}");
@@ -337,7 +342,9 @@ async fn a_storm_of_targeted_requests_does_not_starve_the_global_relist() {
         }
     });
     wait_until("storm under way", || {
-        p.metrics().requests("done", "evented_pleg") >= 50
+        p.metrics()
+            .requests(RequestResult::Done, RelistSource::EventedPleg)
+            >= 50
     })
     .await;
     // Only a global relist reads pod "other": its exit is found during the storm,
@@ -352,7 +359,11 @@ async fn a_storm_of_targeted_requests_does_not_starve_the_global_relist() {
     .await;
     storming.store(false, std::sync::atomic::Ordering::Relaxed);
     storm.await.unwrap();
-    assert!(p.metrics().requests("queued", "evented_pleg") > 100);
+    assert!(
+        p.metrics()
+            .requests(RequestResult::Queued, RelistSource::EventedPleg)
+            > 100
+    );
 }
 
 #[actix_rt::test]
@@ -389,7 +400,9 @@ async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
     // The mailbox is FIFO: once this request is done, every RelistSoon was handled.
     assert!(p.request_relist("u1", RelistSource::EventedPleg));
     wait_until("fence", || {
-        p.metrics().requests("done", "evented_pleg") == 1
+        p.metrics()
+            .requests(RequestResult::Done, RelistSource::EventedPleg)
+            == 1
     })
     .await;
     assert_eq!(global_relists(&p), n + 1, "at most once per period");
@@ -403,10 +416,7 @@ async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
         let n = global_relists(&p);
         p.relist_soon();
         wait_until("failed forced relist", || global_relists(&p) == n + 1).await;
-        assert_eq!(
-            p.metrics().relist_errors.with_label_values(&["list"]).get(),
-            i
-        );
+        assert_eq!(p.metrics().relist_errors(RelistPhase::List), i);
     }
     rt.clear_failure(Op::ListSandboxes);
     let n = global_relists(&p);
@@ -415,7 +425,9 @@ async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
     p.relist_soon();
     assert!(p.request_relist("u1", RelistSource::EventedPleg));
     wait_until("fence", || {
-        p.metrics().requests("done", "evented_pleg") == 1
+        p.metrics()
+            .requests(RequestResult::Done, RelistSource::EventedPleg)
+            == 1
     })
     .await;
     assert_eq!(global_relists(&p), n + 1);

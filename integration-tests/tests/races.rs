@@ -6,6 +6,7 @@
 
 mod common;
 
+use plegd_telemetry::{RelistPhase, RequestResult};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
@@ -21,7 +22,7 @@ use plegd_actors::{Pleg, PlegConfig};
 use plegd_runtime::CriRuntime;
 use plegd_runtime::{
     Container, ContainerState, ContainerStatus, EventStream, RuntimeClient, RuntimeError,
-    RuntimeVersion, Sandbox, SandboxStatus,
+    RuntimeVersion, Sandbox,
 };
 use plegd_sim::spawn_in_thread;
 use plegd_sim::{FakeRuntime, Op};
@@ -68,7 +69,7 @@ impl RuntimeClient for DoubleError {
     async fn list_containers(&self, s: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
         self.inner.list_containers(s).await
     }
-    async fn sandbox_status(&self, id: &str) -> Result<SandboxStatus, RuntimeError> {
+    async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
         self.inner.sandbox_status(id).await
     }
     async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
@@ -157,13 +158,7 @@ async fn a_sandbox_without_a_uid_does_not_stop_relisting() {
     sim.run_container(&odd, "x");
     sim.exit_container(&c, 1);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
-    assert_eq!(
-        pleg.metrics()
-            .relist_errors
-            .with_label_values(&["list"])
-            .get(),
-        0
-    );
+    assert_eq!(pleg.metrics().relist_errors(RelistPhase::List), 0);
     assert!(pleg.cache().get("").is_none());
 }
 
@@ -224,20 +219,25 @@ async fn a_request_queued_just_before_a_hold_becomes_its_pending_relist() {
     let hold = pleg.gates().begin_sync("u1").await.unwrap(); // then the sync takes the pod
     let m = pleg.metrics().clone();
     wait_until("request handled", || {
-        m.requests("coalesced", "post_allocation") == 1
+        m.requests(RequestResult::Coalesced, RelistSource::PostAllocation) == 1
     })
     .await;
-    assert_eq!(m.requests("skipped", "post_allocation"), 0);
+    assert_eq!(
+        m.requests(RequestResult::Skipped, RelistSource::PostAllocation),
+        0
+    );
     rt.set_latency(Op::ListSandboxes, Duration::ZERO);
     hold.end(SyncOutcome::Error);
     // The pending request is honoured after an error too (whichever relist, post-sync
     // or a due global one, then notices the exit first).
     expect_event(&sub, EventKind::ContainerDied, &c).await;
     wait_until("the post-sync request handled", || {
-        m.requests("done", "post_sync") + m.requests("skipped", "post_sync") == 1
+        m.requests(RequestResult::Done, RelistSource::PostSync)
+            + m.requests(RequestResult::Skipped, RelistSource::PostSync)
+            == 1
     })
     .await;
-    assert_eq!(m.requests("queued", "post_sync"), 1);
+    assert_eq!(m.requests(RequestResult::Queued, RelistSource::PostSync), 1);
 }
 
 #[actix_rt::test]

@@ -5,6 +5,7 @@
 
 mod common;
 
+use plegd_telemetry::RequestResult;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -123,7 +124,10 @@ async fn spans_reach_an_otlp_receiver_with_their_attributes_and_links() {
     assert_eq!(d.event.relist_source, RelistSource::EventedPleg);
     let hold = pleg.gates().begin_sync("u1").await.unwrap();
     hold.end(SyncOutcome::Success);
-    wait_until("post-sync relist", || m.requests("done", "post_sync") == 1).await;
+    wait_until("post-sync relist", || {
+        m.requests(RequestResult::Done, RelistSource::PostSync) == 1
+    })
+    .await;
 
     // Export failures never affect the service; flushing here makes the test quick.
     let spans_seen = rx.spans.clone();

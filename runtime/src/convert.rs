@@ -7,7 +7,6 @@ use crate::cri;
 
 use crate::{
     Container, ContainerState, ContainerStatus, PodRef, RuntimeError, Sandbox, SandboxState,
-    SandboxStatus,
 };
 
 fn pod_ref(
@@ -101,9 +100,9 @@ pub fn container_from_wire(c: &cri::Container) -> Result<Container, RuntimeError
     })
 }
 
-pub fn sandbox_status_from_wire(s: &cri::PodSandboxStatus) -> Result<SandboxStatus, RuntimeError> {
+pub fn sandbox_status_from_wire(s: &cri::PodSandboxStatus) -> Result<Sandbox, RuntimeError> {
     let (pod, attempt) = pod_ref("PodSandboxStatus", &s.id, s.metadata.as_ref())?;
-    Ok(SandboxStatus {
+    Ok(Sandbox {
         id: s.id.clone(),
         pod,
         attempt,
@@ -167,7 +166,7 @@ pub fn container_to_wire(c: &Container) -> cri::Container {
     }
 }
 
-pub fn sandbox_status_to_wire(s: &SandboxStatus) -> cri::PodSandboxStatus {
+pub fn sandbox_status_to_wire(s: &Sandbox) -> cri::PodSandboxStatus {
     cri::PodSandboxStatus {
         id: s.id.clone(),
         metadata: Some(pod_meta_to_wire(&s.pod, s.attempt)),

@@ -21,7 +21,6 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use crate::convert;
 use crate::{
     Container, ContainerStatus, EventStream, RuntimeClient, RuntimeError, RuntimeVersion, Sandbox,
-    SandboxStatus,
 };
 
 /// Parses `unix:///absolute/path` into the socket path. Anything else is refused with
@@ -226,7 +225,7 @@ impl RuntimeClient for CriRuntime {
             .collect())
     }
 
-    async fn sandbox_status(&self, sandbox_id: &str) -> Result<SandboxStatus, RuntimeError> {
+    async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError> {
         let pod_sandbox_id = sandbox_id.to_string();
         let resp = self
             .unary("PodSandboxStatus", |mut c, t| async move {

@@ -51,7 +51,8 @@ pub enum ContainerState {
     Unknown,
 }
 
-/// A sandbox as ListPodSandbox reports it.
+/// A sandbox as ListPodSandbox and PodSandboxStatus report it (the two carry the same
+/// fields plegd needs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sandbox {
     pub id: String,
@@ -70,16 +71,6 @@ pub struct Container {
     pub name: String,
     pub attempt: u32,
     pub state: ContainerState,
-    pub created_at: i64,
-}
-
-/// PodSandboxStatus of one sandbox.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SandboxStatus {
-    pub id: String,
-    pub pod: PodRef,
-    pub attempt: u32,
-    pub state: SandboxState,
     pub created_at: i64,
 }
 
@@ -162,7 +153,7 @@ pub trait RuntimeClient: Send + Sync + 'static {
         sandbox_id: Option<&str>,
     ) -> Result<Vec<Container>, RuntimeError>;
     /// PodSandboxStatus of one sandbox.
-    async fn sandbox_status(&self, sandbox_id: &str) -> Result<SandboxStatus, RuntimeError>;
+    async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError>;
     /// ContainerStatus of one container.
     async fn container_status(&self, container_id: &str) -> Result<ContainerStatus, RuntimeError>;
     /// Opens GetContainerEvents. May resolve only when the first event arrives

@@ -19,7 +19,7 @@ use plegd_runtime::convert;
 use plegd_runtime::now_ns;
 use plegd_runtime::{
     Container, ContainerState, ContainerStatus, EventStream, PodRef, RuntimeClient, RuntimeError,
-    RuntimeVersion, Sandbox, SandboxState, SandboxStatus,
+    RuntimeVersion, Sandbox, SandboxState,
 };
 
 /// The runtime calls, for fault injection and call counting.
@@ -52,7 +52,7 @@ enum StreamSignal {
 
 #[derive(Default)]
 struct State {
-    sandboxes: BTreeMap<String, SandboxStatus>,
+    sandboxes: BTreeMap<String, Sandbox>,
     containers: BTreeMap<String, ContainerStatus>,
     next_id: u64,
     failures: HashMap<Op, Failure>,
@@ -108,7 +108,7 @@ impl FakeRuntime {
         let mut st = self.lock();
         let attempt = st.sandboxes.values().filter(|s| s.pod.uid == uid).count() as u32;
         let id = Self::new_id(&mut st, "sb");
-        let status = SandboxStatus {
+        let status = Sandbox {
             id: id.clone(),
             pod: PodRef {
                 uid: uid.into(),
@@ -488,18 +488,7 @@ impl RuntimeClient for FakeRuntime {
 
     async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError> {
         self.enter(Op::ListSandboxes, None).await?;
-        Ok(self
-            .lock()
-            .sandboxes
-            .values()
-            .map(|s| Sandbox {
-                id: s.id.clone(),
-                pod: s.pod.clone(),
-                attempt: s.attempt,
-                state: s.state,
-                created_at: s.created_at,
-            })
-            .collect())
+        Ok(self.lock().sandboxes.values().cloned().collect())
     }
 
     async fn list_containers(
@@ -523,7 +512,7 @@ impl RuntimeClient for FakeRuntime {
             .collect())
     }
 
-    async fn sandbox_status(&self, sandbox_id: &str) -> Result<SandboxStatus, RuntimeError> {
+    async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError> {
         let uid = self
             .lock()
             .sandboxes

@@ -3,8 +3,10 @@
 //! every label here has a small fixed set of values.
 
 pub mod http;
+pub mod labels;
 pub mod logging;
 pub mod metrics;
 pub mod traces;
 
+pub use labels::{RelistPhase, RelistSource, RequestResult, StreamEventType};
 pub use metrics::Metrics;

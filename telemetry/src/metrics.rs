@@ -6,24 +6,20 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-/// Values of the `relist_source` label (KEP-3386).
-pub const RELIST_SOURCES: [&str; 4] = ["global", "evented_pleg", "post_sync", "post_allocation"];
-
-/// Values of the `result` label of `plegd_relist_requests_total`.
-pub const REQUEST_RESULTS: [&str; 5] = ["queued", "coalesced", "dropped", "skipped", "done"];
+use crate::labels::{RelistPhase, RelistSource, RequestResult, StreamEventType};
 
 pub struct Metrics {
     registry: Registry,
     // Generic PLEG (kubelet names).
     pub relist_duration: Histogram,
     pub relist_interval: Histogram,
-    pub pod_relist_duration: HistogramVec,
+    pod_relist_duration: HistogramVec,
     pub last_seen: prometheus::Gauge,
     pub discard_events: IntCounter,
-    pub events_total: IntCounterVec,
-    pub relist_errors: IntCounterVec,
+    events_total: IntCounterVec,
+    relist_errors: IntCounterVec,
     // Relist requests (on-demand queue).
-    pub relist_requests: IntCounterVec,
+    relist_requests: IntCounterVec,
     pub queue_depth: IntGauge,
     // Evented PLEG stream (kubelet names + stream state).
     pub connection_errors: IntCounter,
@@ -31,7 +27,7 @@ pub struct Metrics {
     pub connection_latency: Histogram,
     pub stream_connected: IntGauge,
     pub reconnect_attempts: IntCounter,
-    pub stream_events: IntCounterVec,
+    stream_events: IntCounterVec,
     // Subscribers.
     pub subscribers: IntGauge,
     pub subscriber_drops: IntCounter,
@@ -175,35 +171,85 @@ impl Metrics {
                 .expect("metric names are unique within one registry");
         }
         // Pre-create the labelled series so a scrape shows zeros, not absences.
-        for s in RELIST_SOURCES {
-            self.events_total.with_label_values(&[s]);
-            self.pod_relist_duration.with_label_values(&[s]);
-            for r in REQUEST_RESULTS {
-                self.relist_requests.with_label_values(&[r, s]);
+        for &s in RelistSource::ALL {
+            self.events_total.with_label_values(&[s.as_str()]);
+            self.pod_relist_duration.with_label_values(&[s.as_str()]);
+            for &r in RequestResult::ALL {
+                self.relist_requests
+                    .with_label_values(&[r.as_str(), s.as_str()]);
             }
         }
-        for p in ["list", "status"] {
-            self.relist_errors.with_label_values(&[p]);
+        for &p in RelistPhase::ALL {
+            self.relist_errors.with_label_values(&[p.as_str()]);
+        }
+        for &t in StreamEventType::ALL {
+            self.stream_events.with_label_values(&[t.as_str()]);
         }
     }
 
     /// `kubelet_pleg_events_total{relist_source}` for one source.
-    pub fn events(&self, source: &str) -> u64 {
-        self.events_total.with_label_values(&[source]).get()
+    pub fn events(&self, source: RelistSource) -> u64 {
+        self.events_total
+            .with_label_values(&[source.as_str()])
+            .get()
+    }
+
+    /// Counts one published event.
+    pub fn count_event(&self, source: RelistSource) {
+        self.events_total
+            .with_label_values(&[source.as_str()])
+            .inc();
     }
 
     /// `plegd_relist_requests_total{result, relist_source}` for one pair.
-    pub fn requests(&self, result: &str, source: &str) -> u64 {
+    pub fn requests(&self, result: RequestResult, source: RelistSource) -> u64 {
         self.relist_requests
-            .with_label_values(&[result, source])
+            .with_label_values(&[result.as_str(), source.as_str()])
             .get()
     }
 
     /// Counts one request outcome.
-    pub fn count_request(&self, result: &str, source: &str) {
+    pub fn count_request(&self, result: RequestResult, source: RelistSource) {
         self.relist_requests
-            .with_label_values(&[result, source])
+            .with_label_values(&[result.as_str(), source.as_str()])
             .inc();
+    }
+
+    /// `plegd_relist_errors_total{phase}`.
+    pub fn relist_errors(&self, phase: RelistPhase) -> u64 {
+        self.relist_errors
+            .with_label_values(&[phase.as_str()])
+            .get()
+    }
+
+    /// Counts `n` relist failures in `phase`.
+    pub fn count_relist_errors(&self, phase: RelistPhase, n: u64) {
+        self.relist_errors
+            .with_label_values(&[phase.as_str()])
+            .inc_by(n);
+    }
+
+    /// Events the CRI stream delivered, of one type.
+    pub fn stream_events(&self, t: StreamEventType) -> u64 {
+        self.stream_events.with_label_values(&[t.as_str()]).get()
+    }
+
+    /// Counts one CRI stream event.
+    pub fn count_stream_event(&self, t: StreamEventType) {
+        self.stream_events.with_label_values(&[t.as_str()]).inc();
+    }
+
+    /// The targeted-relist duration histogram of one source.
+    pub fn pod_relist_histogram(&self, source: RelistSource) -> Histogram {
+        self.pod_relist_duration
+            .with_label_values(&[source.as_str()])
+    }
+
+    /// Records how long a targeted relist took.
+    pub fn observe_pod_relist(&self, source: RelistSource, seconds: f64) {
+        self.pod_relist_duration
+            .with_label_values(&[source.as_str()])
+            .observe(seconds);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -228,7 +274,7 @@ mod tests {
     #[test]
     fn kep_names_are_exposed_with_bounded_labels() {
         let m = Metrics::new();
-        m.events_total.with_label_values(&["global"]).inc();
+        m.count_event(RelistSource::Global);
         let text = m.encode();
         for name in [
             "kubelet_evented_pleg_connection_error_count",

@@ -4,13 +4,13 @@
 use futures::future::try_join_all;
 
 use super::record::PodRecord;
-use plegd_runtime::{ContainerStatus, PodRef, RuntimeClient, RuntimeError, SandboxStatus};
+use plegd_runtime::{ContainerStatus, PodRef, RuntimeClient, RuntimeError, Sandbox};
 
 /// What the cache holds for a pod: read from the runtime, never from an event payload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodStatus {
     pub pod: PodRef,
-    pub sandboxes: Vec<SandboxStatus>,
+    pub sandboxes: Vec<Sandbox>,
     pub containers: Vec<ContainerStatus>,
 }
 

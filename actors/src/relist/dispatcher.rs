@@ -22,7 +22,7 @@ use actix::prelude::*;
 use opentelemetry::trace::{Span as _, SpanContext};
 use opentelemetry::KeyValue;
 use plegd_telemetry::logging::RateLimiter;
-use plegd_telemetry::Metrics;
+use plegd_telemetry::{Metrics, RelistPhase, RequestResult};
 
 use super::queue::RelistQueue;
 use crate::cache::{ApplyRelist, CacheOwner};
@@ -206,9 +206,11 @@ impl RelistDispatcher {
                 let covered = matches!(global, Some((start, Ok(()))) if req.enqueued_at < start);
                 // A global relist does not cover a pod a sync holds (it skipped it).
                 if covered && deps.suspended.coalesce(&req.uid) {
-                    deps.metrics.count_request("coalesced", req.source.as_str());
+                    deps.metrics
+                        .count_request(RequestResult::Coalesced, req.source);
                 } else if covered {
-                    deps.metrics.count_request("skipped", req.source.as_str());
+                    deps.metrics
+                        .count_request(RequestResult::Skipped, req.source);
                 } else {
                     targeted_relist(&mut core, &deps, &req).await;
                 }
@@ -253,9 +255,7 @@ impl RelistDispatcher {
 async fn apply(deps: &Deps, out: RelistOutput, global_timestamp: Option<SystemTime>) {
     if out.status_errors > 0 {
         deps.metrics
-            .relist_errors
-            .with_label_values(&["status"])
-            .inc_by(out.status_errors as u64);
+            .count_relist_errors(RelistPhase::Status, out.status_errors as u64);
     }
     if deps
         .cache
@@ -305,10 +305,7 @@ async fn global_relist(
             Ok(())
         }
         Err(e) => {
-            deps.metrics
-                .relist_errors
-                .with_label_values(&["list"])
-                .inc();
+            deps.metrics.count_relist_errors(RelistPhase::List, 1);
             spans::end_error(span, e.to_string());
             Err(e)
         }
@@ -322,7 +319,8 @@ async fn global_relist(
 async fn targeted_relist(core: &mut GenericPleg, deps: &Deps, req: &RequestRelist) {
     // Enqueued before a sync took the pod: it becomes the gate's pending relist.
     if deps.suspended.coalesce(&req.uid) {
-        deps.metrics.count_request("coalesced", req.source.as_str());
+        deps.metrics
+            .count_request(RequestResult::Coalesced, req.source);
         return;
     }
     let start = Instant::now();
@@ -347,19 +345,14 @@ async fn targeted_relist(core: &mut GenericPleg, deps: &Deps, req: &RequestRelis
             apply(deps, out, None).await
         }
         Err(e) => {
-            deps.metrics
-                .relist_errors
-                .with_label_values(&["list"])
-                .inc();
+            deps.metrics.count_relist_errors(RelistPhase::List, 1);
             tracing::debug!(pod = %req.uid, error = %e, "targeted relist failed");
             spans::end_error(span, e.to_string());
         }
     }
     deps.metrics
-        .pod_relist_duration
-        .with_label_values(&[req.source.as_str()])
-        .observe(start.elapsed().as_secs_f64());
-    deps.metrics.count_request("done", req.source.as_str());
+        .observe_pod_relist(req.source, start.elapsed().as_secs_f64());
+    deps.metrics.count_request(RequestResult::Done, req.source);
 }
 
 impl Actor for RelistDispatcher {
@@ -387,8 +380,12 @@ impl Handler<RequestRelist> for RelistDispatcher {
             // A global relist does not cover a pod a sync holds (it skipped it).
             let held = self.deps.suspended.coalesce(&msg.uid);
             self.deps.metrics.count_request(
-                if held { "coalesced" } else { "skipped" },
-                msg.source.as_str(),
+                if held {
+                    RequestResult::Coalesced
+                } else {
+                    RequestResult::Skipped
+                },
+                msg.source,
             );
             return;
         }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use actix::prelude::*;
 use opentelemetry::trace::SpanContext;
-use plegd_telemetry::Metrics;
+use plegd_telemetry::{Metrics, RequestResult};
 
 use super::dispatcher::{RelistSoon, RequestRelist};
 use crate::event::RelistSource;
@@ -48,12 +48,12 @@ impl RelistQueue {
         };
         match self.requests.try_send(msg) {
             Ok(()) => {
-                self.metrics.count_request("queued", source.as_str());
+                self.metrics.count_request(RequestResult::Queued, source);
                 self.metrics.queue_depth.inc();
                 true
             }
             Err(_) => {
-                self.metrics.count_request("dropped", source.as_str());
+                self.metrics.count_request(RequestResult::Dropped, source);
                 false
             }
         }

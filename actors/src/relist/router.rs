@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use opentelemetry::trace::SpanContext;
-use plegd_telemetry::Metrics;
+use plegd_telemetry::{Metrics, RequestResult};
 
 use super::queue::RelistQueue;
 use crate::event::RelistSource;
@@ -31,7 +31,7 @@ impl RelistRouter {
     /// relist). False only if the request was dropped (full queue, counted).
     pub fn request(&self, uid: &str, source: RelistSource, cause: Option<SpanContext>) -> bool {
         if self.suspended.coalesce(uid) {
-            self.metrics.count_request("coalesced", source.as_str());
+            self.metrics.count_request(RequestResult::Coalesced, source);
             return true;
         }
         self.queue.request(uid, source, cause)

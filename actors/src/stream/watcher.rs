@@ -28,7 +28,7 @@ use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 use plegd_runtime::cri::{ContainerEventResponse, ContainerEventType};
 use plegd_telemetry::logging::RateLimiter;
-use plegd_telemetry::Metrics;
+use plegd_telemetry::{Metrics, StreamEventType};
 
 use crate::event::RelistSource;
 use crate::relist::router::RelistRouter;
@@ -243,10 +243,7 @@ impl StreamWatcher {
             .map(|m| m.uid.as_str())
             .filter(|uid| !uid.is_empty());
         let Some(uid) = uid else {
-            self.metrics
-                .stream_events
-                .with_label_values(&["invalid"])
-                .inc();
+            self.metrics.count_stream_event(StreamEventType::Invalid);
             // containerd sends every sandbox DELETED event without a sandbox status:
             // expected, so not worth an info line.
             let deleted =
@@ -268,13 +265,13 @@ impl StreamWatcher {
         }
         let kind = ContainerEventType::try_from(ev.container_event_type);
         let label = match kind {
-            Ok(ContainerEventType::ContainerCreatedEvent) => "created",
-            Ok(ContainerEventType::ContainerStartedEvent) => "started",
-            Ok(ContainerEventType::ContainerStoppedEvent) => "stopped",
-            Ok(ContainerEventType::ContainerDeletedEvent) => "deleted",
-            Err(_) => "unknown",
+            Ok(ContainerEventType::ContainerCreatedEvent) => StreamEventType::Created,
+            Ok(ContainerEventType::ContainerStartedEvent) => StreamEventType::Started,
+            Ok(ContainerEventType::ContainerStoppedEvent) => StreamEventType::Stopped,
+            Ok(ContainerEventType::ContainerDeletedEvent) => StreamEventType::Deleted,
+            Err(_) => StreamEventType::Unknown,
         };
-        self.metrics.stream_events.with_label_values(&[label]).inc();
+        self.metrics.count_stream_event(label);
         if kind == Ok(ContainerEventType::ContainerStoppedEvent) {
             let mut span = spans::start(
                 spans::STOP_EVENT,

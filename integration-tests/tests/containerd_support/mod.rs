@@ -752,12 +752,10 @@ fn parse_pid(info: &str) -> Option<u32> {
 
 /// Every event the StreamWatcher has received (all types, valid or not).
 pub fn stream_events_received(m: &plegd_telemetry::Metrics) -> u64 {
-    [
-        "created", "started", "stopped", "deleted", "unknown", "invalid",
-    ]
-    .iter()
-    .map(|l| m.stream_events.with_label_values(&[l]).get())
-    .sum()
+    plegd_telemetry::StreamEventType::ALL
+        .iter()
+        .map(|&t| m.stream_events(t))
+        .sum()
 }
 
 #[test]

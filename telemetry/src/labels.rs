@@ -1,0 +1,83 @@
+//! The value sets of every metric label, as types: a label value is written once,
+//! here, and every series is pre-created from these lists (a scrape shows zeros, not
+//! absences). None of them can carry a pod UID, container ID, error text or endpoint.
+
+macro_rules! label_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant),+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The label value.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+label_enum! {
+    /// Which relist detected a change (the `relist_source` label of KEP-3386); also
+    /// the `relist_source` field of every published event.
+    RelistSource {
+        Global => "global",
+        EventedPleg => "evented_pleg",
+        PostSync => "post_sync",
+        PostAllocation => "post_allocation",
+    }
+}
+
+label_enum! {
+    /// What became of a targeted relist request (`result` of
+    /// `plegd_relist_requests_total`).
+    RequestResult {
+        /// Entered the dispatcher's queue.
+        Queued => "queued",
+        /// Merged into a held pod's one pending relist.
+        Coalesced => "coalesced",
+        /// The queue was full (the next global relist reconciles).
+        Dropped => "dropped",
+        /// A global relist that started after it was enqueued already covered the pod.
+        Skipped => "skipped",
+        /// The targeted relist ran.
+        Done => "done",
+    }
+}
+
+label_enum! {
+    /// Where a relist failed (`phase` of `plegd_relist_errors_total`).
+    RelistPhase {
+        /// Listing sandboxes or containers: the whole relist failed.
+        List => "list",
+        /// Reading one pod's status: that pod is kept as it was.
+        Status => "status",
+    }
+}
+
+label_enum! {
+    /// What the CRI event stream delivered (`type` of the stream events counter).
+    StreamEventType {
+        Created => "created",
+        Started => "started",
+        Stopped => "stopped",
+        Deleted => "deleted",
+        /// An event type this plegd does not know.
+        Unknown => "unknown",
+        /// No pod sandbox status, metadata or UID: ignored.
+        Invalid => "invalid",
+    }
+}
