@@ -18,6 +18,8 @@
 mod cache;
 mod event;
 mod health;
+#[cfg(test)]
+mod mock;
 mod pleg;
 mod publisher;
 mod relist;
