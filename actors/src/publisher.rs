@@ -71,11 +71,6 @@ impl Subscription {
     pub fn is_empty(&self) -> bool {
         self.rx.is_empty()
     }
-
-    /// The channel itself, for `crossbeam_channel::select!` over several sources.
-    pub fn receiver(&self) -> &Receiver<Delivery> {
-        &self.rx
-    }
 }
 
 /// Tells the publisher when its subscription is dropped.

@@ -30,7 +30,7 @@ pub fn now_ns() -> i64 {
 }
 
 /// Who a pod is, as its sandbox's metadata says.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PodRef {
     pub uid: String,
     pub name: String,

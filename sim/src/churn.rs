@@ -22,7 +22,6 @@ use plegd_runtime::ContainerState;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::checked;
 use crate::error::SimError;
 
 /// The namespace of every churn pod.
@@ -208,7 +207,7 @@ impl Churn {
             ChurnStep::ContainerRestarted => {
                 let (i, name) = exited[self.rng.random_range(0..exited.len())];
                 let pod = &self.pods[i];
-                self.start_container(&pod.uid, &pod.sandbox_id, name);
+                self.start_container(&pod.sandbox_id, name);
             }
             ChurnStep::SandboxStopped => {
                 let ready: Vec<usize> = (0..self.pods.len())
@@ -237,8 +236,8 @@ impl Churn {
     }
 
     /// Create + start; a sandbox that vanished meanwhile is caught by the next step.
-    fn start_container(&self, uid: &str, sandbox_id: &str, name: &str) {
-        if let Some(id) = checked::create_container(&self.runtime, Some(uid), sandbox_id, name) {
+    fn start_container(&self, sandbox_id: &str, name: &str) {
+        if let Some(id) = self.runtime.try_create_container(sandbox_id, name) {
             self.runtime.start_container(&id);
         }
     }
@@ -255,7 +254,7 @@ impl Churn {
         let name = format!("web-{n}");
         let sandbox_id = self.runtime.run_pod(&uid, &name, NAMESPACE);
         for c in &containers {
-            self.start_container(&uid, &sandbox_id, c);
+            self.start_container(&sandbox_id, c);
         }
         ChurnPod {
             uid,
@@ -278,7 +277,7 @@ impl Churn {
         let old = pod.sandbox_id.clone();
         let sandbox_id = self.runtime.run_pod(&pod.uid, &pod.name, NAMESPACE);
         for c in &pod.containers {
-            self.start_container(&pod.uid, &sandbox_id, c);
+            self.start_container(&sandbox_id, c);
         }
         self.runtime.remove_pod(&old);
         let pod = &mut self.pods[i];

@@ -8,8 +8,6 @@ use plegd_runtime::cri;
 use plegd_runtime::ContainerState;
 use tonic::Status;
 
-use crate::checked;
-
 /// Exit code of a container stopped by StopContainer: SIGTERM, honoured.
 pub const STOP_EXIT_CODE: i32 = 143;
 /// Exit code of a running container removed by RemoveContainer: SIGKILL.
@@ -55,12 +53,8 @@ pub(crate) fn create_container(
         .map(|m| m.name)
         .unwrap_or_default();
     let name = required(op, "config.metadata.name", &name)?;
-    let uid = req
-        .sandbox_config
-        .and_then(|c| c.metadata)
-        .map(|m| m.uid)
-        .filter(|uid| !uid.is_empty());
-    checked::create_container(runtime, uid.as_deref(), sandbox_id, name)
+    runtime
+        .try_create_container(sandbox_id, name)
         .map(|container_id| cri::CreateContainerResponse { container_id })
         .ok_or_else(|| Status::not_found(format!("{op}: sandbox {sandbox_id} not found")))
 }

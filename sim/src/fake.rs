@@ -125,13 +125,23 @@ impl FakeRuntime {
         id
     }
 
-    /// CreateContainer in a sandbox; returns its ID. Panics on an unknown sandbox (test bug).
+    /// CreateContainer in a sandbox; returns its ID. Panics on an unknown sandbox: a
+    /// test's scripting bug. Callers whose sandbox may vanish concurrently (the CRI
+    /// server, the churn workload) use [`Self::try_create_container`].
     pub fn create_container(&self, sandbox_id: &str, name: &str) -> String {
+        match self.try_create_container(sandbox_id, name) {
+            Some(id) => id,
+            None => panic!("no sandbox {sandbox_id}"),
+        }
+    }
+
+    /// CreateContainer in a sandbox; `None` if the sandbox does not exist (checked
+    /// under the same lock as the insertion, so it cannot vanish in between).
+    pub fn try_create_container(&self, sandbox_id: &str, name: &str) -> Option<String> {
         let mut st = self.lock();
-        assert!(
-            st.sandboxes.contains_key(sandbox_id),
-            "no sandbox {sandbox_id}"
-        );
+        if !st.sandboxes.contains_key(sandbox_id) {
+            return None;
+        }
         let attempt = st
             .containers
             .values()
@@ -155,7 +165,7 @@ impl FakeRuntime {
             },
         );
         self.emit(&st, &id, cri::ContainerEventType::ContainerCreatedEvent);
-        id
+        Some(id)
     }
 
     /// StartContainer.

@@ -10,7 +10,6 @@
 //! - [`churn`]: a seeded workload of pods and containers coming and going, for
 //!   `plegd demo`.
 
-mod checked;
 pub mod churn;
 mod cri_writes;
 mod error;

@@ -45,11 +45,6 @@ impl CriServer {
             stopping: Some(stopping),
         }
     }
-
-    /// The runtime this server serves.
-    pub fn runtime(&self) -> &FakeRuntime {
-        &self.runtime
-    }
 }
 
 /// A runtime error as the gRPC status a real runtime would answer with.

@@ -53,11 +53,6 @@ impl PodRecord {
             .or_else(|| self.containers.get(id).map(|(_, s)| *s))
             .unwrap_or(PlegState::NonExistent)
     }
-
-    /// Every sandbox and container ID, sandboxes first.
-    pub fn ids(&self) -> impl Iterator<Item = &String> {
-        self.sandboxes.keys().chain(self.containers.keys())
-    }
 }
 
 /// Groups listed sandboxes and containers into pod records keyed by pod UID.
