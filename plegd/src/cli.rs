@@ -53,8 +53,8 @@ pub struct RunArgs {
 }
 
 #[derive(Args, Debug)]
-// The demo brings its own runtime: --runtime-endpoint is refused, not hidden away in
-// a setting that would be ignored.
+// The demo brings its own runtime: --runtime-endpoint is left out of its help, refused
+// if given, and PLEGD_RUNTIME_ENDPOINT is not read.
 #[command(mut_arg("runtime_endpoint", demo_has_no_runtime_endpoint))]
 pub struct DemoArgs {
     #[command(flatten)]
