@@ -1,12 +1,12 @@
-//! Command line: `plegd run` (a real CRI runtime) and `plegd demo` (the built-in
-//! simulated runtime). Every value is checked here; a bad one fails at start with the
-//! flag's name and the reason.
-
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
+//! The command tree: `plegd run` (a real CRI runtime) and `plegd demo` (the built-in
+//! simulated runtime), each with the settings (`config.rs`) and the `--config` and
+//! `--print-config` flags. A bad value fails at start with the flag's name and the
+//! reason.
 
 use clap::{Args, Parser, Subcommand};
+
+use crate::config::{ConfigArgs, Settings};
+use crate::values::{Count, PositiveDuration};
 
 const AFTER_HELP: &str = "\
 Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when the runtime cannot be
@@ -46,122 +46,56 @@ pub enum Command {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The CRI runtime's socket, as unix:///path/to/socket (required: here, in the
-    /// environment or in the config file).
-    #[arg(long, env = "PLEGD_RUNTIME_ENDPOINT", value_name = "ENDPOINT")]
-    pub runtime_endpoint: Option<String>,
     #[command(flatten)]
-    pub common: CommonArgs,
+    pub settings: Settings,
+    #[command(flatten)]
+    pub config: ConfigArgs,
 }
 
 #[derive(Args, Debug)]
+// The demo brings its own runtime: --runtime-endpoint is left out of its help, refused
+// if given, and PLEGD_RUNTIME_ENDPOINT is not read.
+#[command(mut_arg("runtime_endpoint", demo_has_no_runtime_endpoint))]
 pub struct DemoArgs {
+    #[command(flatten)]
+    pub workload: Workload,
+    #[command(flatten)]
+    pub settings: Settings,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+/// The simulated node's workload (`plegd demo` only; not settings of the service).
+#[derive(Args, Debug)]
+pub struct Workload {
     /// Pods the simulated node keeps running.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub pods: u32,
+    #[arg(long, default_value = "8")]
+    pub pods: Count<100_000>,
     /// Time between two churn steps (a container exits, restarts, a pod is replaced...).
-    #[arg(long, default_value = "300ms", value_parser = parse_positive_duration)]
-    pub churn_period: Duration,
+    #[arg(long, default_value = "300ms")]
+    pub churn_period: PositiveDuration,
     /// Seed of the churn workload (same seed, same story).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Stop after this long (default: run until SIGTERM/SIGINT).
-    #[arg(long, value_parser = parse_positive_duration)]
-    pub duration: Option<Duration>,
-    #[command(flatten)]
-    pub common: CommonArgs,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct CommonArgs {
-    /// Period of the global relist, which runs whatever the event stream does.
-    #[arg(long, env = "PLEGD_RELIST_PERIOD", default_value = "1s", value_parser = parse_positive_duration)]
-    pub relist_period: Duration,
-    /// /healthz fails when the last successful global relist is older than this.
-    #[arg(long, env = "PLEGD_HEALTH_THRESHOLD", default_value = "3m", value_parser = parse_positive_duration)]
-    pub health_threshold: Duration,
-    /// Deadline of each unary CRI call.
-    #[arg(long, env = "PLEGD_RUNTIME_REQUEST_TIMEOUT", default_value = "2s", value_parser = parse_positive_duration)]
-    pub runtime_request_timeout: Duration,
-    /// Capacity of the on-demand (targeted) relist queue; a full queue drops requests
-    /// (counted) and the next global relist reconciles.
-    #[arg(long, env = "PLEGD_QUEUE_CAPACITY", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub queue_capacity: u32,
-    /// Pods whose status is read concurrently during a relist.
-    #[arg(long, env = "PLEGD_STATUS_CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub status_concurrency: u32,
-    /// Watch the CRI event stream (GetContainerEvents) to notice container exits in
-    /// milliseconds. Only a hint: the global relist stays the source of truth.
-    #[arg(long, env = "PLEGD_EVENTED", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
-    pub evented: bool,
-    /// Event stream: delay of the second reconnect attempt (the first is immediate);
-    /// later ones grow exponentially, with jitter.
-    #[arg(long, env = "PLEGD_RECONNECT_BASE", default_value = "500ms", value_parser = parse_positive_duration)]
-    pub reconnect_base: Duration,
-    /// Event stream: longest delay between reconnect attempts (also the retry period
-    /// of a runtime that does not implement the stream).
-    #[arg(long, env = "PLEGD_RECONNECT_CAP", default_value = "60s", value_parser = parse_positive_duration)]
-    pub reconnect_cap: Duration,
-    /// Event stream: a connection must stay up this long before the backoff resets.
-    #[arg(long, env = "PLEGD_RECONNECT_HEALTHY_RESET", default_value = "60s", value_parser = parse_positive_duration)]
-    pub reconnect_healthy_reset: Duration,
-    /// Write events as JSON lines to PATH ('-' for stdout).
-    #[arg(long, env = "PLEGD_EVENTS_JSON", value_name = "PATH|-")]
-    pub events_json: Option<PathBuf>,
-    /// Serve /metrics, /healthz and /readyz on this address ('off' to disable).
-    #[arg(long, env = "PLEGD_METRICS_ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics_addr)]
-    pub metrics_addr: MetricsAddr,
-    /// Export traces over OTLP/gRPC to this endpoint (e.g. http://127.0.0.1:4317).
-    /// Unset: no trace export. The other standard OTEL_* variables (OTEL_SERVICE_NAME,
-    /// OTEL_TRACES_SAMPLER, OTEL_SDK_DISABLED, ...) are honoured too.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_parser = parse_otlp_endpoint)]
-    pub otlp_endpoint: Option<String>,
-    /// A TOML file with any of the settings above (lower precedence than flags and
-    /// environment).
-    #[arg(long, env = "PLEGD_CONFIG", value_name = "PATH")]
-    pub config: Option<PathBuf>,
-    /// Print the effective configuration (TOML) and exit.
     #[arg(long)]
-    pub print_config: bool,
+    pub duration: Option<PositiveDuration>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MetricsAddr {
-    Off,
-    On(SocketAddr),
-}
-
-pub fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
-    match s.split_once("://") {
-        Some(("http" | "https", rest)) if !rest.is_empty() => Ok(s.to_string()),
-        _ => Err("expected http://HOST:PORT or https://HOST:PORT (OTLP over gRPC)".into()),
-    }
-}
-
-pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
-    if s.trim_start().starts_with('-') {
-        return Err("must not be negative".into());
-    }
-    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 1s, 3m)"))?;
-    if d.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    Ok(d)
-}
-
-pub fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
-    if s == "off" {
-        return Ok(MetricsAddr::Off);
-    }
-    s.parse::<SocketAddr>()
-        .map(MetricsAddr::On)
-        .map_err(|e| format!("{e} (expected HOST:PORT such as 127.0.0.1:9464, or 'off')"))
+fn demo_has_no_runtime_endpoint(arg: clap::Arg) -> clap::Arg {
+    arg.hide(true)
+        .env(None)
+        .value_parser(|_: &str| -> Result<String, &'static str> {
+            Err("plegd demo runs its own simulated runtime; --runtime-endpoint is for plegd run")
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::values::MetricsAddr;
     use clap::CommandFactory;
+    use std::time::Duration;
 
     #[test]
     fn cli_is_consistent() {
@@ -177,6 +111,7 @@ mod tests {
             vec!["plegd", "demo", "--metrics-addr", "localhost"],
             vec!["plegd", "demo", "--pods", "0"],
             vec!["plegd", "demo", "--unknown-flag"],
+            vec!["plegd", "demo", "--runtime-endpoint", "unix:///x.sock"],
         ] {
             let err = Cli::try_parse_from(&args).unwrap_err();
             assert_eq!(err.exit_code(), 2, "{args:?}");
@@ -191,8 +126,8 @@ mod tests {
         let Command::Demo(d) = cli.command else {
             panic!("not demo")
         };
-        assert_eq!(d.common.relist_period, Duration::from_secs(1));
-        assert_eq!(d.common.health_threshold, Duration::from_secs(180));
-        assert!(matches!(d.common.metrics_addr, MetricsAddr::On(_)));
+        assert_eq!(d.settings.relist_period.0, Duration::from_secs(1));
+        assert_eq!(d.settings.health_threshold.0, Duration::from_secs(180));
+        assert!(matches!(d.settings.metrics_addr, MetricsAddr::On(_)));
     }
 }

@@ -1,189 +1,225 @@
-//! The effective configuration: flags > environment > the `--config` TOML file >
-//! defaults. Clap handles the first two and the defaults; this module fills in
-//! what only the file sets, with the same parsers, and names the key on any error.
+//! The settings: one struct, read by clap (flags, environment, defaults) and by serde
+//! (the `--config` TOML file, and `--print-config`). Each key, its default and its
+//! limit (through its value's type, see `values.rs`) are written once, here.
+//!
+//! Precedence: flags > environment > file > defaults. Clap does the first two and the
+//! defaults; the file then fills in what clap took from its defaults.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context as _};
 use clap::parser::ValueSource;
-use clap::ArgMatches;
+use clap::{ArgMatches, Args, CommandFactory as _};
+use serde::{Deserialize, Serialize};
 
-use crate::cli::{
-    parse_metrics_addr, parse_otlp_endpoint, parse_positive_duration, CommonArgs, MetricsAddr,
-};
+use crate::exit::ConfigError;
+use crate::values::{true_or_false, Count, MetricsAddr, OtlpEndpoint, PositiveDuration};
 
-/// Keys a config file may hold (the long flag names).
-const KEYS: &[&str] = &[
-    "runtime-endpoint",
-    "relist-period",
-    "health-threshold",
-    "runtime-request-timeout",
-    "queue-capacity",
-    "status-concurrency",
-    "evented",
-    "reconnect-base",
-    "reconnect-cap",
-    "reconnect-healthy-reset",
-    "events-json",
-    "metrics-addr",
-    "otlp-endpoint",
-];
+/// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
+/// name (`relist-period`).
+#[derive(Args, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Settings {
+    /// The CRI runtime's socket, as unix:///path/to/socket (required: here, in the
+    /// environment or in the config file).
+    #[arg(long, env = "PLEGD_RUNTIME_ENDPOINT", value_name = "ENDPOINT")]
+    pub runtime_endpoint: Option<String>,
+    /// Period of the global relist, which runs whatever the event stream does.
+    #[arg(long, env = "PLEGD_RELIST_PERIOD", default_value = "1s")]
+    pub relist_period: PositiveDuration,
+    /// /healthz fails when the last successful global relist is older than this.
+    #[arg(long, env = "PLEGD_HEALTH_THRESHOLD", default_value = "3m")]
+    pub health_threshold: PositiveDuration,
+    /// Deadline of each unary CRI call.
+    #[arg(long, env = "PLEGD_RUNTIME_REQUEST_TIMEOUT", default_value = "2s")]
+    pub runtime_request_timeout: PositiveDuration,
+    /// Capacity of the on-demand (targeted) relist queue; a full queue drops requests
+    /// (counted) and the next global relist reconciles.
+    #[arg(long, env = "PLEGD_QUEUE_CAPACITY", default_value = "1024")]
+    pub queue_capacity: Count<1_000_000>,
+    /// Pods whose status is read concurrently during a relist.
+    #[arg(long, env = "PLEGD_STATUS_CONCURRENCY", default_value = "8")]
+    pub status_concurrency: Count<256>,
+    /// Watch the CRI event stream (GetContainerEvents) to notice container exits in
+    /// milliseconds. Only a hint: the global relist stays the source of truth.
+    #[arg(long, env = "PLEGD_EVENTED", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    #[serde(deserialize_with = "true_or_false")]
+    pub evented: bool,
+    /// Event stream: delay of the second reconnect attempt (the first is immediate);
+    /// later ones grow exponentially, with jitter.
+    #[arg(long, env = "PLEGD_RECONNECT_BASE", default_value = "500ms")]
+    pub reconnect_base: PositiveDuration,
+    /// Event stream: longest delay between reconnect attempts (also the retry period
+    /// of a runtime that does not implement the stream).
+    #[arg(long, env = "PLEGD_RECONNECT_CAP", default_value = "60s")]
+    pub reconnect_cap: PositiveDuration,
+    /// Event stream: a connection must stay up this long before the backoff resets.
+    #[arg(long, env = "PLEGD_RECONNECT_HEALTHY_RESET", default_value = "60s")]
+    pub reconnect_healthy_reset: PositiveDuration,
+    /// Write events as JSON lines to PATH ('-' for stdout).
+    #[arg(long, env = "PLEGD_EVENTS_JSON", value_name = "PATH|-")]
+    pub events_json: Option<PathBuf>,
+    /// Serve /metrics, /healthz and /readyz on this address ('off' to disable).
+    #[arg(long, env = "PLEGD_METRICS_ADDR", default_value = "127.0.0.1:9464")]
+    pub metrics_addr: MetricsAddr,
+    /// Export traces over OTLP/gRPC to this endpoint (e.g. http://127.0.0.1:4317).
+    /// Unset: no trace export. The other standard OTEL_* variables (OTEL_SERVICE_NAME,
+    /// OTEL_TRACES_SAMPLER, OTEL_SDK_DISABLED, ...) are honoured too.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<OtlpEndpoint>,
+}
 
-/// Loads the file named by `--config` and applies every key whose flag was neither
-/// given nor set in the environment. Returns the file's runtime-endpoint if any.
-pub fn apply_file(
-    common: &mut CommonArgs,
-    matches: &ArgMatches,
-    runtime_endpoint: &mut Option<String>,
-    accepts_endpoint: bool,
-) -> anyhow::Result<()> {
-    let Some(path) = common.config.clone() else {
-        return Ok(());
-    };
-    let table = load(&path)?;
-    let from_file = |id: &str| {
-        !matches!(
-            matches.value_source(id),
-            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-        )
-    };
-    let ctx = |key: &str| format!("config file {}: key {key:?}", path.display());
-    for (key, value) in &table {
-        let id = key.replace('-', "_");
-        if key == "runtime-endpoint" {
-            let v = as_str(value).with_context(|| ctx(key))?;
-            if !accepts_endpoint {
-                tracing::warn!(
+/// `--config` and `--print-config`: how to read and show the settings, not settings.
+#[derive(Args, Clone, Debug)]
+pub struct ConfigArgs {
+    /// A TOML file with any of the settings above (lower precedence than flags and
+    /// environment).
+    #[arg(long, env = "PLEGD_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (TOML) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+/// A stand-alone command holding only the settings, for asking clap about them.
+#[derive(clap::Parser)]
+struct SettingsOnly {
+    #[command(flatten)]
+    settings: Settings,
+}
+
+impl Settings {
+    /// The keys a config file may hold: the settings' long flag names.
+    pub fn keys() -> Vec<String> {
+        SettingsOnly::command()
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Reads the `--config` file at `path` and applies each of its keys whose
+    /// setting clap took from its default (neither a flag nor the environment gave
+    /// it). `matches` are those of the subcommand that parsed `self`.
+    pub fn overlay_file(&mut self, path: &Path, matches: &ArgMatches) -> Result<(), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::ReadFile {
+            path: path.to_owned(),
+            error,
+        })?;
+        let file: toml::Table = text.parse().map_err(|error| ConfigError::FileSyntax {
+            path: path.to_owned(),
+            error: Box::new(error),
+        })?;
+        let known = Self::keys();
+        if let Some(key) = file.keys().find(|k| !known.contains(k)) {
+            return Err(ConfigError::UnknownKey {
+                path: path.to_owned(),
+                key: key.clone(),
+                known,
+            });
+        }
+        let mut merged = self.to_table()?;
+        for (key, value) in file {
+            let source = matches.value_source(&key.replace('-', "_"));
+            if !matches!(source, None | Some(ValueSource::DefaultValue)) {
+                continue;
+            }
+            merged.insert(key.clone(), value);
+            // Read back after each key, so that a bad value is reported with its key.
+            *self =
+                Settings::deserialize(merged.clone()).map_err(|error| ConfigError::FileValue {
+                    path: path.to_owned(),
                     key,
-                    "plegd demo uses its simulated runtime; this key is not used"
-                );
-            } else if from_file(&id) {
-                *runtime_endpoint = Some(v.to_string());
-            }
-            continue;
+                    error: Box::new(error),
+                })?;
         }
-        if !from_file(&id) {
-            continue;
-        }
-        let dur = |v: &toml::Value| -> anyhow::Result<Duration> {
-            parse_positive_duration(as_str(v)?).map_err(|e| anyhow!(e))
-        };
-        let count = |v: &toml::Value, max: i64| -> anyhow::Result<u32> {
-            let n = v
-                .as_integer()
-                .ok_or_else(|| anyhow!("expected an integer"))?;
-            if !(1..=max).contains(&n) {
-                bail!("must be between 1 and {max}");
-            }
-            Ok(n as u32)
-        };
-        let applied: anyhow::Result<()> = (|| {
-            match key.as_str() {
-                "relist-period" => common.relist_period = dur(value)?,
-                "health-threshold" => common.health_threshold = dur(value)?,
-                "runtime-request-timeout" => common.runtime_request_timeout = dur(value)?,
-                "reconnect-base" => common.reconnect_base = dur(value)?,
-                "reconnect-cap" => common.reconnect_cap = dur(value)?,
-                "reconnect-healthy-reset" => common.reconnect_healthy_reset = dur(value)?,
-                "queue-capacity" => common.queue_capacity = count(value, 1_000_000)?,
-                "status-concurrency" => common.status_concurrency = count(value, 256)?,
-                "evented" => {
-                    common.evented = value
-                        .as_bool()
-                        .ok_or_else(|| anyhow!("expected true or false"))?
-                }
-                "events-json" => common.events_json = Some(as_str(value)?.into()),
-                "metrics-addr" => {
-                    common.metrics_addr =
-                        parse_metrics_addr(as_str(value)?).map_err(|e| anyhow!(e))?
-                }
-                "otlp-endpoint" => {
-                    common.otlp_endpoint =
-                        Some(parse_otlp_endpoint(as_str(value)?).map_err(|e| anyhow!(e))?)
-                }
-                _ => unreachable_key(key)?,
-            }
-            Ok(())
-        })();
-        applied.with_context(|| ctx(key))?;
+        Ok(())
     }
-    Ok(())
+
+    /// The settings as TOML, keys sorted (what `--print-config` prints; a valid
+    /// `--config` file).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(&self.to_table()?).map_err(ConfigError::Render)
+    }
+
+    fn to_table(&self) -> Result<toml::Table, ConfigError> {
+        toml::Table::try_from(self).map_err(ConfigError::Render)
+    }
 }
 
-fn unreachable_key(key: &str) -> anyhow::Result<()> {
-    bail!("unknown key {key:?}")
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
 
-fn as_str(v: &toml::Value) -> anyhow::Result<&str> {
-    v.as_str().ok_or_else(|| anyhow!("expected a string"))
-}
+    fn parse(args: &[&str]) -> (Settings, ArgMatches) {
+        let matches = SettingsOnly::command().get_matches_from(args);
+        let settings = SettingsOnly::try_parse_from(args).unwrap().settings;
+        (settings, matches)
+    }
 
-fn load(path: &Path) -> anyhow::Result<BTreeMap<String, toml::Value>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("--config {}: cannot read", path.display()))?;
-    let table: BTreeMap<String, toml::Value> = toml::from_str(&text)
-        .with_context(|| format!("--config {}: not valid TOML", path.display()))?;
-    for key in table.keys() {
-        if !KEYS.contains(&key.as_str()) {
-            bail!(
-                "config file {}: unknown key {key:?} (known: {})",
-                path.display(),
-                KEYS.join(", ")
-            );
-        }
+    fn with_file(args: &[&str], text: &str) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plegd.toml");
+        std::fs::write(&path, text).unwrap();
+        let (mut settings, matches) = parse(args);
+        settings.overlay_file(&path, &matches).map(|()| settings)
     }
-    Ok(table)
-}
 
-fn fmt_duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
-}
+    #[test]
+    fn every_key_is_a_field_and_a_flag() {
+        let (settings, _) = parse(&["plegd", "--events-json", "-"]);
+        let mut keys = Settings::keys();
+        keys.sort();
+        let mut table: Vec<String> = settings.to_table().unwrap().keys().cloned().collect();
+        table.extend(["otlp-endpoint".into(), "runtime-endpoint".into()]);
+        table.sort();
+        assert_eq!(keys, table);
+    }
 
-/// The effective configuration as TOML (what `--print-config` prints).
-pub fn render(common: &CommonArgs, runtime_endpoint: Option<&str>) -> String {
-    let mut t = toml::map::Map::new();
-    let mut put = |k: &str, v: toml::Value| {
-        t.insert(k.to_string(), v);
-    };
-    if let Some(e) = runtime_endpoint {
-        put("runtime-endpoint", e.into());
+    #[test]
+    fn the_file_fills_in_defaults_only() {
+        let s = with_file(
+            &["plegd", "--relist-period", "2s"],
+            "relist-period = \"5s\"\nqueue-capacity = 7\n",
+        )
+        .unwrap();
+        assert_eq!(s.relist_period.to_string(), "2s");
+        assert_eq!(s.queue_capacity, Count(7));
     }
-    put("relist-period", fmt_duration(common.relist_period).into());
-    put(
-        "health-threshold",
-        fmt_duration(common.health_threshold).into(),
-    );
-    put(
-        "runtime-request-timeout",
-        fmt_duration(common.runtime_request_timeout).into(),
-    );
-    put("queue-capacity", i64::from(common.queue_capacity).into());
-    put(
-        "status-concurrency",
-        i64::from(common.status_concurrency).into(),
-    );
-    put("evented", common.evented.into());
-    put("reconnect-base", fmt_duration(common.reconnect_base).into());
-    put("reconnect-cap", fmt_duration(common.reconnect_cap).into());
-    put(
-        "reconnect-healthy-reset",
-        fmt_duration(common.reconnect_healthy_reset).into(),
-    );
-    if let Some(p) = &common.events_json {
-        put("events-json", p.display().to_string().into());
+
+    #[test]
+    fn a_bad_file_value_names_its_key() {
+        let err = with_file(&["plegd"], "queue-capacity = 7\nstatus-concurrency = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"status-concurrency\"") && err.contains("between 1 and 256"),
+            "{err}"
+        );
+        let err = with_file(&["plegd"], "bogus = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown key \"bogus\""), "{err}");
     }
-    put(
-        "metrics-addr",
-        match common.metrics_addr {
-            MetricsAddr::Off => "off".to_string(),
-            MetricsAddr::On(a) => a.to_string(),
-        }
-        .into(),
-    );
-    if let Some(o) = &common.otlp_endpoint {
-        put("otlp-endpoint", o.clone().into());
+
+    #[test]
+    fn print_config_reads_back_as_the_same_settings() {
+        let (s, _) = parse(&[
+            "plegd",
+            "--runtime-endpoint",
+            "unix:///x.sock",
+            "--reconnect-cap",
+            "90s",
+            "--events-json",
+            "/tmp/e.jsonl",
+            "--otlp-endpoint",
+            "http://h:4317",
+            "--metrics-addr",
+            "[::1]:80",
+            "--evented",
+            "false",
+        ]);
+        let back = with_file(&["plegd"], &s.to_toml().unwrap()).unwrap();
+        assert_eq!(back, s);
     }
-    toml::to_string(&toml::Value::Table(t)).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
 }

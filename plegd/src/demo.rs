@@ -4,47 +4,42 @@
 
 use std::sync::Arc;
 
-use anyhow::anyhow;
-use plegd_runtime::CriRuntime;
 use plegd_sim::{spawn_churn, spawn_in_thread, ChurnConfig, FakeRuntime};
 
-use crate::cli::DemoArgs;
+use crate::cli::Workload;
+use crate::exit::ExitError;
 use crate::output::Format;
-use crate::serve::{log_runtime, serve, start_error};
-use crate::Failure;
+use crate::serve::{connect, serve};
+use crate::service_config::ServiceConfig;
 
-pub async fn run(args: DemoArgs) -> Result<(), Failure> {
+pub async fn run(workload: Workload, config: &ServiceConfig) -> Result<(), ExitError> {
     let dir = tempfile::Builder::new()
         .prefix("plegd-demo-")
         .tempdir()
-        .map_err(|e| Failure::Runtime(anyhow!("cannot create a temporary directory: {e}")))?;
+        .map_err(ExitError::runtime("cannot create a temporary directory"))?;
     let socket = dir.path().join("cri.sock");
     let sim = FakeRuntime::new();
     let server = spawn_in_thread(&socket, sim.clone())
-        .map_err(|e| Failure::Runtime(anyhow!("cannot start the simulated runtime: {e}")))?;
+        .map_err(ExitError::runtime("cannot start the simulated runtime"))?;
     let churn = spawn_churn(
         sim,
         ChurnConfig {
-            pods: args.pods as usize,
-            period: args.churn_period,
-            seed: args.seed,
+            pods: workload.pods.get(),
+            period: workload.churn_period.0,
+            seed: workload.seed,
         },
     )
-    .map_err(|e| Failure::Runtime(anyhow!("cannot start the churn workload: {e}")))?;
-    tracing::info!(endpoint = %server.endpoint(), pods = args.pods, "simulated CRI runtime is up");
+    .map_err(ExitError::runtime("cannot start the churn workload"))?;
+    tracing::info!(endpoint = %server.endpoint(), pods = workload.pods.0, "simulated CRI runtime is up");
 
-    let runtime = CriRuntime::new(&server.endpoint(), args.common.runtime_request_timeout)
-        .map_err(start_error)?;
-    let version = runtime.check().await.map_err(start_error)?;
-    log_runtime(&version);
-
+    let runtime = connect(&server.endpoint(), config.runtime_request_timeout).await?;
     let until = async move {
-        match args.duration {
-            Some(d) => actix_rt::time::sleep(d).await,
+        match workload.duration {
+            Some(d) => actix_rt::time::sleep(d.0).await,
             None => std::future::pending().await,
         }
     };
-    let result = serve(Arc::new(runtime), &args.common, Format::Text, until).await;
+    let result = serve(Arc::new(runtime), config, Format::Text, until).await;
     churn.stop();
     server.stop();
     drop(dir);

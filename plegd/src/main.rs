@@ -4,92 +4,102 @@
 mod cli;
 mod config;
 mod demo;
+mod exit;
 mod output;
 mod serve;
+mod service_config;
+mod values;
 
 use std::process::ExitCode;
 
-use anyhow::anyhow;
-use clap::{CommandFactory, FromArgMatches};
+use clap::error::ErrorKind;
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, Workload};
+use crate::config::{ConfigArgs, Settings};
+use crate::exit::ExitError;
+use crate::service_config::ServiceConfig;
 
-/// Why plegd could not run, and the exit status that says so.
-#[derive(Debug, thiserror::Error)]
-pub enum Failure {
-    /// Bad flags or configuration: exit 2.
-    #[error("{0:#}")]
-    Config(anyhow::Error),
-    /// The runtime cannot be used, or the service failed: exit 1.
-    #[error("{0:#}")]
-    Runtime(anyhow::Error),
+/// What to run, checked.
+enum Job {
+    Run {
+        endpoint: String,
+        config: ServiceConfig,
+    },
+    Demo {
+        workload: Workload,
+        config: ServiceConfig,
+    },
 }
 
-impl Failure {
-    fn exit_code(&self) -> u8 {
-        match self {
-            Failure::Config(_) => 2,
-            Failure::Runtime(_) => 1,
-        }
-    }
-}
-
-/// Merges the config file into the parsed flags; handles --print-config.
+/// Applies the config file and checks the settings; handles --print-config.
 /// Ok(None): nothing more to do.
-fn resolve(mut cli: Cli, matches: &clap::ArgMatches) -> Result<Option<Cli>, Failure> {
-    let sub = matches
-        .subcommand()
-        .map(|(_, m)| m)
-        .ok_or_else(|| Failure::Config(anyhow!("no subcommand")))?;
-    let (common, endpoint, accepts) = match &mut cli.command {
-        Command::Run(a) => (&mut a.common, &mut a.runtime_endpoint, true),
-        Command::Demo(a) => (&mut a.common, &mut None, false),
+fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Job>, ExitError> {
+    let Some((_, matches)) = matches.subcommand() else {
+        // Not reached: clap requires a subcommand. Its own error, if it were.
+        Cli::command()
+            .error(ErrorKind::MissingSubcommand, "a subcommand is required")
+            .exit()
     };
-    config::apply_file(common, sub, endpoint, accepts).map_err(Failure::Config)?;
-    if accepts && endpoint.is_none() {
-        return Err(Failure::Config(anyhow!(
-            "no runtime endpoint: give --runtime-endpoint, PLEGD_RUNTIME_ENDPOINT or \
-             runtime-endpoint in the --config file"
-        )));
-    }
-    if let Some(e) = endpoint.as_deref() {
-        plegd_runtime::parse_unix_endpoint(e).map_err(|err| {
-            Failure::Config(anyhow!(
-                "--runtime-endpoint (runtime-endpoint in the config file): {err}"
-            ))
-        })?;
-    }
-    if common.print_config {
-        print!("{}", config::render(common, endpoint.as_deref()));
+    let overlay = |settings: &mut Settings, args: &ConfigArgs| match &args.config {
+        Some(path) => settings.overlay_file(path, matches),
+        None => Ok(()),
+    };
+    let (job, settings, args) = match command {
+        Command::Run(mut a) => {
+            overlay(&mut a.settings, &a.config)?;
+            let job = Job::Run {
+                endpoint: a.settings.checked_runtime_endpoint()?,
+                config: a.settings.service_config()?,
+            };
+            (job, a.settings, a.config)
+        }
+        Command::Demo(mut a) => {
+            overlay(&mut a.settings, &a.config)?;
+            if a.settings.runtime_endpoint.take().is_some() {
+                tracing::warn!(
+                    key = "runtime-endpoint",
+                    "plegd demo uses its simulated runtime; this key is not used"
+                );
+            }
+            let job = Job::Demo {
+                workload: a.workload,
+                config: a.settings.service_config()?,
+            };
+            (job, a.settings, a.config)
+        }
+    };
+    if args.print_config {
+        print!("{}", settings.to_toml()?);
         return Ok(None);
     }
-    Ok(Some(cli))
+    Ok(Some(job))
+}
+
+fn fail(e: ExitError) -> ExitCode {
+    let code = e.exit_code();
+    eprintln!("plegd: error: {:#}", anyhow::Error::new(e));
+    ExitCode::from(code)
 }
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     plegd_telemetry::logging::init("info");
-    let cli = match resolve(cli, &matches) {
-        Ok(Some(cli)) => cli,
+    let job = match configure(cli.command, &matches) {
+        Ok(Some(job)) => job,
         Ok(None) => return ExitCode::SUCCESS,
-        Err(f) => {
-            eprintln!("plegd: error: {f}");
-            return ExitCode::from(f.exit_code());
-        }
+        Err(e) => return fail(e),
     };
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
-        match cli.command {
-            Command::Run(args) => serve::run_real(args).await,
-            Command::Demo(args) => demo::run(args).await,
+        match job {
+            Job::Run { endpoint, config } => serve::run_real(&endpoint, &config).await,
+            Job::Demo { workload, config } => demo::run(workload, &config).await,
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(f) => {
-            eprintln!("plegd: error: {f}");
-            ExitCode::from(f.exit_code())
-        }
+        Err(e) => fail(e),
     }
 }

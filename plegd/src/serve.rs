@@ -6,19 +6,15 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context as _};
-use plegd_actors::Health;
-use plegd_actors::ReconnectPolicy;
-use plegd_actors::{Pleg, PlegConfig};
-use plegd_runtime::CriRuntime;
-use plegd_runtime::{RuntimeClient, RuntimeError, RuntimeVersion};
+use plegd_actors::{Health, Pleg};
+use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::traces::{sdk_disabled, TraceExport};
 use plegd_telemetry::Metrics;
 
-use crate::cli::{CommonArgs, MetricsAddr, RunArgs};
+use crate::exit::{ConfigError, ExitError};
 use crate::output::{spawn_writer, Format};
-use crate::Failure;
+use crate::service_config::ServiceConfig;
 
 /// Queue of the output subscriber: large, so a slow terminal rarely drops events
 /// (and when it does, the next line says how many).
@@ -40,27 +36,31 @@ impl HealthSource for HealthAdapter {
 }
 
 /// `plegd run`: a real CRI runtime.
-pub async fn run_real(args: RunArgs) -> Result<(), Failure> {
-    let endpoint = args
-        .runtime_endpoint
-        .as_deref()
-        .ok_or_else(|| Failure::Config(anyhow!("no runtime endpoint")))?;
-    let runtime = CriRuntime::new(endpoint, args.common.runtime_request_timeout)
-        .map_err(|e| Failure::Config(anyhow!("--runtime-endpoint: {e}")))?;
-    let version = runtime.check().await.map_err(|e| {
-        Failure::Runtime(anyhow!(e).context("the runtime did not pass the start-up check"))
-    })?;
-    log_runtime(&version);
+pub async fn run_real(endpoint: &str, config: &ServiceConfig) -> Result<(), ExitError> {
+    let runtime = connect(endpoint, config.runtime_request_timeout).await?;
     serve(
         Arc::new(runtime),
-        &args.common,
+        config,
         Format::Json,
         std::future::pending(),
     )
     .await
 }
 
-pub fn log_runtime(v: &RuntimeVersion) {
+/// A client of the CRI runtime at `endpoint` that passed the start-up check (the
+/// socket exists and a CRI v1 server answers Version).
+pub async fn connect(endpoint: &str, request_timeout: Duration) -> Result<CriRuntime, ExitError> {
+    let start_error = |e: RuntimeError| match e {
+        RuntimeError::BadEndpoint { .. } => ExitError::from(ConfigError::RuntimeEndpoint(e)),
+        other => ExitError::runtime("the runtime did not pass the start-up check")(other),
+    };
+    let runtime = CriRuntime::new(endpoint, request_timeout).map_err(start_error)?;
+    let version = runtime.check().await.map_err(start_error)?;
+    log_runtime(&version);
+    Ok(runtime)
+}
+
+fn log_runtime(v: &RuntimeVersion) {
     tracing::info!(
         runtime = %v.runtime_name,
         version = %v.runtime_version,
@@ -76,20 +76,12 @@ pub fn log_runtime(v: &RuntimeVersion) {
     }
 }
 
-/// Turns a runtime error at start into the right failure.
-pub fn start_error(e: RuntimeError) -> Failure {
-    match e {
-        RuntimeError::BadEndpoint { .. } => Failure::Config(anyhow!(e)),
-        other => Failure::Runtime(anyhow!(other)),
-    }
-}
-
-async fn wait_for_signal() -> Result<&'static str, Failure> {
+async fn wait_for_signal() -> Result<&'static str, ExitError> {
     use actix_rt::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())
-        .map_err(|e| Failure::Runtime(anyhow!("cannot install the SIGTERM handler: {e}")))?;
+        .map_err(ExitError::runtime("cannot install the SIGTERM handler"))?;
     let mut int = signal(SignalKind::interrupt())
-        .map_err(|e| Failure::Runtime(anyhow!("cannot install the SIGINT handler: {e}")))?;
+        .map_err(ExitError::runtime("cannot install the SIGINT handler"))?;
     Ok(tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
@@ -99,12 +91,12 @@ async fn wait_for_signal() -> Result<&'static str, Failure> {
 /// Runs plegd over `runtime` until SIGTERM/SIGINT or `until` resolves.
 pub async fn serve(
     runtime: Arc<dyn RuntimeClient>,
-    common: &CommonArgs,
+    config: &ServiceConfig,
     default_format: Format,
     until: impl Future<Output = ()>,
-) -> Result<(), Failure> {
+) -> Result<(), ExitError> {
     let metrics = Arc::new(Metrics::new());
-    let (out, format): (Box<dyn Write + Send>, Format) = match &common.events_json {
+    let (out, format): (Box<dyn Write + Send>, Format) = match &config.events_json {
         None => (Box::new(std::io::stdout()), default_format),
         Some(p) if p.as_os_str() == "-" => (Box::new(std::io::stdout()), Format::Json),
         Some(p) => {
@@ -112,58 +104,39 @@ pub async fn serve(
                 .create(true)
                 .append(true)
                 .open(p)
-                .with_context(|| format!("--events-json {}", p.display()))
-                .map_err(Failure::Config)?;
+                .map_err(|error| ConfigError::EventsJson {
+                    path: p.clone(),
+                    error,
+                })?;
             (Box::new(f), Format::Json)
         }
     };
-    let cfg = PlegConfig {
-        relist_period: common.relist_period,
-        health_threshold: common.health_threshold,
-        queue_capacity: common.queue_capacity as usize,
-        status_concurrency: common.status_concurrency as usize,
-        evented: common.evented,
-        reconnect: ReconnectPolicy::new(
-            common.reconnect_base,
-            common.reconnect_cap,
-            common.reconnect_healthy_reset,
-        )
-        .map_err(|e| Failure::Config(anyhow!("--reconnect-base/--reconnect-cap: {e}")))?,
-        gate_idle: Duration::from_secs(5),
-    };
-    let metrics_server = match common.metrics_addr {
-        MetricsAddr::Off => None,
-        MetricsAddr::On(addr) => Some((addr, ())),
-    };
-
-    let traces = match &common.otlp_endpoint {
+    let traces = match &config.otlp_endpoint {
         Some(ep) if !sdk_disabled() => {
-            let export = TraceExport::start(ep)
-                .map_err(|e| Failure::Config(anyhow!("--otlp-endpoint: {e}")))?;
+            let export = TraceExport::start(ep).map_err(ConfigError::OtlpEndpoint)?;
             tracing::info!(endpoint = %ep, "exporting traces over OTLP");
             Some(export)
         }
         _ => None,
     };
-    let pleg = Pleg::start(runtime, &cfg, metrics.clone());
+    let pleg = Pleg::start(runtime, &config.pleg, metrics.clone());
     let sub = pleg
         .subscribe("output", OUTPUT_QUEUE)
         .await
-        .map_err(|e| Failure::Runtime(anyhow!("event publisher did not start: {e}")))?;
+        .map_err(ExitError::runtime("event publisher did not start"))?;
     let writer = spawn_writer(sub, out, format)
-        .map_err(|e| Failure::Runtime(anyhow!("cannot start the output thread: {e}")))?;
+        .map_err(ExitError::runtime("cannot start the output thread"))?;
 
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut http_task = None;
-    if let Some((addr, ())) = metrics_server {
+    if let Some(addr) = config.metrics_addr {
         let server = MetricsServer::bind(
             addr,
             metrics.clone(),
             Arc::new(HealthAdapter(pleg.health().clone())),
         )
         .await
-        .with_context(|| format!("--metrics-addr {addr}"))
-        .map_err(Failure::Config)?;
+        .map_err(|error| ConfigError::MetricsAddr { addr, error })?;
         tracing::info!(addr = %addr, "serving /metrics, /healthz and /readyz");
         http_task = Some(actix_rt::spawn(server.serve(async {
             let _ = http_stopped.await;
@@ -210,7 +183,9 @@ pub async fn serve(
     match writer.join() {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        Ok(Err(e)) => Err(Failure::Runtime(anyhow!("writing events: {e}"))),
-        Err(_) => Err(Failure::Runtime(anyhow!("the output thread panicked"))),
+        Ok(Err(e)) => Err(ExitError::runtime("writing events")(e)),
+        Err(_) => Err(ExitError::Runtime(anyhow::anyhow!(
+            "the output thread panicked"
+        ))),
     }
 }

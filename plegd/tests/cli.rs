@@ -1,5 +1,6 @@
-//! The `plegd` binary end to end: exit codes and messages, the JSON event output,
-//! the operator endpoint, and graceful shutdown on SIGTERM/SIGINT.
+//! The `plegd` binary end to end: exit codes and messages, configuration (flags,
+//! environment, config file, `--print-config`), the JSON event output, the operator
+//! endpoint, and graceful shutdown on SIGTERM/SIGINT.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -292,6 +293,50 @@ fn help_explains_itself() {
     }
 }
 
+/// `plegd run` with every setting given, so that `--print-config` shows every key.
+const EVERY_SETTING: &[&str] = &[
+    "run",
+    "--runtime-endpoint",
+    "unix:///x.sock",
+    "--events-json",
+    "-",
+    "--otlp-endpoint",
+    "http://127.0.0.1:4317",
+];
+
+#[test]
+fn help_explains_every_setting() {
+    let (code, out, err) = print_config(EVERY_SETTING, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let keys: Vec<String> = toml::from_str::<toml::Table>(&out)
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert!(keys.len() >= 13, "{keys:?}");
+    for command in ["run", "demo"] {
+        let help = String::from_utf8_lossy(&run_to_end(&[command, "--help"]).stdout).into_owned();
+        let flags = keys
+            .iter()
+            .filter(|k| !(command == "demo" && *k == "runtime-endpoint"))
+            .map(|k| format!("--{k}"))
+            .chain(["--config".into(), "--print-config".into()]);
+        for flag in flags {
+            // Each flag's line is followed by a line explaining it.
+            let lines: Vec<&str> = help.lines().map(str::trim).collect();
+            let at = lines
+                .iter()
+                .position(|l| l.split_whitespace().next() == Some(flag.as_str()))
+                .unwrap_or_else(|| panic!("{command} --help lacks {flag}"));
+            let explained = lines.get(at + 1).copied().unwrap_or_default();
+            assert!(
+                !explained.is_empty() && !explained.starts_with('-'),
+                "{command} --help: {flag} unexplained"
+            );
+        }
+    }
+}
+
 fn print_config(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let mut cmd = plegd();
     cmd.args(args).arg("--print-config");
@@ -396,4 +441,210 @@ fn bad_config_fails_at_start_naming_the_key_and_reason() {
     );
     let (code, _, err) = print_config(&["demo"], &[("PLEGD_QUEUE_CAPACITY", "lots")]);
     assert_eq!(code, Some(2), "{err}");
+}
+
+/// Writes `text` as a config file in `dir`; returns its path.
+fn config_file(dir: &tempfile::TempDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn an_unknown_key_in_the_config_file_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = config_file(
+        &dir,
+        "c.toml",
+        "relist-period = \"2s\"\nrelist-perod = \"3s\"\n",
+    );
+    let run = [
+        "run",
+        "--runtime-endpoint",
+        "unix:///x.sock",
+        "--config",
+        &f,
+    ];
+    let demo = ["demo", "--config", &f];
+    for args in [&run[..], &demo[..]] {
+        let command = args[0];
+        let (code, out, err) = print_config(args, &[]);
+        assert_eq!(code, Some(2), "{command}: {out}");
+        assert!(
+            err.contains("unknown key \"relist-perod\"") && err.contains("relist-period"),
+            "{command}: {err}"
+        );
+    }
+    // A flag of the command line is not a key of the file.
+    let f = config_file(&dir, "d.toml", "print-config = true\n");
+    let (code, _, err) = print_config(&["demo", "--config", &f], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("unknown key \"print-config\""), "{err}");
+}
+
+#[test]
+fn a_file_value_loses_to_env_and_to_flags_and_beats_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = config_file(
+        &dir,
+        "c.toml",
+        "relist-period = \"5s\"\nmetrics-addr = \"off\"\nevented = false\n",
+    );
+    let effective = |args: &[&str], env: &[(&str, &str)]| -> toml::Table {
+        let mut all = vec!["demo", "--config", &f];
+        all.extend_from_slice(args);
+        let (code, out, err) = print_config(&all, env);
+        assert_eq!(code, Some(0), "{all:?} {env:?}: {err}");
+        toml::from_str(&out).unwrap()
+    };
+    let file = effective(&[], &[]);
+    assert_eq!(
+        file["relist-period"].as_str(),
+        Some("5s"),
+        "file beats default"
+    );
+    assert_eq!(file["metrics-addr"].as_str(), Some("off"));
+    assert_eq!(file["evented"].as_bool(), Some(false));
+    assert_eq!(file["queue-capacity"].as_integer(), Some(1024), "default");
+
+    let env = effective(
+        &[],
+        &[
+            ("PLEGD_RELIST_PERIOD", "2s"),
+            ("PLEGD_METRICS_ADDR", "127.0.0.1:1"),
+            ("PLEGD_EVENTED", "true"),
+        ],
+    );
+    assert_eq!(env["relist-period"].as_str(), Some("2s"), "env beats file");
+    assert_eq!(env["metrics-addr"].as_str(), Some("127.0.0.1:1"));
+    assert_eq!(env["evented"].as_bool(), Some(true));
+
+    // Even a flag set to the default's value beats the file.
+    let flags = effective(
+        &[
+            "--relist-period",
+            "1s",
+            "--metrics-addr",
+            "127.0.0.1:9464",
+            "--evented",
+            "true",
+        ],
+        &[("PLEGD_RELIST_PERIOD", "2s")],
+    );
+    assert_eq!(
+        flags["relist-period"].as_str(),
+        Some("1s"),
+        "flag beats env and file"
+    );
+    assert_eq!(flags["metrics-addr"].as_str(), Some("127.0.0.1:9464"));
+    assert_eq!(flags["evented"].as_bool(), Some(true));
+}
+
+#[test]
+fn a_bad_value_exits_2_naming_the_flag() {
+    /// Flags, environment, and the flag the error must name.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        (&["--queue-capacity", "0"], &[], "--queue-capacity"),
+        (
+            &["--status-concurrency", "257"],
+            &[],
+            "--status-concurrency",
+        ),
+        (
+            &[],
+            &[("PLEGD_STATUS_CONCURRENCY", "0")],
+            "--status-concurrency",
+        ),
+        (
+            &[],
+            &[("PLEGD_HEALTH_THRESHOLD", "0s")],
+            "--health-threshold",
+        ),
+        (&["--metrics-addr", "nowhere"], &[], "--metrics-addr"),
+        (&["--otlp-endpoint", "grpc://x"], &[], "--otlp-endpoint"),
+        (&["--evented", "yes"], &[], "--evented"),
+        (&["--pods", "0"], &[], "--pods"),
+        (&["--churn-period=-1s"], &[], "--churn-period"),
+        // Values that are fine alone but not together.
+        (
+            &["--reconnect-base", "2s", "--reconnect-cap", "1s"],
+            &[],
+            "--reconnect-cap",
+        ),
+        // The demo brings its own runtime.
+        (
+            &["--runtime-endpoint", "unix:///x.sock"],
+            &[],
+            "--runtime-endpoint",
+        ),
+    ];
+    for (args, env, flag) in cases {
+        let mut all = vec!["demo"];
+        all.extend_from_slice(args);
+        let (code, out, err) = print_config(&all, env);
+        assert_eq!(code, Some(2), "{args:?} {env:?}: {out}");
+        assert!(err.contains(flag), "{args:?} {env:?}: {err}");
+    }
+    // plegd run: the endpoint, wherever it comes from.
+    let (code, _, err) = print_config(&["run"], &[("PLEGD_RUNTIME_ENDPOINT", "/x.sock")]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("--runtime-endpoint") && err.contains("unix:///"),
+        "{err}"
+    );
+}
+
+#[test]
+fn demo_ignores_the_runtime_endpoint_of_the_environment_and_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = config_file(
+        &dir,
+        "c.toml",
+        "runtime-endpoint = \"unix:///from/file.sock\"\n",
+    );
+    let (code, out, err) = print_config(
+        &["demo", "--config", &f],
+        &[("PLEGD_RUNTIME_ENDPOINT", "unix:///from/env.sock")],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains("runtime-endpoint"), "{out}");
+    assert!(
+        err.contains("runtime-endpoint") && err.contains("not used"),
+        "{err}"
+    );
+}
+
+#[test]
+fn print_config_output_read_back_as_a_config_file_gives_the_same_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[&[&str]] = &[
+        EVERY_SETTING,
+        &["demo"],
+        &[
+            "demo",
+            "--relist-period",
+            "1500ms",
+            "--reconnect-cap",
+            "2m",
+            "--queue-capacity",
+            "1",
+            "--status-concurrency",
+            "256",
+            "--evented",
+            "false",
+            "--metrics-addr",
+            "[::1]:9",
+            "--events-json",
+            "/tmp/plegd events.jsonl",
+        ],
+    ];
+    for (i, args) in cases.iter().enumerate() {
+        let (code, first, err) = print_config(args, &[]);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        let f = config_file(&dir, &format!("c{i}.toml"), &first);
+        let (code, again, err) = print_config(&[args[0], "--config", &f], &[]);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert_eq!(again, first, "{args:?}");
+    }
 }

@@ -1,0 +1,94 @@
+//! Why plegd stops with an error, and the exit status that says so: 2 for bad flags
+//! or configuration (each [`ConfigError`] names the flag or key), 1 when the runtime
+//! cannot be used or the service fails.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use plegd_actors::ReconnectPolicyError;
+use plegd_runtime::RuntimeError;
+use plegd_telemetry::traces::TraceError;
+
+/// Why plegd could not run, and the exit status that says so.
+#[derive(Debug, thiserror::Error)]
+pub enum ExitError {
+    /// Bad flags or configuration: exit 2.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The runtime cannot be used, or the service failed: exit 1.
+    #[error(transparent)]
+    Runtime(anyhow::Error),
+}
+
+impl ExitError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ExitError::Config(_) => 2,
+            ExitError::Runtime(_) => 1,
+        }
+    }
+
+    /// For `map_err`: the service failed while `doing` something (exit 1).
+    pub fn runtime<E>(doing: &'static str) -> impl FnOnce(E) -> ExitError
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        move |e| ExitError::Runtime(anyhow::Error::new(e).context(doing))
+    }
+}
+
+/// A bad setting, named by its flag or config file key (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--config {}: cannot read", path.display())]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("--config {}: not valid TOML", path.display())]
+    FileSyntax {
+        path: PathBuf,
+        #[source]
+        error: Box<toml::de::Error>,
+    },
+    #[error("config file {}: unknown key {key:?} (known: {})", path.display(), known.join(", "))]
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        known: Vec<String>,
+    },
+    /// `error` is read from a table, not the file's text: its message has no position.
+    #[error("config file {}: key {key:?}: {}", path.display(), error.message())]
+    FileValue {
+        path: PathBuf,
+        key: String,
+        error: Box<toml::de::Error>,
+    },
+    #[error(
+        "no runtime endpoint: give --runtime-endpoint, PLEGD_RUNTIME_ENDPOINT or \
+         runtime-endpoint in the --config file"
+    )]
+    NoRuntimeEndpoint,
+    #[error("--runtime-endpoint (runtime-endpoint in the config file)")]
+    RuntimeEndpoint(#[source] RuntimeError),
+    #[error("--reconnect-base/--reconnect-cap")]
+    Reconnect(#[source] ReconnectPolicyError),
+    #[error("--events-json {}", path.display())]
+    EventsJson {
+        path: PathBuf,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("--metrics-addr {addr}")]
+    MetricsAddr {
+        addr: SocketAddr,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("--otlp-endpoint")]
+    OtlpEndpoint(#[source] TraceError),
+    /// A setting that TOML cannot hold (a path that is not UTF-8).
+    #[error("the configuration cannot be written as TOML")]
+    Render(#[source] toml::ser::Error),
+}

@@ -1,0 +1,67 @@
+//! The checked configuration the service runs with, made once at start from the
+//! settings (after the config file). Single values were already checked when parsed
+//! (see `values.rs`); this adds what needs several of them or a runtime's rules, so
+//! that past start-up no setting can be invalid.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plegd_actors::{PlegConfig, ReconnectPolicy};
+
+use crate::config::Settings;
+use crate::exit::ConfigError;
+use crate::values::MetricsAddr;
+
+/// What the service runs with, whichever the runtime.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    pub pleg: PlegConfig,
+    /// Deadline of each unary CRI call.
+    pub runtime_request_timeout: Duration,
+    /// `--events-json`: a path, `-` for stdout, or unset for the command's default.
+    pub events_json: Option<PathBuf>,
+    /// `None`: no `/metrics` endpoint.
+    pub metrics_addr: Option<SocketAddr>,
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Settings {
+    /// The runtime endpoint `plegd run` needs: given, and a `unix:///` socket path.
+    pub fn checked_runtime_endpoint(&self) -> Result<String, ConfigError> {
+        let endpoint = self
+            .runtime_endpoint
+            .clone()
+            .ok_or(ConfigError::NoRuntimeEndpoint)?;
+        plegd_runtime::parse_unix_endpoint(&endpoint).map_err(ConfigError::RuntimeEndpoint)?;
+        Ok(endpoint)
+    }
+
+    /// Everything but the runtime endpoint, checked.
+    pub fn service_config(&self) -> Result<ServiceConfig, ConfigError> {
+        let reconnect = ReconnectPolicy::new(
+            self.reconnect_base.0,
+            self.reconnect_cap.0,
+            self.reconnect_healthy_reset.0,
+        )
+        .map_err(ConfigError::Reconnect)?;
+        Ok(ServiceConfig {
+            pleg: PlegConfig {
+                relist_period: self.relist_period.0,
+                health_threshold: self.health_threshold.0,
+                queue_capacity: self.queue_capacity.get(),
+                status_concurrency: self.status_concurrency.get(),
+                evented: self.evented,
+                reconnect,
+                ..PlegConfig::default()
+            },
+            runtime_request_timeout: self.runtime_request_timeout.0,
+            events_json: self.events_json.clone(),
+            metrics_addr: match self.metrics_addr {
+                MetricsAddr::Off => None,
+                MetricsAddr::On(addr) => Some(addr),
+            },
+            otlp_endpoint: self.otlp_endpoint.as_ref().map(|e| e.0.clone()),
+        })
+    }
+}

@@ -1,0 +1,201 @@
+//! The kinds of value a setting can hold (a positive duration, a bounded count, the
+//! metrics address, the OTLP endpoint). Each kind is parsed and limited here once, and
+//! the same code serves flags and environment (through `FromStr`, for clap) and the
+//! `--config` file (through serde), so a value means the same wherever it is written.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A duration greater than zero, written with units: `500ms`, `1s`, `3m`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PositiveDuration(pub Duration);
+
+impl FromStr for PositiveDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim_start().starts_with('-') {
+            return Err("must not be negative".into());
+        }
+        let d =
+            humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 1s, 3m)"))?;
+        if d.is_zero() {
+            return Err("must be greater than zero".into());
+        }
+        Ok(PositiveDuration(d))
+    }
+}
+
+impl fmt::Display for PositiveDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        humantime::format_duration(self.0).fmt(f)
+    }
+}
+
+/// A whole number from 1 to `MAX`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "i64", into = "i64")]
+pub struct Count<const MAX: u32>(pub u32);
+
+impl<const MAX: u32> TryFrom<i64> for Count<MAX> {
+    type Error = String;
+    fn try_from(n: i64) -> Result<Self, String> {
+        match u32::try_from(n) {
+            Ok(n) if (1..=MAX).contains(&n) => Ok(Count(n)),
+            _ => Err(format!("must be between 1 and {MAX}")),
+        }
+    }
+}
+
+impl<const MAX: u32> FromStr for Count<MAX> {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let n: i64 = s
+            .parse()
+            .map_err(|e| format!("{e} (expected 1 to {MAX})"))?;
+        Count::try_from(n)
+    }
+}
+
+impl<const MAX: u32> From<Count<MAX>> for i64 {
+    fn from(c: Count<MAX>) -> i64 {
+        i64::from(c.0)
+    }
+}
+
+impl<const MAX: u32> Count<MAX> {
+    pub fn get(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Where to serve `/metrics`, `/healthz` and `/readyz`: `HOST:PORT`, or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum MetricsAddr {
+    Off,
+    On(SocketAddr),
+}
+
+impl FromStr for MetricsAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(MetricsAddr::Off);
+        }
+        s.parse::<SocketAddr>()
+            .map(MetricsAddr::On)
+            .map_err(|e| format!("{e} (expected HOST:PORT such as 127.0.0.1:9464, or 'off')"))
+    }
+}
+
+impl fmt::Display for MetricsAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetricsAddr::Off => f.write_str("off"),
+            MetricsAddr::On(a) => a.fmt(f),
+        }
+    }
+}
+
+/// An OTLP/gRPC collector: `http://HOST:PORT` or `https://HOST:PORT`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct OtlpEndpoint(pub String);
+
+impl FromStr for OtlpEndpoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once("://") {
+            Some(("http" | "https", rest)) if !rest.is_empty() => Ok(OtlpEndpoint(s.to_string())),
+            _ => Err("expected http://HOST:PORT or https://HOST:PORT (OTLP over gRPC)".into()),
+        }
+    }
+}
+
+impl fmt::Display for OtlpEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// serde's `try_from = "String"` for every kind above that is written as text.
+macro_rules! text_conversions {
+    ($($t:ty),*) => {$(
+        impl TryFrom<String> for $t {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                s.parse()
+            }
+        }
+        impl From<$t> for String {
+            fn from(v: $t) -> String {
+                v.to_string()
+            }
+        }
+    )*};
+}
+text_conversions!(PositiveDuration, MetricsAddr, OtlpEndpoint);
+
+/// A boolean setting in the config file, refused with "expected true or false".
+pub fn true_or_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    struct Visitor;
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("true or false")
+        }
+        fn visit_bool<E>(self, v: bool) -> Result<bool, E> {
+            Ok(v)
+        }
+    }
+    d.deserialize_bool(Visitor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_positive_and_keep_their_units() {
+        let d: PositiveDuration = "1m".parse().unwrap();
+        assert_eq!(d.0, Duration::from_secs(60));
+        assert_eq!(d.to_string(), "1m");
+        for (bad, reason) in [
+            ("0s", "greater than zero"),
+            ("-1s", "negative"),
+            ("soon", "500ms"),
+        ] {
+            let err = bad.parse::<PositiveDuration>().unwrap_err();
+            assert!(err.contains(reason), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn counts_are_bounded_the_same_from_text_and_from_numbers() {
+        assert_eq!("256".parse::<Count<256>>(), Ok(Count(256)));
+        for bad in ["0", "257", "-1", "lots"] {
+            assert!(bad.parse::<Count<256>>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            Count::<256>::try_from(0),
+            Err("must be between 1 and 256".into())
+        );
+        assert!(Count::<256>::try_from(i64::from(u32::MAX) + 1).is_err());
+    }
+
+    #[test]
+    fn addresses_and_endpoints_round_trip_as_text() {
+        for s in ["off", "127.0.0.1:9464", "[::1]:80"] {
+            assert_eq!(s.parse::<MetricsAddr>().unwrap().to_string(), s);
+        }
+        assert!("localhost".parse::<MetricsAddr>().is_err());
+        assert!("http://h:4317".parse::<OtlpEndpoint>().is_ok());
+        assert!("grpc://h".parse::<OtlpEndpoint>().is_err());
+        assert!("http://".parse::<OtlpEndpoint>().is_err());
+    }
+}
