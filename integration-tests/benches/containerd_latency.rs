@@ -16,13 +16,10 @@
 //! `cargo test --all-targets` runs it) it is a 3-container smoke run, skipped with a
 //! message when containerd cannot be started (the containerd tests fail then).
 
-#[path = "../tests/containerd_support/mod.rs"]
-mod containerd_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use containerd_support::*;
+use integration_tests::containerd::*;
 use plegd_actors::{Delivery, Subscription};
 use plegd_actors::{EventKind, RelistSource};
 use plegd_actors::{Pleg, PlegConfig};

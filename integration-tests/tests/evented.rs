@@ -3,14 +3,12 @@
 //! stale and reordered events, full queues, storms, SyncPod suspension, shutdown, and
 //! no accumulation of streams, sockets or gate actors.
 
-mod common;
-
 use plegd_telemetry::{RequestResult, StreamEventType};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use integration_tests::wait::*;
 use plegd_actors::ReconnectPolicy;
 use plegd_actors::WatcherState;
 use plegd_actors::{EventKind, RelistSource};

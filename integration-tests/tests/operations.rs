@@ -3,14 +3,12 @@
 //! every label of every series checked; health through the outage; and a flapping
 //! runtime that cannot flood the log.
 
-mod common;
-
 use plegd_telemetry::RelistPhase;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use integration_tests::wait::*;
 use plegd_actors::Health;
 use plegd_actors::ReconnectPolicy;
 use plegd_actors::{EventKind, RelistSource};

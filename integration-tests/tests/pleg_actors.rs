@@ -1,45 +1,21 @@
 //! Component tests of the Generic PLEG's actors (dispatcher, cache, publisher,
 //! health) over the in-memory fake runtime.
 
-mod common;
-
 use plegd_telemetry::{RelistPhase, RequestResult};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use integration_tests::pleg::*;
+use integration_tests::wait::*;
 use plegd_actors::{EventKind, RelistSource};
 use plegd_actors::{Pleg, PlegConfig};
 use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::Metrics;
 
-fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
-    start_with(
-        rt,
-        PlegConfig {
-            relist_period: period,
-            ..PlegConfig::default()
-        },
-    )
-}
-
-/// The Generic PLEG alone: no event stream, so every relist here is asked for.
-fn start_with(rt: &FakeRuntime, cfg: PlegConfig) -> Pleg {
-    let cfg = PlegConfig {
-        evented: false,
-        ..cfg
-    };
-    Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))
-}
-
-fn global_relists(p: &Pleg) -> u64 {
-    p.metrics().relist_duration.get_sample_count()
-}
-
 #[actix_rt::test]
 async fn events_are_published_after_the_cache_is_updated() {
     let rt = FakeRuntime::new();
-    let p = start(&rt, Duration::from_millis(20));
+    let p = start_generic(&rt, Duration::from_millis(20));
     let sub = p.subscribe("t", 1024).await.unwrap();
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
@@ -77,7 +53,7 @@ async fn events_are_published_after_the_cache_is_updated() {
 async fn wait_newer_than_is_released_by_reads_and_by_global_relists() {
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "web", "ns");
-    let p = start(&rt, Duration::from_millis(50));
+    let p = start_generic(&rt, Duration::from_millis(50));
     wait_until("first relist", || p.health().ready()).await;
     let t = SystemTime::now();
     // A pod that does not exist: released by the next global relist, with no entry.
@@ -124,7 +100,7 @@ async fn status_errors_are_cached_and_the_pod_reinspected() {
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
-    let p = start(&rt, Duration::from_millis(20));
+    let p = start_generic(&rt, Duration::from_millis(20));
     let sub = p.subscribe("t", 1024).await.unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &c).await;
     rt.fail_pod_status("u1", true);
@@ -148,7 +124,7 @@ async fn status_errors_are_cached_and_the_pod_reinspected() {
 #[actix_rt::test]
 async fn a_full_subscriber_queue_drops_counts_and_tells_the_subscriber() {
     let rt = FakeRuntime::new();
-    let p = start(&rt, Duration::from_millis(10));
+    let p = start_generic(&rt, Duration::from_millis(10));
     let slow = p.subscribe("slow", 2).await.unwrap();
     let fast = p.subscribe("fast", 100_000).await.unwrap();
     let mut sandboxes = Vec::new();
@@ -184,7 +160,7 @@ async fn a_full_subscriber_queue_drops_counts_and_tells_the_subscriber() {
 async fn a_dropped_subscription_is_forgotten_on_a_quiet_node() {
     let rt = FakeRuntime::new();
     // Nothing to publish: no pods and no periodic relist during the test.
-    let p = start(&rt, Duration::from_secs(3600));
+    let p = start_generic(&rt, Duration::from_secs(3600));
     let a = p.subscribe("a", 8).await.unwrap();
     let b = p.subscribe("b", 8).await.unwrap();
     let m = p.metrics().clone();
@@ -206,7 +182,7 @@ async fn a_dropped_subscription_is_forgotten_on_a_quiet_node() {
 async fn health_follows_the_global_relist_not_the_stream() {
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");
-    let p = start_with(
+    let p = start_generic_with(
         &rt,
         PlegConfig {
             relist_period: Duration::from_millis(10),
@@ -231,7 +207,7 @@ async fn targeted_relist_is_fast_and_tagged_with_its_source() {
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
     // A relist period far longer than the test: only the targeted relist can see the exit.
-    let p = start(&rt, Duration::from_secs(3600));
+    let p = start_generic(&rt, Duration::from_secs(3600));
     let sub = p.subscribe("t", 1024).await.unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &c).await;
     rt.exit_container(&c, 137);
@@ -258,7 +234,7 @@ async fn requests_covered_by_a_completed_global_relist_are_skipped() {
     // Every relist takes ≥ 100 ms, twice the period: requests queue up behind the
     // first global relist, and a second one is due when it ends.
     rt.set_latency(Op::ListContainers, Duration::from_millis(100));
-    let p = start(&rt, Duration::from_millis(50));
+    let p = start_generic(&rt, Duration::from_millis(50));
     wait_until("first relist started", || rt.calls(Op::ListContainers) >= 1).await;
     for _ in 0..5 {
         assert!(p.request_relist("u1", RelistSource::EventedPleg));
@@ -283,7 +259,7 @@ async fn a_full_queue_drops_requests_and_the_global_relist_still_converges() {
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
-    let p = start_with(
+    let p = start_generic_with(
         &rt,
         PlegConfig {
             relist_period: Duration::from_millis(200),
@@ -318,7 +294,7 @@ async fn a_storm_of_targeted_requests_does_not_starve_the_global_relist() {
     rt.run_pod("storm", "storm", "ns");
     let other_sb = rt.run_pod("other", "other", "ns");
     let other = rt.run_container(&other_sb, "app");
-    let p = start_with(
+    let p = start_generic_with(
         &rt,
         PlegConfig {
             relist_period: Duration::from_millis(50),
@@ -371,7 +347,7 @@ async fn stop_in_the_middle_of_a_relist() {
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");
     rt.set_latency(Op::ListContainers, Duration::from_millis(200));
-    let p = start(&rt, Duration::from_millis(10));
+    let p = start_generic(&rt, Duration::from_millis(10));
     let sub = p.subscribe("t", 16).await.unwrap();
     wait_until("relist in progress", || rt.calls(Op::ListContainers) >= 1).await;
     p.stop();
@@ -389,7 +365,7 @@ async fn stop_in_the_middle_of_a_relist() {
 async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");
-    let p = start(&rt, Duration::from_secs(3600));
+    let p = start_generic(&rt, Duration::from_secs(3600));
     wait_until("first relist", || p.health().ready()).await;
     let n = global_relists(&p);
     p.relist_soon();
@@ -409,7 +385,7 @@ async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
 
     // A fresh plegd whose forced relists fail keeps honouring them.
     let rt = FakeRuntime::new();
-    let p = start(&rt, Duration::from_secs(3600));
+    let p = start_generic(&rt, Duration::from_secs(3600));
     wait_until("first relist", || p.health().ready()).await;
     rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
     for i in 1..=3 {

@@ -4,8 +4,6 @@
 //! read, a request queued just before a hold, waiting on a held pod, and the queue
 //! gauge after stop.
 
-mod common;
-
 use plegd_telemetry::{RelistPhase, RequestResult};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -13,8 +11,9 @@ use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use common::*;
 use futures::StreamExt;
+use integration_tests::pleg::*;
+use integration_tests::wait::*;
 use plegd_actors::ReconnectPolicy;
 use plegd_actors::SyncOutcome;
 use plegd_actors::{EventKind, RelistSource};
@@ -28,27 +27,23 @@ use plegd_sim::spawn_in_thread;
 use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::Metrics;
 
+/// The Generic PLEG with gates that go idle quickly (these tests hold pods).
 fn start(rt: &FakeRuntime, period: Duration) -> Pleg {
-    let cfg = PlegConfig {
-        relist_period: period,
-        evented: false,
-        gate_idle: Duration::from_millis(50),
-        ..PlegConfig::default()
-    };
-    Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))
+    start_generic_with(
+        rt,
+        PlegConfig {
+            relist_period: period,
+            gate_idle: Duration::from_millis(50),
+            ..PlegConfig::default()
+        },
+    )
 }
 
 /// A subscription, and pod "u1"'s running container "app", already seen by plegd.
-async fn running_pod(pleg: &Pleg, rt: &FakeRuntime) -> (plegd_actors::Subscription, String) {
+async fn subscribed_pod(pleg: &Pleg, rt: &FakeRuntime) -> (plegd_actors::Subscription, String) {
     let sub = pleg.subscribe("t", 1024).await.unwrap();
-    let sb = rt.run_pod("u1", "web", "ns");
-    let c = rt.run_container(&sb, "app");
-    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    let (_, c) = running_pod(rt, "u1", &sub).await;
     (sub, c)
-}
-
-fn global_relists(p: &Pleg) -> u64 {
-    p.metrics().relist_duration.get_sample_count()
 }
 
 /// A runtime whose first event stream fails as a tonic stream does on a transport
@@ -152,7 +147,7 @@ async fn a_sandbox_without_a_uid_does_not_stop_relisting() {
         ..PlegConfig::default()
     };
     let pleg = Pleg::start(Arc::new(cri), &cfg, Arc::new(Metrics::new()));
-    let (sub, c) = running_pod(&pleg, &sim).await;
+    let (sub, c) = subscribed_pod(&pleg, &sim).await;
     // Someone runs a sandbox whose metadata has no UID (crictl runp, minimal config).
     let odd = sim.run_pod("", "adhoc", "default");
     sim.run_container(&odd, "x");
@@ -183,7 +178,7 @@ async fn a_new_pod_whose_first_read_failed_and_that_went_away_leaves_the_cache()
 async fn a_sync_that_begins_while_its_pod_is_read_hides_what_was_read() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(100));
-    let (sub, c) = running_pod(&pleg, &rt).await;
+    let (sub, c) = subscribed_pod(&pleg, &rt).await;
     rt.set_latency(Op::SandboxStatus, Duration::from_millis(200));
     let reads = rt.calls(Op::SandboxStatus);
     let relists = global_relists(&pleg);
@@ -207,7 +202,7 @@ async fn a_sync_that_begins_while_its_pod_is_read_hides_what_was_read() {
 async fn a_request_queued_just_before_a_hold_becomes_its_pending_relist() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(100));
-    let (sub, c) = running_pod(&pleg, &rt).await;
+    let (sub, c) = subscribed_pod(&pleg, &rt).await;
     rt.set_latency(Op::ListSandboxes, Duration::from_millis(200));
     let calls = rt.calls(Op::ListSandboxes);
     wait_until("a global relist in progress", || {
@@ -244,7 +239,7 @@ async fn a_request_queued_just_before_a_hold_becomes_its_pending_relist() {
 async fn waiting_on_a_held_pod_waits_for_a_relist_that_read_it() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(30));
-    let (_sub, c) = running_pod(&pleg, &rt).await;
+    let (_sub, c) = subscribed_pod(&pleg, &rt).await;
     let hold = pleg.gates().begin_sync("u1").await.unwrap();
     rt.exit_container(&c, 1);
     let t = SystemTime::now();

@@ -3,13 +3,11 @@
 //! linked to the stream event that caused them, stream connection attempts and sync
 //! holds — with their attributes. One test per process: the tracer provider is global.
 
-mod common;
-
 use plegd_telemetry::RequestResult;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use integration_tests::wait::*;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };

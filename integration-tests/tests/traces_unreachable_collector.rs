@@ -1,12 +1,10 @@
 //! Trace export to a collector that is not there never affects the service (its
 //! own process: the tracer provider is global).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use integration_tests::wait::*;
 use plegd_actors::EventKind;
 use plegd_actors::{Pleg, PlegConfig};
 use plegd_sim::FakeRuntime;

@@ -1,5 +1,5 @@
-//! Shared test helpers: condition waits (never fixed sleeps) and event collection.
-#![allow(dead_code)]
+//! Waiting in tests: on a condition, polled with a generous timeout (never a fixed
+//! sleep standing in for synchronisation), and on events from a subscription.
 
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,6 @@
 //! Runtime restarts (a server shut down and a new one started on the same path over
 //! the same runtime), the threaded server, and endpoints that are not a CRI server.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -10,7 +8,10 @@ use plegd_runtime::CriRuntime;
 use plegd_runtime::{RuntimeClient, RuntimeError};
 use plegd_sim::{serve_unix, spawn_in_thread, FakeRuntime, SimError};
 
-use common::{serve, socket_in, PATIENCE, REQUEST_TIMEOUT};
+use integration_tests::sim::serve;
+use integration_tests::sim::socket_in;
+use integration_tests::sim::REQUEST_TIMEOUT;
+use integration_tests::wait::TIMEOUT;
 
 #[tokio::test]
 async fn restart_keeps_state_and_the_client_recovers() {
@@ -31,7 +32,7 @@ async fn restart_keeps_state_and_the_client_recovers() {
     let _server = serve_unix(&path, rt.clone()).await.unwrap();
     // The same client reconnects lazily; its first call may still see the old
     // connection's failure.
-    let deadline = Instant::now() + PATIENCE;
+    let deadline = Instant::now() + TIMEOUT;
     let sandboxes = loop {
         match client.list_sandboxes().await {
             Ok(s) => break s,
@@ -46,13 +47,13 @@ async fn restart_keeps_state_and_the_client_recovers() {
     assert_eq!(containers[0].id, c);
 
     // The old stream is over; a new one works.
-    let end = tokio::time::timeout(PATIENCE, old_events.next())
+    let end = tokio::time::timeout(TIMEOUT, old_events.next())
         .await
         .unwrap();
     assert!(!matches!(end, Some(Ok(_))), "{end:?}");
     let mut events = client.container_events().await.unwrap();
     rt.exit_container(&c, 0);
-    let ev = tokio::time::timeout(PATIENCE, events.next())
+    let ev = tokio::time::timeout(TIMEOUT, events.next())
         .await
         .unwrap()
         .unwrap()
@@ -100,7 +101,7 @@ fn threaded_server_serves_without_a_caller_runtime() {
 
     // Restart on the same path; the same client recovers.
     let server = spawn_in_thread(&path, rt.clone()).unwrap();
-    let deadline = Instant::now() + PATIENCE;
+    let deadline = Instant::now() + TIMEOUT;
     let sandboxes = loop {
         match client_rt.block_on(client.list_sandboxes()) {
             Ok(s) => break s,
@@ -116,14 +117,14 @@ fn threaded_server_serves_without_a_caller_runtime() {
     assert!(started.elapsed() < Duration::from_secs(2), "kill is slow");
     assert!(!path.exists());
     let end = client_rt
-        .block_on(async { tokio::time::timeout(PATIENCE, events.next()).await })
+        .block_on(async { tokio::time::timeout(TIMEOUT, events.next()).await })
         .expect("the stream outlived the server");
     assert!(!matches!(end, Some(Ok(_))), "{end:?}");
 
     // Dropping the handle stops the server too, even with a client that is not
     // being polled meanwhile (it cannot help drain its connection).
     let server = spawn_in_thread(&path, rt.clone()).unwrap();
-    let deadline = Instant::now() + PATIENCE;
+    let deadline = Instant::now() + TIMEOUT;
     while let Err(e) = client_rt.block_on(client.version()) {
         assert!(Instant::now() < deadline, "no recovery: {e}");
         std::thread::sleep(Duration::from_millis(20));
@@ -161,7 +162,7 @@ async fn a_socket_that_is_not_grpc_fails_fast() {
     });
     let client = CriRuntime::new(&format!("unix://{}", path.display()), REQUEST_TIMEOUT).unwrap();
     let started = Instant::now();
-    let result = tokio::time::timeout(PATIENCE, client.check())
+    let result = tokio::time::timeout(TIMEOUT, client.check())
         .await
         .expect("check() hangs on a non-gRPC socket");
     let err = result.unwrap_err();

@@ -1,14 +1,13 @@
 //! The churn workload: pod count stays put, containers come and go, seeds reproduce.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
 use plegd_runtime::{ContainerState, RuntimeClient};
 use plegd_sim::{spawn_churn, Churn, ChurnConfig, ChurnStep, FakeRuntime};
 
-use common::{serve, wait_until};
+use integration_tests::sim::serve;
+use integration_tests::wait::wait_until;
 
 #[tokio::test]
 async fn churn_keeps_the_pod_count_and_makes_exits() {

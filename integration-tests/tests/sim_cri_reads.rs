@@ -1,13 +1,12 @@
 //! The read RPCs plegd uses, through plegd's real CRI client: what is scripted in the
 //! FakeRuntime comes back over gRPC, errors keep their codes.
 
-mod common;
-
 use plegd_runtime::cri;
 use plegd_runtime::{ContainerState, PodRef, RuntimeClient, RuntimeError, SandboxState};
 use plegd_sim::{FakeRuntime, Op};
 
-use common::{raw_client, serve};
+use integration_tests::sim::raw_client;
+use integration_tests::sim::serve;
 
 fn pod(uid: &str, name: &str, namespace: &str) -> PodRef {
     PodRef {

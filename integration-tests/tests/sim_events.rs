@@ -1,8 +1,6 @@
 //! GetContainerEvents through plegd's client: containerd-shaped events, and streams
 //! that end when the server goes.
 
-mod common;
-
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -10,10 +8,12 @@ use plegd_runtime::cri;
 use plegd_runtime::{EventStream, RuntimeClient};
 use plegd_sim::FakeRuntime;
 
-use common::{serve, wait_until, PATIENCE};
+use integration_tests::sim::serve;
+use integration_tests::wait::wait_until;
+use integration_tests::wait::TIMEOUT;
 
 async fn next_event(events: &mut EventStream) -> cri::ContainerEventResponse {
-    tokio::time::timeout(PATIENCE, events.next())
+    tokio::time::timeout(TIMEOUT, events.next())
         .await
         .expect("no event in time")
         .expect("stream ended")
@@ -70,13 +70,13 @@ async fn shutdown_ends_open_streams() {
     let mut events = client.container_events().await.unwrap();
 
     let shutdown = tokio::spawn(server.shutdown());
-    match tokio::time::timeout(PATIENCE, events.next()).await {
+    match tokio::time::timeout(TIMEOUT, events.next()).await {
         Err(_) => panic!("the stream outlived the server"),
         Ok(Some(Ok(ev))) => panic!("unexpected event {ev:?}"),
         Ok(Some(Err(e))) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e}"),
         Ok(None) => {}
     }
-    tokio::time::timeout(PATIENCE, shutdown)
+    tokio::time::timeout(TIMEOUT, shutdown)
         .await
         .expect("shutdown hangs")
         .unwrap();
@@ -93,7 +93,7 @@ async fn dropping_the_server_ends_open_streams() {
     let mut events = client.container_events().await.unwrap();
     drop(server);
     assert!(!path.exists(), "the socket outlived the server");
-    let end = tokio::time::timeout(PATIENCE, events.next())
+    let end = tokio::time::timeout(TIMEOUT, events.next())
         .await
         .expect("the stream outlived the server");
     assert!(!matches!(end, Some(Ok(_))), "{end:?}");

@@ -1,12 +1,11 @@
 //! The lifecycle RPCs: a CRI client drives the simulator as kubelet drives containerd.
 
-mod common;
-
 use plegd_runtime::cri;
 use plegd_runtime::{ContainerState, RuntimeClient};
 use plegd_sim::{FakeRuntime, STOP_EXIT_CODE};
 
-use common::{raw_client, serve};
+use integration_tests::sim::raw_client;
+use integration_tests::sim::serve;
 
 fn pod_config(uid: &str) -> cri::PodSandboxConfig {
     cri::PodSandboxConfig {

@@ -1,4 +1,6 @@
-//! Driving a real containerd through CRI from tests and benches.
+//! Driving a real containerd through CRI from tests and benches. Needs root: the
+//! tests using it are `#[ignore]`d for a plain `cargo test` (say, on a laptop) and
+//! run by `scripts/test.sh` (CI) with `--include-ignored`.
 //!
 //! - [`containerd`] brings containerd up once per process with
 //!   `scripts/containerd-up.sh` (idempotent: ~0.1 s when it is already up) and returns
@@ -18,7 +20,6 @@
 //!   event.
 //! - [`Cri`]: a small CRI client (tonic over the unix socket) for host-network pods with
 //!   busybox containers.
-#![allow(dead_code)]
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
@@ -235,7 +236,10 @@ static LOCK: Mutex<()> = Mutex::const_new(());
 
 /// Holds a host-wide lock: an abstract unix socket (released by the kernel when the
 /// process dies, whatever happens).
-pub struct HostLock(UnixListener);
+pub struct HostLock {
+    /// Held, never read: the lock is the bound name.
+    _listener: UnixListener,
+}
 
 impl HostLock {
     pub async fn acquire() -> HostLock {
@@ -249,7 +253,7 @@ impl HostLock {
         let mut told = false;
         loop {
             match UnixListener::bind_addr(&addr) {
-                Ok(l) => return HostLock(l),
+                Ok(l) => return HostLock { _listener: l },
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
                     if !told && start.elapsed() > Duration::from_secs(5) {
                         eprintln!("[containerd] waiting for another process's containerd tests");
