@@ -81,7 +81,7 @@ struct Unsubscriber {
 
 impl Drop for Unsubscriber {
     fn drop(&mut self) {
-        // After Close the publisher is gone and there is nothing to remove.
+        // After Stop the publisher is gone and there is nothing to remove.
         self.publisher.do_send(Unsubscribe(self.id));
     }
 }
@@ -214,14 +214,103 @@ impl Handler<Publish> for EventPublisher {
 /// Drops every subscriber (their queues drain, then report disconnection) and stops.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Close;
+pub struct Stop;
 
-impl Handler<Close> for EventPublisher {
+impl Handler<Stop> for EventPublisher {
     type Result = ();
 
-    fn handle(&mut self, _: Close, ctx: &mut Self::Context) {
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
         self.subscribers.clear();
         self.metrics.subscribers.set(0);
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The publisher alone, with subscribers that keep up, stall, or vanish.
+
+    use std::time::{Instant, SystemTime};
+
+    use plegd_runtime::PodRef;
+    use plegd_telemetry::RelistSource;
+
+    use super::*;
+    use crate::event::EventKind;
+
+    fn event(i: usize) -> LifecycleEvent {
+        LifecycleEvent {
+            time: SystemTime::now(),
+            pod: PodRef {
+                uid: "u1".into(),
+                name: "web".into(),
+                namespace: "ns".into(),
+            },
+            kind: EventKind::ContainerStarted,
+            container_id: format!("c{i}"),
+            relist_source: RelistSource::Global,
+        }
+    }
+
+    async fn subscribe(p: &Addr<EventPublisher>, name: &str, capacity: usize) -> Subscription {
+        p.send(Subscribe {
+            name: name.into(),
+            capacity,
+        })
+        .await
+        .unwrap()
+    }
+
+    #[actix_rt::test]
+    async fn a_stalled_subscriber_loses_only_its_own_events_and_is_told_how_many() {
+        let metrics = Arc::new(Metrics::new());
+        let p = EventPublisher::new(metrics.clone()).start();
+        let healthy = subscribe(&p, "healthy", 1000).await;
+        let stalled = subscribe(&p, "stalled", 2).await;
+        for i in 0..100 {
+            p.send(Publish(vec![event(i)])).await.unwrap();
+        }
+        let got: Vec<Delivery> = healthy.try_iter().collect();
+        assert_eq!(got.len(), 100);
+        assert!(got.iter().enumerate().all(|(i, d)| d.seq == i as u64 + 1
+            && d.missed == 0
+            && d.event.container_id == format!("c{i}")));
+        // The stalled one kept the first two; it learns of the 98 others with its next
+        // delivery, and the sequence shows the gap.
+        let first: Vec<u64> = stalled.try_iter().map(|d| d.seq).collect();
+        assert_eq!(first, [1, 2]);
+        assert_eq!(metrics.discard_events.get(), 98);
+        p.send(Publish(vec![event(100)])).await.unwrap();
+        let next = stalled.try_recv().unwrap();
+        assert_eq!((next.seq, next.missed), (101, 98));
+        assert_eq!(healthy.try_recv().unwrap().seq, 101);
+    }
+
+    #[actix_rt::test]
+    async fn a_vanished_subscriber_is_forgotten_and_the_others_go_on() {
+        let metrics = Arc::new(Metrics::new());
+        let p = EventPublisher::new(metrics.clone()).start();
+        let stays = subscribe(&p, "stays", 10).await;
+        let goes = subscribe(&p, "goes", 10).await;
+        assert_eq!(metrics.subscribers.get(), 2);
+        drop(goes);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while metrics.subscribers.get() != 1 {
+            assert!(Instant::now() < deadline, "the dropped subscriber stayed");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        p.send(Publish(vec![event(0), event(1)])).await.unwrap();
+        assert_eq!(stays.try_iter().count(), 2);
+        assert_eq!(metrics.discard_events.get(), 0);
+    }
+
+    #[actix_rt::test]
+    async fn stop_lets_subscribers_drain_then_disconnects_them() {
+        let p = EventPublisher::new(Arc::new(Metrics::new())).start();
+        let sub = subscribe(&p, "t", 10).await;
+        p.send(Publish(vec![event(0)])).await.unwrap();
+        p.send(Stop).await.unwrap();
+        assert_eq!(sub.recv().unwrap().event.container_id, "c0");
+        assert!(sub.recv().is_err());
     }
 }

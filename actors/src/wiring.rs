@@ -192,7 +192,7 @@ impl Pleg {
 
     /// Stops the publisher: subscribers receive what is queued, then disconnection.
     pub async fn close_publisher(&self) {
-        let _ = self.publisher.send(crate::publisher::Close).await;
+        let _ = self.publisher.send(crate::publisher::Stop).await;
     }
 
     /// Subscribes to lifecycle events with a queue of `capacity`.

@@ -34,7 +34,7 @@ pub enum Op {
 }
 
 #[derive(Clone, Debug)]
-struct Failure {
+struct InjectedFault {
     code: tonic::Code,
     /// None: until cleared.
     remaining: Option<u32>,
@@ -55,7 +55,7 @@ struct State {
     sandboxes: BTreeMap<String, Sandbox>,
     containers: BTreeMap<String, ContainerStatus>,
     next_id: u64,
-    failures: HashMap<Op, Failure>,
+    failures: HashMap<Op, InjectedFault>,
     latency: HashMap<Op, Duration>,
     failing_pods: HashSet<String>,
     /// Like containerd: GetContainerEvents answers nothing until the first event.
@@ -304,7 +304,7 @@ impl FakeRuntime {
     pub fn fail(&self, op: Op, code: tonic::Code, times: Option<u32>) {
         self.lock().failures.insert(
             op,
-            Failure {
+            InjectedFault {
                 code,
                 remaining: times,
             },

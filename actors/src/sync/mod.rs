@@ -8,3 +8,6 @@ pub(crate) mod registry;
 pub(crate) mod suspended;
 
 pub(crate) use suspended::SuspendedPods;
+
+#[cfg(test)]
+mod tests;

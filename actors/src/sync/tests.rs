@@ -1,0 +1,201 @@
+//! The sync gates alone (KEP-3386 SyncPod suspension): the registry, its gates and the
+//! held-pods set against a recording relist queue, so exactly what a hold and its
+//! release ask of the dispatcher is visible — including when the queue is full.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use plegd_telemetry::{Metrics, RelistSource, RequestResult};
+
+use super::gate::{SyncError, SyncOutcome};
+use super::registry::{SyncGateRegistry, SyncGates};
+use super::SuspendedPods;
+use crate::mock::{Recorded, Recorder, RecorderConfig};
+use crate::relist::dispatcher::{RelistSoon, RequestRelist};
+use crate::relist::queue::RelistQueue;
+use crate::relist::router::RelistRouter;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+struct Gates {
+    gates: SyncGates,
+    held: SuspendedPods,
+    router: RelistRouter,
+    requests: Recorded<RequestRelist>,
+    metrics: Arc<Metrics>,
+}
+
+fn gates(queue: RecorderConfig, idle: Duration) -> Gates {
+    let metrics = Arc::new(Metrics::new());
+    let (requests_addr, requests) = Recorder::<RequestRelist>::start(queue);
+    let (soon_addr, _) = Recorder::<RelistSoon>::start(RecorderConfig::default());
+    let queue = RelistQueue::new(
+        requests_addr.recipient(),
+        soon_addr.recipient(),
+        metrics.clone(),
+    );
+    let held = SuspendedPods::default();
+    let registry =
+        SyncGateRegistry::new(queue.clone(), held.clone(), metrics.clone(), idle).start();
+    Gates {
+        gates: SyncGates::new(registry),
+        router: RelistRouter::new(queue, held.clone(), metrics.clone()),
+        held,
+        requests,
+        metrics,
+    }
+}
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn sources(r: &Recorded<RequestRelist>) -> Vec<(String, RelistSource)> {
+    r.all().into_iter().map(|m| (m.uid, m.source)).collect()
+}
+
+#[actix_rt::test]
+async fn a_successful_sync_queues_exactly_one_post_sync_relist() {
+    let g = gates(RecorderConfig::default(), Duration::from_secs(60));
+    let hold = g.gates.begin_sync("u1").await.unwrap();
+    assert!(g.held.contains("u1"));
+    hold.end(SyncOutcome::Success);
+    wait_until("the release's relist", || g.requests.len() == 1).await;
+    assert_eq!(
+        sources(&g.requests),
+        [("u1".into(), RelistSource::PostSync)]
+    );
+    assert!(!g.held.contains("u1"));
+}
+
+#[actix_rt::test]
+async fn requests_during_a_hold_become_one_relist_even_if_the_sync_failed() {
+    let g = gates(RecorderConfig::default(), Duration::from_secs(60));
+    let hold = g.gates.begin_sync("u1").await.unwrap();
+    for _ in 0..5 {
+        assert!(g.router.request("u1", RelistSource::EventedPleg, None));
+    }
+    // Another pod's request is not held.
+    assert!(g.router.request("u2", RelistSource::EventedPleg, None));
+    wait_until("u2's request", || g.requests.len() == 1).await;
+    assert_eq!(
+        g.metrics
+            .requests(RequestResult::Coalesced, RelistSource::EventedPleg),
+        5
+    );
+    hold.end(SyncOutcome::Error);
+    wait_until("the release's relist", || g.requests.len() == 2).await;
+    assert_eq!(
+        sources(&g.requests),
+        [
+            ("u2".into(), RelistSource::EventedPleg),
+            ("u1".into(), RelistSource::PostSync)
+        ]
+    );
+}
+
+#[actix_rt::test]
+async fn a_failed_or_cancelled_sync_with_nothing_pending_asks_for_nothing() {
+    let g = gates(RecorderConfig::default(), Duration::from_secs(60));
+    g.gates
+        .begin_sync("u1")
+        .await
+        .unwrap()
+        .end(SyncOutcome::Error);
+    // Dropping a hold is a cancellation (the holder went away).
+    drop(g.gates.begin_sync("u2").await.unwrap());
+    wait_until("both released", || g.held.is_empty()).await;
+    // A third hold proves both releases were handled (each gate handles its messages
+    // in order, and u1 can be held again only after its release).
+    let again = g.gates.begin_sync("u1").await.unwrap();
+    again.end(SyncOutcome::Cancelled);
+    wait_until("released again", || g.held.is_empty()).await;
+    assert_eq!(g.requests.len(), 0);
+}
+
+#[actix_rt::test]
+async fn a_held_pod_cannot_be_held_twice() {
+    let g = gates(RecorderConfig::default(), Duration::from_secs(60));
+    let hold = g.gates.begin_sync("u1").await.unwrap();
+    assert_eq!(
+        g.gates.begin_sync("u1").await.err(),
+        Some(SyncError::AlreadyHeld)
+    );
+    hold.end(SyncOutcome::Success);
+    wait_until("released", || g.requests.len() == 1).await;
+}
+
+#[actix_rt::test]
+async fn idle_gates_stop_and_are_forgotten() {
+    // Paused clock: the minute of idleness passes as soon as nothing else can run.
+    tokio::time::pause();
+    let g = gates(RecorderConfig::default(), Duration::from_secs(60));
+    for i in 0..50 {
+        g.gates
+            .begin_sync(&format!("u{i}"))
+            .await
+            .unwrap()
+            .end(SyncOutcome::Cancelled);
+    }
+    assert!(g.metrics.sync_gates.get() > 0);
+    wait_until("every gate forgotten", || g.metrics.sync_gates.get() == 0).await;
+    // A forgotten pod gets a new gate on its next hold.
+    let hold = g.gates.begin_sync("u0").await.unwrap();
+    assert_eq!(g.metrics.sync_gates.get(), 1);
+    hold.end(SyncOutcome::Success);
+    wait_until("released", || g.requests.len() == 1).await;
+}
+
+#[actix_rt::test]
+async fn a_release_into_a_full_queue_is_dropped_and_counted_and_the_pod_is_released() {
+    // The dispatcher is busy: its mailbox holds one message (plus one per sender).
+    let g = gates(
+        RecorderConfig {
+            capacity: Some(1),
+            stalled: true,
+            ..RecorderConfig::default()
+        },
+        Duration::from_secs(60),
+    );
+    let mut accepted = 0;
+    while g.router.request("filler", RelistSource::EventedPleg, None) {
+        accepted += 1;
+        assert!(accepted < 100, "the queue never filled");
+    }
+    // Each sender handle may put one message beyond the capacity (actix's real
+    // bound): the gate's own handle takes its first release, later ones are dropped.
+    let dropped = || {
+        g.metrics
+            .requests(RequestResult::Dropped, RelistSource::PostSync)
+    };
+    let mut rounds = 0;
+    while dropped() == 0 {
+        let hold = g.gates.begin_sync("u1").await.unwrap();
+        hold.end(SyncOutcome::Success);
+        // Never left suspended, whatever the queue did.
+        wait_until("released", || !g.held.contains("u1")).await;
+        rounds += 1;
+        assert!(rounds < 10, "no release was ever dropped");
+    }
+    let queued = g
+        .metrics
+        .requests(RequestResult::Queued, RelistSource::PostSync) as usize;
+    assert_eq!(queued + 1, rounds, "one release dropped, the others queued");
+    g.requests.release();
+    wait_until("the queue drained", || {
+        g.requests.len() == accepted + queued
+    })
+    .await;
+    assert_eq!(
+        sources(&g.requests)
+            .iter()
+            .filter(|(uid, _)| uid == "u1")
+            .count(),
+        queued
+    );
+}
