@@ -34,11 +34,15 @@ fn pod_ref(
     ))
 }
 
+/// A PodSandboxState value CRI does not define.
+pub const UNDEFINED_SANDBOX_STATE: i32 = 99;
+
 pub fn sandbox_state_from_wire(state: i32) -> SandboxState {
     match cri::PodSandboxState::try_from(state) {
         Ok(cri::PodSandboxState::SandboxReady) => SandboxState::Ready,
-        // An unknown sandbox state is not ready: it cannot be running anything we trust.
-        _ => SandboxState::NotReady,
+        Ok(cri::PodSandboxState::SandboxNotready) => SandboxState::NotReady,
+        // Not a death: kubelet maps unknown values to unknown (ContainerChanged).
+        Err(_) => SandboxState::Unknown,
     }
 }
 
@@ -55,6 +59,8 @@ pub fn sandbox_state_to_wire(state: SandboxState) -> i32 {
     match state {
         SandboxState::Ready => cri::PodSandboxState::SandboxReady as i32,
         SandboxState::NotReady => cri::PodSandboxState::SandboxNotready as i32,
+        // CRI has no such value: the simulated server sends one it does not define.
+        SandboxState::Unknown => UNDEFINED_SANDBOX_STATE,
     }
 }
 
@@ -68,6 +74,12 @@ pub fn container_state_to_wire(state: ContainerState) -> i32 {
 }
 
 pub fn sandbox_from_wire(s: &cri::PodSandbox) -> Result<Sandbox, RuntimeError> {
+    if s.id.is_empty() {
+        return Err(RuntimeError::Invalid {
+            op: "ListPodSandbox",
+            reason: "a sandbox without id".into(),
+        });
+    }
     let (pod, attempt) = pod_ref("ListPodSandbox", &s.id, s.metadata.as_ref())?;
     Ok(Sandbox {
         id: s.id.clone(),
@@ -101,6 +113,12 @@ pub fn container_from_wire(c: &cri::Container) -> Result<Container, RuntimeError
 }
 
 pub fn sandbox_status_from_wire(s: &cri::PodSandboxStatus) -> Result<Sandbox, RuntimeError> {
+    if s.id.is_empty() {
+        return Err(RuntimeError::Invalid {
+            op: "PodSandboxStatus",
+            reason: "a sandbox status without id".into(),
+        });
+    }
     let (pod, attempt) = pod_ref("PodSandboxStatus", &s.id, s.metadata.as_ref())?;
     Ok(Sandbox {
         id: s.id.clone(),
@@ -229,10 +247,46 @@ mod tests {
         ] {
             assert_eq!(container_state_from_wire(container_state_to_wire(st)), st);
         }
-        for st in [SandboxState::Ready, SandboxState::NotReady] {
+        for st in [
+            SandboxState::Ready,
+            SandboxState::NotReady,
+            SandboxState::Unknown,
+        ] {
             assert_eq!(sandbox_state_from_wire(sandbox_state_to_wire(st)), st);
         }
         assert_eq!(container_state_from_wire(99), ContainerState::Unknown);
-        assert_eq!(sandbox_state_from_wire(99), SandboxState::NotReady);
+    }
+
+    /// Issue 9 #6: an unknown sandbox state value was read as NotReady (a death).
+    #[test]
+    fn an_undefined_sandbox_state_is_unknown_not_a_death() {
+        assert_eq!(sandbox_state_from_wire(7), SandboxState::Unknown);
+        assert_eq!(sandbox_state_from_wire(-1), SandboxState::Unknown);
+    }
+
+    /// Issue 9 #7: a sandbox with an empty id was accepted (and gave events with an
+    /// empty container_id).
+    #[test]
+    fn a_sandbox_without_id_is_invalid() {
+        let meta = Some(cri::PodSandboxMetadata {
+            uid: "u1".into(),
+            ..Default::default()
+        });
+        let listed = cri::PodSandbox {
+            metadata: meta.clone(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            sandbox_from_wire(&listed),
+            Err(RuntimeError::Invalid { .. })
+        ));
+        let status = cri::PodSandboxStatus {
+            metadata: meta,
+            ..Default::default()
+        };
+        assert!(matches!(
+            sandbox_status_from_wire(&status),
+            Err(RuntimeError::Invalid { .. })
+        ));
     }
 }

@@ -41,6 +41,9 @@ pub struct PodRef {
 pub enum SandboxState {
     Ready,
     NotReady,
+    /// A state value this plegd does not know (kubelet maps it to unknown: a change
+    /// that is not published, never a death).
+    Unknown,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

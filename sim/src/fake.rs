@@ -241,6 +241,14 @@ impl FakeRuntime {
         }
     }
 
+    /// Sets a sandbox's state as the runtime would report it (no event), e.g. a state
+    /// value CRI does not define.
+    pub fn set_sandbox_state(&self, sandbox_id: &str, state: SandboxState) {
+        if let Some(s) = self.lock().sandboxes.get_mut(sandbox_id) {
+            s.state = state;
+        }
+    }
+
     /// RemovePodSandbox: the sandbox and all its containers go away.
     pub fn remove_pod(&self, sandbox_id: &str) {
         self.stop_pod(sandbox_id);

@@ -29,6 +29,7 @@ impl From<SandboxState> for PlegState {
         match s {
             SandboxState::Ready => PlegState::Running,
             SandboxState::NotReady => PlegState::Exited,
+            SandboxState::Unknown => PlegState::Unknown,
         }
     }
 }
