@@ -7,3 +7,6 @@ pub(crate) mod dispatcher;
 pub(crate) mod queue;
 pub(crate) mod router;
 pub(crate) mod schedule;
+
+#[cfg(test)]
+mod tests;
