@@ -14,7 +14,7 @@ use crate::event::RelistSource;
 use crate::health::Health;
 use crate::pleg::GenericPleg;
 use crate::publisher::{EventPublisher, Subscribe, Subscription};
-use crate::relist::dispatcher::{DispatcherConfig, RelistDispatcher, Stopper};
+use crate::relist::dispatcher::{DispatcherConfig, DispatcherDeps, RelistDispatcher, StopHandle};
 use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
 use crate::stream::reconnect::ReconnectPolicy;
@@ -58,7 +58,7 @@ pub struct Pleg {
     health: Health,
     queue: RelistQueue,
     publisher: Addr<EventPublisher>,
-    dispatcher: Stopper,
+    dispatcher: StopHandle,
     suspended: SuspendedPods,
     router: RelistRouter,
     gates: SyncGates,
@@ -82,11 +82,13 @@ impl Pleg {
                 relist_period: cfg.relist_period,
                 queue_capacity: cfg.queue_capacity,
             },
-            cache_addr,
-            publisher.clone(),
-            metrics.clone(),
-            health.clone(),
-            suspended.clone(),
+            DispatcherDeps {
+                cache: cache_addr.recipient(),
+                publisher: publisher.clone().recipient(),
+                metrics: metrics.clone(),
+                health: health.clone(),
+                suspended: suspended.clone(),
+            },
         );
         let router =
             RelistRouter::new(dispatcher.queue.clone(), suspended.clone(), metrics.clone());
@@ -115,7 +117,7 @@ impl Pleg {
             health,
             queue: dispatcher.queue,
             publisher,
-            dispatcher: dispatcher.stopper,
+            dispatcher: dispatcher.stop,
             suspended,
             router,
             gates,

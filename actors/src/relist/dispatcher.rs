@@ -1,18 +1,24 @@
 //! RelistDispatcher: the Generic PLEG as one actor, so global and targeted relists are
 //! serialized and race-free (KEP-3386 "Design Details").
 //!
-//! - A global relist runs every `relist_period`, whatever the event stream does.
+//! - A global relist runs every `relist_period`, whatever the event stream does; when,
+//!   and which requests it covers, is the [`GlobalSchedule`]'s business.
 //! - Its bounded mailbox is the on-demand queue: [`RelistQueue::request`] uses
 //!   `try_send`; a full mailbox drops the request (counted) — the next global relist
-//!   reconciles anyway. (actix's real bound is capacity + number of sender handles.)
+//!   reconciles anyway. (actix's real bound: capacity - 1, plus one message from each
+//!   sender handle, which that message parks.)
 //! - Order of work: shutdown, then a due global relist, then targeted relists: a
 //!   relist runs inside `ctx.wait`, which holds the mailbox, and every unit of work
 //!   first runs a due global relist, so a storm of targeted requests delays a global
 //!   relist by at most one targeted relist.
 //! - A targeted request enqueued before the start of a global relist that has since
-//!   completed is skipped (that relist already saw the pod).
+//!   completed is skipped (that relist already saw the pod); one for a pod a sync
+//!   holds is coalesced into the gate's pending relist. `RelistDispatcher::settle`
+//!   takes that decision, in one place.
 //! - Each relist's cache updates are applied (and acknowledged) before its events are
-//!   published.
+//!   published. Both are awaited inside the unit of work, so a CacheOwner or an
+//!   EventPublisher that stops answering stalls every relist and shutdown with it
+//!   (neither blocks in these handlers today).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,13 +31,14 @@ use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{Metrics, RelistPhase, RequestResult};
 
 use super::queue::RelistQueue;
-use crate::cache::{ApplyRelist, CacheOwner};
+use super::schedule::{GlobalSchedule, Verdict};
+use crate::cache::ApplyRelist;
 use crate::event::RelistSource;
 use crate::health::Health;
 use crate::pleg::{GenericPleg, RelistOutput, RelistScope};
-use crate::publisher::{EventPublisher, Publish};
+use crate::publisher::Publish;
 use crate::spans;
-use crate::sync::suspended::SuspendedPods;
+use crate::sync::SuspendedPods;
 
 #[derive(Clone, Debug)]
 pub struct DispatcherConfig {
@@ -41,32 +48,27 @@ pub struct DispatcherConfig {
 }
 
 /// Everything a relist needs besides the Generic PLEG state; cloned into each unit
-/// of work (the work runs as a future outside `&mut self`).
+/// of work (the work runs as a future outside `&mut self`). The cache and the
+/// publisher are Recipients, so a test can stand in for either.
 #[derive(Clone)]
-struct Deps {
-    cache: Addr<CacheOwner>,
-    publisher: Addr<EventPublisher>,
-    metrics: Arc<Metrics>,
-    health: Health,
-    suspended: SuspendedPods,
+pub struct DispatcherDeps {
+    /// The CacheOwner.
+    pub cache: Recipient<ApplyRelist>,
+    /// The EventPublisher.
+    pub publisher: Recipient<Publish>,
+    pub metrics: Arc<Metrics>,
+    pub health: Health,
+    pub suspended: SuspendedPods,
 }
 
 pub struct RelistDispatcher {
-    /// Taken by the unit of work in progress, put back when it ends.
+    /// Taken by the relist in progress, put back when it ends.
     core: Option<GenericPleg>,
-    deps: Deps,
-    cfg: DispatcherConfig,
+    deps: DispatcherDeps,
+    schedule: GlobalSchedule,
     stopping: Arc<AtomicBool>,
-    next_global: Instant,
-    last_global_start: Option<Instant>,
-    /// Start of the last global relist that completed successfully.
-    covered_until: Option<Instant>,
     timer: Option<SpawnHandle>,
     list_errors: RateLimiter,
-    /// Start of the last brought-forward global relist that succeeded.
-    last_forced: Option<Instant>,
-    /// The next global relist was brought forward.
-    forced_pending: bool,
 }
 
 /// Ask for a relist of one pod. Build with [`RelistQueue::request`], which stamps the
@@ -91,15 +93,15 @@ pub struct Stop;
 #[rtype(result = "()")]
 pub struct RelistSoon;
 
-/// Stops the dispatcher: sets a flag every unit of work checks first, then nudges the
-/// mailbox (which may be full: queued messages then see the flag).
+/// Sends [`Stop`] to the dispatcher: sets a flag every unit of work checks first, then
+/// nudges the mailbox (which may be full: queued messages then see the flag).
 #[derive(Clone)]
-pub struct Stopper {
+pub struct StopHandle {
     addr: Addr<RelistDispatcher>,
     flag: Arc<AtomicBool>,
 }
 
-impl Stopper {
+impl StopHandle {
     pub fn stop(&self) {
         self.flag.store(true, Ordering::SeqCst);
         let _ = self.addr.try_send(Stop);
@@ -114,7 +116,7 @@ impl Stopper {
 /// The running dispatcher's handles.
 pub struct DispatcherHandle {
     pub queue: RelistQueue,
-    pub stopper: Stopper,
+    pub stop: StopHandle,
 }
 
 impl RelistDispatcher {
@@ -122,55 +124,45 @@ impl RelistDispatcher {
     pub fn start(
         core: GenericPleg,
         cfg: DispatcherConfig,
-        cache: Addr<CacheOwner>,
-        publisher: Addr<EventPublisher>,
-        metrics: Arc<Metrics>,
-        health: Health,
-        suspended: SuspendedPods,
+        deps: DispatcherDeps,
     ) -> DispatcherHandle {
         let stopping = Arc::new(AtomicBool::new(false));
+        let metrics = deps.metrics.clone();
         let mut ctx = Context::new();
         ctx.set_mailbox_capacity(cfg.queue_capacity.max(1));
         let actor = RelistDispatcher {
             core: Some(core),
-            deps: Deps {
-                cache,
-                publisher,
-                metrics: metrics.clone(),
-                health,
-                suspended,
-            },
-            cfg,
+            deps,
+            schedule: GlobalSchedule::new(cfg.relist_period, Instant::now()),
             stopping: stopping.clone(),
-            next_global: Instant::now(),
-            last_global_start: None,
-            covered_until: None,
             timer: None,
             list_errors: RateLimiter::new(Duration::from_secs(30)),
-            last_forced: None,
-            forced_pending: false,
         };
         let addr = ctx.run(actor);
         DispatcherHandle {
             queue: RelistQueue::new(addr.clone().recipient(), addr.clone().recipient(), metrics),
-            stopper: Stopper {
+            stop: StopHandle {
                 addr,
                 flag: stopping,
             },
         }
     }
 
+    /// (Re-)arms the timer for the next due global relist.
     fn schedule_tick(&mut self, ctx: &mut Context<Self>) {
         if let Some(h) = self.timer.take() {
             ctx.cancel_future(h);
         }
-        let delay = self.next_global.saturating_duration_since(Instant::now());
+        let delay = self
+            .schedule
+            .next_due()
+            .saturating_duration_since(Instant::now());
         self.timer = Some(ctx.run_later(delay, |act, ctx| {
             act.timer = None;
             if act.stop_if_asked(ctx) {
                 return;
             }
-            if Instant::now() >= act.next_global {
+            if act.schedule.due(Instant::now()) {
                 act.run(ctx, None);
             } else {
                 act.schedule_tick(ctx);
@@ -187,72 +179,104 @@ impl RelistDispatcher {
         }
     }
 
-    /// One unit of work: a due global relist, then the targeted request if any.
+    /// One unit of work: a due global relist, then the targeted request if any. Each
+    /// relist runs under `ctx.wait` (the mailbox waits) and the targeted one is chained
+    /// from the global one, so no message is handled in between.
     fn run(&mut self, ctx: &mut Context<Self>, targeted: Option<RequestRelist>) {
-        let Some(mut core) = self.core.take() else {
-            // Cannot happen: work runs under ctx.wait, one unit at a time.
+        if self.schedule.due(Instant::now()) {
+            self.global(ctx, targeted);
+        } else if let Some(req) = targeted {
+            self.targeted(ctx, req);
+        } else {
+            self.unit_done(ctx);
+        }
+    }
+
+    /// Ends a unit of work: stop if asked, else wait for the next due global relist.
+    fn unit_done(&mut self, ctx: &mut Context<Self>) {
+        if !self.stop_if_asked(ctx) {
+            self.schedule_tick(ctx);
+        }
+    }
+
+    fn take_core(&mut self) -> Option<GenericPleg> {
+        let core = self.core.take();
+        if core.is_none() {
+            // Cannot happen: relists run under ctx.wait, one at a time.
             tracing::error!("relist requested while another is in progress");
+        }
+        core
+    }
+
+    /// The global relist of a unit of work, then `then` (the unit's targeted request).
+    fn global(&mut self, ctx: &mut Context<Self>, then: Option<RequestRelist>) {
+        let Some(mut core) = self.take_core() else {
             return;
         };
-        let global_due = Instant::now() >= self.next_global;
         let deps = self.deps.clone();
         let fut = async move {
-            let global = if global_due {
-                Some(global_relist(&mut core, &deps).await)
-            } else {
-                None
-            };
-            if let Some(req) = targeted {
-                let covered = matches!(global, Some((start, Ok(()))) if req.enqueued_at < start);
-                // A global relist does not cover a pod a sync holds (it skipped it).
-                if covered && deps.suspended.coalesce(&req.uid) {
-                    deps.metrics
-                        .count_request(RequestResult::Coalesced, req.source);
-                } else if covered {
-                    deps.metrics
-                        .count_request(RequestResult::Skipped, req.source);
-                } else {
-                    targeted_relist(&mut core, &deps, &req).await;
-                }
-            }
-            (core, global)
+            let (start, result) = global_relist(&mut core, &deps).await;
+            (core, start, result)
         };
-        ctx.wait(fut.into_actor(self).map(|(core, global), act, ctx| {
-            act.core = Some(core);
-            if let Some((start, result)) = global {
-                if let Some(prev) = act.last_global_start {
-                    act.deps
-                        .metrics
-                        .relist_interval
-                        .observe(start.duration_since(prev).as_secs_f64());
-                }
-                act.last_global_start = Some(start);
-                act.next_global = start + act.cfg.relist_period;
-                let forced = std::mem::take(&mut act.forced_pending);
-                match result {
-                    Ok(()) => {
-                        act.covered_until = Some(start);
-                        // Only a forced relist that worked uses up the period's one.
-                        if forced {
-                            act.last_forced = Some(start);
-                        }
+        ctx.wait(
+            fut.into_actor(self)
+                .map(move |(core, start, result), act, ctx| {
+                    act.core = Some(core);
+                    if let Some(interval) = act.schedule.completed(start, result.is_ok()) {
+                        act.deps
+                            .metrics
+                            .relist_interval
+                            .observe(interval.as_secs_f64());
                     }
-                    Err(e) => {
+                    if let Err(e) = result {
                         if let Some(suppressed) = act.list_errors.allow(Instant::now()) {
                             tracing::warn!(error = %e, suppressed, "global relist failed");
                         }
                     }
-                }
-            }
-            if !act.stop_if_asked(ctx) {
-                act.schedule_tick(ctx);
-            }
+                    match then {
+                        Some(req) => act.targeted(ctx, req),
+                        None => act.unit_done(ctx),
+                    }
+                }),
+        );
+    }
+
+    /// The targeted relist of a unit of work, if the request still needs one.
+    fn targeted(&mut self, ctx: &mut Context<Self>, req: RequestRelist) {
+        let Some(req) = self.settle(req) else {
+            return self.unit_done(ctx);
+        };
+        let Some(mut core) = self.take_core() else {
+            return;
+        };
+        let deps = self.deps.clone();
+        let fut = async move {
+            targeted_relist(&mut core, &deps, &req).await;
+            core
+        };
+        ctx.wait(fut.into_actor(self).map(|core, act, ctx| {
+            act.core = Some(core);
+            act.unit_done(ctx);
         }));
+    }
+
+    /// The one place a targeted request's verdict is taken: counted if it needs no
+    /// relist (skipped: covered; coalesced: held), returned if it must run.
+    fn settle(&self, req: RequestRelist) -> Option<RequestRelist> {
+        // Asking whether a sync holds the pod also marks its gate's pending relist.
+        let held = self.deps.suspended.coalesce(&req.uid);
+        let result = match self.schedule.verdict(req.enqueued_at, held) {
+            Verdict::Run => return Some(req),
+            Verdict::Skip => RequestResult::Skipped,
+            Verdict::Coalesce => RequestResult::Coalesced,
+        };
+        self.deps.metrics.count_request(result, req.source);
+        None
     }
 }
 
 /// Applies a relist's output: cache first (acknowledged), then events.
-async fn apply(deps: &Deps, out: RelistOutput, global_timestamp: Option<SystemTime>) {
+async fn apply(deps: &DispatcherDeps, out: RelistOutput, global_timestamp: Option<SystemTime>) {
     if out.status_errors > 0 {
         deps.metrics
             .count_relist_errors(RelistPhase::Status, out.status_errors as u64);
@@ -280,7 +304,7 @@ async fn apply(deps: &Deps, out: RelistOutput, global_timestamp: Option<SystemTi
 
 async fn global_relist(
     core: &mut GenericPleg,
-    deps: &Deps,
+    deps: &DispatcherDeps,
 ) -> (Instant, Result<(), plegd_runtime::RuntimeError>) {
     let start = Instant::now();
     let started_wall = SystemTime::now();
@@ -316,13 +340,8 @@ async fn global_relist(
     (start, result)
 }
 
-async fn targeted_relist(core: &mut GenericPleg, deps: &Deps, req: &RequestRelist) {
-    // Enqueued before a sync took the pod: it becomes the gate's pending relist.
-    if deps.suspended.coalesce(&req.uid) {
-        deps.metrics
-            .count_request(RequestResult::Coalesced, req.source);
-        return;
-    }
+/// A relist of one pod the dispatcher has settled must run.
+async fn targeted_relist(core: &mut GenericPleg, deps: &DispatcherDeps, req: &RequestRelist) {
     let start = Instant::now();
     let mut span = spans::start(
         spans::TARGETED_RELIST,
@@ -376,20 +395,16 @@ impl Handler<RequestRelist> for RelistDispatcher {
         if self.stop_if_asked(ctx) {
             return;
         }
-        if self.covered_until.is_some_and(|c| msg.enqueued_at < c) {
-            // A global relist does not cover a pod a sync holds (it skipped it).
-            let held = self.deps.suspended.coalesce(&msg.uid);
-            self.deps.metrics.count_request(
-                if held {
-                    RequestResult::Coalesced
-                } else {
-                    RequestResult::Skipped
-                },
-                msg.source,
-            );
-            return;
+        // A request a completed global relist already covers is settled at once; any
+        // other waits for its turn, after a due global relist.
+        let pending = if self.schedule.covers(msg.enqueued_at) {
+            self.settle(msg)
+        } else {
+            Some(msg)
+        };
+        if let Some(req) = pending {
+            self.run(ctx, Some(req));
         }
-        self.run(ctx, Some(msg));
     }
 }
 
@@ -408,16 +423,7 @@ impl Handler<RelistSoon> for RelistDispatcher {
         if self.stop_if_asked(ctx) {
             return;
         }
-        let now = Instant::now();
-        if self
-            .last_forced
-            .is_some_and(|t| now.duration_since(t) < self.cfg.relist_period)
-        {
-            return;
-        }
-        if self.next_global > now {
-            self.forced_pending = true;
-            self.next_global = now;
+        if self.schedule.bring_forward(Instant::now()) {
             self.schedule_tick(ctx);
         }
     }

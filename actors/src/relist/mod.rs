@@ -1,7 +1,12 @@
 //! The Generic PLEG's scheduling (KEP-3386 "Design Details"): the dispatcher actor
-//! that runs every relist, the bounded queue every request source writes into, and
-//! the router that sends a held pod's requests to its sync gate instead.
+//! that runs every relist, the global relist's schedule and the verdict on each
+//! targeted request, the bounded queue every request source writes into, and the
+//! router that sends a held pod's requests to its sync gate instead.
 
 pub(crate) mod dispatcher;
 pub(crate) mod queue;
 pub(crate) mod router;
+pub(crate) mod schedule;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,477 @@
+//! Component tests of the RelistDispatcher alone (KEP-3386 "Design Details"): the
+//! fake runtime under a real GenericPleg, and [`Recorder`] mocks as the CacheOwner
+//! and the EventPublisher, so each neighbour's behaviour that matters (answering
+//! late, stalling) is scripted here instead of emerging from the whole system.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use plegd_sim::{FakeRuntime, Op};
+use plegd_telemetry::{Metrics, RequestResult};
+
+use super::dispatcher::{DispatcherConfig, DispatcherDeps, DispatcherHandle, RelistDispatcher};
+use crate::cache::ApplyRelist;
+use crate::event::{EventKind, RelistSource};
+use crate::health::Health;
+use crate::mock::{Recorded, Recorder, RecorderConfig};
+use crate::pleg::{CacheUpdate, GenericPleg};
+use crate::publisher::Publish;
+use crate::sync::SuspendedPods;
+
+// Nothing in production copies these messages; the Recorder hands the test copies.
+// (If cache.rs or publisher.rs ever derive Clone, delete these.)
+impl Clone for ApplyRelist {
+    fn clone(&self) -> Self {
+        ApplyRelist {
+            updates: self.updates.clone(),
+            global_timestamp: self.global_timestamp,
+            held: self.held.clone(),
+        }
+    }
+}
+
+impl Clone for Publish {
+    fn clone(&self) -> Self {
+        Publish(self.0.clone())
+    }
+}
+
+/// Generous: CI machines are slow and shared.
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Polls `cond` until it holds; panics with `what` after [`TIMEOUT`].
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// A dispatcher alone, with recorders as its cache and publisher.
+struct Bench {
+    dispatcher: DispatcherHandle,
+    cache: Recorded<ApplyRelist>,
+    published: Recorded<Publish>,
+    metrics: Arc<Metrics>,
+    health: Health,
+    suspended: SuspendedPods,
+}
+
+struct Setup {
+    period: Duration,
+    capacity: usize,
+    health_threshold: Duration,
+    cache: RecorderConfig,
+    publisher: RecorderConfig,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            // Only the first global relist runs unless a test asks for more.
+            period: Duration::from_secs(3600),
+            capacity: 1024,
+            health_threshold: Duration::from_secs(180),
+            cache: RecorderConfig::default(),
+            publisher: RecorderConfig::default(),
+        }
+    }
+}
+
+fn start(rt: &FakeRuntime, setup: Setup) -> Bench {
+    let (cache_addr, cache) = Recorder::<ApplyRelist>::start(setup.cache);
+    let (publisher_addr, published) = Recorder::<Publish>::start(setup.publisher);
+    let metrics = Arc::new(Metrics::new());
+    let health = Health::new(setup.health_threshold);
+    let suspended = SuspendedPods::default();
+    let dispatcher = RelistDispatcher::start(
+        GenericPleg::new(Arc::new(rt.clone()), 4),
+        DispatcherConfig {
+            relist_period: setup.period,
+            queue_capacity: setup.capacity,
+        },
+        DispatcherDeps {
+            cache: cache_addr.recipient(),
+            publisher: publisher_addr.recipient(),
+            metrics: metrics.clone(),
+            health: health.clone(),
+            suspended: suspended.clone(),
+        },
+    );
+    Bench {
+        dispatcher,
+        cache,
+        published,
+        metrics,
+        health,
+        suspended,
+    }
+}
+
+impl Bench {
+    /// Global relists whose lists and apply completed (the duration is observed last).
+    fn global_relists(&self) -> u64 {
+        self.metrics.relist_duration.get_sample_count()
+    }
+
+    fn requests(&self, result: RequestResult) -> u64 {
+        self.metrics.requests(result, RelistSource::EventedPleg)
+    }
+
+    /// Every request accepted into the queue has been settled one way or another.
+    fn settled(&self) -> u64 {
+        [
+            RequestResult::Done,
+            RequestResult::Skipped,
+            RequestResult::Coalesced,
+        ]
+        .into_iter()
+        .map(|r| self.requests(r))
+        .sum()
+    }
+}
+
+fn updates_pod(a: &ApplyRelist, uid: &str) -> bool {
+    a.updates.iter().any(|u| match u {
+        CacheUpdate::Set { uid: u, .. } | CacheUpdate::Delete { uid: u } => u == uid,
+    })
+}
+
+/// (kind, container or sandbox id, source) of each published event, in order.
+fn events(p: &Publish) -> Vec<(EventKind, String, RelistSource)> {
+    p.0.iter()
+        .map(|e| (e.kind, e.container_id.clone(), e.relist_source))
+        .collect()
+}
+
+#[actix_rt::test]
+async fn a_slow_cache_delays_publishing_until_it_acknowledged() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let delay = Duration::from_millis(300);
+    let t0 = Instant::now();
+    let b = start(
+        &rt,
+        Setup {
+            cache: RecorderConfig {
+                delay,
+                ..RecorderConfig::default()
+            },
+            ..Setup::default()
+        },
+    );
+
+    // The recorder records an update just before acknowledging it, and the dispatcher
+    // publishes only after the acknowledgement: whenever a publish is visible, so is
+    // the cache update before it. (Read the publisher first: both only grow.)
+    let mut first_publish = None;
+    wait_until("the first global relist published", || {
+        let published = b.published.len();
+        let cached = b.cache.len();
+        assert!(
+            cached >= published,
+            "published {published} before cached {cached}"
+        );
+        if published == 1 && first_publish.is_none() {
+            first_publish = Some(Instant::now());
+        }
+        published == 1
+    })
+    .await;
+    let published_after = first_publish.map(|t| t.duration_since(t0));
+    assert!(
+        published_after >= Some(delay),
+        "published {published_after:?} after start, the cache answers after {delay:?}"
+    );
+    let cached = b.cache.all();
+    assert!(cached[0].global_timestamp.is_some());
+    assert!(updates_pod(&cached[0], "u1"));
+    assert_eq!(
+        events(&b.published.all()[0]),
+        vec![
+            (
+                EventKind::ContainerStarted,
+                sb.clone(),
+                RelistSource::Global
+            ),
+            (EventKind::ContainerStarted, c.clone(), RelistSource::Global),
+        ]
+    );
+
+    // A targeted relist keeps the same order.
+    rt.exit_container(&c, 1);
+    let asked = Instant::now();
+    assert!(b
+        .dispatcher
+        .queue
+        .request("u1", RelistSource::EventedPleg, None));
+    let mut second_publish = None;
+    wait_until("the targeted relist published", || {
+        let published = b.published.len();
+        let cached = b.cache.len();
+        assert!(
+            cached >= published,
+            "published {published} before cached {cached}"
+        );
+        if published == 2 && second_publish.is_none() {
+            second_publish = Some(Instant::now());
+        }
+        published == 2
+    })
+    .await;
+    assert!(second_publish.map(|t| t.duration_since(asked)) >= Some(delay));
+    let cached = b.cache.all();
+    assert_eq!(cached[1].global_timestamp, None, "a targeted relist");
+    assert!(updates_pod(&cached[1], "u1"));
+    assert_eq!(
+        events(&b.published.all()[1]),
+        vec![(EventKind::ContainerDied, c, RelistSource::EventedPleg)]
+    );
+    assert_eq!(b.requests(RequestResult::Done), 1);
+}
+
+/// Finding: the dispatcher awaits the publisher's acknowledgement (`send`) inside the
+/// unit of work that holds its mailbox. A publisher that stalls therefore stalls the
+/// whole Generic PLEG: no global relist starts, health goes stale, the relist queue
+/// fills and drops. The real EventPublisher never blocks in `Publish` (subscribers'
+/// queues are `try_send`), so this needs a publisher that is stuck or starved.
+#[actix_rt::test]
+async fn a_stalled_publisher_stalls_the_relist_schedule_until_released() {
+    let rt = FakeRuntime::new();
+    let b = start(
+        &rt,
+        Setup {
+            period: Duration::from_millis(20),
+            capacity: 4,
+            health_threshold: Duration::from_millis(200),
+            publisher: RecorderConfig {
+                stalled: true,
+                ..RecorderConfig::default()
+            },
+            ..Setup::default()
+        },
+    );
+    // An empty node: global relists have nothing to publish, so they keep coming.
+    wait_until("global relists on an empty node", || {
+        b.global_relists() >= 3
+    })
+    .await;
+    assert!(b.health.ready());
+
+    // A pod appears: the next global relist applies it to the cache, then waits on the
+    // stalled publisher.
+    let sb = rt.run_pod("u1", "web", "ns");
+    wait_until("the pod's update acknowledged by the cache", || {
+        b.cache.all().iter().any(|a| updates_pod(a, "u1"))
+    })
+    .await;
+    let lists = rt.calls(Op::ListSandboxes);
+    let relists = b.global_relists();
+    // No global relist completes for longer than the health threshold (ten periods).
+    wait_until("health stale", || b.health.check().is_err()).await;
+    assert_eq!(
+        rt.calls(Op::ListSandboxes),
+        lists,
+        "no global relist started"
+    );
+    assert_eq!(b.global_relists(), relists);
+    assert_eq!(b.published.len(), 0);
+
+    // The queue is not drained meanwhile: a burst fills it and the rest is dropped.
+    let mut accepted = 0;
+    for _ in 0..100 {
+        if b.dispatcher
+            .queue
+            .request("u1", RelistSource::EventedPleg, None)
+        {
+            accepted += 1;
+        }
+    }
+    // One sender handle: capacity - 1 messages, then the one that parks it.
+    assert_eq!(accepted, 4);
+    assert_eq!(b.requests(RequestResult::Dropped), 100 - accepted);
+    assert_eq!(b.metrics.queue_depth.get(), accepted as i64);
+    assert_eq!(b.settled(), 0);
+    // Nor can a global relist be brought forward (its own sender handle: accepted).
+    b.dispatcher.queue.relist_soon();
+
+    // Released: the stuck relist publishes, the schedule resumes, and the queued
+    // requests are covered by the global relist that runs first (it is long overdue).
+    b.published.release();
+    wait_until("the stuck relist published", || b.published.len() >= 1).await;
+    assert_eq!(
+        events(&b.published.all()[0]),
+        vec![(EventKind::ContainerStarted, sb, RelistSource::Global)]
+    );
+    wait_until("queued requests settled", || b.settled() == accepted).await;
+    assert_eq!(b.requests(RequestResult::Skipped), accepted);
+    wait_until("healthy again", || b.health.check().is_ok()).await;
+    let relists = b.global_relists();
+    wait_until("global relists on schedule again", || {
+        b.global_relists() >= relists + 3
+    })
+    .await;
+    assert_eq!(b.metrics.queue_depth.get(), 0);
+}
+
+/// Finding, the same cause: Stop is honoured only after the unit of work in progress,
+/// and that unit waits on the publisher, so a stalled publisher delays shutdown.
+#[actix_rt::test]
+async fn stop_waits_for_a_stalled_publisher() {
+    let rt = FakeRuntime::new();
+    rt.run_pod("u1", "web", "ns");
+    let b = start(
+        &rt,
+        Setup {
+            period: Duration::from_millis(20),
+            health_threshold: Duration::from_millis(200),
+            publisher: RecorderConfig {
+                stalled: true,
+                ..RecorderConfig::default()
+            },
+            ..Setup::default()
+        },
+    );
+    wait_until("the first relist applied", || b.cache.len() == 1).await;
+    b.dispatcher.stop.stop();
+    wait_until("health stale", || b.health.check().is_err()).await;
+    assert!(!b.dispatcher.stop.stopped(), "stopped while publishing");
+    b.published.release();
+    wait_until("stopped", || b.dispatcher.stop.stopped()).await;
+    assert_eq!(
+        b.published.len(),
+        1,
+        "the relist in progress finished first"
+    );
+    assert_eq!(rt.calls(Op::ListSandboxes), 1, "and nothing after it");
+}
+
+#[actix_rt::test]
+async fn a_burst_beyond_the_mailbox_bound_is_dropped_and_counted() {
+    const CAPACITY: usize = 8;
+    const SENDERS: usize = 3;
+    let rt = FakeRuntime::new();
+    let b = start(
+        &rt,
+        Setup {
+            capacity: CAPACITY,
+            ..Setup::default()
+        },
+    );
+    wait_until("first global relist", || b.health.ready()).await;
+    // Each clone of the queue is its own sender handle. The burst runs without
+    // yielding, so the dispatcher (same thread) cannot drain anything meanwhile.
+    let queues: Vec<_> = (0..SENDERS).map(|_| b.dispatcher.queue.clone()).collect();
+    let mut accepted = 0;
+    for i in 0..300 {
+        if queues[i % SENDERS].request(&format!("p{i}"), RelistSource::EventedPleg, None) {
+            accepted += 1;
+        }
+    }
+    // actix's real bound: capacity - 1 messages first come, first served, then one
+    // more from each sender handle, which that message parks.
+    assert_eq!(accepted, CAPACITY - 1 + SENDERS);
+    assert_eq!(b.requests(RequestResult::Queued), accepted as u64);
+    assert_eq!(b.requests(RequestResult::Dropped), 300 - accepted as u64);
+    assert_eq!(b.metrics.queue_depth.get(), accepted as i64);
+
+    // Every accepted request is a targeted relist (after the first global relist's
+    // start, no global relist due): none lost, none counted twice.
+    wait_until("accepted requests done", || {
+        b.requests(RequestResult::Done) == accepted as u64
+    })
+    .await;
+    assert_eq!(b.settled(), accepted as u64);
+    assert_eq!(b.metrics.queue_depth.get(), 0);
+    // Drained, the parked senders take requests again.
+    for q in &queues {
+        assert!(q.request("p0", RelistSource::EventedPleg, None));
+    }
+    wait_until("the new requests done", || {
+        b.requests(RequestResult::Done) == (accepted + SENDERS) as u64
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn covered_requests_are_skipped_and_held_pods_coalesced() {
+    let rt = FakeRuntime::new();
+    let sb1 = rt.run_pod("u1", "free", "ns");
+    rt.run_pod("u2", "held", "ns");
+    let b = start(&rt, Setup::default());
+    b.suspended.suspend("u2");
+    // Queued before the dispatcher handled anything, so before the first global
+    // relist started: that relist covers them all.
+    for _ in 0..3 {
+        assert!(b
+            .dispatcher
+            .queue
+            .request("u1", RelistSource::EventedPleg, None));
+    }
+    for _ in 0..2 {
+        assert!(b
+            .dispatcher
+            .queue
+            .request("u2", RelistSource::EventedPleg, None));
+    }
+    wait_until("five requests settled", || b.settled() == 5).await;
+    assert_eq!(b.requests(RequestResult::Skipped), 3);
+    // The global relist skipped the held pod, so it does not cover it: its requests
+    // become the gate's pending relist.
+    assert_eq!(b.requests(RequestResult::Coalesced), 2);
+    assert_eq!(b.requests(RequestResult::Done), 0);
+    assert_eq!(b.global_relists(), 1);
+    let cached = b.cache.all();
+    assert_eq!(cached[0].held, vec!["u2".to_string()]);
+    assert!(updates_pod(&cached[0], "u1") && !updates_pod(&cached[0], "u2"));
+    assert!(b.suspended.resume("u2"), "a relist is pending on release");
+    wait_until("u1 published", || b.published.len() == 1).await;
+    assert_eq!(
+        events(&b.published.all()[0]),
+        vec![(EventKind::ContainerStarted, sb1, RelistSource::Global)]
+    );
+
+    // Queued after that relist started: not covered, so relisted ...
+    assert!(b
+        .dispatcher
+        .queue
+        .request("u2", RelistSource::PostSync, None));
+    wait_until("u2 relisted", || {
+        b.metrics
+            .requests(RequestResult::Done, RelistSource::PostSync)
+            == 1
+    })
+    .await;
+    // ... unless a sync holds the pod by the time its turn comes.
+    b.suspended.suspend("u1");
+    assert!(b
+        .dispatcher
+        .queue
+        .request("u1", RelistSource::EventedPleg, None));
+    wait_until("u1 coalesced", || b.requests(RequestResult::Coalesced) == 3).await;
+    assert!(b.suspended.resume("u1"));
+    assert_eq!(b.requests(RequestResult::Done), 0);
+    assert_eq!(b.metrics.queue_depth.get(), 0);
+}
+
+#[actix_rt::test]
+async fn global_relists_keep_their_period_and_observe_the_interval() {
+    let rt = FakeRuntime::new();
+    let period = Duration::from_millis(20);
+    let b = start(
+        &rt,
+        Setup {
+            period,
+            ..Setup::default()
+        },
+    );
+    wait_until("five global relists", || b.global_relists() >= 5).await;
+    let relists = b.global_relists();
+    let intervals = b.metrics.relist_interval.get_sample_count();
+    // Observed once per global relist after the first, start to start.
+    assert_eq!(intervals, relists - 1);
+    let mean = b.metrics.relist_interval.get_sample_sum() / intervals as f64;
+    assert!(mean >= period.as_secs_f64(), "mean interval {mean}s");
+}
