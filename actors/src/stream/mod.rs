@@ -4,4 +4,6 @@
 pub(crate) mod hint;
 pub(crate) mod machine;
 pub(crate) mod reconnect;
+#[cfg(test)]
+mod tests;
 pub(crate) mod watcher;
