@@ -18,7 +18,7 @@ use crate::relist::dispatcher::{DispatcherConfig, DispatcherDeps, RelistDispatch
 use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
 use crate::stream::reconnect::ReconnectPolicy;
-use crate::stream::watcher::{GetState, StopWatcher, StreamWatcher, WatcherState};
+use crate::stream::watcher::{self, GetState, StreamWatcher, WatcherState};
 use crate::sync::registry::{SyncGateRegistry, SyncGates};
 use crate::sync::SuspendedPods;
 
@@ -129,7 +129,7 @@ impl Pleg {
     /// Stops the event stream and the dispatcher (after its relist in progress).
     pub fn stop(&self) {
         if let Some(w) = &self.watcher {
-            let _ = w.try_send(StopWatcher);
+            let _ = w.try_send(watcher::Stop);
         }
         self.dispatcher.stop();
     }

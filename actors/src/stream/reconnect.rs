@@ -68,21 +68,22 @@ impl Default for ReconnectPolicy {
     }
 }
 
-/// Why the last attempt ended.
+/// How a connection attempt, or the stream it opened, ended: it decides the next delay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Failure {
+pub enum AttemptEnd {
     /// Any error, EOF or clean close.
-    Other,
+    Failed,
     /// The runtime does not implement GetContainerEvents.
     Unimplemented,
 }
 
+/// The delay before each reconnect. Holds no clock and no connection state: the
+/// caller says when the connection came up and when it ended.
 pub struct ReconnectBackoff {
     policy: ReconnectPolicy,
     exp: ExponentialBackoff,
     /// Failures since the last reset.
     failures: u32,
-    connected_at: Option<Instant>,
 }
 
 impl ReconnectBackoff {
@@ -91,7 +92,6 @@ impl ReconnectBackoff {
             exp: Self::exponential(&policy),
             policy,
             failures: 0,
-            connected_at: None,
         }
     }
 
@@ -105,21 +105,17 @@ impl ReconnectBackoff {
             .build()
     }
 
-    /// The stream is open (it delivered its first response).
-    pub fn connected(&mut self, now: Instant) {
-        self.connected_at = Some(now);
-    }
-
-    /// The attempt or the stream ended at `now`: how long to wait before the next one.
-    pub fn failed(&mut self, now: Instant, why: Failure) -> Duration {
-        if let Some(since) = self.connected_at.take() {
-            if now.saturating_duration_since(since) >= self.policy.healthy_reset {
-                self.failures = 0;
-                self.exp = Self::exponential(&self.policy);
-            }
+    /// The connection, up since `up_since`, ended at `now`: how long to wait before the
+    /// next attempt. `up_since` is when the stream opened, or when a still-pending attempt
+    /// began (containerd sends no headers before its first event, so a pending attempt
+    /// on a quiet node is a healthy stream).
+    pub fn failed(&mut self, up_since: Instant, now: Instant, end: AttemptEnd) -> Duration {
+        if now.saturating_duration_since(up_since) >= self.policy.healthy_reset {
+            self.failures = 0;
+            self.exp = Self::exponential(&self.policy);
         }
         self.failures = self.failures.saturating_add(1);
-        if why == Failure::Unimplemented {
+        if end == AttemptEnd::Unimplemented {
             return self.policy.cap;
         }
         if self.failures == 1 {
@@ -163,11 +159,11 @@ mod tests {
     fn first_retry_immediate_then_exponential_with_jitter_capped_forever() {
         let mut b = ReconnectBackoff::new(policy());
         let now = Instant::now();
-        assert_eq!(b.failed(now, Failure::Other), Duration::ZERO);
+        assert_eq!(b.failed(now, now, AttemptEnd::Failed), Duration::ZERO);
         let mut prev = Duration::ZERO;
         let mut delays = vec![];
         for _ in 0..200 {
-            let d = b.failed(now, Failure::Other);
+            let d = b.failed(now, now, AttemptEnd::Failed);
             assert!(d <= Duration::from_secs(60), "{d:?} over the cap");
             assert!(d >= Duration::from_millis(80), "{d:?} is a tight loop");
             delays.push(d);
@@ -186,17 +182,15 @@ mod tests {
         let mut b = ReconnectBackoff::new(policy());
         let t0 = Instant::now();
         for _ in 0..10 {
-            b.failed(t0, Failure::Other);
+            b.failed(t0, t0, AttemptEnd::Failed);
         }
         // Flapping: connected for 59 s, then fails again: no reset.
-        b.connected(t0);
-        let d = b.failed(t0 + Duration::from_secs(59), Failure::Other);
+        let d = b.failed(t0, t0 + Duration::from_secs(59), AttemptEnd::Failed);
         assert!(d >= Duration::from_secs(20), "{d:?}");
         // Healthy for 60 s: the next retry is immediate again.
         let t1 = t0 + Duration::from_secs(100);
-        b.connected(t1);
         assert_eq!(
-            b.failed(t1 + Duration::from_secs(60), Failure::Other),
+            b.failed(t1, t1 + Duration::from_secs(60), AttemptEnd::Failed),
             Duration::ZERO
         );
         assert_eq!(b.failures(), 1);
@@ -208,7 +202,7 @@ mod tests {
         let now = Instant::now();
         for _ in 0..5 {
             assert_eq!(
-                b.failed(now, Failure::Unimplemented),
+                b.failed(now, now, AttemptEnd::Unimplemented),
                 Duration::from_secs(60)
             );
         }

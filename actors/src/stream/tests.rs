@@ -1,0 +1,333 @@
+//! The real StreamWatcher alone, over the fake runtime's event stream and a recording
+//! mock in place of the dispatcher: exactly which relist hints a stream of good and
+//! bad events produces (KEP-3386: only a CONTAINER_STOPPED_EVENT asks for a relist),
+//! that a full queue never makes it wait (containerd 2.x blocks its dispatcher on a
+//! subscriber that stops reading), and when a reconnect brings the global relist
+//! forward.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use plegd_runtime::cri::{
+    ContainerEventResponse, ContainerEventType, ContainerStatus, PodSandboxMetadata,
+    PodSandboxStatus,
+};
+use plegd_sim::{FakeRuntime, Op};
+use plegd_telemetry::{Metrics, RequestResult, StreamEventType};
+
+use crate::event::RelistSource;
+use crate::mock::{Recorded, Recorder, RecorderConfig};
+use crate::relist::dispatcher::{RelistSoon, RequestRelist};
+use crate::relist::queue::RelistQueue;
+use crate::relist::router::RelistRouter;
+use crate::stream::reconnect::ReconnectPolicy;
+use crate::stream::watcher::{GetState, Stop, StreamWatcher, WatcherState};
+use crate::sync::SuspendedPods;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn policy(cap: Duration) -> ReconnectPolicy {
+    ReconnectPolicy::new(Duration::from_millis(10), cap, Duration::from_secs(60)).unwrap()
+}
+
+/// A watcher whose relist requests and bring-forwards go to recorders.
+struct Harness {
+    sim: FakeRuntime,
+    metrics: Arc<Metrics>,
+    watcher: Addr<StreamWatcher>,
+    requests: Recorded<RequestRelist>,
+    soon: Recorded<RelistSoon>,
+    soon_addr: Addr<Recorder<RelistSoon>>,
+    /// Markers sent to the RelistSoon recorder by the test itself.
+    markers: Cell<usize>,
+}
+
+impl Harness {
+    fn start(sim: FakeRuntime, requests: RecorderConfig, policy: ReconnectPolicy) -> Harness {
+        let metrics = Arc::new(Metrics::new());
+        let (requests_addr, requests) = Recorder::<RequestRelist>::start(requests);
+        let (soon_addr, soon) = Recorder::<RelistSoon>::start(RecorderConfig::default());
+        let queue = RelistQueue::new(
+            requests_addr.recipient(),
+            soon_addr.clone().recipient(),
+            metrics.clone(),
+        );
+        let router = RelistRouter::new(queue.clone(), SuspendedPods::default(), metrics.clone());
+        let watcher = StreamWatcher::new(
+            Arc::new(sim.clone()),
+            router,
+            metrics.clone(),
+            policy,
+            Some(Box::new(move || queue.relist_soon())),
+        )
+        .start();
+        Harness {
+            sim,
+            metrics,
+            watcher,
+            requests,
+            soon,
+            soon_addr,
+            markers: Cell::new(0),
+        }
+    }
+
+    async fn state(&self) -> WatcherState {
+        self.watcher.send(GetState).await.expect("watcher running")
+    }
+
+    /// Waits until the `n`th stream is open at both ends.
+    async fn wait_streaming(&self, n: u64) {
+        let (m, sim) = (self.metrics.clone(), self.sim.clone());
+        wait_until("stream open", || {
+            m.connection_successes.get() == n
+                && m.stream_connected.get() == 1
+                && sim.event_streams() == 1
+        })
+        .await;
+    }
+
+    /// Every RelistSoon the watcher sent, once the recorder has handled them all.
+    async fn relist_soon_count(&self) -> usize {
+        // A marker answered after everything queued before it.
+        self.soon_addr.send(RelistSoon).await.expect("recorder");
+        self.markers.set(self.markers.get() + 1);
+        self.soon.len() - self.markers.get()
+    }
+
+    fn uids(&self) -> Vec<String> {
+        self.requests.all().into_iter().map(|r| r.uid).collect()
+    }
+}
+
+/// An event in containerd's shape; `uid` None: no pod sandbox status.
+fn event(kind: ContainerEventType, uid: Option<&str>) -> ContainerEventResponse {
+    ContainerEventResponse {
+        container_id: "ctr-1".into(),
+        container_event_type: kind as i32,
+        created_at: plegd_runtime::now_ns(),
+        pod_sandbox_status: uid.map(|uid| PodSandboxStatus {
+            id: "sb-1".into(),
+            metadata: Some(PodSandboxMetadata {
+                uid: uid.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        containers_statuses: vec![],
+    }
+}
+
+fn stopped(uid: &str) -> ContainerEventResponse {
+    event(ContainerEventType::ContainerStoppedEvent, Some(uid))
+}
+
+#[actix_rt::test]
+async fn only_a_stop_event_with_a_uid_requests_a_relist_one_per_event() {
+    use ContainerEventType::*;
+    let h = Harness::start(
+        FakeRuntime::new(),
+        RecorderConfig::default(),
+        policy(Duration::from_millis(200)),
+    );
+    h.wait_streaming(1).await;
+    let mut no_metadata = stopped("u-x");
+    if let Some(s) = no_metadata.pod_sandbox_status.as_mut() {
+        s.metadata = None;
+    }
+    // A stop with container statuses and a non-zero exit code: still just a hint.
+    let mut with_statuses = stopped("u2");
+    with_statuses.containers_statuses = vec![ContainerStatus {
+        id: "ctr-1".into(),
+        exit_code: 137,
+        ..Default::default()
+    }];
+    let events = [
+        event(ContainerCreatedEvent, Some("u1")),
+        event(ContainerStartedEvent, Some("u1")),
+        stopped("u1"),
+        event(ContainerDeletedEvent, Some("u1")),
+        // Invalid: no sandbox status, no metadata, an empty UID, a sandbox's DELETED.
+        event(ContainerStoppedEvent, None),
+        no_metadata,
+        stopped(""),
+        event(ContainerDeletedEvent, None),
+        // Duplicates: one request each (the dispatcher dedups, not the watcher).
+        stopped("u1"),
+        stopped("u1"),
+        with_statuses,
+        // Requests are recorded in order: once this one is, all before it are.
+        stopped("u-last"),
+    ];
+    for ev in events {
+        assert_eq!(h.sim.inject_event(ev), 1);
+    }
+    let rec = h.requests.clone();
+    wait_until("the last request", || {
+        rec.all().iter().any(|r| r.uid == "u-last")
+    })
+    .await;
+    assert_eq!(h.uids(), ["u1", "u1", "u1", "u2", "u-last"]);
+    assert!(h
+        .requests
+        .all()
+        .iter()
+        .all(|r| r.source == RelistSource::EventedPleg && r.cause.is_some()));
+    let m = &h.metrics;
+    let counted = |t| m.stream_events(t);
+    assert_eq!(counted(StreamEventType::Invalid), 4);
+    assert_eq!(counted(StreamEventType::Created), 1);
+    assert_eq!(counted(StreamEventType::Started), 1);
+    assert_eq!(counted(StreamEventType::Deleted), 1);
+    assert_eq!(counted(StreamEventType::Stopped), 5);
+    assert_eq!(
+        m.requests(RequestResult::Queued, RelistSource::EventedPleg),
+        5
+    );
+    assert_eq!(m.connection_latency.get_sample_count(), 8);
+    // Bad events are not stream failures.
+    assert_eq!(m.connection_errors.get(), 0);
+    assert_eq!(h.state().await.state, "streaming");
+    assert_eq!(
+        h.relist_soon_count().await,
+        0,
+        "no reconnect, no bring-forward"
+    );
+}
+
+#[actix_rt::test]
+async fn a_burst_into_a_stalled_full_queue_is_drained_at_once_dropped_and_counted() {
+    let h = Harness::start(
+        FakeRuntime::new(),
+        RecorderConfig {
+            capacity: Some(1),
+            stalled: true,
+            ..RecorderConfig::default()
+        },
+        policy(Duration::from_millis(200)),
+    );
+    h.wait_streaming(1).await;
+    const BURST: u64 = 500;
+    for i in 0..BURST {
+        h.sim.inject_event(stopped(&format!("u{i}")));
+    }
+    // The whole burst is read while the dispatcher stand-in handles nothing: the
+    // watcher never waits on a full mailbox.
+    let m = h.metrics.clone();
+    wait_until("the burst read", || {
+        m.stream_events(StreamEventType::Stopped) == BURST
+    })
+    .await;
+    assert_eq!(h.requests.len(), 0, "still stalled");
+    let queued = m.requests(RequestResult::Queued, RelistSource::EventedPleg);
+    let dropped = m.requests(RequestResult::Dropped, RelistSource::EventedPleg);
+    assert_eq!(queued + dropped, BURST);
+    // actix's bound: capacity + one per sender, plus the message the stalled handler holds.
+    assert!((1..=4).contains(&queued), "{queued} queued");
+    let st = h.state().await;
+    assert_eq!((st.state, st.attempts), ("streaming", 1));
+    assert_eq!(m.connection_errors.get(), 0);
+    // Once the dispatcher catches up, the accepted requests arrive in order (the
+    // first, and whichever found room as the stalled handler took one) and the
+    // stream still delivers.
+    h.requests.release();
+    let rec = h.requests.clone();
+    wait_until("queued requests handled", || rec.len() as u64 == queued).await;
+    let order: Vec<u64> = h
+        .uids()
+        .iter()
+        .filter_map(|u| u.strip_prefix('u')?.parse().ok())
+        .collect();
+    assert_eq!(order.len() as u64, queued, "{:?}", h.uids());
+    assert_eq!(order[0], 0);
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+    h.sim.inject_event(stopped("after"));
+    wait_until("a request after the burst", || {
+        rec.all().iter().any(|r| r.uid == "after")
+    })
+    .await;
+    assert_eq!(
+        m.requests(RequestResult::Dropped, RelistSource::EventedPleg),
+        dropped
+    );
+}
+
+#[actix_rt::test]
+async fn each_reconnect_brings_the_global_relist_forward_at_attempt_and_at_open() {
+    let h = Harness::start(
+        FakeRuntime::new(),
+        RecorderConfig::default(),
+        policy(Duration::from_millis(200)),
+    );
+    h.wait_streaming(1).await;
+    assert_eq!(
+        h.relist_soon_count().await,
+        0,
+        "the first open is no reconnect"
+    );
+    // EOF: attempt 2 asks, and its open asks again.
+    assert_eq!(h.sim.close_streams(), 1);
+    h.wait_streaming(2).await;
+    assert_eq!(h.relist_soon_count().await, 2);
+    // A mid-stream error: the same.
+    assert_eq!(h.sim.fail_streams(tonic::Code::Internal), 1);
+    h.wait_streaming(3).await;
+    assert_eq!(h.relist_soon_count().await, 4);
+    let m = &h.metrics;
+    assert_eq!(m.connection_errors.get(), 2);
+    assert_eq!(m.reconnect_attempts.get(), 2);
+    // And stop events still reach the queue.
+    h.sim.inject_event(stopped("u1"));
+    let rec = h.requests.clone();
+    wait_until("a request", || rec.len() == 1).await;
+}
+
+#[actix_rt::test]
+async fn unimplemented_waits_the_cap_and_every_attempt_brings_the_relist_forward() {
+    let sim = FakeRuntime::new();
+    sim.fail(Op::Events, tonic::Code::Unimplemented, Some(2));
+    let cap = Duration::from_millis(100);
+    let start = Instant::now();
+    let h = Harness::start(sim, RecorderConfig::default(), policy(cap));
+    h.wait_streaming(1).await;
+    assert!(start.elapsed() >= cap * 2, "{:?}", start.elapsed());
+    let st = h.state().await;
+    assert_eq!(
+        (st.state, st.attempts, st.last_delay),
+        ("streaming", 3, Some(cap))
+    );
+    // Attempts 2 and 3, then the open after the failures.
+    assert_eq!(h.relist_soon_count().await, 3);
+    assert_eq!(h.metrics.connection_errors.get(), 2);
+}
+
+#[actix_rt::test]
+async fn stop_while_a_quiet_attempt_is_pending_cancels_it() {
+    // containerd answers only with its first event: the attempt stays pending.
+    let sim = FakeRuntime::new();
+    sim.set_quiet_until_first_event(true);
+    let h = Harness::start(
+        sim.clone(),
+        RecorderConfig::default(),
+        policy(Duration::from_millis(200)),
+    );
+    wait_until("attempt pending", || sim.event_streams() == 1).await;
+    let st = h.state().await;
+    assert_eq!((st.state, st.live_futures), ("connecting", 1));
+    assert_eq!(h.metrics.stream_connected.get(), 0);
+    h.watcher.try_send(Stop).expect("mailbox has room");
+    let w = h.watcher.clone();
+    wait_until("watcher stopped", || !w.connected()).await;
+    wait_until("RPC cancelled", || sim.event_streams() == 0).await;
+    assert_eq!(h.metrics.connection_errors.get(), 0);
+}
