@@ -29,7 +29,7 @@ pub struct CachedPod {
 
 struct Shared {
     pods: DashMap<String, CachedPod>,
-    /// Pods the last global relist skipped (a sync held them) → the last global
+    /// Pods the last global relist left alone (a sync held them) → the last global
     /// timestamp that did cover them: a waiter on such a pod is not released by a
     /// relist that never looked at it.
     held_cover: DashMap<String, Option<SystemTime>>,
@@ -163,7 +163,7 @@ impl Actor for CacheOwner {
 pub struct ApplyRelist {
     pub updates: Vec<CacheUpdate>,
     pub global_timestamp: Option<SystemTime>,
-    /// With a global timestamp: the pods that relist skipped (held by a sync).
+    /// With a global timestamp: the pods that relist left alone (held by a sync).
     pub held: Vec<String>,
 }
 

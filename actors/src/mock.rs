@@ -53,7 +53,9 @@ pub struct Recorder<M> {
 /// How a [`Recorder`] behaves.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RecorderConfig {
-    /// Mailbox capacity (actix adds one per sender handle).
+    /// Mailbox capacity. actix parks a sender once the queue holds `capacity`
+    /// messages, after accepting that one: the real bound is capacity - 1 plus one per
+    /// sender handle.
     pub capacity: Option<usize>,
     /// Each message holds the mailbox this long before it is acknowledged.
     pub delay: Duration,
@@ -156,7 +158,7 @@ mod tests {
                 accepted += 1;
             }
         }
-        // actix's bound is capacity + one per sender handle (one message may also be
+        // actix's bound is capacity - 1 + one per sender handle (one message may also be
         // taken out of the mailbox already, held by the stalled handler).
         assert!((2..=4).contains(&accepted), "accepted {accepted}");
         rec.release();

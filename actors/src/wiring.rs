@@ -20,7 +20,7 @@ use crate::relist::router::RelistRouter;
 use crate::stream::reconnect::ReconnectPolicy;
 use crate::stream::watcher::{self, GetState, StreamWatcher, WatcherState};
 use crate::sync::registry::{SyncGateRegistry, SyncGates};
-use crate::sync::SuspendedPods;
+use crate::sync::HeldPods;
 
 #[derive(Clone, Debug)]
 pub struct PlegConfig {
@@ -59,7 +59,7 @@ pub struct Pleg {
     queue: RelistQueue,
     publisher: Addr<EventPublisher>,
     dispatcher: StopHandle,
-    suspended: SuspendedPods,
+    held: HeldPods,
     router: RelistRouter,
     gates: SyncGates,
     watcher: Option<Addr<StreamWatcher>>,
@@ -75,7 +75,7 @@ impl Pleg {
         let cache_addr = owner.start();
         let publisher = EventPublisher::new(metrics.clone()).start();
         let health = Health::new(cfg.health_threshold);
-        let suspended = SuspendedPods::default();
+        let held = HeldPods::default();
         let dispatcher = RelistDispatcher::start(
             GenericPleg::new(runtime.clone(), cfg.status_concurrency),
             DispatcherConfig {
@@ -87,15 +87,14 @@ impl Pleg {
                 publisher: publisher.clone().recipient(),
                 metrics: metrics.clone(),
                 health: health.clone(),
-                suspended: suspended.clone(),
+                held: held.clone(),
             },
         );
-        let router =
-            RelistRouter::new(dispatcher.queue.clone(), suspended.clone(), metrics.clone());
+        let router = RelistRouter::new(dispatcher.queue.clone(), held.clone(), metrics.clone());
         let gates = SyncGates::new(
             SyncGateRegistry::new(
                 dispatcher.queue.clone(),
-                suspended.clone(),
+                held.clone(),
                 metrics.clone(),
                 cfg.gate_idle,
             )
@@ -108,7 +107,7 @@ impl Pleg {
                 router.clone(),
                 metrics.clone(),
                 cfg.reconnect,
-                Some(Box::new(move || queue.relist_soon())),
+                Some(Box::new(move || queue.bring_forward())),
             )
             .start()
         });
@@ -118,7 +117,7 @@ impl Pleg {
             queue: dispatcher.queue,
             publisher,
             dispatcher: dispatcher.stop,
-            suspended,
+            held,
             router,
             gates,
             watcher,
@@ -143,8 +142,8 @@ impl Pleg {
     }
 
     /// Asks for the next global relist to run now (honoured at most once per period).
-    pub fn relist_soon(&self) {
-        self.queue.relist_soon();
+    pub fn bring_global_relist_forward(&self) {
+        self.queue.bring_forward();
     }
 
     /// The pod cache (read-only).
@@ -169,12 +168,12 @@ impl Pleg {
 
     /// Number of pods a sync holds right now.
     pub fn held_pods(&self) -> usize {
-        self.suspended.len()
+        self.held.len()
     }
 
     /// True while a sync holds the pod.
     pub fn is_held(&self, uid: &str) -> bool {
-        self.suspended.contains(uid)
+        self.held.contains(uid)
     }
 
     /// True once the dispatcher has stopped.

@@ -371,7 +371,7 @@ async fn a_burst_of_deaths_is_published_once_each() {
     let burst = t.elapsed();
     // Then a global relist, and everything queued settled: nothing more to publish.
     let relists = m.relist_duration.get_sample_count();
-    pleg.relist_soon();
+    pleg.bring_global_relist_forward();
     wait_until("a global relist after the burst", || {
         m.relist_duration.get_sample_count() > relists && m.queue_depth.get() == 0
     })

@@ -497,7 +497,7 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
     })
     .await;
     let before = m.relist_duration.get_sample_count();
-    e.pleg.relist_soon();
+    e.pleg.bring_global_relist_forward();
     wait_until("a global relist while held", || {
         m.relist_duration.get_sample_count() > before
     })

@@ -281,7 +281,7 @@ async fn a_full_queue_drops_requests_and_the_global_relist_still_converges() {
         .metrics()
         .requests(RequestResult::Dropped, RelistSource::EventedPleg);
     assert_eq!(accepted + dropped, 100);
-    // actix's real bound: capacity + one slot per sender handle.
+    // actix's real bound: capacity - 1 + one slot per sender handle.
     assert!(accepted <= 4 + 2, "accepted {accepted}");
     assert!(dropped >= 94);
     rt.exit_container(&c, 1);
@@ -368,12 +368,12 @@ async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
     let p = start_generic(&rt, Duration::from_secs(3600));
     wait_until("first relist", || p.health().ready()).await;
     let n = global_relists(&p);
-    p.relist_soon();
+    p.bring_global_relist_forward();
     wait_until("brought forward", || global_relists(&p) == n + 1).await;
     for _ in 0..20 {
-        p.relist_soon();
+        p.bring_global_relist_forward();
     }
-    // The mailbox is FIFO: once this request is done, every RelistSoon was handled.
+    // The mailbox is FIFO: once this request is done, every BringForward was handled.
     assert!(p.request_relist("u1", RelistSource::EventedPleg));
     wait_until("fence", || {
         p.metrics()
@@ -390,15 +390,15 @@ async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
     rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
     for i in 1..=3 {
         let n = global_relists(&p);
-        p.relist_soon();
+        p.bring_global_relist_forward();
         wait_until("failed forced relist", || global_relists(&p) == n + 1).await;
         assert_eq!(p.metrics().relist_errors(RelistPhase::List), i);
     }
     rt.clear_failure(Op::ListSandboxes);
     let n = global_relists(&p);
-    p.relist_soon();
+    p.bring_global_relist_forward();
     wait_until("a working forced relist", || global_relists(&p) == n + 1).await;
-    p.relist_soon();
+    p.bring_global_relist_forward();
     assert!(p.request_relist("u1", RelistSource::EventedPleg));
     wait_until("fence", || {
         p.metrics()

@@ -112,7 +112,7 @@ async fn a_stream_error_reported_twice_reconnects_once() {
 }
 
 #[actix_rt::test]
-async fn a_cancelled_begin_sync_does_not_leave_the_pod_suspended() {
+async fn a_cancelled_begin_sync_does_not_leave_the_pod_held() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(50));
     let gates = pleg.gates().clone();
@@ -122,7 +122,7 @@ async fn a_cancelled_begin_sync_does_not_leave_the_pod_suspended() {
     let deadline = std::time::Instant::now() + TIMEOUT;
     while !pleg.is_held("u1") {
         assert!(matches!(futures::poll!(fut.as_mut()), Poll::Pending));
-        assert!(std::time::Instant::now() < deadline, "never suspended");
+        assert!(std::time::Instant::now() < deadline, "never held");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     drop(fut);

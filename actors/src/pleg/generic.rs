@@ -59,7 +59,7 @@ pub struct RelistOutput {
     /// Pods whose record changed or were re-read.
     pub pods_inspected: usize,
     /// Pods left alone because a sync holds them: this relist says nothing of them.
-    pub skipped: Vec<String>,
+    pub held: Vec<String>,
 }
 
 /// The Generic PLEG's state: the last reconciled record of each pod and the pods
@@ -105,35 +105,35 @@ impl GenericPleg {
         self.reinspect.contains(uid)
     }
 
-    /// One relist. `suspended(uid)` pods are left untouched (a sync holds them).
+    /// One relist. `held(uid)` pods are left untouched (a sync holds them).
     /// Err means the lists failed: nothing changed, no timestamp may advance.
     pub async fn relist(
         &mut self,
         scope: &RelistScope,
-        suspended: &dyn Fn(&str) -> bool,
+        held: &dyn Fn(&str) -> bool,
     ) -> Result<RelistOutput, RuntimeError> {
         let source = scope.source();
-        let mut skipped = Vec::new();
+        let mut left_held = Vec::new();
         let work = match scope {
-            RelistScope::Global => self.global_work(suspended, &mut skipped).await?,
+            RelistScope::Global => self.global_work(held, &mut left_held).await?,
             RelistScope::Pod { uid, .. } => {
-                if suspended(uid) {
-                    skipped.push(uid.clone());
+                if held(uid) {
+                    left_held.push(uid.clone());
                     Vec::new()
                 } else {
                     self.pod_work(uid).await?
                 }
             }
         };
-        let mut out = self.process(work, source, suspended).await;
-        out.skipped.extend(skipped);
+        let mut out = self.process(work, source, held).await;
+        out.held.extend(left_held);
         Ok(out)
     }
 
     async fn global_work(
         &mut self,
-        suspended: &dyn Fn(&str) -> bool,
-        skipped: &mut Vec<String>,
+        held: &dyn Fn(&str) -> bool,
+        left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
         let sandboxes = self.runtime.list_sandboxes().await?;
         let containers = self.runtime.list_containers(None).await?;
@@ -149,8 +149,8 @@ impl GenericPleg {
             .collect();
         let mut work = Vec::new();
         for uid in uids {
-            if suspended(&uid) {
-                skipped.push(uid);
+            if held(&uid) {
+                left_held.push(uid);
                 continue;
             }
             let new = current.remove(&uid);
@@ -201,7 +201,7 @@ impl GenericPleg {
         &mut self,
         work: Vec<Work>,
         source: RelistSource,
-        suspended: &dyn Fn(&str) -> bool,
+        held: &dyn Fn(&str) -> bool,
     ) -> RelistOutput {
         let runtime = self.runtime.clone();
         let reads = futures::stream::iter(work)
@@ -225,8 +225,8 @@ impl GenericPleg {
             // A sync took the pod while it was being read: what was read may be an
             // intermediate state. Leave record and cache as they were; the pod is
             // diffed again after the release.
-            if suspended(&w.uid) {
-                out.skipped.push(w.uid);
+            if held(&w.uid) {
+                out.held.push(w.uid);
                 continue;
             }
             out.pods_inspected += 1;

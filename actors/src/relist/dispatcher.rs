@@ -38,7 +38,7 @@ use crate::health::Health;
 use crate::pleg::{GenericPleg, RelistOutput, RelistScope};
 use crate::publisher::Publish;
 use crate::spans;
-use crate::sync::SuspendedPods;
+use crate::sync::HeldPods;
 
 #[derive(Clone, Debug)]
 pub struct DispatcherConfig {
@@ -58,7 +58,7 @@ pub struct DispatcherDeps {
     pub publisher: Recipient<Publish>,
     pub metrics: Arc<Metrics>,
     pub health: Health,
-    pub suspended: SuspendedPods,
+    pub held: HeldPods,
 }
 
 pub struct RelistDispatcher {
@@ -91,7 +91,7 @@ pub struct Stop;
 /// Bring the next global relist forward (at most once per period).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct RelistSoon;
+pub struct BringForward;
 
 /// Sends [`Stop`] to the dispatcher: sets a flag every unit of work checks first, then
 /// nudges the mailbox (which may be full: queued messages then see the flag).
@@ -264,7 +264,7 @@ impl RelistDispatcher {
     /// relist (skipped: covered; coalesced: held), returned if it must run.
     fn settle(&self, req: RequestRelist) -> Option<RequestRelist> {
         // Asking whether a sync holds the pod also marks its gate's pending relist.
-        let held = self.deps.suspended.coalesce(&req.uid);
+        let held = self.deps.held.coalesce(&req.uid);
         let result = match self.schedule.verdict(req.enqueued_at, held) {
             Verdict::Run => return Some(req),
             Verdict::Skip => RequestResult::Skipped,
@@ -286,7 +286,7 @@ async fn apply(deps: &DispatcherDeps, out: RelistOutput, global_timestamp: Optio
         .send(ApplyRelist {
             updates: out.cache,
             held: if global_timestamp.is_some() {
-                out.skipped
+                out.held
             } else {
                 Vec::new()
             },
@@ -309,9 +309,9 @@ async fn global_relist(
     let start = Instant::now();
     let started_wall = SystemTime::now();
     let mut span = spans::start(spans::GLOBAL_RELIST, vec![], None);
-    let suspended = deps.suspended.clone();
+    let held = deps.held.clone();
     let result = core
-        .relist(&RelistScope::Global, &|uid| suspended.contains(uid))
+        .relist(&RelistScope::Global, &|uid| held.contains(uid))
         .await;
     let result = match result {
         Ok(out) => {
@@ -351,13 +351,13 @@ async fn targeted_relist(core: &mut GenericPleg, deps: &DispatcherDeps, req: &Re
         ],
         req.cause.as_ref(),
     );
-    let suspended = deps.suspended.clone();
+    let held = deps.held.clone();
     let scope = RelistScope::Pod {
         uid: req.uid.clone(),
         source: req.source,
     };
     // A sync that takes the pod meanwhile gets this request as its pending relist.
-    match core.relist(&scope, &|uid| suspended.coalesce(uid)).await {
+    match core.relist(&scope, &|uid| held.coalesce(uid)).await {
         Ok(out) => {
             span.set_attribute(KeyValue::new("events", out.events.len() as i64));
             span.end();
@@ -416,10 +416,10 @@ impl Handler<Stop> for RelistDispatcher {
     }
 }
 
-impl Handler<RelistSoon> for RelistDispatcher {
+impl Handler<BringForward> for RelistDispatcher {
     type Result = ();
 
-    fn handle(&mut self, _: RelistSoon, ctx: &mut Self::Context) {
+    fn handle(&mut self, _: BringForward, ctx: &mut Self::Context) {
         if self.stop_if_asked(ctx) {
             return;
         }

@@ -10,14 +10,14 @@ use actix::prelude::*;
 use opentelemetry::trace::SpanContext;
 use plegd_telemetry::{Metrics, RequestResult};
 
-use super::dispatcher::{RelistSoon, RequestRelist};
+use super::dispatcher::{BringForward, RequestRelist};
 use crate::event::RelistSource;
 
 /// The handle every request source uses. Cheap to clone.
 #[derive(Clone)]
 pub struct RelistQueue {
     requests: Recipient<RequestRelist>,
-    soon: Recipient<RelistSoon>,
+    soon: Recipient<BringForward>,
     metrics: Arc<Metrics>,
 }
 
@@ -26,7 +26,7 @@ impl RelistQueue {
     /// recording actor in a component test.
     pub(crate) fn new(
         requests: Recipient<RequestRelist>,
-        soon: Recipient<RelistSoon>,
+        soon: Recipient<BringForward>,
         metrics: Arc<Metrics>,
     ) -> Self {
         RelistQueue {
@@ -62,7 +62,7 @@ impl RelistQueue {
     /// Asks for the next global relist to run now (after a stream reconnect: events
     /// around it may be lost). Honoured at most once per relist period; a brought-forward
     /// relist that failed (the runtime still down) does not count.
-    pub fn relist_soon(&self) {
-        let _ = self.soon.try_send(RelistSoon);
+    pub fn bring_forward(&self) {
+        let _ = self.soon.try_send(BringForward);
     }
 }

@@ -9,20 +9,20 @@ use plegd_telemetry::{Metrics, RequestResult};
 
 use super::queue::RelistQueue;
 use crate::event::RelistSource;
-use crate::sync::SuspendedPods;
+use crate::sync::HeldPods;
 
 #[derive(Clone)]
 pub struct RelistRouter {
     queue: RelistQueue,
-    suspended: SuspendedPods,
+    held: HeldPods,
     metrics: Arc<Metrics>,
 }
 
 impl RelistRouter {
-    pub fn new(queue: RelistQueue, suspended: SuspendedPods, metrics: Arc<Metrics>) -> Self {
+    pub fn new(queue: RelistQueue, held: HeldPods, metrics: Arc<Metrics>) -> Self {
         RelistRouter {
             queue,
-            suspended,
+            held,
             metrics,
         }
     }
@@ -30,7 +30,7 @@ impl RelistRouter {
     /// Never blocks; `cause` is the span of what caused the request (linked from the
     /// relist). False only if the request was dropped (full queue, counted).
     pub fn request(&self, uid: &str, source: RelistSource, cause: Option<SpanContext>) -> bool {
-        if self.suspended.coalesce(uid) {
+        if self.held.coalesce(uid) {
             self.metrics.count_request(RequestResult::Coalesced, source);
             return true;
         }

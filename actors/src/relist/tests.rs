@@ -16,7 +16,7 @@ use crate::health::Health;
 use crate::mock::{Recorded, Recorder, RecorderConfig};
 use crate::pleg::{CacheUpdate, GenericPleg};
 use crate::publisher::Publish;
-use crate::sync::SuspendedPods;
+use crate::sync::HeldPods;
 
 // Nothing in production copies these messages; the Recorder hands the test copies.
 // (If cache.rs or publisher.rs ever derive Clone, delete these.)
@@ -55,7 +55,7 @@ struct Bench {
     published: Recorded<Publish>,
     metrics: Arc<Metrics>,
     health: Health,
-    suspended: SuspendedPods,
+    held: HeldPods,
 }
 
 struct Setup {
@@ -84,7 +84,7 @@ fn start(rt: &FakeRuntime, setup: Setup) -> Bench {
     let (publisher_addr, published) = Recorder::<Publish>::start(setup.publisher);
     let metrics = Arc::new(Metrics::new());
     let health = Health::new(setup.health_threshold);
-    let suspended = SuspendedPods::default();
+    let held = HeldPods::default();
     let dispatcher = RelistDispatcher::start(
         GenericPleg::new(Arc::new(rt.clone()), 4),
         DispatcherConfig {
@@ -96,7 +96,7 @@ fn start(rt: &FakeRuntime, setup: Setup) -> Bench {
             publisher: publisher_addr.recipient(),
             metrics: metrics.clone(),
             health: health.clone(),
-            suspended: suspended.clone(),
+            held: held.clone(),
         },
     );
     Bench {
@@ -105,7 +105,7 @@ fn start(rt: &FakeRuntime, setup: Setup) -> Bench {
         published,
         metrics,
         health,
-        suspended,
+        held,
     }
 }
 
@@ -295,7 +295,7 @@ async fn a_stalled_publisher_stalls_the_relist_schedule_until_released() {
     assert_eq!(b.metrics.queue_depth.get(), accepted as i64);
     assert_eq!(b.settled(), 0);
     // Nor can a global relist be brought forward (its own sender handle: accepted).
-    b.dispatcher.queue.relist_soon();
+    b.dispatcher.queue.bring_forward();
 
     // Released: the stuck relist publishes, the schedule resumes, and the queued
     // requests are covered by the global relist that runs first (it is long overdue).
@@ -401,7 +401,7 @@ async fn covered_requests_are_skipped_and_held_pods_coalesced() {
     let sb1 = rt.run_pod("u1", "free", "ns");
     rt.run_pod("u2", "held", "ns");
     let b = start(&rt, Setup::default());
-    b.suspended.suspend("u2");
+    b.held.hold("u2");
     // Queued before the dispatcher handled anything, so before the first global
     // relist started: that relist covers them all.
     for _ in 0..3 {
@@ -426,7 +426,7 @@ async fn covered_requests_are_skipped_and_held_pods_coalesced() {
     let cached = b.cache.all();
     assert_eq!(cached[0].held, vec!["u2".to_string()]);
     assert!(updates_pod(&cached[0], "u1") && !updates_pod(&cached[0], "u2"));
-    assert!(b.suspended.resume("u2"), "a relist is pending on release");
+    assert!(b.held.release("u2"), "a relist is pending on release");
     wait_until("u1 published", || b.published.len() == 1).await;
     assert_eq!(
         events(&b.published.all()[0]),
@@ -445,13 +445,13 @@ async fn covered_requests_are_skipped_and_held_pods_coalesced() {
     })
     .await;
     // ... unless a sync holds the pod by the time its turn comes.
-    b.suspended.suspend("u1");
+    b.held.hold("u1");
     assert!(b
         .dispatcher
         .queue
         .request("u1", RelistSource::EventedPleg, None));
     wait_until("u1 coalesced", || b.requests(RequestResult::Coalesced) == 3).await;
-    assert!(b.suspended.resume("u1"));
+    assert!(b.held.release("u1"));
     assert_eq!(b.requests(RequestResult::Done), 0);
     assert_eq!(b.metrics.queue_depth.get(), 0);
 }

@@ -19,12 +19,12 @@ use plegd_telemetry::{Metrics, RequestResult, StreamEventType};
 
 use crate::event::RelistSource;
 use crate::mock::{Recorded, Recorder, RecorderConfig};
-use crate::relist::dispatcher::{RelistSoon, RequestRelist};
+use crate::relist::dispatcher::{BringForward, RequestRelist};
 use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
 use crate::stream::reconnect::ReconnectPolicy;
 use crate::stream::watcher::{GetState, Stop, StreamWatcher, WatcherState};
-use crate::sync::SuspendedPods;
+use crate::sync::HeldPods;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -46,9 +46,9 @@ struct Harness {
     metrics: Arc<Metrics>,
     watcher: Addr<StreamWatcher>,
     requests: Recorded<RequestRelist>,
-    soon: Recorded<RelistSoon>,
-    soon_addr: Addr<Recorder<RelistSoon>>,
-    /// Markers sent to the RelistSoon recorder by the test itself.
+    soon: Recorded<BringForward>,
+    soon_addr: Addr<Recorder<BringForward>>,
+    /// Markers sent to the BringForward recorder by the test itself.
     markers: Cell<usize>,
 }
 
@@ -56,19 +56,19 @@ impl Harness {
     fn start(sim: FakeRuntime, requests: RecorderConfig, policy: ReconnectPolicy) -> Harness {
         let metrics = Arc::new(Metrics::new());
         let (requests_addr, requests) = Recorder::<RequestRelist>::start(requests);
-        let (soon_addr, soon) = Recorder::<RelistSoon>::start(RecorderConfig::default());
+        let (soon_addr, soon) = Recorder::<BringForward>::start(RecorderConfig::default());
         let queue = RelistQueue::new(
             requests_addr.recipient(),
             soon_addr.clone().recipient(),
             metrics.clone(),
         );
-        let router = RelistRouter::new(queue.clone(), SuspendedPods::default(), metrics.clone());
+        let router = RelistRouter::new(queue.clone(), HeldPods::default(), metrics.clone());
         let watcher = StreamWatcher::new(
             Arc::new(sim.clone()),
             router,
             metrics.clone(),
             policy,
-            Some(Box::new(move || queue.relist_soon())),
+            Some(Box::new(move || queue.bring_forward())),
         )
         .start();
         Harness {
@@ -97,10 +97,10 @@ impl Harness {
         .await;
     }
 
-    /// Every RelistSoon the watcher sent, once the recorder has handled them all.
+    /// Every BringForward the watcher sent, once the recorder has handled them all.
     async fn relist_soon_count(&self) -> usize {
         // A marker answered after everything queued before it.
-        self.soon_addr.send(RelistSoon).await.expect("recorder");
+        self.soon_addr.send(BringForward).await.expect("recorder");
         self.markers.set(self.markers.get() + 1);
         self.soon.len() - self.markers.get()
     }
@@ -232,7 +232,7 @@ async fn a_burst_into_a_stalled_full_queue_is_drained_at_once_dropped_and_counte
     let queued = m.requests(RequestResult::Queued, RelistSource::EventedPleg);
     let dropped = m.requests(RequestResult::Dropped, RelistSource::EventedPleg);
     assert_eq!(queued + dropped, BURST);
-    // actix's bound: capacity + one per sender, plus the message the stalled handler holds.
+    // actix's bound: capacity - 1 + one per sender, plus the message the stalled handler holds.
     assert!((1..=4).contains(&queued), "{queued} queued");
     let st = h.state().await;
     assert_eq!((st.state, st.attempts), ("streaming", 1));

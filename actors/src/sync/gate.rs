@@ -1,8 +1,8 @@
 //! PodSyncGate: one per pod, created on first use by the [`SyncGateRegistry`] and
 //! stopped when idle. While a consumer holds the pod (a sync is in progress), the
-//! pod's relists are suspended: requests for it are coalesced into one pending relist
+//! pod's relists are held: requests for it are coalesced into one pending relist
 //! and global relists neither read nor publish it. On release — success, error,
-//! cancellation or the holder going away — the gate resumes the pod and queues
+//! cancellation or the holder going away — the gate releases the pod and queues
 //! exactly one relist (source post_sync) if one is pending or the sync succeeded
 //! (KEP-3386: SyncPod suspension).
 //!
@@ -18,8 +18,8 @@ use opentelemetry::KeyValue;
 use crate::event::RelistSource;
 use crate::relist::queue::RelistQueue;
 use crate::spans;
+use crate::sync::held::HeldPods;
 use crate::sync::registry::{GateIdle, SyncGateRegistry};
-use crate::sync::suspended::SuspendedPods;
 
 /// How a sync ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,7 +40,7 @@ pub enum SyncError {
 pub struct PodSyncGate {
     uid: String,
     queue: RelistQueue,
-    suspended: SuspendedPods,
+    held: HeldPods,
     registry: Addr<SyncGateRegistry>,
     idle_after: Duration,
     hold: Option<u64>,
@@ -52,14 +52,14 @@ impl PodSyncGate {
     pub(crate) fn new(
         uid: String,
         queue: RelistQueue,
-        suspended: SuspendedPods,
+        held: HeldPods,
         registry: Addr<SyncGateRegistry>,
         idle_after: Duration,
     ) -> Self {
         PodSyncGate {
             uid,
             queue,
-            suspended,
+            held,
             registry,
             idle_after,
             hold: None,
@@ -105,10 +105,10 @@ impl Actor for PodSyncGate {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        // A gate never stops while holding; if the system goes down mid-hold, resume
-        // the pod anyway so nothing stays suspended.
+        // A gate never stops while holding; if the system goes down mid-hold, release
+        // the pod anyway so nothing stays held.
         if self.hold.take().is_some() {
-            self.suspended.resume(&self.uid);
+            self.held.release(&self.uid);
         }
         if let Some(span) = self.hold_span.take() {
             spans::end_error(span, "the gate stopped while held".into());
@@ -116,7 +116,7 @@ impl Actor for PodSyncGate {
     }
 }
 
-/// Start a sync holding `token` (chosen by the caller, unique): suspend the pod's relists.
+/// Start a sync holding `token` (chosen by the caller, unique): hold the pod's relists.
 #[derive(Message)]
 #[rtype(result = "Result<(), SyncError>")]
 pub struct BeginSync {
@@ -134,7 +134,7 @@ impl Handler<BeginSync> for PodSyncGate {
             ctx.cancel_future(h);
         }
         self.hold = Some(msg.token);
-        self.suspended.suspend(&self.uid);
+        self.held.hold(&self.uid);
         self.hold_span = Some(spans::start(
             spans::SYNC_HOLD,
             vec![KeyValue::new("pod.uid", self.uid.clone())],
@@ -160,7 +160,7 @@ impl Handler<EndSync> for PodSyncGate {
             return; // a stale or duplicate release
         }
         self.hold = None;
-        let pending = self.suspended.resume(&self.uid);
+        let pending = self.held.release(&self.uid);
         let relist = pending || msg.outcome == SyncOutcome::Success;
         if relist {
             // A full queue drops this (counted); the next global relist covers the pod.
@@ -179,7 +179,7 @@ impl Handler<EndSync> for PodSyncGate {
 }
 
 /// A held sync. End it with [`SyncHold::end`]; dropping it counts as cancellation
-/// (the holder went away), so a pod can never stay suspended.
+/// (the holder went away), so a pod can never stay held.
 pub struct SyncHold {
     pub(crate) gate: Addr<PodSyncGate>,
     pub(crate) token: u64,

@@ -4,10 +4,10 @@
 //! pods that the router and the dispatcher consult.
 
 pub(crate) mod gate;
+pub(crate) mod held;
 pub(crate) mod registry;
-pub(crate) mod suspended;
 
-pub(crate) use suspended::SuspendedPods;
+pub(crate) use held::HeldPods;
 
 #[cfg(test)]
 mod tests;

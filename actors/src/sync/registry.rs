@@ -11,12 +11,12 @@ use plegd_telemetry::Metrics;
 
 use crate::relist::queue::RelistQueue;
 use crate::sync::gate::{BeginSync, PodSyncGate, SyncError, SyncHold};
-use crate::sync::suspended::SuspendedPods;
+use crate::sync::held::HeldPods;
 
 pub struct SyncGateRegistry {
     gates: HashMap<String, Addr<PodSyncGate>>,
     queue: RelistQueue,
-    suspended: SuspendedPods,
+    held: HeldPods,
     metrics: Arc<Metrics>,
     idle_after: Duration,
 }
@@ -24,14 +24,14 @@ pub struct SyncGateRegistry {
 impl SyncGateRegistry {
     pub fn new(
         queue: RelistQueue,
-        suspended: SuspendedPods,
+        held: HeldPods,
         metrics: Arc<Metrics>,
         idle_after: Duration,
     ) -> Self {
         SyncGateRegistry {
             gates: HashMap::new(),
             queue,
-            suspended,
+            held,
             metrics,
             idle_after,
         }
@@ -65,7 +65,7 @@ impl Handler<Acquire> for SyncGateRegistry {
         let gate = PodSyncGate::new(
             msg.uid.clone(),
             self.queue.clone(),
-            self.suspended.clone(),
+            self.held.clone(),
             ctx.address(),
             self.idle_after,
         )
@@ -112,7 +112,7 @@ impl SyncGates {
         SyncGates { registry }
     }
 
-    /// Suspends the pod's relists until the returned hold ends or is dropped.
+    /// Holds the pod's relists until the returned hold ends or is dropped.
     pub async fn begin_sync(&self, uid: &str) -> Result<SyncHold, SyncError> {
         // A gate may stop between Acquire and BeginSync (it went idle): ask again.
         for _ in 0..5 {

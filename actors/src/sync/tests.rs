@@ -10,9 +10,9 @@ use plegd_telemetry::{Metrics, RelistSource, RequestResult};
 
 use super::gate::{SyncError, SyncOutcome};
 use super::registry::{SyncGateRegistry, SyncGates};
-use super::SuspendedPods;
+use super::HeldPods;
 use crate::mock::{Recorded, Recorder, RecorderConfig};
-use crate::relist::dispatcher::{RelistSoon, RequestRelist};
+use crate::relist::dispatcher::{BringForward, RequestRelist};
 use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
 
@@ -20,7 +20,7 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 
 struct Gates {
     gates: SyncGates,
-    held: SuspendedPods,
+    held: HeldPods,
     router: RelistRouter,
     requests: Recorded<RequestRelist>,
     metrics: Arc<Metrics>,
@@ -29,13 +29,13 @@ struct Gates {
 fn gates(queue: RecorderConfig, idle: Duration) -> Gates {
     let metrics = Arc::new(Metrics::new());
     let (requests_addr, requests) = Recorder::<RequestRelist>::start(queue);
-    let (soon_addr, _) = Recorder::<RelistSoon>::start(RecorderConfig::default());
+    let (soon_addr, _) = Recorder::<BringForward>::start(RecorderConfig::default());
     let queue = RelistQueue::new(
         requests_addr.recipient(),
         soon_addr.recipient(),
         metrics.clone(),
     );
-    let held = SuspendedPods::default();
+    let held = HeldPods::default();
     let registry =
         SyncGateRegistry::new(queue.clone(), held.clone(), metrics.clone(), idle).start();
     Gates {
@@ -153,7 +153,7 @@ async fn idle_gates_stop_and_are_forgotten() {
 
 #[actix_rt::test]
 async fn a_release_into_a_full_queue_is_dropped_and_counted_and_the_pod_is_released() {
-    // The dispatcher is busy: its mailbox holds one message (plus one per sender).
+    // The dispatcher is busy: its mailbox of capacity 1 takes one message per sender.
     let g = gates(
         RecorderConfig {
             capacity: Some(1),
@@ -177,7 +177,7 @@ async fn a_release_into_a_full_queue_is_dropped_and_counted_and_the_pod_is_relea
     while dropped() == 0 {
         let hold = g.gates.begin_sync("u1").await.unwrap();
         hold.end(SyncOutcome::Success);
-        // Never left suspended, whatever the queue did.
+        // Never left held, whatever the queue did.
         wait_until("released", || !g.held.contains("u1")).await;
         rounds += 1;
         assert!(rounds < 10, "no release was ever dropped");

@@ -1,4 +1,4 @@
-//! The pods whose relists are suspended while a sync holds them, each with its
+//! The pods whose relists are held while a sync holds them, each with its
 //! "a relist is pending" flag.
 //!
 //! Each key is written (inserted, removed) only by that pod's PodSyncGate; request
@@ -13,9 +13,9 @@ use std::sync::Arc;
 use dashmap::DashMap;
 
 #[derive(Clone, Default)]
-pub struct SuspendedPods(Arc<DashMap<String, Arc<AtomicBool>>>);
+pub struct HeldPods(Arc<DashMap<String, Arc<AtomicBool>>>);
 
-impl SuspendedPods {
+impl HeldPods {
     pub fn contains(&self, uid: &str) -> bool {
         self.0.contains_key(uid)
     }
@@ -28,7 +28,7 @@ impl SuspendedPods {
         self.0.is_empty()
     }
 
-    /// If the pod is suspended, marks a relist pending and returns true.
+    /// If the pod is held, marks a relist pending and returns true.
     pub fn coalesce(&self, uid: &str) -> bool {
         match self.0.get(uid) {
             Some(flag) => {
@@ -39,14 +39,14 @@ impl SuspendedPods {
         }
     }
 
-    /// Suspends the pod (its gate only).
-    pub(crate) fn suspend(&self, uid: &str) {
+    /// Holds the pod (its gate only).
+    pub(crate) fn hold(&self, uid: &str) {
         self.0
             .insert(uid.to_string(), Arc::new(AtomicBool::new(false)));
     }
 
-    /// Resumes the pod (its gate only); true if a relist was pending.
-    pub(crate) fn resume(&self, uid: &str) -> bool {
+    /// Releases the pod (its gate only); true if a relist was pending.
+    pub(crate) fn release(&self, uid: &str) -> bool {
         self.0
             .remove(uid)
             .is_some_and(|(_, flag)| flag.load(Ordering::SeqCst))
