@@ -362,7 +362,7 @@ async fn stop_in_the_middle_of_a_relist() {
 }
 
 #[actix_rt::test]
-async fn relist_soon_is_honoured_once_per_period_and_failures_do_not_count() {
+async fn bringing_forward_is_honoured_once_per_period_and_failures_do_not_count() {
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");
     let p = start_generic(&rt, Duration::from_secs(3600));

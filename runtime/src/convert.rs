@@ -73,21 +73,38 @@ pub fn container_state_to_wire(state: ContainerState) -> i32 {
     }) as i32
 }
 
-pub fn sandbox_from_wire(s: &cri::PodSandbox) -> Result<Sandbox, RuntimeError> {
-    if s.id.is_empty() {
+/// A sandbox from what ListPodSandbox and PodSandboxStatus both carry.
+fn sandbox(
+    op: &'static str,
+    id: &str,
+    meta: Option<&cri::PodSandboxMetadata>,
+    state: i32,
+    created_at: i64,
+) -> Result<Sandbox, RuntimeError> {
+    if id.is_empty() {
         return Err(RuntimeError::Invalid {
-            op: "ListPodSandbox",
+            op,
             reason: "a sandbox without id".into(),
         });
     }
-    let (pod, attempt) = pod_ref("ListPodSandbox", &s.id, s.metadata.as_ref())?;
+    let (pod, attempt) = pod_ref(op, id, meta)?;
     Ok(Sandbox {
-        id: s.id.clone(),
+        id: id.to_string(),
         pod,
         attempt,
-        state: sandbox_state_from_wire(s.state),
-        created_at: s.created_at,
+        state: sandbox_state_from_wire(state),
+        created_at,
     })
+}
+
+pub fn sandbox_from_wire(s: &cri::PodSandbox) -> Result<Sandbox, RuntimeError> {
+    sandbox(
+        "ListPodSandbox",
+        &s.id,
+        s.metadata.as_ref(),
+        s.state,
+        s.created_at,
+    )
 }
 
 pub fn container_from_wire(c: &cri::Container) -> Result<Container, RuntimeError> {
@@ -113,20 +130,13 @@ pub fn container_from_wire(c: &cri::Container) -> Result<Container, RuntimeError
 }
 
 pub fn sandbox_status_from_wire(s: &cri::PodSandboxStatus) -> Result<Sandbox, RuntimeError> {
-    if s.id.is_empty() {
-        return Err(RuntimeError::Invalid {
-            op: "PodSandboxStatus",
-            reason: "a sandbox status without id".into(),
-        });
-    }
-    let (pod, attempt) = pod_ref("PodSandboxStatus", &s.id, s.metadata.as_ref())?;
-    Ok(Sandbox {
-        id: s.id.clone(),
-        pod,
-        attempt,
-        state: sandbox_state_from_wire(s.state),
-        created_at: s.created_at,
-    })
+    sandbox(
+        "PodSandboxStatus",
+        &s.id,
+        s.metadata.as_ref(),
+        s.state,
+        s.created_at,
+    )
 }
 
 /// ContainerStatus carries no sandbox ID on the wire; the caller knows it from the list.
