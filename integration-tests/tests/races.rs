@@ -58,8 +58,8 @@ impl RuntimeClient for DoubleError {
     async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
         self.inner.version().await
     }
-    async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError> {
-        self.inner.list_sandboxes().await
+    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.inner.list_sandboxes(id).await
     }
     async fn list_containers(&self, s: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
         self.inner.list_containers(s).await

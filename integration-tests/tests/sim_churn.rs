@@ -53,7 +53,7 @@ async fn churn_keeps_the_pod_count_and_makes_exits() {
         stats.pods_replaced + stats.sandboxes_recreated > 0,
         "{stats:?}"
     );
-    for s in rt.list_sandboxes().await.unwrap() {
+    for s in rt.list_sandboxes(None).await.unwrap() {
         assert_eq!(s.pod.namespace, "demo");
         assert!(s.pod.uid.starts_with("sim-pod-") && s.pod.name.starts_with("web-"));
     }
@@ -72,7 +72,7 @@ async fn churn_is_visible_over_cri() {
         },
     )
     .unwrap();
-    let sandboxes = client.list_sandboxes().await.unwrap();
+    let sandboxes = client.list_sandboxes(None).await.unwrap();
     assert!((2..=4).contains(&sandboxes.len()), "{sandboxes:?}");
     wait_until("some churn", || churn.stats().steps >= 20).await;
     drop(churn);

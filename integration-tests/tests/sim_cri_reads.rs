@@ -37,7 +37,7 @@ async fn lists_and_statuses_round_trip() {
     rt.stop_pod(&sb2);
     let (_dir, _server, client) = serve(&rt).await;
 
-    let mut sandboxes = client.list_sandboxes().await.unwrap();
+    let mut sandboxes = client.list_sandboxes(None).await.unwrap();
     sandboxes.sort_by(|a, b| a.pod.uid.cmp(&b.pod.uid));
     assert_eq!(sandboxes.len(), 2);
     assert_eq!(sandboxes[0].id, sb1);
@@ -105,9 +105,9 @@ async fn injected_faults_keep_their_codes() {
     let (_dir, _server, client) = serve(&rt).await;
 
     rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, Some(1));
-    let err = client.list_sandboxes().await.unwrap_err();
+    let err = client.list_sandboxes(None).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
-    assert_eq!(client.list_sandboxes().await.unwrap().len(), 1);
+    assert_eq!(client.list_sandboxes(None).await.unwrap().len(), 1);
 
     rt.fail(Op::ListContainers, tonic::Code::ResourceExhausted, None);
     for _ in 0..2 {

@@ -82,7 +82,7 @@ async fn shutdown_ends_open_streams() {
         .unwrap();
     assert!(!path.exists(), "the socket outlived the server");
     assert_eq!(rt.event_streams(), 0);
-    assert!(client.list_sandboxes().await.is_err());
+    assert!(client.list_sandboxes(None).await.is_err());
 }
 
 #[tokio::test]
@@ -112,7 +112,7 @@ async fn a_slow_unary_call_does_not_block_a_stream() {
     let mut events = client.container_events().await.unwrap();
     let slow = {
         let client = client.clone();
-        tokio::spawn(async move { client.list_sandboxes().await })
+        tokio::spawn(async move { client.list_sandboxes(None).await })
     };
     wait_until("the slow call to reach the runtime", || {
         rt.calls(plegd_sim::Op::ListSandboxes) == 1

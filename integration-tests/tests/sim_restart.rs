@@ -19,12 +19,12 @@ async fn restart_keeps_state_and_the_client_recovers() {
     let (dir, server, client) = serve(&rt).await;
     let path = socket_in(&dir);
     let sb = rt.run_pod("uid-1", "web-1", "ns");
-    assert_eq!(client.list_sandboxes().await.unwrap().len(), 1);
+    assert_eq!(client.list_sandboxes(None).await.unwrap().len(), 1);
     let mut old_events = client.container_events().await.unwrap();
 
     server.shutdown().await;
     assert!(!path.exists());
-    let err = client.list_sandboxes().await.unwrap_err();
+    let err = client.list_sandboxes(None).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
     // The runtime keeps changing while its server is down.
     let c = rt.run_container(&sb, "app");
@@ -34,7 +34,7 @@ async fn restart_keeps_state_and_the_client_recovers() {
     // connection's failure.
     let deadline = Instant::now() + TIMEOUT;
     let sandboxes = loop {
-        match client.list_sandboxes().await {
+        match client.list_sandboxes(None).await {
             Ok(s) => break s,
             Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
         }
@@ -103,7 +103,7 @@ fn threaded_server_serves_without_a_caller_runtime() {
     let server = spawn_in_thread(&path, rt.clone()).unwrap();
     let deadline = Instant::now() + TIMEOUT;
     let sandboxes = loop {
-        match client_rt.block_on(client.list_sandboxes()) {
+        match client_rt.block_on(client.list_sandboxes(None)) {
             Ok(s) => break s,
             Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
         }

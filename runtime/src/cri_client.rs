@@ -179,11 +179,17 @@ impl RuntimeClient for CriRuntime {
         })
     }
 
-    async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
+        let req = cri::ListPodSandboxRequest {
+            filter: id.map(|id| cri::PodSandboxFilter {
+                id: id.to_string(),
+                ..Default::default()
+            }),
+        };
         let resp = self
-            .unary("ListPodSandbox", |mut c, t| async move {
-                c.list_pod_sandbox(request(cri::ListPodSandboxRequest::default(), t))
-                    .await
+            .unary("ListPodSandbox", |mut c, t| {
+                let req = req.clone();
+                async move { c.list_pod_sandbox(request(req, t)).await }
             })
             .await?;
         // One sandbox plegd cannot attribute (no metadata or an empty UID, e.g. run by

@@ -504,9 +504,13 @@ impl RuntimeClient for FakeRuntime {
         Ok(self.version.clone())
     }
 
-    async fn list_sandboxes(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
         self.enter(Op::ListSandboxes, None).await?;
-        Ok(self.lock().sandboxes.values().cloned().collect())
+        let st = self.lock();
+        Ok(match id {
+            Some(id) => st.sandboxes.get(id).cloned().into_iter().collect(),
+            None => st.sandboxes.values().cloned().collect(),
+        })
     }
 
     async fn list_containers(
@@ -606,9 +610,9 @@ mod tests {
     async fn scripted_failures_count_down() {
         let rt = FakeRuntime::new();
         rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, Some(2));
-        assert!(rt.list_sandboxes().await.is_err());
-        assert!(rt.list_sandboxes().await.is_err());
-        assert!(rt.list_sandboxes().await.is_ok());
+        assert!(rt.list_sandboxes(None).await.is_err());
+        assert!(rt.list_sandboxes(None).await.is_err());
+        assert!(rt.list_sandboxes(None).await.is_ok());
         assert_eq!(rt.calls(Op::ListSandboxes), 3);
     }
 

@@ -147,9 +147,10 @@ impl RuntimeService for CriServer {
         req: Request<cri::ListPodSandboxRequest>,
     ) -> Reply<cri::ListPodSandboxResponse> {
         let filter = req.into_inner().filter.unwrap_or_default();
+        let id = Some(filter.id.as_str()).filter(|id| !id.is_empty());
         let items = self
             .runtime
-            .list_sandboxes()
+            .list_sandboxes(id)
             .await
             .map_err(to_status)?
             .iter()

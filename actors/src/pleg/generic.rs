@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures::StreamExt;
+use tokio::sync::Semaphore;
 
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
@@ -135,9 +136,9 @@ impl GenericPleg {
         held: &dyn Fn(&str) -> bool,
         left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
-        let sandboxes = self.runtime.list_sandboxes().await?;
+        let sandboxes = self.runtime.list_sandboxes(None).await?;
         let containers = self.runtime.list_containers(None).await?;
-        let mut current = group(&sandboxes, &containers);
+        let mut current = group(&sandboxes, &containers, &self.records);
         // Pods known only from a failed first read are visited too, so that one that
         // is gone gets its cache entry deleted.
         let uids: BTreeSet<String> = self
@@ -169,22 +170,52 @@ impl GenericPleg {
         Ok(work)
     }
 
-    /// A targeted relist reads only this pod: its sandboxes, then their containers.
-    /// Always re-reads the status (that is what was asked for); a pod that is gone and
-    /// unknown is a no-op.
+    /// A targeted relist reads only this pod. A known pod's sandboxes and containers
+    /// are listed by sandbox id (its cost does not grow with the node); a pod plegd
+    /// has not seen yet can only be found in the whole list. Always re-reads the status
+    /// (that is what was asked for); a pod that is gone and unknown is a no-op. A new
+    /// sandbox of a known pod (a recreated sandbox) is found by the next global relist.
     async fn pod_work(&mut self, uid: &str) -> Result<Vec<Work>, RuntimeError> {
-        let sandboxes: Vec<_> = self
-            .runtime
-            .list_sandboxes()
-            .await?
-            .into_iter()
-            .filter(|s| s.pod.uid == uid)
-            .collect();
-        let mut containers = Vec::new();
-        for sb in &sandboxes {
-            containers.extend(self.runtime.list_containers(Some(&sb.id)).await?);
+        let known: Vec<String> = self
+            .records
+            .get(uid)
+            .map(|r| {
+                r.sandbox_ids()
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut sandboxes = Vec::new();
+        if known.is_empty() {
+            sandboxes.extend(
+                self.runtime
+                    .list_sandboxes(None)
+                    .await?
+                    .into_iter()
+                    .filter(|s| s.pod.uid == uid),
+            );
+        } else {
+            for id in &known {
+                sandboxes.extend(self.runtime.list_sandboxes(Some(id)).await?);
+            }
         }
-        let new = group(&sandboxes, &containers).remove(uid);
+        // Containers are listed by every sandbox id of the pod, listed now or known
+        // before: a sandbox missing from one list keeps its containers attached.
+        let mut ids: BTreeSet<&str> = known.iter().map(String::as_str).collect();
+        ids.extend(sandboxes.iter().map(|s| s.id.as_str()));
+        let mut containers = Vec::new();
+        for id in ids {
+            containers.extend(self.runtime.list_containers(Some(id)).await?);
+        }
+        let previous: HashMap<String, PodRecord> = self
+            .records
+            .get(uid)
+            .map(|r| (uid.to_string(), r.clone()))
+            .into_iter()
+            .collect();
+        let new = group(&sandboxes, &containers, &previous).remove(uid);
         if new.is_none() && !self.records.contains_key(uid) && !self.reinspect.contains(uid) {
             return Ok(Vec::new());
         }
@@ -204,13 +235,16 @@ impl GenericPleg {
         held: &dyn Fn(&str) -> bool,
     ) -> RelistOutput {
         let runtime = self.runtime.clone();
+        // One bound for the whole relist: `concurrency` status calls in flight, however
+        // the pods and their containers are spread.
+        let calls = Semaphore::new(self.concurrency);
         let reads = futures::stream::iter(work)
             .map(|w| {
-                let runtime = runtime.clone();
+                let (runtime, calls) = (runtime.clone(), &calls);
                 async move {
                     let read_at = SystemTime::now();
                     let status = match &w.new {
-                        Some(rec) => Some(read_pod_status(runtime.as_ref(), rec).await),
+                        Some(rec) => Some(read_pod_status(runtime.as_ref(), rec, calls).await),
                         None => None,
                     };
                     (w, read_at, status)
@@ -268,7 +302,8 @@ impl GenericPleg {
                     }
                 }
             }
-            let now = SystemTime::now();
+            // The event's time is when this relist read the pod (the read's start).
+            let now = read_at;
             let published: Vec<_> = w
                 .changes
                 .iter()

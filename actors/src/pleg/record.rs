@@ -46,6 +46,15 @@ pub struct PodRecord {
 }
 
 impl PodRecord {
+    /// Every sandbox id of the pod: its listed sandboxes and those its containers
+    /// belong to (a sandbox missing from a list is still known through them).
+    pub fn sandbox_ids(&self) -> impl Iterator<Item = &str> {
+        self.sandboxes
+            .keys()
+            .map(String::as_str)
+            .chain(self.containers.values().map(|(sb, _)| sb.as_str()))
+    }
+
     /// The state of a sandbox or container ID in this record.
     pub fn state_of(&self, id: &str) -> PlegState {
         self.sandboxes
@@ -57,11 +66,24 @@ impl PodRecord {
 }
 
 /// Groups listed sandboxes and containers into pod records keyed by pod UID.
-/// A container whose sandbox is not listed cannot be attributed to a pod and is left
-/// out (the next relist sees it once its sandbox is listed, or never if it is gone).
-pub fn group(sandboxes: &[Sandbox], containers: &[Container]) -> HashMap<String, PodRecord> {
+///
+/// A container stays attached to its pod through its sandbox id: if the sandbox is
+/// missing from this list (or was listed without usable metadata) but `previous`
+/// records knew it, the container keeps that pod — only the sandbox changes, as
+/// kubelet reports it. A container whose sandbox was never known cannot be attributed
+/// and is left out (the next relist sees it once its sandbox is listed).
+pub fn group(
+    sandboxes: &[Sandbox],
+    containers: &[Container],
+    previous: &HashMap<String, PodRecord>,
+) -> HashMap<String, PodRecord> {
     let mut pods: HashMap<String, PodRecord> = HashMap::new();
     let mut owner: HashMap<&str, &str> = HashMap::new();
+    for (uid, rec) in previous {
+        for id in rec.sandbox_ids() {
+            owner.insert(id, uid);
+        }
+    }
     for sb in sandboxes {
         owner.insert(&sb.id, &sb.pod.uid);
         let rec = pods.entry(sb.pod.uid.clone()).or_insert_with(|| PodRecord {
@@ -74,12 +96,23 @@ pub fn group(sandboxes: &[Sandbox], containers: &[Container]) -> HashMap<String,
         rec.sandboxes.insert(sb.id.clone(), sb.state.into());
     }
     for c in containers {
-        if let Some(uid) = owner.get(c.sandbox_id.as_str()) {
-            if let Some(rec) = pods.get_mut(*uid) {
-                rec.containers
-                    .insert(c.id.clone(), (c.sandbox_id.clone(), c.state.into()));
-            }
-        }
+        let Some(uid) = owner.get(c.sandbox_id.as_str()) else {
+            continue;
+        };
+        let rec = match pods.get_mut(*uid) {
+            Some(rec) => rec,
+            None => match previous.get(*uid) {
+                // Its sandbox is missing from this list: the pod as it was known.
+                Some(prev) => pods.entry(uid.to_string()).or_insert_with(|| PodRecord {
+                    pod: prev.pod.clone(),
+                    sandboxes: BTreeMap::new(),
+                    containers: BTreeMap::new(),
+                }),
+                None => continue,
+            },
+        };
+        rec.containers
+            .insert(c.id.clone(), (c.sandbox_id.clone(), c.state.into()));
     }
     pods
 }

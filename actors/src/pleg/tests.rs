@@ -1,10 +1,15 @@
 //! Generic PLEG semantics against the fake runtime, relist by relist.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::event::{EventKind, EventKind::*, RelistSource};
-use plegd_runtime::ContainerState;
+use plegd_runtime::{
+    Container, ContainerState, ContainerStatus, EventStream, RuntimeClient, RuntimeError,
+    RuntimeVersion, Sandbox,
+};
 use plegd_sim::{FakeRuntime, Op};
 
 fn pleg(rt: &FakeRuntime) -> GenericPleg {
@@ -286,4 +291,236 @@ async fn targeted_relist_reads_only_that_pod() {
         ]
     );
     assert_eq!(out.cache, vec![CacheUpdate::Delete { uid: "u1".into() }]);
+}
+
+/// A runtime in front of the fake one that lies the way real ones do: it hides a
+/// sandbox from lists, answers NotFound for some containers' status, and records the
+/// filter of every ListPodSandbox and how many status calls were in flight at once.
+#[derive(Clone, Default)]
+struct Spy {
+    inner: FakeRuntime,
+    hidden_sandboxes: Arc<Mutex<HashSet<String>>>,
+    gone_containers: Arc<Mutex<HashSet<String>>>,
+    sandbox_lists: Arc<Mutex<Vec<Option<String>>>>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: Arc<AtomicUsize>,
+}
+
+impl Spy {
+    fn new(inner: &FakeRuntime) -> Spy {
+        Spy {
+            inner: inner.clone(),
+            ..Spy::default()
+        }
+    }
+
+    fn hide_sandbox(&self, id: &str, hidden: bool) {
+        let mut h = self.hidden_sandboxes.lock().unwrap();
+        if hidden {
+            h.insert(id.into());
+        } else {
+            h.remove(id);
+        }
+    }
+
+    fn unfiltered_lists(&self) -> usize {
+        self.sandbox_lists
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|f| f.is_none())
+            .count()
+    }
+
+    async fn status_call<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        let n = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(n, Ordering::SeqCst);
+        let out = call.await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+}
+
+#[async_trait::async_trait]
+impl RuntimeClient for Spy {
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        self.inner.version().await
+    }
+    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.sandbox_lists
+            .lock()
+            .unwrap()
+            .push(id.map(String::from));
+        let hidden = self.hidden_sandboxes.lock().unwrap().clone();
+        let mut all = self.inner.list_sandboxes(id).await?;
+        all.retain(|s| !hidden.contains(&s.id));
+        Ok(all)
+    }
+    async fn list_containers(
+        &self,
+        sandbox_id: Option<&str>,
+    ) -> Result<Vec<Container>, RuntimeError> {
+        self.inner.list_containers(sandbox_id).await
+    }
+    async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
+        self.status_call(self.inner.sandbox_status(id)).await
+    }
+    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        if self.gone_containers.lock().unwrap().contains(id) {
+            return Err(RuntimeError::Rpc {
+                op: "ContainerStatus",
+                code: tonic::Code::NotFound,
+                message: format!("container {id} not found"),
+            });
+        }
+        self.status_call(self.inner.container_status(id)).await
+    }
+    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+        self.inner.container_events().await
+    }
+}
+
+fn spy_pleg(spy: &Spy, concurrency: usize) -> GenericPleg {
+    GenericPleg::new(Arc::new(spy.clone()), concurrency)
+}
+
+/// Issue 9 #4: a sandbox missing from one list made its still-running containers
+/// publish ContainerDied + ContainerRemoved (then ContainerStarted on its return).
+#[tokio::test]
+async fn a_sandbox_missing_from_one_list_reports_only_the_sandbox() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let spy = Spy::new(&rt);
+    let mut p = spy_pleg(&spy, 4);
+    global(&mut p).await;
+    spy.hide_sandbox(&sb, true);
+    for relist in 0..2 {
+        let out = global(&mut p).await;
+        let want = if relist == 0 {
+            vec![
+                ev("u1", ContainerDied, &sb),
+                ev("u1", ContainerRemoved, &sb),
+            ]
+        } else {
+            vec![]
+        };
+        assert_eq!(
+            evs(&out),
+            want,
+            "relist {relist} while the sandbox is hidden"
+        );
+        let missing = targeted(&mut p, "u1").await;
+        assert!(missing.events.is_empty(), "{:?}", evs(&missing));
+    }
+    spy.hide_sandbox(&sb, false);
+    assert_eq!(
+        evs(&global(&mut p).await),
+        vec![ev("u1", ContainerStarted, &sb)]
+    );
+    assert!(p.record("u1").unwrap().containers.contains_key(&c));
+}
+
+/// Issue 9 #5: one container answering NotFound to ContainerStatus failed the whole
+/// pod's read, so a sibling's death was not published.
+#[tokio::test]
+async fn a_container_status_not_found_does_not_hide_its_siblings() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let gone = rt.run_container(&sb, "sidecar");
+    let c = rt.run_container(&sb, "app");
+    let spy = Spy::new(&rt);
+    let mut p = spy_pleg(&spy, 4);
+    global(&mut p).await;
+    spy.gone_containers.lock().unwrap().insert(gone.clone());
+    rt.exit_container(&c, 1);
+    let out = global(&mut p).await;
+    assert_eq!(evs(&out), vec![ev("u1", ContainerDied, &c)]);
+    assert_eq!(out.status_errors, 0);
+    let CacheUpdate::Set {
+        status: Ok(status), ..
+    } = &out.cache[0]
+    else {
+        panic!("a status, not an error: {:?}", out.cache);
+    };
+    assert!(status.containers.iter().all(|s| s.id != gone));
+}
+
+/// Issue 9 #6, end to end through the diff: an unknown sandbox state is not a death.
+#[tokio::test]
+async fn an_unknown_sandbox_state_publishes_nothing() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let mut p = pleg(&rt);
+    global(&mut p).await;
+    rt.set_sandbox_state(&sb, plegd_runtime::SandboxState::Unknown);
+    assert!(global(&mut p).await.events.is_empty());
+}
+
+/// Issue 9 #13: a targeted relist listed every sandbox on the node.
+#[tokio::test]
+async fn a_targeted_relist_of_a_known_pod_lists_only_its_sandboxes() {
+    let rt = FakeRuntime::new();
+    for i in 0..20 {
+        let sb = rt.run_pod(&format!("u{i}"), "web", "ns");
+        rt.run_container(&sb, "app");
+    }
+    let spy = Spy::new(&rt);
+    let mut p = spy_pleg(&spy, 4);
+    global(&mut p).await;
+    let before = spy.unfiltered_lists();
+    let c = rt.containers_of(&rt.sandboxes_of("u3")[0])[0].id.clone();
+    rt.exit_container(&c, 1);
+    let out = targeted(&mut p, "u3").await;
+    assert_eq!(evs(&out), vec![ev("u3", ContainerDied, &c)]);
+    assert_eq!(spy.unfiltered_lists(), before, "no node-wide list");
+    // A pod never seen can only be found in the whole list.
+    let sb = rt.run_pod("new", "web", "ns");
+    let out = targeted(&mut p, "new").await;
+    assert_eq!(evs(&out), vec![ev("new", ContainerStarted, &sb)]);
+    assert_eq!(spy.unfiltered_lists(), before + 1);
+}
+
+/// Issue 9 #13: a pod's status reads were unbounded (all its containers at once).
+#[tokio::test]
+async fn status_reads_in_flight_are_bounded_per_relist() {
+    let rt = FakeRuntime::new();
+    for i in 0..4 {
+        let sb = rt.run_pod(&format!("u{i}"), "web", "ns");
+        for j in 0..10 {
+            rt.run_container(&sb, &format!("c{j}"));
+        }
+    }
+    rt.set_latency(Op::ContainerStatus, std::time::Duration::from_millis(5));
+    let spy = Spy::new(&rt);
+    let mut p = spy_pleg(&spy, 3);
+    assert_eq!(global(&mut p).await.pods_inspected, 4);
+    let max = spy.max_in_flight.load(Ordering::SeqCst);
+    assert!((1..=3).contains(&max), "{max} status calls in flight");
+}
+
+/// Issue 9 #14: an event's time was taken after the status reads, not when the
+/// relist read the pod.
+#[tokio::test]
+async fn an_events_time_is_when_the_relist_read_the_pod() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    rt.run_container(&sb, "app");
+    rt.set_latency(Op::ContainerStatus, std::time::Duration::from_millis(300));
+    let mut p = pleg(&rt);
+    let before = std::time::SystemTime::now();
+    let out = global(&mut p).await;
+    let after = std::time::SystemTime::now();
+    assert!(after.duration_since(before).unwrap() >= std::time::Duration::from_millis(300));
+    for e in &out.events {
+        let lag = e.time.duration_since(before).unwrap_or_default();
+        assert!(
+            lag < std::time::Duration::from_millis(300),
+            "{lag:?} after the start"
+        );
+    }
+    let CacheUpdate::Set { read_at, .. } = &out.cache[0] else {
+        panic!("{:?}", out.cache)
+    };
+    assert!(out.events.iter().all(|e| e.time == *read_at));
 }
