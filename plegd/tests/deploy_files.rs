@@ -289,7 +289,7 @@ fn the_image_runs_plegd_with_arguments_it_accepts() {
 }
 
 #[test]
-fn the_image_builds_plegd_as_run_sh_does_with_the_pinned_toolchain() {
+fn the_image_builds_plegd_as_run_sh_does_with_the_pinned_toolchain_and_glibc() {
     let run_sh = cargo_builds(&read("scripts/run.sh"));
     assert_eq!(
         run_sh.len(),
@@ -302,6 +302,27 @@ fn the_image_builds_plegd_as_run_sh_does_with_the_pinned_toolchain() {
         "the Dockerfile builds with {docker:?}, scripts/run.sh with {:?}",
         run_sh[0]
     );
+
+    // plegd links the builder's glibc: the image must be of the same Debian release.
+    let froms: Vec<String> = dockerfile()
+        .into_iter()
+        .filter(|i| i.keyword == "FROM")
+        .map(|i| i.args)
+        .collect();
+    let release = |from: &str| {
+        ["bookworm", "trixie", "bullseye", "forky"]
+            .into_iter()
+            .find(|r| from.split_whitespace().next().unwrap_or("").contains(r))
+            .unwrap_or_else(|| panic!("Dockerfile FROM {from}: name the Debian release"))
+    };
+    let image_from = froms.last().expect("the Dockerfile has stages");
+    for from in froms.iter().filter(|f| f.starts_with("rust:")) {
+        assert_eq!(
+            release(from),
+            release(image_from),
+            "plegd is built FROM {from} but runs FROM {image_from}"
+        );
+    }
 
     let toolchain: toml::Table = read("rust-toolchain.toml")
         .parse()
@@ -532,6 +553,19 @@ fn the_daemonset_runs_plegd_with_its_probes_port_and_socket_wired() {
         annotations["prometheus.io/port"].as_str(),
         Some(port.to_string().as_str()),
         "prometheus.io/port annotation"
+    );
+
+    // uid 0 is what lets plegd connect to the runtime's root:root 0660 socket.
+    let security = &c["securityContext"];
+    assert_eq!(
+        security["runAsUser"].as_i64(),
+        Some(0),
+        "plegd must run as uid 0"
+    );
+    assert_ne!(
+        security["runAsNonRoot"].as_bool(),
+        Some(true),
+        "plegd must run as uid 0"
     );
 
     // The socket plegd dials is the node's: a hostPath mounted at its own path.
