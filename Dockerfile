@@ -5,11 +5,13 @@
 #   docker build -t plegd .
 #   docker run --rm -v /run/containerd:/run/containerd:ro -p 9464:9464 plegd
 #
-# docker-compose.yml builds this image for the local demo (docs/compose.md);
-# deploy/daemonset.yaml runs it on every node of a cluster (docs/deploy.md).
+# docker-compose.yml builds this image for the local demo (docs/compose.md), and the
+# demo's workload generator from the same sources (`--target workload`);
+# deploy/daemonset.yaml runs plegd on every node of a cluster (docs/deploy.md).
 
-# ---------------------------------------------------------------- build
-FROM rust:1-bookworm AS builder
+# ---------------------------------------------------------------- build environment
+# The toolchain of rust-toolchain.toml (plegd/tests/deploy_files.rs checks the two agree).
+FROM rust:1.95.0-bookworm AS build-env
 
 # protoc: the k8s-cri crate's build script compiles the CRI proto (scripts/setup.sh
 # installs the same package on a developer's machine).
@@ -21,17 +23,33 @@ RUN apt-get update \
 WORKDIR /src
 COPY . .
 
-# Exactly the build command of scripts/run.sh (scripts/validate-deploy.sh checks that
+# ---------------------------------------------------------------- plegd build
+# Exactly the build command of scripts/run.sh (plegd/tests/deploy_files.rs checks that
 # the two stay the same). The cache mounts keep downloaded crates and target/ between
 # builds, so the binary is copied out of target/ in the same step.
+FROM build-env AS builder
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p plegd \
  && install -D -m 0755 target/release/plegd /out/plegd
 
-# ---------------------------------------------------------------- runtime
-# bookworm-slim: the same glibc as the builder; plegd links only libc, libm, libgcc_s.
-FROM debian:bookworm-slim
+# ---------------------------------------------------------------- workload (compose demo)
+# The demo's workload generator (workload/, docs/compose.md): `--target workload`.
+# It runs as root too: containerd's socket is root:root 0660 (see below).
+FROM build-env AS workload-builder
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p plegd-workload \
+ && install -D -m 0755 target/release/plegd-workload /out/plegd-workload
+
+FROM debian:bookworm-slim AS workload
+COPY --from=workload-builder /out/plegd-workload /usr/local/bin/plegd-workload
+ENTRYPOINT ["plegd-workload"]
+
+# ---------------------------------------------------------------- plegd image (default)
+# The last stage, so a plain `docker build .` builds it. bookworm-slim: the same glibc
+# as the builder; plegd links only libc, libm, libgcc_s.
+FROM debian:bookworm-slim AS plegd
 
 COPY --from=builder /out/plegd /usr/local/bin/plegd
 

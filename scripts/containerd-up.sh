@@ -155,6 +155,11 @@ if ! ls "$CACHE"/busybox-static_*.deb >/dev/null 2>&1; then
 fi
 
 # ---------------------------------------------------------------- 2. containerd binaries
+last_match() {   # last_match GLOB...: the last existing path of an expanded glob, or nothing
+    local f last=""
+    for f in "$@"; do [ -e "$f" ] && last="$f"; done
+    printf '%s' "$last"
+}
 install_bins() {   # install_bins DEB: dpkg -x, then copy the three binaries to $BIN
     local deb="$1" x="$BASE/pkg"
     rm -rf "$x" && mkdir -p "$x"
@@ -181,7 +186,7 @@ if ! { [ -x "$BIN/containerd" ] && "$BIN/containerd" --version 2>/dev/null | gre
             log "apt-get download containerd (trixie): $(apt-cache "${TOPTS[@]}" policy containerd | awk '/Candidate/{print $2}')"
             (cd "$TRX" && apt-get "${TOPTS[@]}" download -qq containerd >&2)
         fi
-        deb="$(ls "$TRX"/containerd_1.7.*.deb 2>/dev/null | tail -n1)"
+        deb="$(last_match "$TRX"/containerd_1.7.*.deb)"
         [ -n "$deb" ] || die "no containerd 1.7 .deb downloaded from trixie"
     else
         BWM="$CACHE/bookworm"
@@ -190,7 +195,7 @@ if ! { [ -x "$BIN/containerd" ] && "$BIN/containerd" --version 2>/dev/null | gre
             log "apt-get download containerd (bookworm, system sources)"
             apt_download "$BWM" containerd
         fi
-        deb="$(ls "$BWM"/containerd_1.6.*.deb 2>/dev/null | tail -n1)"
+        deb="$(last_match "$BWM"/containerd_1.6.*.deb)"
         [ -n "$deb" ] || die "no containerd 1.6 .deb downloaded from bookworm"
     fi
     log "extracting $(basename "$deb") -> $BIN"
@@ -300,7 +305,7 @@ EOF
     gcc -static -Os -s -o "$work/pause/rootfs/pause" "$work/pause.c"
     # busybox: static busybox + applet symlinks + minimal /etc
     local r="$work/busybox/rootfs"
-    dpkg -x "$(ls "$CACHE"/busybox-static_*.deb | tail -n1)" "$work/bbdeb"
+    dpkg -x "$(last_match "$CACHE"/busybox-static_*.deb)" "$work/bbdeb"
     mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/proc" "$r/sys" "$r/dev" "$r/root"
     cp "$work/bbdeb/bin/busybox" "$r/bin/busybox"
     for a in $("$r/bin/busybox" --list); do [ -e "$r/bin/$a" ] || ln -s busybox "$r/bin/$a"; done

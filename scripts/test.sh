@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it on a fresh clone: installs what the build
-# needs, checks formatting and lints, then runs every test (unit, component,
-# mock-CRI-server and real-runtime tests).
+# needs, runs the linters and validators (scripts/lint.sh: fmt, clippy, shellcheck,
+# cargo-deny, cargo-machete, the deployment files' validators), then every test (unit,
+# component, mock-CRI-server, deployment-file and real-runtime tests).
 #
 # The real-runtime tests (integration-tests/tests/containerd.rs) need root: a private
 # containerd 1.7 (and bookworm's 1.6.20 for the Unimplemented case) is started here in
-# the background while fmt and clippy run, and stopped and purged at the end, whatever
+# the background while the linters run, and stopped and purged at the end, whatever
 # happens (docs/containerd.md). State lives under $PLEGD_CRI_BASE (default
 # /var/lib/plegd-ci) and $PLEGD_CRI_BASE-1.6.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+# the linters' Debian packages now: containerd-up.sh, started next, uses apt too
+bash scripts/lint-tools.sh --system
 
 export PLEGD_CRI_BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}"
 up_log="$(mktemp)"
@@ -31,10 +34,8 @@ echo "[test] starting containerd 1.7 and 1.6 in the background (log: $up_log)" >
 ) >"$up_log" 2>&1 &
 up_pid=$!
 
-echo "[test] cargo fmt --check" >&2
-cargo fmt --all -- --check
-echo "[test] cargo clippy" >&2
-cargo clippy --locked --workspace --all-targets -- -D warnings
+echo "[test] linters and validators (scripts/lint.sh)" >&2
+bash scripts/lint.sh
 
 if ! wait "$up_pid"; then
     up_pid=""
@@ -49,6 +50,3 @@ echo "[test] cargo test" >&2
 # --include-ignored: the real-containerd tests are ignored for a plain `cargo test`
 # (they need root and containerd, which this script provides).
 cargo test --locked --workspace --all-targets -- --include-ignored
-
-echo "[test] deployment files (scripts/validate-deploy.sh)" >&2
-bash scripts/validate-deploy.sh

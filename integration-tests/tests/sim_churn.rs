@@ -1,10 +1,12 @@
-//! The churn workload: pod count stays put, containers come and go, seeds reproduce.
+//! The churn workload: pod count stays put, containers come and go, seeds reproduce,
+//! runtime errors are survived, and churn cleans up after itself.
 
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use plegd_runtime::{ContainerState, RuntimeClient};
-use plegd_sim::{spawn_churn, Churn, ChurnConfig, ChurnStep, FakeRuntime};
+use plegd_runtime::{Container, ContainerState, PodRef, RuntimeClient, RuntimeError};
+use plegd_sim::{spawn_churn, Churn, ChurnConfig, ChurnRuntime, ChurnStep, FakeRuntime};
 
 use integration_tests::sim::serve;
 use integration_tests::wait::wait_until;
@@ -138,4 +140,74 @@ fn churn_replaces_a_pod_removed_behind_its_back() {
     assert_eq!(churn.step(), ChurnStep::PodReplaced);
     assert!(!churn.pod_uids().contains(&uid));
     assert_eq!(rt.pod_count(), 2);
+}
+
+#[test]
+fn churn_removes_its_pods() {
+    let rt = FakeRuntime::new();
+    let mut churn = Churn::new(rt.clone(), 3, 7);
+    for _ in 0..50 {
+        churn.step();
+    }
+    assert!(churn.remove_pods() >= 3);
+    assert_eq!(rt.pod_count(), 0);
+    assert!(churn.pod_uids().is_empty());
+    assert_eq!(churn.step(), ChurnStep::Idle);
+}
+
+/// A runtime whose first RunPodSandbox calls fail, as a real one may.
+struct FailingRuns {
+    rt: FakeRuntime,
+    failures_left: Cell<u32>,
+}
+
+impl ChurnRuntime for FailingRuns {
+    fn run_sandbox(&self, pod: &PodRef) -> Result<String, RuntimeError> {
+        if self.failures_left.get() > 0 {
+            self.failures_left.set(self.failures_left.get() - 1);
+            return Err(RuntimeError::Rpc {
+                op: "RunPodSandbox",
+                code: tonic::Code::Unavailable,
+                message: "runtime restarting".into(),
+            });
+        }
+        self.rt.run_sandbox(pod)
+    }
+    fn stop_sandbox(&self, id: &str) -> Result<(), RuntimeError> {
+        self.rt.stop_sandbox(id)
+    }
+    fn remove_sandbox(&self, id: &str) -> Result<(), RuntimeError> {
+        self.rt.remove_sandbox(id)
+    }
+    fn pod_sandboxes(&self, uid: &str) -> Result<Vec<String>, RuntimeError> {
+        self.rt.pod_sandboxes(uid)
+    }
+    fn sandbox_containers(&self, id: &str) -> Result<Vec<Container>, RuntimeError> {
+        self.rt.sandbox_containers(id)
+    }
+    fn launch_container(&self, pod: &PodRef, sb: &str, name: &str) -> Result<String, RuntimeError> {
+        self.rt.launch_container(pod, sb, name)
+    }
+    fn end_container(&self, id: &str, code: i32) -> Result<(), RuntimeError> {
+        self.rt.end_container(id, code)
+    }
+}
+
+#[test]
+fn churn_counts_runtime_errors_and_repairs_the_pods_they_cost() {
+    let rt = FakeRuntime::new();
+    let flaky = FailingRuns {
+        rt: rt.clone(),
+        failures_left: Cell::new(2),
+    };
+    let mut churn = Churn::new(flaky, 3, 5);
+    assert_eq!(churn.stats().errors, 2);
+    assert_eq!(rt.pod_count(), 1);
+    // The two pods without a sandbox are replaced first, one per step.
+    assert_eq!(churn.step(), ChurnStep::PodReplaced);
+    assert_eq!(churn.step(), ChurnStep::PodReplaced);
+    assert_eq!(rt.pod_count(), 3);
+    for uid in churn.pod_uids() {
+        assert_eq!(rt.sandboxes_of(&uid).len(), 1, "{uid}");
+    }
 }

@@ -544,7 +544,7 @@ fn a_file_value_loses_to_env_and_to_flags_and_beats_the_default() {
 fn a_bad_value_exits_2_naming_the_flag() {
     /// Flags, environment, and the flag the error must name.
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
-    let cases: &[Case] = &[
+    let cases: &[Case<'_>] = &[
         (&["--queue-capacity", "0"], &[], "--queue-capacity"),
         (
             &["--status-concurrency", "257"],

@@ -11,6 +11,11 @@
 //! are read back from the runtime each step, so containers stopped by someone else
 //! are restarted like any other. A pod whose sandbox was removed by someone else is
 //! replaced.
+//!
+//! Churn acts through [`ChurnRuntime`]: [`FakeRuntime`] implements it in memory, and
+//! the compose demo's workload generator (`workload/`) implements it over CRI, so the
+//! demo against containerd churns pods exactly as `plegd demo` does. A failed runtime
+//! call is logged and counted, never fatal: the next step reads the state again.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::fake::FakeRuntime;
-use plegd_runtime::ContainerState;
+use plegd_runtime::{Container, ContainerState, PodRef, RuntimeError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -29,6 +34,87 @@ pub const NAMESPACE: &str = "demo";
 
 /// Exit codes a churned container exits with: success, failure, OOM-killed/SIGKILL.
 const EXIT_CODES: [i32; 3] = [0, 1, 137];
+
+/// The runtime operations churn performs: a kubelet's share of CRI.
+pub trait ChurnRuntime {
+    /// RunPodSandbox for the pod: a new ready sandbox (the pod's next attempt); its ID.
+    fn run_sandbox(&self, pod: &PodRef) -> Result<String, RuntimeError>;
+    /// StopPodSandbox: the sandbox's running containers are killed, it turns not ready.
+    fn stop_sandbox(&self, sandbox_id: &str) -> Result<(), RuntimeError>;
+    /// RemovePodSandbox: the sandbox and its containers go away.
+    fn remove_sandbox(&self, sandbox_id: &str) -> Result<(), RuntimeError>;
+    /// The IDs of the pod's sandboxes, in any state.
+    fn pod_sandboxes(&self, pod_uid: &str) -> Result<Vec<String>, RuntimeError>;
+    /// The sandbox's containers, in any state.
+    fn sandbox_containers(&self, sandbox_id: &str) -> Result<Vec<Container>, RuntimeError>;
+    /// CreateContainer + StartContainer: the next attempt of container `name`; its ID.
+    fn launch_container(
+        &self,
+        pod: &PodRef,
+        sandbox_id: &str,
+        name: &str,
+    ) -> Result<String, RuntimeError>;
+    /// Makes a running container exit, with `exit_code` where the runtime lets the
+    /// caller choose (a real one does not: it stops the container with a signal).
+    fn end_container(&self, container_id: &str, exit_code: i32) -> Result<(), RuntimeError>;
+}
+
+impl ChurnRuntime for FakeRuntime {
+    fn run_sandbox(&self, pod: &PodRef) -> Result<String, RuntimeError> {
+        Ok(self.run_pod(&pod.uid, &pod.name, &pod.namespace))
+    }
+
+    fn stop_sandbox(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        self.stop_pod(sandbox_id);
+        Ok(())
+    }
+
+    fn remove_sandbox(&self, sandbox_id: &str) -> Result<(), RuntimeError> {
+        self.remove_pod(sandbox_id);
+        Ok(())
+    }
+
+    fn pod_sandboxes(&self, pod_uid: &str) -> Result<Vec<String>, RuntimeError> {
+        Ok(self.sandboxes_of(pod_uid))
+    }
+
+    fn sandbox_containers(&self, sandbox_id: &str) -> Result<Vec<Container>, RuntimeError> {
+        Ok(self
+            .containers_of(sandbox_id)
+            .into_iter()
+            .map(|c| Container {
+                id: c.id,
+                sandbox_id: c.sandbox_id,
+                name: c.name,
+                attempt: c.attempt,
+                state: c.state,
+                created_at: c.created_at,
+            })
+            .collect())
+    }
+
+    fn launch_container(
+        &self,
+        _pod: &PodRef,
+        sandbox_id: &str,
+        name: &str,
+    ) -> Result<String, RuntimeError> {
+        let id = self
+            .try_create_container(sandbox_id, name)
+            .ok_or_else(|| RuntimeError::Rpc {
+                op: "CreateContainer",
+                code: tonic::Code::NotFound,
+                message: format!("sandbox {sandbox_id} not found"),
+            })?;
+        self.start_container(&id);
+        Ok(id)
+    }
+
+    fn end_container(&self, container_id: &str, exit_code: i32) -> Result<(), RuntimeError> {
+        self.exit_container(container_id, exit_code);
+        Ok(())
+    }
+}
 
 /// What [`spawn_churn`] runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +164,8 @@ pub struct ChurnStats {
     pub pods_replaced: u64,
     pub sandboxes_stopped: u64,
     pub sandboxes_recreated: u64,
+    /// Runtime calls that failed (logged; the step went on without them).
+    pub errors: u64,
 }
 
 impl ChurnStats {
@@ -95,25 +183,35 @@ impl ChurnStats {
 }
 
 struct ChurnPod {
-    uid: String,
-    name: String,
+    pod: PodRef,
+    /// Empty when RunPodSandbox failed: the next step replaces the pod.
     sandbox_id: String,
     ready: bool,
     containers: Vec<&'static str>,
 }
 
 /// The churn state machine over a runtime.
-pub struct Churn {
-    runtime: FakeRuntime,
+pub struct Churn<R = FakeRuntime> {
+    runtime: R,
     rng: StdRng,
     pods: Vec<ChurnPod>,
     next_pod: u64,
     stats: ChurnStats,
 }
 
-impl Churn {
+impl<R> std::fmt::Debug for Churn<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Churn")
+            .field("pods", &self.pods.len())
+            .field("next_pod", &self.next_pod)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: ChurnRuntime> Churn<R> {
     /// Creates `pods` pods, each with one or two running containers.
-    pub fn new(runtime: FakeRuntime, pods: usize, seed: u64) -> Self {
+    pub fn new(runtime: R, pods: usize, seed: u64) -> Self {
         let mut churn = Churn {
             runtime,
             rng: StdRng::seed_from_u64(seed),
@@ -135,7 +233,12 @@ impl Churn {
 
     /// The UIDs of the pods churn currently keeps.
     pub fn pod_uids(&self) -> Vec<String> {
-        self.pods.iter().map(|p| p.uid.clone()).collect()
+        self.pods.iter().map(|p| p.pod.uid.clone()).collect()
+    }
+
+    /// The runtime churn acts on.
+    pub fn runtime(&self) -> &R {
+        &self.runtime
     }
 
     /// Takes one random step.
@@ -145,20 +248,56 @@ impl Churn {
         step
     }
 
+    /// Stops and removes every sandbox of churn's pods (older attempts included);
+    /// churn keeps no pods afterwards. Returns how many sandboxes it removed.
+    pub fn remove_pods(&mut self) -> usize {
+        let mut removed = 0;
+        for pod in std::mem::take(&mut self.pods) {
+            let mut sandboxes = self.ok(self.runtime.pod_sandboxes(&pod.pod.uid), "list sandboxes");
+            let sandboxes = sandboxes.get_or_insert_with(|| vec![pod.sandbox_id.clone()]);
+            for id in sandboxes.iter().filter(|id| !id.is_empty()) {
+                let stopped = self.runtime.stop_sandbox(id);
+                if self.ok(stopped, "stop a sandbox").is_some() {
+                    let gone = self.runtime.remove_sandbox(id);
+                    removed += usize::from(self.ok(gone, "remove a sandbox").is_some());
+                }
+            }
+        }
+        removed
+    }
+
+    /// The value, or `None` after logging and counting the error.
+    fn ok<T>(&mut self, result: Result<T, RuntimeError>, what: &str) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(error) => {
+                self.stats.errors += 1;
+                tracing::warn!(%error, "churn: cannot {what}");
+                None
+            }
+        }
+    }
+
     fn pick_and_take(&mut self) -> ChurnStep {
         if self.pods.is_empty() {
             return ChurnStep::Idle;
         }
         // Repair first: a sandbox removed behind our back can take no containers.
-        if let Some(i) = self.pods.iter().position(|p| !self.sandbox_exists(p)) {
+        if let Some(i) = (0..self.pods.len()).find(|&i| !self.sandbox_exists(i)) {
             self.replace_pod(i);
             return ChurnStep::PodReplaced;
         }
         let mut running = Vec::new();
         let mut exited = Vec::new();
-        for (i, pod) in self.pods.iter().enumerate().filter(|(_, p)| p.ready) {
-            let statuses = self.runtime.containers_of(&pod.sandbox_id);
-            for name in &pod.containers {
+        for i in 0..self.pods.len() {
+            if !self.pods[i].ready {
+                continue;
+            }
+            let listed = self.runtime.sandbox_containers(&self.pods[i].sandbox_id);
+            let Some(statuses) = self.ok(listed, "list containers") else {
+                continue;
+            };
+            for name in &self.pods[i].containers {
                 // The newest attempt is the container kubelet would look at.
                 let latest = statuses
                     .iter()
@@ -202,19 +341,22 @@ impl Churn {
             ChurnStep::ContainerExited => {
                 let id = &running[self.rng.random_range(0..running.len())];
                 let code = EXIT_CODES[self.rng.random_range(0..EXIT_CODES.len())];
-                self.runtime.exit_container(id, code);
+                let ended = self.runtime.end_container(id, code);
+                self.ok(ended, "end a container");
             }
             ChurnStep::ContainerRestarted => {
                 let (i, name) = exited[self.rng.random_range(0..exited.len())];
-                let pod = &self.pods[i];
-                self.start_container(&pod.sandbox_id, name);
+                let sandbox_id = self.pods[i].sandbox_id.clone();
+                let pod = self.pods[i].pod.clone();
+                self.start_container(&pod, &sandbox_id, name);
             }
             ChurnStep::SandboxStopped => {
                 let ready: Vec<usize> = (0..self.pods.len())
                     .filter(|&i| self.pods[i].ready)
                     .collect();
                 let i = ready[self.rng.random_range(0..ready.len())];
-                self.runtime.stop_pod(&self.pods[i].sandbox_id);
+                let stopped = self.runtime.stop_sandbox(&self.pods[i].sandbox_id);
+                self.ok(stopped, "stop a sandbox");
                 self.pods[i].ready = false;
             }
             ChurnStep::SandboxRecreated => {
@@ -229,17 +371,34 @@ impl Churn {
         pick
     }
 
-    fn sandbox_exists(&self, pod: &ChurnPod) -> bool {
-        self.runtime
-            .sandboxes_of(&pod.uid)
-            .contains(&pod.sandbox_id)
+    /// Whether pod `i`'s sandbox exists; `true` when the runtime cannot tell (no
+    /// repair on a failed read).
+    fn sandbox_exists(&mut self, i: usize) -> bool {
+        if self.pods[i].sandbox_id.is_empty() {
+            return false;
+        }
+        let listed = self.runtime.pod_sandboxes(&self.pods[i].pod.uid);
+        self.ok(listed, "list sandboxes")
+            .is_none_or(|ids| ids.contains(&self.pods[i].sandbox_id))
     }
 
     /// Create + start; a sandbox that vanished meanwhile is caught by the next step.
-    fn start_container(&self, sandbox_id: &str, name: &str) {
-        if let Some(id) = self.runtime.try_create_container(sandbox_id, name) {
-            self.runtime.start_container(&id);
+    fn start_container(&mut self, pod: &PodRef, sandbox_id: &str, name: &str) {
+        let launched = self.runtime.launch_container(pod, sandbox_id, name);
+        self.ok(launched, "start a container");
+    }
+
+    /// A new sandbox for the pod, with all its containers started; empty when
+    /// RunPodSandbox failed.
+    fn run_sandbox(&mut self, pod: &PodRef, containers: &[&'static str]) -> String {
+        let ran = self.runtime.run_sandbox(pod);
+        let Some(sandbox_id) = self.ok(ran, "run a sandbox") else {
+            return String::new();
+        };
+        for c in containers {
+            self.start_container(pod, &sandbox_id, c);
         }
+        sandbox_id
     }
 
     fn new_pod(&mut self) -> ChurnPod {
@@ -250,15 +409,14 @@ impl Churn {
         } else {
             vec!["app"]
         };
-        let uid = format!("sim-pod-{n}");
-        let name = format!("web-{n}");
-        let sandbox_id = self.runtime.run_pod(&uid, &name, NAMESPACE);
-        for c in &containers {
-            self.start_container(&sandbox_id, c);
-        }
+        let pod = PodRef {
+            uid: format!("sim-pod-{n}"),
+            name: format!("web-{n}"),
+            namespace: NAMESPACE.into(),
+        };
+        let sandbox_id = self.run_sandbox(&pod, &containers);
         ChurnPod {
-            uid,
-            name,
+            pod,
             sandbox_id,
             ready: true,
             containers,
@@ -267,19 +425,24 @@ impl Churn {
 
     fn replace_pod(&mut self, i: usize) {
         let old = self.pods[i].sandbox_id.clone();
-        self.runtime.stop_pod(&old);
-        self.runtime.remove_pod(&old);
+        if !old.is_empty() {
+            let stopped = self.runtime.stop_sandbox(&old);
+            self.ok(stopped, "stop a sandbox");
+            let removed = self.runtime.remove_sandbox(&old);
+            self.ok(removed, "remove a sandbox");
+        }
         self.pods[i] = self.new_pod();
     }
 
     fn recreate_sandbox(&mut self, i: usize) {
-        let pod = &self.pods[i];
-        let old = pod.sandbox_id.clone();
-        let sandbox_id = self.runtime.run_pod(&pod.uid, &pod.name, NAMESPACE);
-        for c in &pod.containers {
-            self.start_container(&sandbox_id, c);
+        let old = self.pods[i].sandbox_id.clone();
+        let pod = self.pods[i].pod.clone();
+        let containers = self.pods[i].containers.clone();
+        let sandbox_id = self.run_sandbox(&pod, &containers);
+        if !old.is_empty() {
+            let removed = self.runtime.remove_sandbox(&old);
+            self.ok(removed, "remove a sandbox");
         }
-        self.runtime.remove_pod(&old);
         let pod = &mut self.pods[i];
         pod.sandbox_id = sandbox_id;
         pod.ready = true;
@@ -296,7 +459,10 @@ pub struct ChurnHandle {
 
 /// Creates the pods (before returning), then takes one step every `cfg.period` on a
 /// thread of its own.
-pub fn spawn_churn(runtime: FakeRuntime, cfg: ChurnConfig) -> Result<ChurnHandle, SimError> {
+pub fn spawn_churn<R>(runtime: R, cfg: ChurnConfig) -> Result<ChurnHandle, SimError>
+where
+    R: ChurnRuntime + Send + 'static,
+{
     let mut churn = Churn::new(runtime, cfg.pods, cfg.seed);
     let stats = Arc::new(Mutex::new(ChurnStats::default()));
     let shared = Arc::clone(&stats);

@@ -8,7 +8,8 @@
 //! - [`socket`]: serving it on a unix socket, in the caller's tokio runtime
 //!   ([`serve_unix`]) or on a thread of its own ([`spawn_in_thread`]).
 //! - [`churn`]: a seeded workload of pods and containers coming and going, for
-//!   `plegd demo`.
+//!   `plegd demo` (over [`FakeRuntime`]) and the compose demo's workload generator
+//!   (over CRI, through [`ChurnRuntime`]).
 
 pub mod churn;
 mod cri_writes;
@@ -18,7 +19,9 @@ mod filter;
 pub mod server;
 pub mod socket;
 
-pub use churn::{spawn_churn, Churn, ChurnConfig, ChurnHandle, ChurnStats, ChurnStep};
+pub use churn::{
+    spawn_churn, Churn, ChurnConfig, ChurnHandle, ChurnRuntime, ChurnStats, ChurnStep,
+};
 pub use cri_writes::{KILL_EXIT_CODE, STOP_EXIT_CODE};
 pub use error::SimError;
 pub use fake::{FakeRuntime, Op};
