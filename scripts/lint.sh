@@ -41,8 +41,5 @@ else
     cargo deny --offline check licenses bans sources
 fi
 step "cargo machete (unused dependencies)"
-cargo machete runtime telemetry sim integration-tests workload
-# actors/ and plegd/ still list dependencies their rewrites (issue 8) dropped the use
-# of; shown, not failing, until those branches land. Then fold them in above.
-cargo machete actors plegd || step "WARNING: unused dependencies in actors/ or plegd/ (above)"
+cargo machete runtime actors telemetry sim plegd integration-tests workload
 step "all clean"
