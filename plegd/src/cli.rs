@@ -6,7 +6,7 @@
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{ConfigArgs, Settings};
-use crate::values::{Count, PositiveDuration};
+use crate::values::{Count, PositiveDuration, DAY, HOUR};
 
 const AFTER_HELP: &str = "\
 Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when the runtime cannot be
@@ -73,13 +73,13 @@ pub struct Workload {
     pub pods: Count<100_000>,
     /// Time between two churn steps (a container exits, restarts, a pod is replaced...).
     #[arg(long, default_value = "300ms")]
-    pub churn_period: PositiveDuration,
+    pub churn_period: PositiveDuration<HOUR>,
     /// Seed of the churn workload (same seed, same story).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Stop after this long (default: run until SIGTERM/SIGINT).
     #[arg(long)]
-    pub duration: Option<PositiveDuration>,
+    pub duration: Option<PositiveDuration<{ 366 * DAY }>>,
 }
 
 fn demo_has_no_runtime_endpoint(arg: clap::Arg) -> clap::Arg {

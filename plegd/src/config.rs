@@ -11,8 +11,8 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory as _};
 use serde::{Deserialize, Serialize};
 
-use crate::exit::ConfigError;
-use crate::values::{true_or_false, Count, MetricsAddr, OtlpEndpoint, PositiveDuration};
+use crate::exit::{ConfigError, MAX_CONFIG_FILE};
+use crate::values::{true_or_false, Count, MetricsAddr, OtlpEndpoint, PositiveDuration, DAY, HOUR};
 
 /// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
 /// name (`relist-period`).
@@ -23,15 +23,17 @@ pub struct Settings {
     /// environment or in the config file).
     #[arg(long, env = "PLEGD_RUNTIME_ENDPOINT", value_name = "ENDPOINT")]
     pub runtime_endpoint: Option<String>,
-    /// Period of the global relist, which runs whatever the event stream does.
+    /// Period of the global relist, which runs whatever the event stream does (at most
+    /// 1h).
     #[arg(long, env = "PLEGD_RELIST_PERIOD", default_value = "1s")]
-    pub relist_period: PositiveDuration,
-    /// /healthz fails when the last successful global relist is older than this.
+    pub relist_period: PositiveDuration<HOUR>,
+    /// /healthz fails when the last successful global relist is older than this (at
+    /// most 1d).
     #[arg(long, env = "PLEGD_HEALTH_THRESHOLD", default_value = "3m")]
-    pub health_threshold: PositiveDuration,
-    /// Deadline of each unary CRI call.
+    pub health_threshold: PositiveDuration<DAY>,
+    /// Deadline of each unary CRI call (at most 10m).
     #[arg(long, env = "PLEGD_RUNTIME_REQUEST_TIMEOUT", default_value = "2s")]
-    pub runtime_request_timeout: PositiveDuration,
+    pub runtime_request_timeout: PositiveDuration<{ 10 * 60 }>,
     /// Capacity of the on-demand (targeted) relist queue; a full queue drops requests
     /// (counted) and the next global relist reconciles.
     #[arg(long, env = "PLEGD_QUEUE_CAPACITY", default_value = "1024")]
@@ -45,16 +47,17 @@ pub struct Settings {
     #[serde(deserialize_with = "true_or_false")]
     pub evented: bool,
     /// Event stream: delay of the second reconnect attempt (the first is immediate);
-    /// later ones grow exponentially, with jitter.
+    /// later ones grow exponentially, with jitter (at most 1h).
     #[arg(long, env = "PLEGD_RECONNECT_BASE", default_value = "500ms")]
-    pub reconnect_base: PositiveDuration,
+    pub reconnect_base: PositiveDuration<HOUR>,
     /// Event stream: longest delay between reconnect attempts (also the retry period
-    /// of a runtime that does not implement the stream).
+    /// of a runtime that does not implement the stream; at most 1h).
     #[arg(long, env = "PLEGD_RECONNECT_CAP", default_value = "60s")]
-    pub reconnect_cap: PositiveDuration,
-    /// Event stream: a connection must stay up this long before the backoff resets.
+    pub reconnect_cap: PositiveDuration<HOUR>,
+    /// Event stream: a connection must stay up this long before the backoff resets (at
+    /// most 1d).
     #[arg(long, env = "PLEGD_RECONNECT_HEALTHY_RESET", default_value = "60s")]
-    pub reconnect_healthy_reset: PositiveDuration,
+    pub reconnect_healthy_reset: PositiveDuration<DAY>,
     /// Write events as JSON lines to PATH ('-' for stdout).
     #[arg(long, env = "PLEGD_EVENTS_JSON", value_name = "PATH|-")]
     pub events_json: Option<PathBuf>,
@@ -101,10 +104,7 @@ impl Settings {
     /// setting clap took from its default (neither a flag nor the environment gave
     /// it). `matches` are those of the subcommand that parsed `self`.
     pub fn overlay_file(&mut self, path: &Path, matches: &ArgMatches) -> Result<(), ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::ReadFile {
-            path: path.to_owned(),
-            error,
-        })?;
+        let text = read_config_file(path)?;
         let file: toml::Table = text.parse().map_err(|error| ConfigError::FileSyntax {
             path: path.to_owned(),
             error: Box::new(error),
@@ -144,6 +144,40 @@ impl Settings {
     fn to_table(&self) -> Result<toml::Table, ConfigError> {
         toml::Table::try_from(self).map_err(ConfigError::Render)
     }
+}
+
+/// Reads a config file whole: only a regular file (a FIFO would block start-up
+/// forever), and only up to [`MAX_CONFIG_FILE`] bytes (`/dev/zero` would never end).
+fn read_config_file(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read as _;
+    let read_error = |error| ConfigError::ReadFile {
+        path: path.to_owned(),
+        error,
+    };
+    // Opened without blocking, so that a FIFO with no writer cannot hold start-up.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(read_error)?
+    };
+    if !file.metadata().map_err(read_error)?.is_file() {
+        return Err(ConfigError::NotAFile {
+            path: path.to_owned(),
+        });
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(read_error)?;
+    if text.len() as u64 > MAX_CONFIG_FILE {
+        return Err(ConfigError::FileTooLarge {
+            path: path.to_owned(),
+        });
+    }
+    Ok(text)
 }
 
 #[cfg(test)]

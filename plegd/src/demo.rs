@@ -11,8 +11,13 @@ use crate::exit::ExitError;
 use crate::output::Format;
 use crate::serve::{connect, serve};
 use crate::service_config::ServiceConfig;
+use crate::signals::Signals;
 
-pub async fn run(workload: Workload, config: &ServiceConfig) -> Result<(), ExitError> {
+pub async fn run(
+    workload: Workload,
+    config: &ServiceConfig,
+    signals: &mut Signals,
+) -> Result<(), ExitError> {
     let dir = tempfile::Builder::new()
         .prefix("plegd-demo-")
         .tempdir()
@@ -39,7 +44,7 @@ pub async fn run(workload: Workload, config: &ServiceConfig) -> Result<(), ExitE
             None => std::future::pending().await,
         }
     };
-    let result = serve(Arc::new(runtime), config, Format::Text, until).await;
+    let result = serve(Arc::new(runtime), config, signals, Format::Text, until).await;
     churn.stop();
     server.stop();
     drop(dir);

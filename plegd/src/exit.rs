@@ -37,6 +37,9 @@ impl ExitError {
     }
 }
 
+/// The largest config file plegd reads (a real one is a few hundred bytes).
+pub const MAX_CONFIG_FILE: u64 = 1024 * 1024;
+
 /// A bad setting, named by its flag or config file key (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -46,6 +49,10 @@ pub enum ConfigError {
         #[source]
         error: std::io::Error,
     },
+    #[error("--config {}: not a regular file (a config file is read whole, at start)", path.display())]
+    NotAFile { path: PathBuf },
+    #[error("--config {}: larger than {MAX_CONFIG_FILE} bytes", path.display())]
+    FileTooLarge { path: PathBuf },
     #[error("--config {}: not valid TOML", path.display())]
     FileSyntax {
         path: PathBuf,

@@ -8,6 +8,7 @@ mod exit;
 mod output;
 mod serve;
 mod service_config;
+mod signals;
 mod values;
 
 use std::process::ExitCode;
@@ -93,9 +94,13 @@ fn main() -> ExitCode {
     };
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
+        // Before any start-up work: a signal during start-up still shuts down cleanly.
+        let mut signals = signals::Signals::install()?;
         match job {
-            Job::Run { endpoint, config } => serve::run_real(&endpoint, &config).await,
-            Job::Demo { workload, config } => demo::run(workload, &config).await,
+            Job::Run { endpoint, config } => {
+                serve::run_real(&endpoint, &config, &mut signals).await
+            }
+            Job::Demo { workload, config } => demo::run(workload, &config, &mut signals).await,
         }
     });
     match result {

@@ -1,8 +1,13 @@
 //! The event output: a subscriber on its own thread writing one line per event, as
 //! JSON or in a readable form. It drains its queue before exiting, so every event
-//! published before shutdown is written.
+//! published before shutdown is written. A write that fails (a closed pipe, a full
+//! disk) ends it at once and says so through `failed`: plegd then shuts down with an
+//! error instead of relisting on with every later event lost.
 
 use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use plegd_actors::{Delivery, Subscription};
@@ -72,25 +77,80 @@ pub fn format_line(d: &Delivery, format: Format) -> String {
     }
 }
 
-/// Writes every delivery of `sub` to `out` until the publisher goes away.
+/// Where events are written.
+pub enum Target {
+    Stdout,
+    /// A file, appended to; reopened (by path) when `reopen` is set, as log rotation
+    /// expects after it moved the file away.
+    File {
+        path: PathBuf,
+        reopen: Arc<AtomicBool>,
+    },
+}
+
+impl Target {
+    fn open(&self) -> std::io::Result<Box<dyn Write + Send>> {
+        Ok(match self {
+            Target::Stdout => Box::new(std::io::stdout()),
+            Target::File { path, .. } => Box::new(open_append(path)?),
+        })
+    }
+
+    fn reopen_asked(&self) -> bool {
+        match self {
+            Target::Stdout => false,
+            Target::File { reopen, .. } => reopen.swap(false, Ordering::SeqCst),
+        }
+    }
+}
+
+/// Opens (creating) a file for appending events.
+pub fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// Writes every delivery of `sub` to `target` until the publisher goes away, or until
+/// a write fails: then `failed` is told (and the error is the thread's result).
 pub fn spawn_writer(
     sub: Subscription,
-    mut out: Box<dyn Write + Send>,
+    target: Target,
     format: Format,
+    failed: tokio::sync::oneshot::Sender<()>,
 ) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
+    let out = target.open()?;
     std::thread::Builder::new()
         .name("event-output".into())
         .spawn(move || {
-            let mut out_buf = BufWriter::new(&mut out);
-            while let Ok(d) = sub.recv() {
-                writeln!(out_buf, "{}", format_line(&d, format))?;
-                // Flush when the queue is momentarily empty, so lines appear promptly.
-                if sub.is_empty() {
-                    out_buf.flush()?;
-                }
+            let result = write_all(&sub, out, &target, format);
+            if result.is_err() {
+                let _ = failed.send(());
             }
-            out_buf.flush()
+            result
         })
+}
+
+fn write_all(
+    sub: &Subscription,
+    out: Box<dyn Write + Send>,
+    target: &Target,
+    format: Format,
+) -> std::io::Result<()> {
+    let mut out_buf = BufWriter::new(out);
+    while let Ok(d) = sub.recv() {
+        if target.reopen_asked() {
+            out_buf.flush()?;
+            out_buf = BufWriter::new(target.open()?);
+        }
+        writeln!(out_buf, "{}", format_line(&d, format))?;
+        // Flush when the queue is momentarily empty, so lines appear promptly.
+        if sub.is_empty() {
+            out_buf.flush()?;
+        }
+    }
+    out_buf.flush()
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! start-up checks, wiring of outputs and endpoints, and the graceful shutdown.
 
 use std::future::Future;
-use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,16 +13,18 @@ use plegd_telemetry::traces::{sdk_disabled, TraceExport};
 use plegd_telemetry::Metrics;
 
 use crate::exit::{ConfigError, ExitError};
-use crate::output::{spawn_writer, Format};
+use crate::output::{open_append, spawn_writer, Format, Target};
 use crate::service_config::ServiceConfig;
+use crate::signals::{Asked, Signals};
 
 /// Queue of the output subscriber: large, so a slow terminal rarely drops events
 /// (and when it does, the next line says how many).
 const OUTPUT_QUEUE: usize = 65_536;
 /// How long shutdown waits for the output to drain what is queued.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
-/// How long shutdown waits for the relist in progress.
-const SHUTDOWN_GRACE: Duration = Duration::from_millis(700);
+/// How long shutdown waits for the relist in progress beyond one request timeout
+/// (its last call may have just started; what follows the call is quick).
+const SHUTDOWN_MARGIN: Duration = Duration::from_millis(700);
 
 struct HealthAdapter(Health);
 
@@ -36,11 +38,16 @@ impl HealthSource for HealthAdapter {
 }
 
 /// `plegd run`: a real CRI runtime.
-pub async fn run_real(endpoint: &str, config: &ServiceConfig) -> Result<(), ExitError> {
+pub async fn run_real(
+    endpoint: &str,
+    config: &ServiceConfig,
+    signals: &mut Signals,
+) -> Result<(), ExitError> {
     let runtime = connect(endpoint, config.runtime_request_timeout).await?;
     serve(
         Arc::new(runtime),
         config,
+        signals,
         Format::Json,
         std::future::pending(),
     )
@@ -76,41 +83,33 @@ fn log_runtime(v: &RuntimeVersion) {
     }
 }
 
-async fn wait_for_signal() -> Result<&'static str, ExitError> {
-    use actix_rt::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())
-        .map_err(ExitError::runtime("cannot install the SIGTERM handler"))?;
-    let mut int = signal(SignalKind::interrupt())
-        .map_err(ExitError::runtime("cannot install the SIGINT handler"))?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    })
-}
-
 /// Runs plegd over `runtime` until SIGTERM/SIGINT or `until` resolves.
 pub async fn serve(
     runtime: Arc<dyn RuntimeClient>,
     config: &ServiceConfig,
+    signals: &mut Signals,
     default_format: Format,
     until: impl Future<Output = ()>,
 ) -> Result<(), ExitError> {
     let metrics = Arc::new(Metrics::new());
-    let (out, format): (Box<dyn Write + Send>, Format) = match &config.events_json {
-        None => (Box::new(std::io::stdout()), default_format),
-        Some(p) if p.as_os_str() == "-" => (Box::new(std::io::stdout()), Format::Json),
+    let reopen = Arc::new(AtomicBool::new(false));
+    let (target, format) = match &config.events_json {
+        None => (Target::Stdout, default_format),
+        Some(p) if p.as_os_str() == "-" => (Target::Stdout, Format::Json),
         Some(p) => {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(|error| ConfigError::EventsJson {
-                    path: p.clone(),
-                    error,
-                })?;
-            (Box::new(f), Format::Json)
+            // Opened here too, so that a bad path is a configuration error at start.
+            open_append(p).map_err(|error| ConfigError::EventsJson {
+                path: p.clone(),
+                error,
+            })?;
+            let target = Target::File {
+                path: p.clone(),
+                reopen: reopen.clone(),
+            };
+            (target, Format::Json)
         }
     };
+    let reopens = matches!(target, Target::File { .. });
     let traces = match &config.otlp_endpoint {
         Some(ep) if !sdk_disabled() => {
             let export = TraceExport::start(ep).map_err(ConfigError::OtlpEndpoint)?;
@@ -124,7 +123,8 @@ pub async fn serve(
         .subscribe("output", OUTPUT_QUEUE)
         .await
         .map_err(ExitError::runtime("event publisher did not start"))?;
-    let writer = spawn_writer(sub, out, format)
+    let (output_failed_tx, output_failed) = tokio::sync::oneshot::channel();
+    let writer = spawn_writer(sub, target, format, output_failed_tx)
         .map_err(ExitError::runtime("cannot start the output thread"))?;
 
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -143,12 +143,31 @@ pub async fn serve(
         })));
     }
 
-    let reason = tokio::select! {
-        s = wait_for_signal() => s?,
-        _ = until => "end of run",
+    // Only a failure sends; a writer that ended otherwise drops the sender.
+    let output_failed = async move {
+        if output_failed.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(until, output_failed);
+    let reason = loop {
+        tokio::select! {
+            asked = signals.next() => match asked {
+                Asked::Stop(s) => break s,
+                Asked::Reopen if reopens => {
+                    reopen.store(true, Ordering::SeqCst);
+                    tracing::info!("SIGHUP: the events file is reopened at the next event");
+                }
+                Asked::Reopen => tracing::info!("SIGHUP: events go to stdout; nothing to reopen"),
+            },
+            _ = &mut until => break "end of run",
+            _ = &mut output_failed => break "the event output failed",
+        }
     };
     tracing::info!(reason, "shutting down");
-    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    // A relist in progress is finished, its events published, if its remaining calls
+    // end within one request timeout: the common case of one slow call.
+    let deadline = Instant::now() + config.runtime_request_timeout + SHUTDOWN_MARGIN;
     pleg.stop();
     while !pleg.stopped() && Instant::now() < deadline {
         actix_rt::time::sleep(Duration::from_millis(5)).await;
@@ -182,7 +201,7 @@ pub async fn serve(
     }
     match writer.join() {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        // A closed pipe too: whoever read the events is gone, later ones are lost.
         Ok(Err(e)) => Err(ExitError::runtime("writing events")(e)),
         Err(_) => Err(ExitError::Runtime(anyhow::anyhow!(
             "the output thread panicked"

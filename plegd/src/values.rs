@@ -10,12 +10,19 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-/// A duration greater than zero, written with units: `500ms`, `1s`, `3m`.
+/// A duration greater than zero and at most `MAX_SECS` seconds, written with units:
+/// `500ms`, `1s`, `3m`. The upper bound keeps every deadline and timer that plegd
+/// computes from it far from overflowing (`20000y` would panic inside tonic).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct PositiveDuration(pub Duration);
+pub struct PositiveDuration<const MAX_SECS: u64>(pub Duration);
 
-impl FromStr for PositiveDuration {
+/// One hour, in seconds.
+pub const HOUR: u64 = 3600;
+/// One day, in seconds.
+pub const DAY: u64 = 24 * HOUR;
+
+impl<const MAX_SECS: u64> FromStr for PositiveDuration<MAX_SECS> {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         if s.trim_start().starts_with('-') {
@@ -26,11 +33,18 @@ impl FromStr for PositiveDuration {
         if d.is_zero() {
             return Err("must be greater than zero".into());
         }
+        let max = Duration::from_secs(MAX_SECS);
+        if d > max {
+            return Err(format!(
+                "must be at most {}",
+                humantime::format_duration(max)
+            ));
+        }
         Ok(PositiveDuration(d))
     }
 }
 
-impl fmt::Display for PositiveDuration {
+impl<const MAX_SECS: u64> fmt::Display for PositiveDuration<MAX_SECS> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         humantime::format_duration(self.0).fmt(f)
     }
@@ -139,7 +153,20 @@ macro_rules! text_conversions {
         }
     )*};
 }
-text_conversions!(PositiveDuration, MetricsAddr, OtlpEndpoint);
+text_conversions!(MetricsAddr, OtlpEndpoint);
+
+impl<const MAX_SECS: u64> TryFrom<String> for PositiveDuration<MAX_SECS> {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl<const MAX_SECS: u64> From<PositiveDuration<MAX_SECS>> for String {
+    fn from(v: PositiveDuration<MAX_SECS>) -> String {
+        v.to_string()
+    }
+}
 
 /// A boolean setting in the config file, refused with "expected true or false".
 pub fn true_or_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
@@ -162,7 +189,7 @@ mod tests {
 
     #[test]
     fn durations_are_positive_and_keep_their_units() {
-        let d: PositiveDuration = "1m".parse().unwrap();
+        let d: PositiveDuration<DAY> = "1m".parse().unwrap();
         assert_eq!(d.0, Duration::from_secs(60));
         assert_eq!(d.to_string(), "1m");
         for (bad, reason) in [
@@ -170,8 +197,18 @@ mod tests {
             ("-1s", "negative"),
             ("soon", "500ms"),
         ] {
-            let err = bad.parse::<PositiveDuration>().unwrap_err();
+            let err = bad.parse::<PositiveDuration<DAY>>().unwrap_err();
             assert!(err.contains(reason), "{bad}: {err}");
+        }
+    }
+
+    /// Issue 9 #8: `20000y` passed validation, then panicked inside tonic.
+    #[test]
+    fn durations_have_an_upper_bound() {
+        assert!("1h".parse::<PositiveDuration<HOUR>>().is_ok());
+        for bad in ["61m", "20000y", "300000000000y"] {
+            let err = bad.parse::<PositiveDuration<HOUR>>().unwrap_err();
+            assert!(err.contains("at most 1h"), "{bad}: {err}");
         }
     }
 

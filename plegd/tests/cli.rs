@@ -566,6 +566,27 @@ fn a_bad_value_exits_2_naming_the_flag() {
         (&["--evented", "yes"], &[], "--evented"),
         (&["--pods", "0"], &[], "--pods"),
         (&["--churn-period=-1s"], &[], "--churn-period"),
+        // Issue 9 #8: absurd durations passed, then panicked (or killed the
+        // dispatcher while /metrics kept answering).
+        (
+            &["--runtime-request-timeout", "20000y"],
+            &[],
+            "--runtime-request-timeout",
+        ),
+        (
+            &["--relist-period", "300000000000y"],
+            &[],
+            "--relist-period",
+        ),
+        (&["--reconnect-cap", "1000y"], &[], "--reconnect-cap"),
+        (&["--reconnect-base", "1000y"], &[], "--reconnect-base"),
+        (
+            &[],
+            &[("PLEGD_RECONNECT_HEALTHY_RESET", "1000y")],
+            "--reconnect-healthy-reset",
+        ),
+        (&["--health-threshold", "1000y"], &[], "--health-threshold"),
+        (&["--duration", "1000y"], &[], "--duration"),
         // Values that are fine alone but not together.
         (
             &["--reconnect-base", "2s", "--reconnect-cap", "1s"],
@@ -647,4 +668,213 @@ fn print_config_output_read_back_as_a_config_file_gives_the_same_config() {
         assert_eq!(code, Some(0), "{args:?}: {err}");
         assert_eq!(again, first, "{args:?}");
     }
+}
+
+/// Issue 9 #1: with its output's reader gone (`plegd ... | head -1`), plegd went on
+/// relisting forever, silently losing every later event.
+#[test]
+fn a_closed_output_pipe_stops_plegd_with_an_error() {
+    let mut child = plegd()
+        .args([
+            "demo",
+            "--pods",
+            "20",
+            "--churn-period",
+            "5ms",
+            "--events-json",
+            "-",
+            "--metrics-addr",
+            "off",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.starts_with('{'), "{first}");
+    drop(stdout); // like `head -1` exiting
+    let (status, _) = wait_exit(&mut child);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.matches("writing events").count(),
+        1,
+        "the failure is said once: {stderr}"
+    );
+}
+
+/// Issue 9 #1: `--events-json /dev/full` ran silently until SIGTERM.
+#[test]
+fn a_full_output_file_stops_plegd_with_an_error() {
+    let mut child = plegd()
+        .args([
+            "demo",
+            "--pods",
+            "20",
+            "--churn-period",
+            "5ms",
+            "--events-json",
+            "/dev/full",
+            "--metrics-addr",
+            "off",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, _) = wait_exit(&mut child);
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("writing events"), "{stderr}");
+}
+
+/// Issue 9 #12: `--config /dev/zero` read until memory ran out; a FIFO hung forever.
+#[test]
+fn a_config_file_that_is_not_a_small_regular_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, format!("# {}\n", "x".repeat(2 * 1024 * 1024))).unwrap();
+    for (path, reason) in [
+        ("/dev/zero", "not a regular file"),
+        (fifo.to_str().unwrap(), "not a regular file"),
+        (big.to_str().unwrap(), "larger than"),
+    ] {
+        let out = run_to_end(&["demo", "--config", path, "--print-config"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{path}: {err}");
+        assert!(
+            err.contains("--config") && err.contains(reason),
+            "{path}: {err}"
+        );
+    }
+}
+
+/// Issue 9 #10: SIGHUP killed plegd at once (exit 129). It now reopens the events
+/// file, as log rotation expects, and plegd goes on.
+#[test]
+fn sighup_reopens_the_events_file_and_plegd_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.json");
+    let rotated = dir.path().join("events.json.1");
+    let mut child = plegd()
+        .args(["demo", "--pods", "5", "--churn-period", "20ms"])
+        .args(["--metrics-addr", "off", "--events-json"])
+        .arg(&events)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = |p: &std::path::Path| {
+        std::fs::read_to_string(p)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    while lines(&events) == 0 {
+        assert!(Instant::now() < deadline, "no event written");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::rename(&events, &rotated).unwrap();
+    signal(&child, "HUP");
+    while lines(&events) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the events file was not reopened"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "SIGHUP stopped plegd");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(&child, "TERM");
+    let (status, _) = wait_exit(&mut child);
+    assert_eq!(status.code(), Some(0));
+    assert!(lines(&rotated) > 0);
+}
+
+/// Issue 9 #10: a signal during the demo's start-up left its socket directory behind.
+#[test]
+fn a_signal_during_demo_start_up_still_cleans_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = plegd()
+        .args(["demo", "--pods", "2000", "--metrics-addr", "off"])
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while std::fs::read_dir(tmp.path()).unwrap().count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the demo never made its directory"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    signal(&child, "TERM");
+    let (status, _) = wait_exit(&mut child);
+    assert_eq!(status.code(), Some(0));
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Issue 9 #9: a relist in progress whose status read was slow (1.2 s, within the 2 s
+/// request timeout) was dropped at shutdown, its events never written.
+#[test]
+fn shutdown_waits_for_a_relist_within_one_request_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = FakeRuntime::new();
+    let server = spawn_in_thread(&dir.path().join("cri.sock"), sim.clone()).unwrap();
+    let mut child = plegd()
+        .args(["run", "--runtime-endpoint", &server.endpoint()])
+        .args(["--metrics-addr", "off", "--relist-period", "50ms"])
+        .args(["--evented", "false", "--runtime-request-timeout", "2s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while sim.calls(plegd_sim::Op::ListSandboxes) < 2 {
+        assert!(Instant::now() < deadline, "plegd never relisted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    sim.set_latency(plegd_sim::Op::SandboxStatus, Duration::from_millis(1200));
+    let reads = sim.calls(plegd_sim::Op::SandboxStatus);
+    let sb = sim.run_pod("uid-1", "web", "prod");
+    while sim.calls(plegd_sim::Op::SandboxStatus) == reads {
+        assert!(Instant::now() < deadline, "the pod was never read");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    signal(&child, "TERM");
+    let (status, _) = wait_exit(&mut child);
+    assert!(status.success(), "{status:?}");
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(
+        out.contains(&format!("\"container_id\":\"{sb}\"")),
+        "the slow relist's event was lost: {out:?}"
+    );
 }
