@@ -180,25 +180,44 @@ async fn a_dropped_subscription_is_forgotten_on_a_quiet_node() {
 
 #[actix_rt::test]
 async fn health_follows_the_global_relist_not_the_stream() {
+    // Issue 9 #15: this test used to run without a stream, so the stream could not
+    // affect anything. Now the stream fails the whole time (KEP-3386: losing the fast
+    // path is not a health failure) and only the global relist moves health.
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");
-    let p = start_generic_with(
-        &rt,
-        PlegConfig {
+    rt.fail(Op::Events, tonic::Code::Unavailable, None);
+    let p = Pleg::start(
+        Arc::new(rt.clone()),
+        &PlegConfig {
             relist_period: Duration::from_millis(10),
             health_threshold: Duration::from_millis(300),
+            evented: true,
+            reconnect: policy(5, 20),
             ..PlegConfig::default()
         },
+        Arc::new(Metrics::new()),
     );
     wait_until("ready", || p.health().ready()).await;
+    // Longer than the health threshold of a failing stream: still healthy.
+    let failing_since = std::time::Instant::now();
+    wait_until("the stream failing for longer than the threshold", || {
+        p.metrics().connection_errors.get() >= 3
+            && failing_since.elapsed() > Duration::from_millis(400)
+    })
+    .await;
     assert!(p.health().check().is_ok());
-    // The event stream failing changes nothing (there is no stream here at all).
-    rt.fail(Op::Events, tonic::Code::Unavailable, None);
+    assert_eq!(p.metrics().stream_connected.get(), 0);
     rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
     wait_until("unhealthy", || p.health().check().is_err()).await;
     assert!(p.metrics().relist_errors(RelistPhase::List) > 0);
     rt.clear_failure(Op::ListSandboxes);
     wait_until("healthy again", || p.health().check().is_ok()).await;
+    assert_eq!(
+        p.metrics().stream_connected.get(),
+        0,
+        "the stream still fails"
+    );
+    p.stop();
 }
 
 #[actix_rt::test]

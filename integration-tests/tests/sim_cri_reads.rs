@@ -240,3 +240,47 @@ async fn list_filters_are_honoured() {
     assert!(resp.containers_statuses.is_empty());
     assert_eq!(resp.status.unwrap().metadata.unwrap().uid, "uid-1");
 }
+
+/// Issue 9 #3: a list over tonic's 4 MiB default decode limit failed every relist,
+/// permanently. plegd now takes kubelet's 16 MiB by default; a list still over the
+/// configured limit fails naming the call and the setting.
+#[tokio::test]
+async fn lists_over_four_mib_are_read_and_the_limit_is_named_when_exceeded() {
+    let rt = FakeRuntime::new();
+    for i in 0..50_000 {
+        let sb = rt.run_pod(&format!("u{i}"), "web", "ns");
+        rt.run_container(&sb, "app");
+        rt.run_container(&sb, "sidecar");
+    }
+    let (_dir, server, client) = serve(&rt).await;
+    // The list really is over tonic's default limit.
+    let raw = raw_client(server.path())
+        .max_decoding_message_size(usize::MAX)
+        .list_containers(cri::ListContainersRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(prost::Message::encoded_len(&raw) > 4 * 1024 * 1024);
+    assert_eq!(client.list_containers(None).await.unwrap().len(), 100_000);
+
+    let small =
+        plegd_runtime::CriRuntime::new(&server.endpoint(), std::time::Duration::from_secs(10))
+            .unwrap()
+            .with_max_message_size(1024 * 1024);
+    let err = small.list_containers(None).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RuntimeError::TooLarge {
+                op: "ListContainers",
+                limit: 1048576,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("--runtime-max-message-size"),
+        "{err}"
+    );
+}

@@ -12,7 +12,9 @@ use clap::{ArgMatches, Args, CommandFactory as _};
 use serde::{Deserialize, Serialize};
 
 use crate::exit::{ConfigError, MAX_CONFIG_FILE};
-use crate::values::{true_or_false, Count, MetricsAddr, OtlpEndpoint, PositiveDuration, DAY, HOUR};
+use crate::values::{
+    true_or_false, Count, MessageSize, MetricsAddr, OtlpEndpoint, PositiveDuration, DAY, HOUR,
+};
 
 /// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
 /// name (`relist-period`).
@@ -34,6 +36,10 @@ pub struct Settings {
     /// Deadline of each unary CRI call (at most 10m).
     #[arg(long, env = "PLEGD_RUNTIME_REQUEST_TIMEOUT", default_value = "2s")]
     pub runtime_request_timeout: PositiveDuration<{ 10 * 60 }>,
+    /// The largest CRI response (or event) plegd decodes, for every call; kubelet's
+    /// is 16MiB. A relist whose answer is larger fails, and the log names the call.
+    #[arg(long, env = "PLEGD_RUNTIME_MAX_MESSAGE_SIZE", default_value = "16MiB")]
+    pub runtime_max_message_size: MessageSize,
     /// Capacity of the on-demand (targeted) relist queue; a full queue drops requests
     /// (counted) and the next global relist reconciles.
     #[arg(long, env = "PLEGD_QUEUE_CAPACITY", default_value = "1024")]

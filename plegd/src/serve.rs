@@ -43,7 +43,7 @@ pub async fn run_real(
     config: &ServiceConfig,
     signals: &mut Signals,
 ) -> Result<(), ExitError> {
-    let runtime = connect(endpoint, config.runtime_request_timeout).await?;
+    let runtime = connect(endpoint, config).await?;
     serve(
         Arc::new(runtime),
         config,
@@ -56,12 +56,14 @@ pub async fn run_real(
 
 /// A client of the CRI runtime at `endpoint` that passed the start-up check (the
 /// socket exists and a CRI v1 server answers Version).
-pub async fn connect(endpoint: &str, request_timeout: Duration) -> Result<CriRuntime, ExitError> {
+pub async fn connect(endpoint: &str, config: &ServiceConfig) -> Result<CriRuntime, ExitError> {
     let start_error = |e: RuntimeError| match e {
         RuntimeError::BadEndpoint { .. } => ExitError::from(ConfigError::RuntimeEndpoint(e)),
         other => ExitError::runtime("the runtime did not pass the start-up check")(other),
     };
-    let runtime = CriRuntime::new(endpoint, request_timeout).map_err(start_error)?;
+    let runtime = CriRuntime::new(endpoint, config.runtime_request_timeout)
+        .map_err(start_error)?
+        .with_max_message_size(config.runtime_max_message_size);
     let version = runtime.check().await.map_err(start_error)?;
     log_runtime(&version);
     Ok(runtime)

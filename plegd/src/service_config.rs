@@ -19,6 +19,8 @@ pub struct ServiceConfig {
     pub pleg: PlegConfig,
     /// Deadline of each unary CRI call.
     pub runtime_request_timeout: Duration,
+    /// The largest CRI response decoded.
+    pub runtime_max_message_size: usize,
     /// `--events-json`: a path, `-` for stdout, or unset for the command's default.
     pub events_json: Option<PathBuf>,
     /// `None`: no `/metrics` endpoint.
@@ -56,6 +58,7 @@ impl Settings {
                 ..PlegConfig::default()
             },
             runtime_request_timeout: self.runtime_request_timeout.0,
+            runtime_max_message_size: self.runtime_max_message_size.0,
             events_json: self.events_json.clone(),
             metrics_addr: match self.metrics_addr {
                 MetricsAddr::Off => None,

@@ -87,6 +87,53 @@ impl<const MAX: u32> Count<MAX> {
     }
 }
 
+/// A size in bytes from 1 MiB to 1 GiB: `16MiB`, `512KiB`... or a plain number of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct MessageSize(pub usize);
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * KIB;
+const GIB: usize = 1024 * MIB;
+
+impl FromStr for MessageSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (number, unit) = s.split_at(digits);
+        let unit_bytes = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => KIB,
+            "MiB" => MIB,
+            "GiB" => GIB,
+            other => return Err(format!("unknown unit {other:?} (examples: 16MiB, 512KiB)")),
+        };
+        let n: usize = number
+            .parse()
+            .map_err(|_| "expected a size such as 16MiB".to_string())?;
+        match n.checked_mul(unit_bytes) {
+            Some(b) if (MIB..=GIB).contains(&b) => Ok(MessageSize(b)),
+            _ => Err("must be between 1MiB and 1GiB".into()),
+        }
+    }
+}
+
+impl fmt::Display for MessageSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        if b.is_multiple_of(GIB) {
+            write!(f, "{}GiB", b / GIB)
+        } else if b.is_multiple_of(MIB) {
+            write!(f, "{}MiB", b / MIB)
+        } else if b.is_multiple_of(KIB) {
+            write!(f, "{}KiB", b / KIB)
+        } else {
+            write!(f, "{b}")
+        }
+    }
+}
+
 /// Where to serve `/metrics`, `/healthz` and `/readyz`: `HOST:PORT`, or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -153,7 +200,7 @@ macro_rules! text_conversions {
         }
     )*};
 }
-text_conversions!(MetricsAddr, OtlpEndpoint);
+text_conversions!(MessageSize, MetricsAddr, OtlpEndpoint);
 
 impl<const MAX_SECS: u64> TryFrom<String> for PositiveDuration<MAX_SECS> {
     type Error = String;
@@ -199,6 +246,24 @@ mod tests {
         ] {
             let err = bad.parse::<PositiveDuration<DAY>>().unwrap_err();
             assert!(err.contains(reason), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn message_sizes_have_units_and_bounds() {
+        assert_eq!("16MiB".parse::<MessageSize>(), Ok(MessageSize(16 * MIB)));
+        assert_eq!("1048576".parse::<MessageSize>(), Ok(MessageSize(MIB)));
+        assert_eq!(MessageSize(16 * MIB).to_string(), "16MiB");
+        assert_eq!(MessageSize(1536 * KIB).to_string(), "1536KiB");
+        for bad in [
+            "0",
+            "1KiB",
+            "2GiB",
+            "16MB",
+            "lots",
+            "99999999999999999999GiB",
+        ] {
+            assert!(bad.parse::<MessageSize>().is_err(), "{bad}");
         }
     }
 
