@@ -33,7 +33,13 @@ pub enum ReconnectPolicyError {
     CapBelowBase { base: Duration, cap: Duration },
     #[error("the healthy-reset duration must be greater than zero")]
     ZeroHealthyReset,
+    #[error("reconnect durations must be at most {MAX_RECONNECT_DURATION:?}")]
+    TooLong,
 }
+
+/// The longest cap or healthy-reset time: far beyond any sensible value, and small
+/// enough that no deadline computed from it can overflow an `Instant`.
+pub const MAX_RECONNECT_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 impl ReconnectPolicy {
     pub fn new(
@@ -49,6 +55,9 @@ impl ReconnectPolicy {
         }
         if healthy_reset.is_zero() {
             return Err(ReconnectPolicyError::ZeroHealthyReset);
+        }
+        if cap > MAX_RECONNECT_DURATION || healthy_reset > MAX_RECONNECT_DURATION {
+            return Err(ReconnectPolicyError::TooLong);
         }
         Ok(ReconnectPolicy {
             base,
@@ -153,6 +162,16 @@ mod tests {
         assert!(ReconnectPolicy::new(Duration::ZERO, s, s).is_err());
         assert!(ReconnectPolicy::new(s * 2, s, s).is_err());
         assert!(ReconnectPolicy::new(s, s, Duration::ZERO).is_err());
+        // Issue 9 #8: no deadline computed from a policy may overflow an Instant.
+        let forever = Duration::from_secs(u64::MAX / 4);
+        assert_eq!(
+            ReconnectPolicy::new(s, forever, s),
+            Err(ReconnectPolicyError::TooLong)
+        );
+        assert_eq!(
+            ReconnectPolicy::new(s, s, forever),
+            Err(ReconnectPolicyError::TooLong)
+        );
     }
 
     #[test]
