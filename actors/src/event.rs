@@ -41,8 +41,15 @@ impl fmt::Display for EventKind {
 pub use plegd_telemetry::RelistSource;
 
 /// One lifecycle event of one pod.
+///
+/// Everything but `revision` comes from the relist that found the change — from its
+/// authoritative status read, never from an event payload. A detail the runtime did
+/// not report is `None`, never invented.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LifecycleEvent {
+    /// Node-wide, strictly increasing per plegd instance; given by the publisher
+    /// (0 until published).
+    pub revision: u64,
     /// When the relist that found the change had read the pod's status.
     pub time: SystemTime,
     pub pod: PodRef,
@@ -50,4 +57,24 @@ pub struct LifecycleEvent {
     /// The container or sandbox the event is about (empty for PodSync).
     pub container_id: String,
     pub relist_source: RelistSource,
+    /// The container's name (empty for a sandbox and for PodSync).
+    pub container_name: String,
+    /// True when `container_id` is the pod's sandbox.
+    pub sandbox: bool,
+    /// CRI metadata.attempt of the container or sandbox.
+    pub attempt: Option<u32>,
+    pub image: Option<String>,
+    /// On ContainerDied, how the container ended.
+    pub exit: Option<Exit>,
+}
+
+/// How a container ended, as its ContainerStatus says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Exit {
+    pub code: i32,
+    /// e.g. `OOMKilled`, `Error`, `Completed`.
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub started_at: Option<SystemTime>,
+    pub finished_at: Option<SystemTime>,
 }

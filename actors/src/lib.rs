@@ -29,7 +29,7 @@ mod sync;
 mod wiring;
 
 pub use cache::{CachedPod, PodCache};
-pub use event::{EventKind, LifecycleEvent, RelistSource};
+pub use event::{EventKind, Exit, LifecycleEvent, RelistSource};
 pub use health::Health;
 pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
 pub use publisher::{Delivery, Subscription};

@@ -97,6 +97,9 @@ struct Subscriber {
 pub struct EventPublisher {
     subscribers: Vec<Subscriber>,
     next_id: u64,
+    /// The revision the next published event gets: node-wide, strictly increasing,
+    /// one sequence for every subscriber (unlike `seq`, which is per subscriber).
+    next_revision: u64,
     metrics: Arc<Metrics>,
 }
 
@@ -105,6 +108,7 @@ impl EventPublisher {
         EventPublisher {
             subscribers: Vec::new(),
             next_id: 0,
+            next_revision: 1,
             metrics,
         }
     }
@@ -175,8 +179,10 @@ impl Handler<Publish> for EventPublisher {
     type Result = ();
 
     fn handle(&mut self, msg: Publish, _: &mut Self::Context) {
-        for ev in msg.0 {
+        for mut ev in msg.0 {
             self.metrics.count_event(ev.relist_source);
+            ev.revision = self.next_revision;
+            self.next_revision += 1;
             let ev = Arc::new(ev);
             self.subscribers.retain_mut(|s| {
                 let seq = s.next_seq;
@@ -240,6 +246,7 @@ mod tests {
 
     fn event(i: usize) -> LifecycleEvent {
         LifecycleEvent {
+            revision: 0,
             time: SystemTime::now(),
             pod: PodRef {
                 uid: "u1".into(),
@@ -249,6 +256,11 @@ mod tests {
             kind: EventKind::ContainerStarted,
             container_id: format!("c{i}"),
             relist_source: RelistSource::Global,
+            container_name: "app".into(),
+            sandbox: false,
+            attempt: Some(0),
+            image: None,
+            exit: None,
         }
     }
 
@@ -272,6 +284,11 @@ mod tests {
         }
         let got: Vec<Delivery> = healthy.try_iter().collect();
         assert_eq!(got.len(), 100);
+        // One revision per event for everyone, from 1, strictly increasing.
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, d)| d.event.revision == i as u64 + 1));
         assert!(got.iter().enumerate().all(|(i, d)| d.seq == i as u64 + 1
             && d.missed == 0
             && d.event.container_id == format!("c{i}")));
@@ -282,7 +299,7 @@ mod tests {
         assert_eq!(metrics.discard_events.get(), 98);
         p.send(Publish(vec![event(100)])).await.unwrap();
         let next = stalled.try_recv().unwrap();
-        assert_eq!((next.seq, next.missed), (101, 98));
+        assert_eq!((next.seq, next.missed, next.event.revision), (101, 98, 101));
         assert_eq!(healthy.try_recv().unwrap().seq, 101);
     }
 

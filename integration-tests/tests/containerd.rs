@@ -115,6 +115,17 @@ async fn fast_path_publishes_real_exits_kills_and_stops_from_the_event_stream() 
         assert_eq!(d.event.pod.namespace, pod.namespace);
         assert_eq!(st.state, cri::ContainerState::ContainerExited as i32);
         assert_eq!(st.exit_code, expected_exit(death), "{death:?}: {st:?}");
+        // The event says how the container ended, as containerd's status does
+        // (SIGKILL: 137), taken from plegd's own status read.
+        let exit = d.event.exit.as_ref().expect("a death carries its exit");
+        assert_eq!(exit.code, st.exit_code, "{death:?}: {d:?}");
+        assert_eq!(exit.reason.as_deref().unwrap_or(""), st.reason, "{death:?}");
+        assert!(
+            exit.finished_at.is_some() && exit.started_at.is_some(),
+            "{d:?}"
+        );
+        assert_eq!(d.event.container_name, format!("c{i}"));
+        assert!(!d.event.sandbox && d.event.image.is_some(), "{d:?}");
         eprintln!(
             "{death:?}: exit {} ({}) -> ContainerDied via the stream, {:.0} ms after finished_at",
             st.exit_code,

@@ -19,20 +19,43 @@ pub enum Format {
     Text,
 }
 
+/// One line of `--events-json` (README "Output" documents every field). Details the
+/// runtime did not report are left out, never invented.
 #[derive(Serialize)]
 struct JsonEvent<'a> {
     time: String,
+    revision: u64,
     pod_uid: &'a str,
     pod_name: &'a str,
     pod_namespace: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,
     container_id: &'a str,
+    container_name: &'a str,
+    sandbox: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempt: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image: Option<&'a str>,
     relist_source: &'a str,
     seq: u64,
     /// Events this output missed (its queue was full) just before this one.
     #[serde(skip_serializing_if = "is_zero")]
     missed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finished_at: Option<String>,
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_nanos(t).to_string()
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -41,18 +64,29 @@ fn is_zero(n: &u64) -> bool {
 
 pub fn format_line(d: &Delivery, format: Format) -> String {
     let e = &d.event;
-    let time = humantime::format_rfc3339_nanos(e.time).to_string();
+    let time = rfc3339(e.time);
+    let exit = e.exit.as_ref();
     match format {
         Format::Json => serde_json::to_string(&JsonEvent {
             time,
+            revision: e.revision,
             pod_uid: &e.pod.uid,
             pod_name: &e.pod.name,
             pod_namespace: &e.pod.namespace,
             kind: e.kind.as_str(),
             container_id: &e.container_id,
+            container_name: &e.container_name,
+            sandbox: e.sandbox,
+            attempt: e.attempt,
+            image: e.image.as_deref(),
             relist_source: e.relist_source.as_str(),
             seq: d.seq,
             missed: d.missed,
+            exit_code: exit.map(|x| x.code),
+            reason: exit.and_then(|x| x.reason.as_deref()),
+            message: exit.and_then(|x| x.message.as_deref()),
+            started_at: exit.and_then(|x| x.started_at).map(rfc3339),
+            finished_at: exit.and_then(|x| x.finished_at).map(rfc3339),
         })
         .unwrap_or_else(|err| format!("{{\"error\":\"cannot encode event: {err}\"}}")),
         Format::Text => {
@@ -66,8 +100,20 @@ pub fn format_line(d: &Delivery, format: Format) -> String {
             } else {
                 &e.container_id
             };
+            let what = match (e.sandbox, e.container_name.as_str()) {
+                (true, _) => "sandbox".to_string(),
+                (false, "") => String::new(),
+                (false, name) => format!("container {name}"),
+            };
+            let exit = exit
+                .map(|x| match &x.reason {
+                    Some(r) => format!("  exit {} ({r})", x.code),
+                    None => format!("  exit {}", x.code),
+                })
+                .unwrap_or_default();
             format!(
-                "{time}  {:<16} {}/{}  {id}  (detected by {} relist){missed}",
+                "{time}  #{:<6} {:<16} {}/{}  {what} {id}{exit}  (detected by {} relist){missed}",
+                e.revision,
                 e.kind.as_str(),
                 e.pod.namespace,
                 e.pod.name,
@@ -156,7 +202,7 @@ fn write_all(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plegd_actors::{EventKind, LifecycleEvent, RelistSource};
+    use plegd_actors::{EventKind, Exit, LifecycleEvent, RelistSource};
     use plegd_runtime::PodRef;
     use std::sync::Arc;
     use std::time::{Duration, UNIX_EPOCH};
@@ -167,6 +213,7 @@ mod tests {
             seq: 7,
             missed: 2,
             event: Arc::new(LifecycleEvent {
+                revision: 42,
                 time: UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789),
                 pod: PodRef {
                     uid: "u1".into(),
@@ -176,6 +223,17 @@ mod tests {
                 kind: EventKind::ContainerDied,
                 container_id: "c1".into(),
                 relist_source: RelistSource::EventedPleg,
+                container_name: "app".into(),
+                sandbox: false,
+                attempt: Some(2),
+                image: Some("busybox:1".into()),
+                exit: Some(Exit {
+                    code: 137,
+                    reason: Some("OOMKilled".into()),
+                    message: None,
+                    started_at: Some(UNIX_EPOCH + Duration::from_secs(1_699_999_990)),
+                    finished_at: Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+                }),
             }),
         };
         let v: serde_json::Value = serde_json::from_str(&format_line(&d, Format::Json)).unwrap();
@@ -188,6 +246,16 @@ mod tests {
         assert_eq!(v["relist_source"], "evented_pleg");
         assert_eq!(v["seq"], 7);
         assert_eq!(v["missed"], 2);
+        assert_eq!(v["revision"], 42);
+        assert_eq!(v["container_name"], "app");
+        assert_eq!(v["sandbox"], false);
+        assert_eq!(v["attempt"], 2);
+        assert_eq!(v["image"], "busybox:1");
+        assert_eq!(v["exit_code"], 137);
+        assert_eq!(v["reason"], "OOMKilled");
+        assert!(v.get("message").is_none(), "not reported, not invented");
+        assert_eq!(v["started_at"], "2023-11-14T22:13:10.000000000Z");
+        assert_eq!(v["finished_at"], "2023-11-14T22:13:20.000000000Z");
         let text = format_line(&d, Format::Text);
         assert!(
             text.contains("ContainerDied") && text.contains("ns/web") && text.contains("missed 2")

@@ -158,6 +158,12 @@ pub fn container_status_from_wire(sandbox_id: &str, s: &cri::ContainerStatus) ->
         exit_code: s.exit_code,
         reason: s.reason.clone(),
         message: s.message.clone(),
+        image: s
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| s.image_ref.clone()),
     }
 }
 
@@ -218,6 +224,11 @@ pub fn container_status_to_wire(s: &ContainerStatus) -> cri::ContainerStatus {
         exit_code: s.exit_code,
         reason: s.reason.clone(),
         message: s.message.clone(),
+        image: Some(cri::ImageSpec {
+            image: s.image.clone(),
+            ..Default::default()
+        })
+        .filter(|_| !s.image.is_empty()),
         ..Default::default()
     }
 }

@@ -91,6 +91,8 @@ pub struct ContainerStatus {
     pub exit_code: i32,
     pub reason: String,
     pub message: String,
+    /// The image as the runtime reports it (empty if it did not).
+    pub image: String,
 }
 
 /// What the runtime says about itself (CRI Version).

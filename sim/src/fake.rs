@@ -22,6 +22,9 @@ use plegd_runtime::{
     RuntimeVersion, Sandbox, SandboxState,
 };
 
+/// Where the simulated images come from: container `app` runs `plegd-sim/app:1`.
+pub const SIM_IMAGE_REPO: &str = "plegd-sim";
+
 /// The runtime calls, for fault injection and call counting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -214,6 +217,7 @@ impl FakeRuntime {
             exit_code: 0,
             reason: String::new(),
             message: String::new(),
+            image: format!("{SIM_IMAGE_REPO}/{name}:1"),
         });
         self.emit(&st, &id, cri::ContainerEventType::ContainerCreatedEvent);
         Some(id)
@@ -236,8 +240,19 @@ impl FakeRuntime {
         id
     }
 
-    /// The container's process exits with `code`.
+    /// The container's process exits with `code` (reason `Completed` or `Error`, as
+    /// containerd reports them).
     pub fn exit_container(&self, id: &str, code: i32) {
+        let reason = if code == 0 { "Completed" } else { "Error" };
+        self.end_container(id, code, reason, "");
+    }
+
+    /// The container is killed for exceeding its memory limit: exit 137, `OOMKilled`.
+    pub fn oom_kill_container(&self, id: &str) {
+        self.end_container(id, 137, "OOMKilled", "memory limit exceeded");
+    }
+
+    fn end_container(&self, id: &str, code: i32, reason: &str, message: &str) {
         let mut st = self.lock();
         if let Some(c) = st.containers.get_mut(id) {
             if c.state == ContainerState::Exited {
@@ -246,7 +261,8 @@ impl FakeRuntime {
             c.state = ContainerState::Exited;
             c.finished_at = now_ns();
             c.exit_code = code;
-            c.reason = if code == 0 { "Completed" } else { "Error" }.into();
+            c.reason = reason.into();
+            c.message = message.into();
             self.emit(&st, id, cri::ContainerEventType::ContainerStoppedEvent);
         }
     }

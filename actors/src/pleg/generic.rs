@@ -18,8 +18,8 @@ use tokio::sync::Semaphore;
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{read_pod_status, PodStatus};
-use crate::event::{EventKind, LifecycleEvent, RelistSource};
-use plegd_runtime::{RuntimeClient, RuntimeError};
+use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
+use plegd_runtime::{ContainerState, RuntimeClient, RuntimeError};
 
 /// What to relist.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -273,6 +273,20 @@ impl GenericPleg {
                     continue;
                 }
             };
+            // What the events will say of each sandbox and container, from this read
+            // (and, for one that is gone, only what the records knew).
+            let mut sandbox_ids: HashSet<String> = self
+                .records
+                .get(&w.uid)
+                .map(|r| r.sandboxes.keys().cloned().collect())
+                .unwrap_or_default();
+            if let Some(rec) = &w.new {
+                sandbox_ids.extend(rec.sandboxes.keys().cloned());
+            }
+            let details = match &status {
+                Some(Ok(st)) => details_of(st),
+                _ => HashMap::new(),
+            };
             match status {
                 None => {
                     out.cache.push(CacheUpdate::Delete { uid: w.uid.clone() });
@@ -311,23 +325,93 @@ impl GenericPleg {
                 .collect();
             if published.is_empty() && w.reinspect {
                 out.events.push(LifecycleEvent {
+                    revision: 0,
                     time: now,
                     pod: pod.clone(),
                     kind: EventKind::PodSync,
                     container_id: String::new(),
                     relist_source: source,
+                    container_name: String::new(),
+                    sandbox: false,
+                    attempt: None,
+                    image: None,
+                    exit: None,
                 });
             }
             for (id, kind) in published {
+                let detail = details.get(id);
                 out.events.push(LifecycleEvent {
+                    revision: 0,
                     time: now,
                     pod: pod.clone(),
                     kind: *kind,
                     container_id: id.clone(),
                     relist_source: source,
+                    container_name: detail.map(|d| d.name.clone()).unwrap_or_default(),
+                    sandbox: sandbox_ids.contains(id),
+                    attempt: detail.map(|d| d.attempt),
+                    image: detail.and_then(|d| d.image.clone()),
+                    exit: match kind {
+                        EventKind::ContainerDied => detail.and_then(|d| d.exit.clone()),
+                        _ => None,
+                    },
                 });
             }
         }
         out
     }
+}
+
+/// What an event says about one sandbox or container, from the pod's status read.
+struct Detail {
+    name: String,
+    attempt: u32,
+    image: Option<String>,
+    exit: Option<Exit>,
+}
+
+/// Nanoseconds since the epoch (CRI's unit, 0 when unset) as a time.
+fn cri_time(ns: i64) -> Option<SystemTime> {
+    u64::try_from(ns)
+        .ok()
+        .filter(|&ns| ns > 0)
+        .map(|ns| SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    Some(s.to_string()).filter(|s| !s.is_empty())
+}
+
+fn details_of(status: &PodStatus) -> HashMap<String, Detail> {
+    let mut out = HashMap::new();
+    for sb in &status.sandboxes {
+        out.insert(
+            sb.id.clone(),
+            Detail {
+                name: String::new(),
+                attempt: sb.attempt,
+                image: None,
+                exit: None,
+            },
+        );
+    }
+    for c in &status.containers {
+        let exit = (c.state == ContainerState::Exited).then(|| Exit {
+            code: c.exit_code,
+            reason: non_empty(&c.reason),
+            message: non_empty(&c.message),
+            started_at: cri_time(c.started_at),
+            finished_at: cri_time(c.finished_at),
+        });
+        out.insert(
+            c.id.clone(),
+            Detail {
+                name: c.name.clone(),
+                attempt: c.attempt,
+                image: non_empty(&c.image),
+                exit,
+            },
+        );
+    }
+    out
 }

@@ -524,3 +524,66 @@ async fn an_events_time_is_when_the_relist_read_the_pod() {
     };
     assert!(out.events.iter().all(|e| e.time == *read_at));
 }
+
+/// Issue 10 §1: events carry what consumers need, from the relist's status read.
+#[tokio::test]
+async fn events_carry_names_attempts_images_and_how_containers_ended() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let app = rt.run_container(&sb, "app");
+    let mut p = pleg(&rt);
+    let out = global(&mut p).await;
+    let by_id = |out: &RelistOutput, id: &str| {
+        out.events
+            .iter()
+            .find(|e| e.container_id == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no event for {id}: {:?}", evs(out)))
+    };
+    let s = by_id(&out, &sb);
+    assert!(s.sandbox && s.container_name.is_empty());
+    assert_eq!(
+        (s.attempt, s.image.as_deref(), s.exit.as_ref()),
+        (Some(0), None, None)
+    );
+    let a = by_id(&out, &app);
+    assert!(!a.sandbox);
+    assert_eq!(a.container_name, "app");
+    assert_eq!(a.attempt, Some(0));
+    assert_eq!(a.image.as_deref(), Some("plegd-sim/app:1"));
+    assert!(a.exit.is_none(), "a start has no exit");
+
+    rt.oom_kill_container(&app);
+    let died = by_id(&global(&mut p).await, &app);
+    assert_eq!(died.kind, ContainerDied);
+    let exit = died.exit.expect("a death says how");
+    assert_eq!(exit.code, 137);
+    assert_eq!(exit.reason.as_deref(), Some("OOMKilled"));
+    assert_eq!(exit.message.as_deref(), Some("memory limit exceeded"));
+    let (started, finished) = (exit.started_at.unwrap(), exit.finished_at.unwrap());
+    assert!(started <= finished);
+
+    // A restart is the next attempt; a plain exit reports Error without a message.
+    let again = rt.run_container(&sb, "app");
+    rt.exit_container(&again, 3);
+    let out = global(&mut p).await;
+    let d = by_id(&out, &again);
+    assert_eq!(d.attempt, Some(1));
+    let exit = d.exit.unwrap();
+    assert_eq!(
+        (exit.code, exit.reason.as_deref(), exit.message),
+        (3, Some("Error"), None)
+    );
+
+    // Gone before it was read: its death says nothing it cannot know.
+    let doomed = rt.run_container(&sb, "doomed");
+    global(&mut p).await;
+    rt.remove_container(&doomed);
+    let out = global(&mut p).await;
+    let died = out
+        .events
+        .iter()
+        .find(|e| e.container_id == doomed && e.kind == ContainerDied)
+        .unwrap();
+    assert!(died.exit.is_none() && died.attempt.is_none() && died.image.is_none());
+}
