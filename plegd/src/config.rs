@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::exit::{ConfigError, MAX_CONFIG_FILE};
 use crate::values::{
-    true_or_false, Count, MessageSize, MetricsAddr, OtlpEndpoint, PositiveDuration, DAY, HOUR,
+    true_or_false, Count, LogFormat, MessageSize, MetricsAddr, OtlpEndpoint, PositiveDuration, DAY,
+    HOUR,
 };
 
 /// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
@@ -75,6 +76,11 @@ pub struct Settings {
     /// OTEL_TRACES_SAMPLER, OTEL_SDK_DISABLED, ...) are honoured too.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<OtlpEndpoint>,
+    /// Log lines on stderr: text (readable; colour only on a terminal, never with
+    /// NO_COLOR) or json (one object per line with timestamp, level, target, message
+    /// and fields, for log collectors).
+    #[arg(long, env = "PLEGD_LOG_FORMAT", default_value = "text", value_enum)]
+    pub log_format: LogFormat,
 }
 
 /// `--config` and `--print-config`: how to read and show the settings, not settings.

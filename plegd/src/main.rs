@@ -21,7 +21,15 @@ use crate::config::{ConfigArgs, Settings};
 use crate::exit::ExitError;
 use crate::service_config::ServiceConfig;
 
-/// What to run, checked.
+/// What to run, checked, and how to log.
+struct Checked {
+    job: Job,
+    log_format: values::LogFormat,
+    /// `plegd demo` was given a runtime endpoint (file or environment): it is not used.
+    endpoint_ignored: bool,
+}
+
+/// What to run.
 enum Job {
     Run {
         endpoint: String,
@@ -35,7 +43,7 @@ enum Job {
 
 /// Applies the config file and checks the settings; handles --print-config.
 /// Ok(None): nothing more to do.
-fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Job>, ExitError> {
+fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Checked>, ExitError> {
     let Some((_, matches)) = matches.subcommand() else {
         // Not reached: clap requires a subcommand. Its own error, if it were.
         Cli::command()
@@ -46,6 +54,7 @@ fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Job>, Exit
         Some(path) => settings.overlay_file(path, matches),
         None => Ok(()),
     };
+    let mut endpoint_ignored = false;
     let (job, settings, args) = match command {
         Command::Run(mut a) => {
             overlay(&mut a.settings, &a.config)?;
@@ -57,12 +66,7 @@ fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Job>, Exit
         }
         Command::Demo(mut a) => {
             overlay(&mut a.settings, &a.config)?;
-            if a.settings.runtime_endpoint.take().is_some() {
-                tracing::warn!(
-                    key = "runtime-endpoint",
-                    "plegd demo uses its simulated runtime; this key is not used"
-                );
-            }
+            endpoint_ignored = a.settings.runtime_endpoint.take().is_some();
             let job = Job::Demo {
                 workload: a.workload,
                 config: a.settings.service_config()?,
@@ -71,10 +75,26 @@ fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Job>, Exit
         }
     };
     if args.print_config {
+        start_logging(settings.log_format, endpoint_ignored);
         print!("{}", settings.to_toml()?);
         return Ok(None);
     }
-    Ok(Some(job))
+    Ok(Some(Checked {
+        job,
+        log_format: settings.log_format,
+        endpoint_ignored,
+    }))
+}
+
+/// Logging starts once the settings are known (they choose the format).
+fn start_logging(format: values::LogFormat, endpoint_ignored: bool) {
+    plegd_telemetry::logging::init("info", format.into());
+    if endpoint_ignored {
+        tracing::warn!(
+            key = "runtime-endpoint",
+            "plegd demo uses its simulated runtime; this key is not used"
+        );
+    }
 }
 
 fn fail(e: ExitError) -> ExitCode {
@@ -86,12 +106,13 @@ fn fail(e: ExitError) -> ExitCode {
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    plegd_telemetry::logging::init("info");
-    let job = match configure(cli.command, &matches) {
-        Ok(Some(job)) => job,
+    let checked = match configure(cli.command, &matches) {
+        Ok(Some(checked)) => checked,
         Ok(None) => return ExitCode::SUCCESS,
         Err(e) => return fail(e),
     };
+    start_logging(checked.log_format, checked.endpoint_ignored);
+    let job = checked.job;
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
         // Before any start-up work: a signal during start-up still shuts down cleanly.

@@ -134,6 +134,25 @@ impl fmt::Display for MessageSize {
     }
 }
 
+/// How plegd writes its log lines on stderr.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Readable lines; colour only on a terminal, never with NO_COLOR.
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+impl From<LogFormat> for plegd_telemetry::logging::LogFormat {
+    fn from(f: LogFormat) -> Self {
+        match f {
+            LogFormat::Text => plegd_telemetry::logging::LogFormat::Text,
+            LogFormat::Json => plegd_telemetry::logging::LogFormat::Json,
+        }
+    }
+}
+
 /// Where to serve `/metrics`, `/healthz` and `/readyz`: `HOST:PORT`, or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]

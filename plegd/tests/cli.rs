@@ -878,3 +878,41 @@ fn shutdown_waits_for_a_relist_within_one_request_timeout() {
         "the slow relist's event was lost: {out:?}"
     );
 }
+
+/// Issue 13 §4: stderr carried ANSI colour codes even into a pipe or a file.
+#[test]
+fn logs_have_no_colour_off_a_terminal_and_json_lines_on_request() {
+    let text = run_to_end(&["demo", "--duration", "300ms", "--metrics-addr", "off"]);
+    let stderr = String::from_utf8_lossy(&text.stderr);
+    assert_eq!(text.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("simulated CRI runtime is up"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "colour codes in a pipe: {stderr:?}"
+    );
+
+    let json = run_to_end(&[
+        "demo",
+        "--duration",
+        "300ms",
+        "--metrics-addr",
+        "off",
+        "--log-format",
+        "json",
+    ]);
+    let stderr = String::from_utf8_lossy(&json.stderr);
+    assert_eq!(json.status.code(), Some(0), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        for key in ["timestamp", "level", "target", "message"] {
+            assert!(l.get(key).is_some(), "{key} missing: {l}");
+        }
+    }
+    assert!(lines
+        .iter()
+        .any(|l| l["message"] == "simulated CRI runtime is up" && l["pods"] == 8));
+}

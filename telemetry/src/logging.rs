@@ -1,16 +1,50 @@
 //! Logging set-up: `tracing` to stderr, filtered by `RUST_LOG` or the given default.
+//! Text for people (colour only on a terminal, never with `NO_COLOR`), or JSON lines
+//! for log collectors (container logs, a DaemonSet), which parse them without a regex.
+
+use std::io::IsTerminal as _;
 
 use tracing_subscriber::EnvFilter;
 
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One readable line per event.
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `message` and the
+    /// event's fields at the top level.
+    Json,
+}
+
+/// Whether text logs may carry ANSI colour: only to a terminal, and never when
+/// `NO_COLOR` is set (https://no-color.org).
+pub fn colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Installs the global subscriber once; later calls are no-ops (tests call it freely).
-pub fn init(default_filter: &str) {
+pub fn init(default_filter: &str, format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_target(false)
+            .with_ansi(colour(
+                std::io::stderr().is_terminal(),
+                std::env::var_os("NO_COLOR"),
+            ))
+            .try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_target(true)
+            .try_init(),
+    };
 }
 
 /// Lets one message through per `interval` and counts the rest, so a flapping
@@ -50,6 +84,15 @@ impl RateLimiter {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn colour_only_on_a_terminal_and_never_with_no_color() {
+        assert!(colour(true, None));
+        assert!(!colour(false, None));
+        assert!(!colour(true, Some("1".into())));
+        // An empty NO_COLOR does not count (no-color.org).
+        assert!(colour(true, Some("".into())));
+    }
 
     #[test]
     fn rate_limiter_lets_one_through_per_interval() {
