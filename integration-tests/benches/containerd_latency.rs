@@ -9,7 +9,7 @@
 //!
 //! Never both at once (containerd 1.7 splits events between streams); each starts by
 //! making its stream containerd's only receiver (leftovers of cancelled streams swallow
-//! events: see tests/containerd_support). (b) runs first.
+//! events: see integration_tests::containerd). (b) runs first.
 //!
 //! `cargo bench -p integration-tests --bench containerd_latency [-- N]` (N containers,
 //! default 30) prints p50/p99 of both and the difference. Without `--bench` (as

@@ -54,7 +54,7 @@ async fn pleg_with_subscriber(
 }
 
 /// plegd's event stream is the only receiver of containerd's events (see
-/// containerd_support): generates events in `pod` until plegd has received one.
+/// integration_tests::containerd): generates events in `pod` until plegd has received one.
 async fn make_pleg_sole_receiver(s: &Session, pleg: &Pleg, pod: &Pod) {
     let m = pleg.metrics().clone();
     s.cri
