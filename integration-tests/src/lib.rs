@@ -5,10 +5,12 @@
 //!   collection from a subscription.
 //! - [`pleg`]: starting plegd's core over the fake runtime, a running pod, counters.
 //! - [`sim`]: the simulated CRI server on a fresh socket, and CRI clients for it.
+//! - [`traces`]: the identity test spans are exported under.
 //! - [`containerd`]: a private real containerd (started by the project's script),
 //!   serialised between tests, and a small CRI client for busybox pods.
 
 pub mod containerd;
 pub mod pleg;
 pub mod sim;
+pub mod traces;
 pub mod wait;

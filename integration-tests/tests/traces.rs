@@ -7,6 +7,7 @@ use plegd_telemetry::RequestResult;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use integration_tests::traces::identity;
 use integration_tests::wait::*;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -103,7 +104,7 @@ fn attr(span: &Span, key: &str) -> Option<String> {
 async fn spans_reach_an_otlp_receiver_with_their_attributes_and_links() {
     let rx = Receiver::default();
     let endpoint = start_receiver(rx.clone());
-    let export = TraceExport::start(&endpoint).unwrap();
+    let export = TraceExport::start(&endpoint, &identity()).unwrap();
 
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "web", "ns");
@@ -203,6 +204,17 @@ async fn spans_reach_an_otlp_receiver_with_their_attributes_and_links() {
         .unwrap()
         .iter()
         .any(|r| r == "service.name=plegd"));
+    // Node identity (issue 13 §2), on the resource of every span.
+    for want in [
+        "k8s.node.name=test-node",
+        "host.name=test-host",
+        "service.version=0.0.0-test",
+    ] {
+        assert!(
+            rx.resources.lock().unwrap().iter().any(|r| r == want),
+            "{want} missing"
+        );
+    }
     pleg.stop();
     export.shutdown(Duration::from_secs(1));
 }

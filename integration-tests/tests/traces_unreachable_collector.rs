@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use integration_tests::traces::identity;
 use integration_tests::wait::*;
 use plegd_actors::EventKind;
 use plegd_actors::{Pleg, PlegConfig};
@@ -17,7 +18,7 @@ async fn an_unreachable_collector_never_affects_the_service() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let dead = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    let export = TraceExport::start(&dead).unwrap();
+    let export = TraceExport::start(&dead, &identity()).unwrap();
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "web", "ns");
     let cfg = PlegConfig {

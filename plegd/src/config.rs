@@ -76,6 +76,10 @@ pub struct Settings {
     /// OTEL_TRACES_SAMPLER, OTEL_SDK_DISABLED, ...) are honoured too.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<OtlpEndpoint>,
+    /// This node's name, on every exported span (k8s.node.name). Default: the host
+    /// name. The DaemonSet sets it from the pod's spec.nodeName.
+    #[arg(long, env = "PLEGD_NODE_NAME", value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub node_name: Option<String>,
     /// Log lines on stderr: text (readable; colour only on a terminal, never with
     /// NO_COLOR) or json (one object per line with timestamp, level, target, message
     /// and fields, for log collectors).

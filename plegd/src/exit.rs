@@ -93,6 +93,8 @@ pub enum ConfigError {
         #[source]
         error: std::io::Error,
     },
+    #[error("--node-name: not given and the host name cannot be read ({reason}); set --node-name")]
+    NodeName { reason: String },
     #[error("--otlp-endpoint")]
     OtlpEndpoint(#[source] TraceError),
     /// A setting that TOML cannot hold (a path that is not UTF-8).

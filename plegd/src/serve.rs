@@ -114,7 +114,8 @@ pub async fn serve(
     let reopens = matches!(target, Target::File { .. });
     let traces = match &config.otlp_endpoint {
         Some(ep) if !sdk_disabled() => {
-            let export = TraceExport::start(ep).map_err(ConfigError::OtlpEndpoint)?;
+            let export =
+                TraceExport::start(ep, &config.identity).map_err(ConfigError::OtlpEndpoint)?;
             tracing::info!(endpoint = %ep, "exporting traces over OTLP");
             Some(export)
         }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use plegd_actors::{PlegConfig, ReconnectPolicy};
+use plegd_telemetry::traces::Identity;
 
 use crate::config::Settings;
 use crate::exit::ConfigError;
@@ -26,6 +27,24 @@ pub struct ServiceConfig {
     /// `None`: no `/metrics` endpoint.
     pub metrics_addr: Option<SocketAddr>,
     pub otlp_endpoint: Option<String>,
+    /// Who this plegd is, on exported telemetry.
+    pub identity: Identity,
+}
+
+/// The host name, as the kernel has it.
+fn host_name() -> Result<String, ConfigError> {
+    let read = std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(|e| {
+        ConfigError::NodeName {
+            reason: e.to_string(),
+        }
+    })?;
+    let name = read.trim();
+    if name.is_empty() {
+        return Err(ConfigError::NodeName {
+            reason: "it is empty".into(),
+        });
+    }
+    Ok(name.to_string())
 }
 
 impl Settings {
@@ -65,6 +84,23 @@ impl Settings {
                 MetricsAddr::On(addr) => Some(addr),
             },
             otlp_endpoint: self.otlp_endpoint.as_ref().map(|e| e.0.clone()),
+            identity: {
+                let host_name = host_name();
+                let node_name = match (&self.node_name, &host_name) {
+                    (Some(n), _) => n.clone(),
+                    (None, Ok(h)) => h.clone(),
+                    (None, Err(e)) => {
+                        return Err(ConfigError::NodeName {
+                            reason: e.to_string(),
+                        })
+                    }
+                };
+                Identity {
+                    node_name,
+                    host_name: host_name.unwrap_or_default(),
+                    service_version: env!("CARGO_PKG_VERSION").to_string(),
+                }
+            },
         })
     }
 }

@@ -508,7 +508,14 @@ fn the_daemonset_runs_plegd_with_its_probes_port_and_socket_wired() {
     args.extend(strings(&c["args"], "args"));
     let mut env = image().env;
     for e in c["env"].as_vec().into_iter().flatten() {
-        env.insert(text(&e["name"], "env name"), text(&e["value"], "env value"));
+        let name = text(&e["name"], "env name");
+        // The downward API fills spec.nodeName in at run time: any node name will do.
+        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("spec.nodeName") => "node-1".to_string(),
+            Some(other) => panic!("env {name}: unexpected fieldRef {other}"),
+            None => text(&e["value"], "env value"),
+        };
+        env.insert(name, value);
     }
     let effective = Launch {
         file: "deploy/daemonset.yaml",

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use opentelemetry::global;
+use opentelemetry::KeyValue;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
@@ -32,9 +33,21 @@ pub fn sdk_disabled() -> bool {
     std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
+/// Who is exporting: the resource attributes of every span (OpenTelemetry semantic
+/// conventions), so a cluster-wide backend can tell the nodes' plegds apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// `k8s.node.name`.
+    pub node_name: String,
+    /// `host.name`.
+    pub host_name: String,
+    /// `service.version`.
+    pub service_version: String,
+}
+
 impl TraceExport {
     /// Starts exporting spans of the global tracer to `endpoint` (OTLP/gRPC).
-    pub fn start(endpoint: &str) -> Result<TraceExport, TraceError> {
+    pub fn start(endpoint: &str, identity: &Identity) -> Result<TraceExport, TraceError> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let ep = endpoint.to_string();
@@ -73,7 +86,11 @@ impl TraceExport {
         let exporter = ready_rx
             .recv()
             .map_err(|_| TraceError::Runtime(std::io::Error::other("export thread died")))??;
-        let mut resource = Resource::builder();
+        let mut resource = Resource::builder().with_attributes([
+            KeyValue::new("service.version", identity.service_version.clone()),
+            KeyValue::new("host.name", identity.host_name.clone()),
+            KeyValue::new("k8s.node.name", identity.node_name.clone()),
+        ]);
         if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
             resource = resource.with_service_name("plegd");
         }
