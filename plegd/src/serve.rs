@@ -168,6 +168,9 @@ pub async fn serve(
         }
     };
     tracing::info!(reason, "shutting down");
+    // The endpoint stops now, alongside the relist: it drops its connections within
+    // its grace (0.5 s, less than SHUTDOWN_MARGIN), so no client holds up the exit.
+    let _ = http_stop.send(());
     // A relist in progress is finished, its events published, if its remaining calls
     // end within one request timeout: the common case of one slow call.
     let deadline = Instant::now() + config.runtime_request_timeout + SHUTDOWN_MARGIN;
@@ -183,10 +186,6 @@ pub async fn serve(
     // Closing the publisher drops every subscriber's sender: the output thread then
     // drains what is queued and exits.
     pleg.close_publisher().await;
-    let _ = http_stop.send(());
-    if let Some(t) = http_task {
-        let _ = t.await;
-    }
     if let Some(t) = traces {
         t.shutdown(Duration::from_millis(300));
     }
@@ -194,6 +193,11 @@ pub async fn serve(
     let drain_deadline = Instant::now() + OUTPUT_DRAIN;
     while !writer.is_finished() && Instant::now() < drain_deadline {
         actix_rt::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Told to stop at the signal, the endpoint is done by now or within what is left
+    // of its grace (its wait overlaps the relist's and the output's).
+    if let Some(t) = http_task {
+        let _ = t.await;
     }
     if !writer.is_finished() {
         tracing::warn!(

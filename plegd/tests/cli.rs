@@ -2,20 +2,15 @@
 //! environment, config file, `--print-config`), the JSON event output, the operator
 //! endpoint, and graceful shutdown on SIGTERM/SIGINT.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Output, Stdio};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use plegd_sim::{spawn_in_thread, FakeRuntime};
 
-const TIMEOUT: Duration = Duration::from_secs(30);
+mod support;
 
-fn plegd() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_plegd"));
-    c.env("RUST_LOG", "info");
-    c
-}
+use support::{free_port, http_get, plegd, signal, wait_exit, TIMEOUT};
 
 fn run_to_end(args: &[&str]) -> Output {
     let mut child = plegd()
@@ -30,49 +25,6 @@ fn run_to_end(args: &[&str]) -> Output {
         std::thread::sleep(Duration::from_millis(10));
     }
     child.wait_with_output().unwrap()
-}
-
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([&format!("-{sig}"), &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
-
-/// Waits for exit; returns the status and how long it took.
-fn wait_exit(child: &mut Child) -> (std::process::ExitStatus, Duration) {
-    let start = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return (st, start.elapsed());
-        }
-        assert!(start.elapsed() < TIMEOUT, "plegd did not stop");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    let code = body.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body))
 }
 
 #[test]
