@@ -221,7 +221,12 @@ mod tests {
         let mut keys = Settings::keys();
         keys.sort();
         let mut table: Vec<String> = settings.to_table().unwrap().keys().cloned().collect();
-        table.extend(["otlp-endpoint".into(), "runtime-endpoint".into()]);
+        // Optional keys with no value are not serialized.
+        table.extend([
+            "node-name".into(),
+            "otlp-endpoint".into(),
+            "runtime-endpoint".into(),
+        ]);
         table.sort();
         assert_eq!(keys, table);
     }
