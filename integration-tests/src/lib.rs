@@ -4,6 +4,7 @@
 //! - [`wait`]: condition waits with a generous timeout (never fixed sleeps) and event
 //!   collection from a subscription.
 //! - [`pleg`]: starting plegd's core over the fake runtime, a running pod, counters.
+//! - [`process`]: plegd as a process (start, signal, wait, HTTP GET).
 //! - [`sim`]: the simulated CRI server on a fresh socket, and CRI clients for it.
 //! - [`traces`]: the identity test spans are exported under.
 //! - [`containerd`]: a private real containerd (started by the project's script),
@@ -11,6 +12,7 @@
 
 pub mod containerd;
 pub mod pleg;
+pub mod process;
 pub mod sim;
 pub mod traces;
 pub mod wait;

@@ -8,9 +8,12 @@ use std::time::{Duration, Instant};
 
 use plegd_sim::{spawn_in_thread, FakeRuntime};
 
-mod support;
+use integration_tests::process::{command, free_port, http_get, signal, wait_exit, TIMEOUT};
 
-use support::{free_port, http_get, plegd, signal, wait_exit, TIMEOUT};
+/// The binary under test.
+fn plegd() -> std::process::Command {
+    command(env!("CARGO_BIN_EXE_plegd"))
+}
 
 fn run_to_end(args: &[&str]) -> Output {
     let mut child = plegd()

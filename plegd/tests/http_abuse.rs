@@ -10,11 +10,19 @@ use std::time::{Duration, Instant};
 
 use plegd_sim::{spawn_in_thread, FakeRuntime, Op};
 
-mod support;
-
-use support::{
-    free_port, http_get, plegd, plegd_with_fd_limit, signal, wait_exit, wait_until, Reaped,
+use integration_tests::process::{
+    command, command_with_fd_limit, free_port, http_get, signal, wait_exit, wait_until, Reaped,
 };
+
+/// The binary under test.
+fn plegd() -> std::process::Command {
+    command(env!("CARGO_BIN_EXE_plegd"))
+}
+
+/// The binary under test with a soft open-files limit.
+fn plegd_with_fd_limit(soft: usize) -> std::process::Command {
+    command_with_fd_limit(env!("CARGO_BIN_EXE_plegd"), soft)
+}
 
 /// `--runtime-request-timeout` in these tests.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);

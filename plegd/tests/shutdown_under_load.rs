@@ -24,9 +24,14 @@ use plegd_sim::{spawn_churn, spawn_in_thread, ChurnConfig, FakeRuntime, Op};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-mod support;
+use integration_tests::process::{
+    command, free_port, http_get, signal, wait_exit, wait_until, Reaped,
+};
 
-use support::{free_port, http_get, plegd, signal, wait_exit, wait_until, Reaped};
+/// The binary under test.
+fn plegd() -> std::process::Command {
+    command(env!("CARGO_BIN_EXE_plegd"))
+}
 
 /// `--runtime-request-timeout` in these tests (short, to keep the file quick).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);

@@ -1,9 +1,7 @@
-//! What the `plegd` binary's tests (cli.rs, http_abuse.rs, shutdown_under_load.rs)
-//! share, written once: starting the binary, signalling it, waiting for its exit or
-//! for a condition, a free port, a one-shot HTTP GET.
-
-// Each test binary includes this module and uses only some of it.
-#![allow(dead_code)]
+//! Testing plegd as a process (the binary's tests in plegd/tests): starting it,
+//! signalling it, waiting for its exit or for a condition, a free port, a one-shot
+//! HTTP GET. The binary's path comes from the caller (`env!("CARGO_BIN_EXE_plegd")`
+//! exists only in the plegd package).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -13,20 +11,20 @@ use std::time::{Duration, Instant};
 /// Generous: CI machines are slow and shared.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The binary under test, logging at info.
-pub fn plegd() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_plegd"));
+/// The binary at `path`, logging at info.
+pub fn command(path: &str) -> Command {
+    let mut c = Command::new(path);
     c.env("RUST_LOG", "info");
     c
 }
 
 /// The binary under test with a soft limit on its open files (as systemd's default
 /// 1,024 would be), set by `sh`, which then execs plegd: the child's pid is plegd's.
-pub fn plegd_with_fd_limit(soft: usize) -> Command {
+pub fn command_with_fd_limit(path: &str, soft: usize) -> Command {
     let mut c = Command::new("sh");
     c.arg("-c")
         .arg(format!("ulimit -Sn {soft} && exec \"$0\" \"$@\""))
-        .arg(env!("CARGO_BIN_EXE_plegd"))
+        .arg(path)
         .env("RUST_LOG", "info");
     c
 }
