@@ -5,9 +5,11 @@
 //!   collection from a subscription.
 //! - [`pleg`]: starting plegd's core over the fake runtime, a running pod, counters.
 //! - [`sim`]: the simulated CRI server on a fresh socket, and CRI clients for it.
+//! - [`chaos`]: the seeded chaos suite's engine (schedules, execution, checks).
 //! - [`containerd`]: a private real containerd (started by the project's script),
 //!   serialised between tests, and a small CRI client for busybox pods.
 
+pub mod chaos;
 pub mod containerd;
 pub mod pleg;
 pub mod sim;
