@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use plegd_actors::{
     Delivery, Pleg, PlegConfig, ReconnectPolicy, RelistSource, Subscription, SyncHold,
@@ -53,6 +53,7 @@ pub struct Stats {
     pub status_errors: u64,
     /// From the end of the faults to cache == runtime.
     pub convergence: Duration,
+    pub relist_period: Duration,
 }
 
 /// The executor's state: the runtime, plegd, and what the run has seen.
@@ -488,6 +489,7 @@ impl Exec {
     /// After the faults: convergence, then soundness and completeness of the events,
     /// the dropping subscriber's accounting, and the bounds.
     async fn check(&mut self, healed: Instant) -> Duration {
+        let healed_wall = SystemTime::now();
         let period = self.schedule.config.relist_period;
         let converged = eventually(period + SLACK, || self.cache_diff().is_none()).await;
         let convergence = healed.elapsed();
@@ -496,6 +498,28 @@ impl Exec {
             self.problem(format!(
                 "no convergence {convergence:?} after the faults stopped: {diff}"
             ));
+        }
+        // A consumer waiting for news of any pod (kubelet's pod workers) is released
+        // with what the runtime has.
+        for p in 0..self.schedule.pods {
+            let uid = pod_ref(p).uid;
+            let live = !self.rt.sandboxes_of(&uid).is_empty();
+            match self
+                .pleg
+                .cache()
+                .wait_newer_than(&uid, healed_wall, SLACK)
+                .await
+            {
+                Ok(entry) if entry.is_some() == live => {}
+                Ok(entry) => self.problem(format!(
+                    "wait_newer_than({uid}) returned {entry:?}, but the pod is {}",
+                    if live { "there" } else { "gone" }
+                )),
+                Err(()) => self.problem(format!("wait_newer_than({uid}) timed out")),
+            }
+        }
+        if let Err(e) = self.pleg.health().check() {
+            self.problem(format!("unhealthy after the faults: {e}"));
         }
         // Every event of the relists that converged is published before the relist
         // after them completes; a relist that lists the final state publishes what is
@@ -754,6 +778,7 @@ pub async fn run(schedule: Schedule) -> (Vec<String>, Stats) {
         list_errors: metrics.relist_errors(plegd_telemetry::RelistPhase::List),
         status_errors: metrics.relist_errors(plegd_telemetry::RelistPhase::Status),
         convergence,
+        relist_period: x.schedule.config.relist_period,
     };
     let problems = std::mem::take(&mut x.problems);
     drop(x);

@@ -223,6 +223,94 @@ pub enum Step {
     ReadSlow { n: usize },
 }
 
+impl Step {
+    /// Every kind of step, for coverage checks of a seed list.
+    pub const KINDS: &'static [&'static str] = &[
+        "RunPod",
+        "CreateContainer",
+        "StartContainer",
+        "ExitContainer",
+        "SilentExit",
+        "ContainerUnknown",
+        "RemoveContainer",
+        "StopSandbox",
+        "SandboxUnknown",
+        "SandboxRecovered",
+        "RemoveSandbox",
+        "CloseStreams",
+        "FailStreams",
+        "SetMangle",
+        "ReleaseDelayed",
+        "Inject",
+        "FailCalls",
+        "EventsUnimplemented",
+        "SandboxNotFound",
+        "ClearFault",
+        "Latency",
+        "PodStatusFails",
+        "RuntimeDown",
+        "RuntimeUp",
+        "OversizedLists",
+        "BeginHold",
+        "EndHold",
+        "DropHold",
+        "Storm",
+        "BringForward",
+        "Subscribe",
+        "Unsubscribe",
+        "ReadSlow",
+    ];
+
+    /// This step's kind (one of [`Self::KINDS`]); a few variants are split where the
+    /// difference matters to plegd (a silent exit, a dropped hold, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Step::RunPod { .. } => "RunPod",
+            Step::CreateContainer { .. } => "CreateContainer",
+            Step::StartContainer { .. } => "StartContainer",
+            Step::ExitContainer { silent: true, .. } => "SilentExit",
+            Step::ExitContainer { .. } => "ExitContainer",
+            Step::ContainerUnknown { .. } => "ContainerUnknown",
+            Step::RemoveContainer { .. } => "RemoveContainer",
+            Step::StopSandbox { .. } => "StopSandbox",
+            Step::SandboxUnknown { .. } => "SandboxUnknown",
+            Step::SandboxRecovered { .. } => "SandboxRecovered",
+            Step::RemoveSandbox { .. } => "RemoveSandbox",
+            Step::CloseStreams => "CloseStreams",
+            Step::FailStreams(_) => "FailStreams",
+            Step::SetMangle(_) => "SetMangle",
+            Step::ReleaseDelayed { .. } => "ReleaseDelayed",
+            Step::Inject(_) => "Inject",
+            Step::FailCalls {
+                code: Code::Unimplemented,
+                ..
+            } => "EventsUnimplemented",
+            Step::FailCalls {
+                code: Code::NotFound,
+                ..
+            } => "SandboxNotFound",
+            Step::FailCalls { .. } => "FailCalls",
+            Step::ClearFault { .. } => "ClearFault",
+            Step::Latency { .. } => "Latency",
+            Step::PodStatusFails { .. } => "PodStatusFails",
+            Step::RuntimeDown => "RuntimeDown",
+            Step::RuntimeUp => "RuntimeUp",
+            Step::OversizedLists { .. } => "OversizedLists",
+            Step::BeginHold { .. } => "BeginHold",
+            Step::EndHold {
+                how: HoldEnd::Dropped,
+                ..
+            } => "DropHold",
+            Step::EndHold { .. } => "EndHold",
+            Step::Storm { .. } => "Storm",
+            Step::BringForward => "BringForward",
+            Step::Subscribe { .. } => "Subscribe",
+            Step::Unsubscribe { .. } => "Unsubscribe",
+            Step::ReadSlow { .. } => "ReadSlow",
+        }
+    }
+}
+
 /// The `relist_source` a storm's requests claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StormSource {

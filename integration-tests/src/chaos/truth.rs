@@ -109,8 +109,19 @@ impl Truth {
     pub fn check_events(&self, events: &[Delivery], complete: bool) -> Vec<String> {
         let mut problems = Vec::new();
         let mut per_id: BTreeMap<&str, Vec<EventKind>> = BTreeMap::new();
+        let mut last_time: BTreeMap<&str, std::time::SystemTime> = BTreeMap::new();
         for d in events {
             let ev = &d.event;
+            // Relists run one at a time and stamp a pod's events with the start of
+            // their read of it: a pod's events never go back in time.
+            if let Some(prev) = last_time.insert(ev.pod.uid.as_str(), ev.time) {
+                if ev.time < prev {
+                    problems.push(format!(
+                        "seq {}: {} of pod {} is older than the pod's previous event",
+                        d.seq, ev.kind, ev.pod.uid
+                    ));
+                }
+            }
             if d.missed != 0 {
                 problems.push(format!(
                     "the checking subscriber missed {} events before seq {}",
