@@ -39,6 +39,11 @@ fn seeded_chaos() {
         .filter(|o| !o.passed())
         .map(Outcome::report)
         .collect();
-    assert!(failed.is_empty(), "{} seeds failed:\n{}", failed.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} seeds failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
     assert!(leak.is_none(), "{leak:?}");
 }

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use plegd_actors::{
-    Delivery, Pleg, PlegConfig, ReconnectPolicy, RelistSource, Subscription, SyncHold,
-    SyncOutcome,
+    Delivery, Pleg, PlegConfig, ReconnectPolicy, RelistSource, Subscription, SyncHold, SyncOutcome,
 };
 use plegd_runtime::cri;
 use plegd_runtime::{ContainerState, CriRuntime, PodRef, RuntimeClient};
@@ -304,8 +303,7 @@ impl Exec {
                     Injected::NoUid => stopped_event("ctr-no-uid", &pod_ref(0), ""),
                     Injected::NoStatus => cri::ContainerEventResponse {
                         container_id: "ctr-no-status".into(),
-                        container_event_type: cri::ContainerEventType::ContainerStoppedEvent
-                            as i32,
+                        container_event_type: cri::ContainerEventType::ContainerStoppedEvent as i32,
                         created_at: plegd_runtime::now_ns(),
                         ..Default::default()
                     },
@@ -336,8 +334,7 @@ impl Exec {
             Step::RuntimeUp => self.runtime_up().await,
             Step::OversizedLists { on } => {
                 // Over tonic's default 4 MiB message limit.
-                self.rt
-                    .set_list_padding(if *on { 5 << 20 } else { 0 });
+                self.rt.set_list_padding(if *on { 5 << 20 } else { 0 });
             }
             Step::BeginHold { pod, slot } => {
                 if let Ok(hold) = self.pleg.gates().begin_sync(&pod_ref(*pod).uid).await {
@@ -481,7 +478,10 @@ impl Exec {
             }
         }
         if cache.len() != live {
-            diffs.push(format!("{} pods cached, {live} in the runtime", cache.len()));
+            diffs.push(format!(
+                "{} pods cached, {live} in the runtime",
+                cache.len()
+            ));
         }
         (!diffs.is_empty()).then(|| diffs.join("; "))
     }
@@ -636,10 +636,7 @@ impl Exec {
             ));
         }
         if !eventually(SLACK, || m.subscribers.get() == 2).await {
-            self.problem(format!(
-                "{} subscribers, 2 remain",
-                m.subscribers.get()
-            ));
+            self.problem(format!("{} subscribers, 2 remain", m.subscribers.get()));
         }
     }
 

@@ -71,7 +71,8 @@ impl Mangler {
         if m == Mangle::default() {
             return vec![ev];
         }
-        let mut rng = ChaCha8Rng::seed_from_u64(st.seed ^ st.count.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(st.seed ^ st.count.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut roll = |p: u8| rng.random_range(0..100u8) < p;
         if roll(m.drop) {
             return vec![];

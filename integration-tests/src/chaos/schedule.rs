@@ -154,27 +154,48 @@ pub enum StormTarget {
 pub enum Step {
     // ---- workload: each changes at most one sandbox or container, once ----------
     /// RunPodSandbox for pod slot `pod`: sandbox number `sandbox`.
-    RunPod { pod: usize, sandbox: usize },
+    RunPod {
+        pod: usize,
+        sandbox: usize,
+    },
     /// CreateContainer (number `ctr`) in `sandbox`.
     CreateContainer {
         sandbox: usize,
         ctr: usize,
         name: &'static str,
     },
-    StartContainer { ctr: usize },
+    StartContainer {
+        ctr: usize,
+    },
     /// The process exits; `silent`: the runtime sends no event for it.
-    ExitContainer { ctr: usize, code: i32, silent: bool },
+    ExitContainer {
+        ctr: usize,
+        code: i32,
+        silent: bool,
+    },
     /// The runtime loses track of a container (no event).
-    ContainerUnknown { ctr: usize },
-    RemoveContainer { ctr: usize },
+    ContainerUnknown {
+        ctr: usize,
+    },
+    RemoveContainer {
+        ctr: usize,
+    },
     /// StopPodSandbox of a sandbox with no running container left.
-    StopSandbox { sandbox: usize },
+    StopSandbox {
+        sandbox: usize,
+    },
     /// The runtime reports the sandbox's state as unknown (no event).
-    SandboxUnknown { sandbox: usize },
+    SandboxUnknown {
+        sandbox: usize,
+    },
     /// ... and ready again.
-    SandboxRecovered { sandbox: usize },
+    SandboxRecovered {
+        sandbox: usize,
+    },
     /// RemovePodSandbox of a stopped sandbox with no container left.
-    RemoveSandbox { sandbox: usize },
+    RemoveSandbox {
+        sandbox: usize,
+    },
 
     // ---- the event stream -----------------------------------------------------
     /// Every open stream ends cleanly (EOF).
@@ -184,7 +205,9 @@ pub enum Step {
     /// From now on, emitted events go through this filter (default: untouched).
     SetMangle(Mangle),
     /// Sends the held-back events, in reverse order if `reverse`.
-    ReleaseDelayed { reverse: bool },
+    ReleaseDelayed {
+        reverse: bool,
+    },
     Inject(Injected),
 
     // ---- calls ----------------------------------------------------------------
@@ -194,21 +217,37 @@ pub enum Step {
         code: Code,
         times: Option<u32>,
     },
-    ClearFault { op: CallOp },
+    ClearFault {
+        op: CallOp,
+    },
     /// Every call of `op` is delayed by `ms` (0: no delay).
-    Latency { op: CallOp, ms: u64 },
+    Latency {
+        op: CallOp,
+        ms: u64,
+    },
     /// Status reads of a pod fail (or stop failing).
-    PodStatusFails { pod: usize, failing: bool },
+    PodStatusFails {
+        pod: usize,
+        failing: bool,
+    },
     /// The runtime goes down: streams fail, every call fails (Direct) or the server
     /// is killed (Cri); events emitted meanwhile are lost.
     RuntimeDown,
     RuntimeUp,
     /// List responses padded beyond the client's message limit (Cri only).
-    OversizedLists { on: bool },
+    OversizedLists {
+        on: bool,
+    },
 
     // ---- consumers ------------------------------------------------------------
-    BeginHold { pod: usize, slot: usize },
-    EndHold { slot: usize, how: HoldEnd },
+    BeginHold {
+        pod: usize,
+        slot: usize,
+    },
+    EndHold {
+        slot: usize,
+        how: HoldEnd,
+    },
     /// `n` targeted relist requests at once, round-robin over `targets`.
     Storm {
         n: u32,
@@ -217,10 +256,17 @@ pub enum Step {
     },
     BringForward,
     /// A subscriber with a queue of `capacity` that never reads, in `slot`.
-    Subscribe { slot: usize, capacity: usize },
-    Unsubscribe { slot: usize },
+    Subscribe {
+        slot: usize,
+        capacity: usize,
+    },
+    Unsubscribe {
+        slot: usize,
+    },
     /// The slow subscriber reads up to `n` events.
-    ReadSlow { n: usize },
+    ReadSlow {
+        n: usize,
+    },
 }
 
 impl Step {
@@ -590,9 +636,7 @@ impl Gen {
                 let Some(ctr) = self.pick(&live) else {
                     return false;
                 };
-                let code = *[0, 1, 2, 137, 143, 255]
-                    .choose(&mut self.rng)
-                    .unwrap_or(&1);
+                let code = *[0, 1, 2, 137, 143, 255].choose(&mut self.rng).unwrap_or(&1);
                 let silent = self.percent(10);
                 self.push(Step::ExitContainer { ctr, code, silent });
                 let sandbox = self.model.containers[ctr].sandbox;
@@ -635,9 +679,7 @@ impl Gen {
             }
             // A pod stops: its running containers exit, then its sandbox.
             75..=82 => {
-                let live = self
-                    .model
-                    .sandboxes_in(&[SbState::Ready, SbState::Unknown]);
+                let live = self.model.sandboxes_in(&[SbState::Ready, SbState::Unknown]);
                 let Some(sandbox) = self.pick(&live) else {
                     return false;
                 };
@@ -664,11 +706,9 @@ impl Gen {
             _ => {
                 // Mostly sandboxes already stopped, as kubelet removes them.
                 let stopped = self.model.sandboxes_in(&[SbState::NotReady]);
-                let any = self.model.sandboxes_in(&[
-                    SbState::Ready,
-                    SbState::NotReady,
-                    SbState::Unknown,
-                ]);
+                let any =
+                    self.model
+                        .sandboxes_in(&[SbState::Ready, SbState::NotReady, SbState::Unknown]);
                 let from = if !stopped.is_empty() && self.percent(75) {
                     stopped
                 } else {
@@ -767,7 +807,9 @@ impl Gen {
             }
             // A few failed calls, or a window of failures.
             51..=66 => {
-                let op = self.pick(&CallOp::ALL[..4]).unwrap_or(CallOp::ListSandboxes);
+                let op = self
+                    .pick(&CallOp::ALL[..4])
+                    .unwrap_or(CallOp::ListSandboxes);
                 // A sandbox that is not found fails the pod's read; a container that is
                 // not found is gone (plegd leaves it out), which a runtime says only of
                 // a container that is gone: that one comes from real races.
@@ -789,7 +831,9 @@ impl Gen {
                 }
             }
             67..=74 => {
-                let op = self.pick(&CallOp::ALL[..4]).unwrap_or(CallOp::SandboxStatus);
+                let op = self
+                    .pick(&CallOp::ALL[..4])
+                    .unwrap_or(CallOp::SandboxStatus);
                 let ms = self.rng.random_range(5..120);
                 self.push(Step::Latency { op, ms });
                 self.close_later(15, Step::Latency { op, ms: 0 });

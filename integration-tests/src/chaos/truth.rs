@@ -347,7 +347,12 @@ mod tests {
         // A restart through unknown publishes Started twice.
         let flap = [Gone, Running, Unknown, Running];
         check_id(&flap, &[ContainerStarted, ContainerStarted], true).unwrap();
-        assert!(check_id(&[Gone, Running], &[ContainerStarted, ContainerStarted], true).is_err());
+        assert!(check_id(
+            &[Gone, Running],
+            &[ContainerStarted, ContainerStarted],
+            true
+        )
+        .is_err());
         // Died twice without a start between is refused outright.
         let h2 = [Gone, Running, Exited, Unknown, Exited];
         assert!(check_id(
