@@ -50,6 +50,11 @@ pub fn parse_unix_endpoint(endpoint: &str) -> Result<PathBuf, RuntimeError> {
     Ok(PathBuf::from(path))
 }
 
+/// The largest CRI response plegd accepts: kubelet's limit (`maxMsgSize` of its CRI
+/// client). tonic's default, 4 MiB, is passed by the sandbox list of a full node whose
+/// pods carry large annotations; every global relist would fail there, for good.
+pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
+
 /// A CRI v1 runtime reached over a unix socket.
 #[derive(Clone)]
 pub struct CriRuntime {
@@ -81,8 +86,10 @@ impl CriRuntime {
         let socket = parse_unix_endpoint(endpoint)?;
         Ok(CriRuntime {
             endpoint: endpoint.to_string(),
-            unary: RuntimeServiceClient::new(unix_channel(&socket)),
-            stream: RuntimeServiceClient::new(unix_channel(&socket)),
+            unary: RuntimeServiceClient::new(unix_channel(&socket))
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
+            stream: RuntimeServiceClient::new(unix_channel(&socket))
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
             socket,
             timeout: request_timeout,
         })

@@ -333,8 +333,9 @@ impl Exec {
             Step::RuntimeDown => self.runtime_down().await,
             Step::RuntimeUp => self.runtime_up().await,
             Step::OversizedLists { on } => {
-                // Over tonic's default 4 MiB message limit.
-                self.rt.set_list_padding(if *on { 5 << 20 } else { 0 });
+                // Over the client's limit (kubelet's): those lists fail.
+                let bytes = plegd_runtime::MAX_RESPONSE_BYTES + (1 << 20);
+                self.rt.set_list_padding(if *on { bytes } else { 0 });
             }
             Step::BeginHold { pod, slot } => {
                 if let Ok(hold) = self.pleg.gates().begin_sync(&pod_ref(*pod).uid).await {
