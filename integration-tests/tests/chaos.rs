@@ -11,7 +11,7 @@ use integration_tests::chaos::{generate, run_seeds, Outcome, Transport};
 
 /// Between them, both transports and every kind of step occur (checked below); more
 /// seeds belong in the runner, not in CI.
-const SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+const SEEDS: &[u64] = &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 24];
 
 #[test]
 fn the_seed_list_covers_every_transport_and_step() {
