@@ -7,9 +7,11 @@
 //! - [`process`]: plegd as a process (start, signal, wait, HTTP GET).
 //! - [`sim`]: the simulated CRI server on a fresh socket, and CRI clients for it.
 //! - [`traces`]: the identity test spans are exported under.
+//! - [`chaos`]: the seeded chaos suite's engine (schedules, execution, checks).
 //! - [`containerd`]: a private real containerd (started by the project's script),
 //!   serialised between tests, and a small CRI client for busybox pods.
 
+pub mod chaos;
 pub mod containerd;
 pub mod pleg;
 pub mod process;

@@ -43,6 +43,15 @@ struct InjectedFault {
     remaining: Option<u32>,
 }
 
+/// Decides what becomes of each event the runtime emits, in emission order: the
+/// events to send instead — none (dropped: a runtime that loses events), two
+/// (duplicated), a changed copy (stale, without a UID, ...). Chaos tests use it to
+/// model an unreliable event stream; raw events sent with
+/// [`FakeRuntime::inject_event`] bypass it. It runs under the runtime's lock, so it
+/// must not call back into the [`FakeRuntime`].
+pub type EventFilter =
+    Arc<dyn Fn(cri::ContainerEventResponse) -> Vec<cri::ContainerEventResponse> + Send + Sync>;
+
 /// What the fake runtime sends down its open event streams.
 #[derive(Clone, Debug)]
 enum StreamSignal {
@@ -69,6 +78,11 @@ struct State {
     /// IDs, sandbox ID → its container IDs.
     pod_sandboxes: HashMap<String, BTreeSet<String>>,
     sandbox_containers: HashMap<String, BTreeSet<String>>,
+    /// See [`EventFilter`]; None: every event is sent as emitted.
+    event_filter: Option<EventFilter>,
+    /// Bytes of padding the CRI server adds to the first item of each list response
+    /// (0: none), to make lists larger than a client accepts.
+    list_padding: usize,
 }
 
 impl State {
@@ -329,14 +343,15 @@ impl FakeRuntime {
         let mut st = self.lock();
         if st.remove_sandbox(sandbox_id).is_some() {
             // Like containerd: a sandbox's DELETED event has no pod_sandbox_status.
-            let _ = self
-                .events
-                .send(StreamSignal::Event(Box::new(cri::ContainerEventResponse {
+            self.send_filtered(
+                &st,
+                cri::ContainerEventResponse {
                     container_id: sandbox_id.into(),
                     container_event_type: cri::ContainerEventType::ContainerDeletedEvent as i32,
                     created_at: now_ns(),
                     ..Default::default()
-                })));
+                },
+            );
         }
     }
 
@@ -353,6 +368,11 @@ impl FakeRuntime {
     /// A container's current status, if it exists.
     pub fn container(&self, id: &str) -> Option<ContainerStatus> {
         self.lock().containers.get(id).cloned()
+    }
+
+    /// A sandbox's current status, if it exists.
+    pub fn sandbox(&self, id: &str) -> Option<Sandbox> {
+        self.lock().sandboxes.get(id).cloned()
     }
 
     /// Number of sandboxes.
@@ -398,6 +418,25 @@ impl FakeRuntime {
     /// the first event (or a stream failure) comes, not when the stream is set up.
     pub fn set_quiet_until_first_event(&self, quiet: bool) {
         self.lock().quiet_until_first_event = quiet;
+    }
+
+    /// Passes every event the runtime emits from now on through `filter` (None: send
+    /// them as emitted). See [`EventFilter`].
+    pub fn set_event_filter(&self, filter: Option<EventFilter>) {
+        self.lock().event_filter = filter;
+    }
+
+    /// Makes the simulated CRI server pad the first item of every ListPodSandbox and
+    /// ListContainers response with `bytes` bytes (0: no padding): a list larger than
+    /// the client's message limit, as on a node with very many containers, without
+    /// building that node. Calls made directly on the [`FakeRuntime`] are not padded.
+    pub fn set_list_padding(&self, bytes: usize) {
+        self.lock().list_padding = bytes;
+    }
+
+    /// The padding set by [`Self::set_list_padding`].
+    pub fn list_padding(&self) -> usize {
+        self.lock().list_padding
     }
 
     /// How many calls of `op` were made.
@@ -469,15 +508,27 @@ impl FakeRuntime {
             .containers_in(&sandbox_id)
             .map(convert::container_status_to_wire)
             .collect();
-        let _ = self
-            .events
-            .send(StreamSignal::Event(Box::new(cri::ContainerEventResponse {
+        self.send_filtered(
+            st,
+            cri::ContainerEventResponse {
                 container_id: id.to_string(),
                 container_event_type: kind as i32,
                 created_at: now_ns(),
                 pod_sandbox_status: Some(convert::sandbox_status_to_wire(sandbox)),
                 containers_statuses,
-            })));
+            },
+        );
+    }
+
+    /// Sends an emitted event through the [`EventFilter`], if any.
+    fn send_filtered(&self, st: &State, ev: cri::ContainerEventResponse) {
+        let out = match &st.event_filter {
+            Some(filter) => filter(ev),
+            None => vec![ev],
+        };
+        for ev in out {
+            let _ = self.events.send(StreamSignal::Event(Box::new(ev)));
+        }
     }
 
     /// Counts the call, applies latency, then the scripted failure if any.

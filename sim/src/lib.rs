@@ -24,7 +24,7 @@ pub use churn::{
 };
 pub use cri_writes::{KILL_EXIT_CODE, STOP_EXIT_CODE};
 pub use error::SimError;
-pub use fake::{FakeRuntime, Op};
+pub use fake::{EventFilter, FakeRuntime, Op};
 pub use server::CriServer;
 pub use socket::{
     serve_unix, spawn_in_thread, SimServer, ThreadedSimServer, SHUTDOWN_GRACE, THREAD_STOP_GRACE,

@@ -58,6 +58,13 @@ fn unimplemented<T>(method: &str) -> Reply<T> {
     )))
 }
 
+/// The scripted list padding ([`FakeRuntime::set_list_padding`]) as one annotation.
+fn pad(annotations: &mut std::collections::HashMap<String, String>, bytes: usize) {
+    if bytes > 0 {
+        annotations.insert("plegd-sim/padding".into(), "x".repeat(bytes));
+    }
+}
+
 type EventStream = BoxStream<'static, Result<cri::ContainerEventResponse, Status>>;
 
 /// Runtime events until the client goes or the server stops.
@@ -148,7 +155,7 @@ impl RuntimeService for CriServer {
     ) -> Reply<cri::ListPodSandboxResponse> {
         let filter = req.into_inner().filter.unwrap_or_default();
         let id = Some(filter.id.as_str()).filter(|id| !id.is_empty());
-        let items = self
+        let mut items: Vec<_> = self
             .runtime
             .list_sandboxes(id)
             .await
@@ -157,6 +164,9 @@ impl RuntimeService for CriServer {
             .filter(|s| filter::sandbox_matches(s, &filter))
             .map(convert::sandbox_to_wire)
             .collect();
+        if let Some(first) = items.first_mut() {
+            pad(&mut first.annotations, self.runtime.list_padding());
+        }
         Ok(Response::new(cri::ListPodSandboxResponse { items }))
     }
 
@@ -197,7 +207,7 @@ impl RuntimeService for CriServer {
     ) -> Reply<cri::ListContainersResponse> {
         let filter = req.into_inner().filter.unwrap_or_default();
         let sandbox = Some(filter.pod_sandbox_id.as_str()).filter(|s| !s.is_empty());
-        let containers = self
+        let mut containers: Vec<_> = self
             .runtime
             .list_containers(sandbox)
             .await
@@ -206,6 +216,9 @@ impl RuntimeService for CriServer {
             .filter(|c| filter::container_matches(c, &filter))
             .map(convert::container_to_wire)
             .collect();
+        if let Some(first) = containers.first_mut() {
+            pad(&mut first.annotations, self.runtime.list_padding());
+        }
         Ok(Response::new(cri::ListContainersResponse { containers }))
     }
 

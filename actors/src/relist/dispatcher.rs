@@ -12,7 +12,8 @@
 //!   first runs a due global relist, so a storm of targeted requests delays a global
 //!   relist by at most one targeted relist.
 //! - A targeted request enqueued before the start of a global relist that has since
-//!   completed is skipped (that relist already saw the pod); one for a pod a sync
+//!   completed is skipped (that relist already saw the pod) — unless that relist left
+//!   the pod alone (a sync held it) or failed to read it; one for a pod a sync
 //!   holds is coalesced into the gate's pending relist. `RelistDispatcher::settle`
 //!   takes that decision, in one place.
 //! - Each relist's cache updates are applied (and acknowledged) before its events are
@@ -20,6 +21,7 @@
 //!   EventPublisher that stops answering stalls every relist and shutdown with it
 //!   (neither blocks in these handlers today).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -35,7 +37,7 @@ use super::schedule::{GlobalSchedule, Verdict};
 use crate::cache::ApplyRelist;
 use crate::event::RelistSource;
 use crate::health::Health;
-use crate::pleg::{GenericPleg, RelistOutput, RelistScope};
+use crate::pleg::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
 use crate::publisher::Publish;
 use crate::spans;
 use crate::sync::HeldPods;
@@ -66,6 +68,9 @@ pub struct RelistDispatcher {
     core: Option<GenericPleg>,
     deps: DispatcherDeps,
     schedule: GlobalSchedule,
+    /// Pods the last successful global relist did not read (a sync held them, or
+    /// their status read failed): it covers no request for them.
+    not_read: HashSet<String>,
     stopping: Arc<AtomicBool>,
     timer: Option<SpawnHandle>,
     list_errors: RateLimiter,
@@ -134,6 +139,7 @@ impl RelistDispatcher {
             core: Some(core),
             deps,
             schedule: GlobalSchedule::new(cfg.relist_period, Instant::now()),
+            not_read: HashSet::new(),
             stopping: stopping.clone(),
             timer: None,
             list_errors: RateLimiter::new(Duration::from_secs(30)),
@@ -228,9 +234,12 @@ impl RelistDispatcher {
                             .relist_interval
                             .observe(interval.as_secs_f64());
                     }
-                    if let Err(e) = result {
-                        if let Some(suppressed) = act.list_errors.allow(Instant::now()) {
-                            tracing::warn!(error = %e, suppressed, "global relist failed");
+                    match result {
+                        Ok(not_read) => act.not_read = not_read,
+                        Err(e) => {
+                            if let Some(suppressed) = act.list_errors.allow(Instant::now()) {
+                                tracing::warn!(error = %e, suppressed, "global relist failed");
+                            }
                         }
                     }
                     match then {
@@ -265,7 +274,12 @@ impl RelistDispatcher {
     fn settle(&self, req: RequestRelist) -> Option<RequestRelist> {
         // Asking whether a sync holds the pod also marks its gate's pending relist.
         let held = self.deps.held.coalesce(&req.uid);
-        let result = match self.schedule.verdict(req.enqueued_at, held) {
+        let verdict = match self.schedule.verdict(req.enqueued_at, held) {
+            // The covering relist did not read this pod: the request's cause is unseen.
+            Verdict::Skip if self.not_read.contains(&req.uid) => Verdict::Run,
+            v => v,
+        };
+        let result = match verdict {
             Verdict::Run => return Some(req),
             Verdict::Skip => RequestResult::Skipped,
             Verdict::Coalesce => RequestResult::Coalesced,
@@ -302,10 +316,14 @@ async fn apply(deps: &DispatcherDeps, out: RelistOutput, global_timestamp: Optio
     }
 }
 
+/// One global relist; on success, the pods it did not read (held, or read failed).
 async fn global_relist(
     core: &mut GenericPleg,
     deps: &DispatcherDeps,
-) -> (Instant, Result<(), plegd_runtime::RuntimeError>) {
+) -> (
+    Instant,
+    Result<HashSet<String>, plegd_runtime::RuntimeError>,
+) {
     let start = Instant::now();
     let started_wall = SystemTime::now();
     let mut span = spans::start(spans::GLOBAL_RELIST, vec![], None);
@@ -321,12 +339,21 @@ async fn global_relist(
                 KeyValue::new("status_errors", out.status_errors as i64),
             ]);
             span.end();
+            let failed = out.cache.iter().filter_map(|u| match u {
+                CacheUpdate::Set {
+                    uid,
+                    status: Err(_),
+                    ..
+                } => Some(uid.clone()),
+                _ => None,
+            });
+            let not_read: HashSet<String> = out.held.iter().cloned().chain(failed).collect();
             apply(deps, out, Some(started_wall)).await;
             deps.health.relist_succeeded(Instant::now());
             if let Ok(d) = SystemTime::now().duration_since(UNIX_EPOCH) {
                 deps.metrics.last_seen.set(d.as_secs_f64());
             }
-            Ok(())
+            Ok(not_read)
         }
         Err(e) => {
             deps.metrics.count_relist_errors(RelistPhase::List, 1);

@@ -1,0 +1,75 @@
+//! Large CRI responses through plegd's real client. Found with the chaos suite's
+//! oversized-list fault: plegd's tonic client kept tonic's default 4 MiB limit on a
+//! received message, where kubelet's CRI client accepts 16 MiB. A sandbox list carries
+//! every pod's annotations (a `last-applied-configuration` is often tens of KiB), so a
+//! full node's list can pass 4 MiB: then every global relist failed, for good, on a
+//! node kubelet handles. Lists up to kubelet's limit must be read; larger ones fail
+//! the relist (counted, retried), and plegd recovers once they shrink.
+
+use integration_tests::sim::serve;
+use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, DEFAULT_MAX_MESSAGE_SIZE};
+use plegd_sim::FakeRuntime;
+
+const MIB: usize = 1 << 20;
+
+#[tokio::test]
+async fn lists_up_to_kubelets_16_mib_are_read() {
+    assert_eq!(DEFAULT_MAX_MESSAGE_SIZE, 16 * MIB, "kubelet's limit");
+    let rt = FakeRuntime::new();
+    let (_dir, _server, client) = serve(&rt).await;
+    let sb = rt.run_pod("uid-1", "web-1", "ns");
+    rt.run_container(&sb, "app");
+    // Well past tonic's default 4 MiB, within kubelet's 16 MiB.
+    rt.set_list_padding(12 * MIB);
+    let sandboxes = client
+        .list_sandboxes(None)
+        .await
+        .expect("a 12 MiB sandbox list");
+    assert_eq!(sandboxes.len(), 1);
+    let containers = client
+        .list_containers(None)
+        .await
+        .expect("a 12 MiB container list");
+    assert_eq!(containers.len(), 1);
+}
+
+#[tokio::test]
+async fn a_list_over_the_limit_fails_and_the_next_one_is_read() {
+    let rt = FakeRuntime::new();
+    let (_dir, _server, client) = serve(&rt).await;
+    rt.run_pod("uid-1", "web-1", "ns");
+    rt.set_list_padding(DEFAULT_MAX_MESSAGE_SIZE + MIB);
+    let err = client.list_sandboxes(None).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err}");
+    // The log says which call hit which limit, and how to raise it.
+    assert!(
+        matches!(err, RuntimeError::TooLarge { op: "ListPodSandbox", limit, .. } if limit == DEFAULT_MAX_MESSAGE_SIZE),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("--runtime-max-message-size"),
+        "{err}"
+    );
+    rt.set_list_padding(0);
+    assert_eq!(client.list_sandboxes(None).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn the_limit_is_configurable() {
+    let rt = FakeRuntime::new();
+    let (_dir, server, _client) = serve(&rt).await;
+    rt.run_pod("uid-1", "web-1", "ns");
+    rt.set_list_padding(2 * MIB);
+    let small = CriRuntime::new(&server.endpoint(), std::time::Duration::from_secs(10))
+        .unwrap()
+        .with_max_message_size(MIB);
+    let err = small.list_sandboxes(None).await.unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::TooLarge { limit: MIB, .. }),
+        "{err:?}"
+    );
+    let large = CriRuntime::new(&server.endpoint(), std::time::Duration::from_secs(10))
+        .unwrap()
+        .with_max_message_size(4 * MIB);
+    assert_eq!(large.list_sandboxes(None).await.unwrap().len(), 1);
+}
