@@ -12,8 +12,9 @@
 //!   (sandboxes first, then containers, each by ID, each ID once): → running:
 //!   ContainerStarted; → exited: ContainerDied; → unknown: ContainerChanged; gone:
 //!   ContainerRemoved, preceded by ContainerDied unless it was exited. So no
-//!   ContainerDied for an ID that was already exited or never known, no
-//!   ContainerRemoved for an ID still present, no event for an unchanged ID;
+//!   ContainerDied for an ID that was already exited, or that is running or unknown
+//!   now (an ID first seen exited does get one, as in kubelet), no ContainerRemoved
+//!   for an ID still present or never known, no event for an unchanged ID;
 //! - both are deterministic: the same lists (in fresh hash maps) give the same
 //!   records and the same events.
 #![no_main]
