@@ -38,3 +38,32 @@ pub use stream::watcher::WatcherState;
 pub use sync::gate::{SyncError, SyncHold, SyncOutcome};
 pub use sync::registry::SyncGates;
 pub use wiring::{Pleg, PlegConfig};
+
+/// For fuzzing only (the `fuzzing` feature, enabled by nothing but the fuzz/ package):
+/// the crate-private pieces its targets drive directly. Not an API.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use plegd_runtime::cri::ContainerEventResponse;
+    use plegd_telemetry::StreamEventType;
+
+    pub use crate::pleg::{group, pod_events, PlegState, PodRecord};
+
+    /// `stream::hint::read`: `Ok((uid, kind, relist))` for a valid event,
+    /// `Err(deleted)` for an invalid one.
+    pub fn read_hint(ev: &ContainerEventResponse) -> Result<(&str, StreamEventType, bool), bool> {
+        use crate::stream::hint::{read, Hint};
+        match read(ev) {
+            Hint::Valid { uid, kind, relist } => Ok((uid, kind, relist)),
+            Hint::Invalid { deleted } => Err(deleted),
+        }
+    }
+
+    /// `stream::hint::latency`.
+    pub fn hint_latency(
+        created_at: i64,
+        received_ns: i64,
+        attempt_age: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        crate::stream::hint::latency(created_at, received_ns, attempt_age)
+    }
+}

@@ -31,6 +31,9 @@ pub fn pod_events(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<(Stri
         sandbox_ids.extend(rec.sandboxes.keys().cloned());
         container_ids.extend(rec.containers.keys().cloned());
     }
+    // One ID space, as kubelet's set of IDs: an ID that is both a sandbox and a
+    // container is diffed once, or its events would be published twice (fuzzing).
+    container_ids.retain(|id| !sandbox_ids.contains(id));
     let state = |rec: Option<&PodRecord>, id: &str| {
         rec.map(|r| r.state_of(id))
             .unwrap_or(PlegState::NonExistent)
@@ -70,5 +73,37 @@ mod tests {
         for (old, new, want) in cases {
             assert_eq!(events_for(*old, *new), *want, "{old:?} -> {new:?}");
         }
+    }
+
+    /// Found by fuzzing (fuzz/, target relist_diff): an ID listed both as a sandbox and
+    /// as a container of the pod was diffed twice, so each of its events was published
+    /// twice. The crashing input grouped sandbox `id0` (unknown) and a container `id0`
+    /// (created) of that sandbox: `[ContainerChanged, ContainerChanged]`.
+    #[test]
+    fn an_id_that_is_a_sandbox_and_a_container_is_diffed_once() {
+        use std::collections::BTreeMap;
+        let record = |state: PlegState| PodRecord {
+            pod: plegd_runtime::PodRef {
+                uid: "uid0".into(),
+                name: "name0".into(),
+                namespace: "ns".into(),
+            },
+            sandboxes: BTreeMap::from([("id0".to_string(), state)]),
+            containers: BTreeMap::from([("id0".to_string(), ("id0".to_string(), state))]),
+        };
+        let id0 = |kinds: &[EventKind]| -> Vec<(String, EventKind)> {
+            kinds.iter().map(|k| ("id0".to_string(), *k)).collect()
+        };
+        let unknown = record(Unknown);
+        assert_eq!(pod_events(None, Some(&unknown)), id0(&[ContainerChanged]));
+        let running = record(Running);
+        assert_eq!(
+            pod_events(Some(&unknown), Some(&running)),
+            id0(&[ContainerStarted])
+        );
+        assert_eq!(
+            pod_events(Some(&running), None),
+            id0(&[ContainerDied, ContainerRemoved])
+        );
     }
 }

@@ -10,5 +10,9 @@ mod status;
 pub use generic::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
 pub use status::PodStatus;
 
+/// For fuzzing only (`crate::fuzzing`).
+#[cfg(feature = "fuzzing")]
+pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
+
 #[cfg(test)]
 mod tests;

@@ -81,7 +81,10 @@ pub fn group(
     let mut owner: HashMap<&str, &str> = HashMap::new();
     for (uid, rec) in previous {
         for id in rec.sandbox_ids() {
-            owner.insert(id, uid);
+            // A sandbox ID known in two pods (a runtime listed it under two UIDs) goes
+            // to the same one whatever the map's order: the smallest UID (fuzzing).
+            let known = owner.entry(id).or_insert(uid);
+            *known = (*known).min(uid.as_str());
         }
     }
     for sb in sandboxes {
@@ -115,4 +118,53 @@ pub fn group(
             .insert(c.id.clone(), (c.sandbox_id.clone(), c.state.into()));
     }
     pods
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str, uid: &str) -> Sandbox {
+        Sandbox {
+            id: id.into(),
+            pod: PodRef {
+                uid: uid.into(),
+                name: format!("name-{uid}"),
+                namespace: "ns".into(),
+            },
+            attempt: 0,
+            state: SandboxState::Ready,
+            created_at: 0,
+        }
+    }
+
+    /// Found by fuzzing (fuzz/, target relist_diff): a sandbox ID that the previous
+    /// records knew in two pods (listed under UIDs `uid3` and `uid2`) gave an unlisted
+    /// sandbox's container to whichever pod the hash map visited last, so the same
+    /// lists grouped differently from one run to the next.
+    #[test]
+    fn a_sandbox_known_in_two_pods_keeps_its_containers_in_one_of_them() {
+        let first = [sandbox("id0", "uid3"), sandbox("id0", "uid2")];
+        let previous = group(&first, &[], &HashMap::new());
+        assert_eq!(previous.len(), 2);
+        let container = Container {
+            id: "c0".into(),
+            sandbox_id: "id0".into(),
+            name: "c".into(),
+            attempt: 0,
+            state: ContainerState::Created,
+            created_at: 0,
+        };
+        for _ in 0..32 {
+            // A new map: a new hasher, so another iteration order.
+            let previous: HashMap<_, _> = previous
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let now = group(&[], std::slice::from_ref(&container), &previous);
+            assert_eq!(now.keys().collect::<Vec<_>>(), ["uid2"]);
+            assert_eq!(now["uid2"].pod.name, "name-uid2");
+            assert!(now["uid2"].containers.contains_key("c0"));
+        }
+    }
 }
