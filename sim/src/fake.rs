@@ -733,6 +733,59 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_event_filter_drops_duplicates_and_changes_events() {
+        let rt = FakeRuntime::new();
+        let mut events = rt.container_events().await.unwrap();
+        // Drop CREATED events, send STARTED twice, strip the UID of the rest.
+        rt.set_event_filter(Some(Arc::new(|mut ev: cri::ContainerEventResponse| {
+            use cri::ContainerEventType::*;
+            match cri::ContainerEventType::try_from(ev.container_event_type) {
+                Ok(ContainerCreatedEvent) => vec![],
+                Ok(ContainerStartedEvent) => vec![ev.clone(), ev],
+                _ => {
+                    if let Some(m) = ev
+                        .pod_sandbox_status
+                        .as_mut()
+                        .and_then(|s| s.metadata.as_mut())
+                    {
+                        m.uid.clear();
+                    }
+                    vec![ev]
+                }
+            }
+        })));
+        let sb = rt.run_pod("u1", "p1", "ns");
+        assert_eq!(rt.sandbox(&sb).unwrap().state, SandboxState::Ready);
+        rt.stop_pod(&sb);
+        assert_eq!(rt.sandbox(&sb).unwrap().state, SandboxState::NotReady);
+        // Injected events bypass the filter.
+        let raw = rt.event_about(&sb, cri::ContainerEventType::ContainerCreatedEvent);
+        rt.inject_event(raw);
+        let mut got = vec![];
+        for _ in 0..4 {
+            let ev = events.next().await.unwrap().unwrap();
+            let uid = ev
+                .pod_sandbox_status
+                .and_then(|s| s.metadata)
+                .map(|m| m.uid);
+            got.push((ev.container_event_type, uid));
+        }
+        use cri::ContainerEventType::*;
+        let u1 = Some("u1".to_string());
+        assert_eq!(
+            got,
+            vec![
+                (ContainerStartedEvent as i32, u1.clone()),
+                (ContainerStartedEvent as i32, u1.clone()),
+                (ContainerStoppedEvent as i32, Some(String::new())),
+                (ContainerCreatedEvent as i32, u1),
+            ]
+        );
+        rt.set_event_filter(None);
+        assert!(rt.sandbox("nope").is_none());
+    }
+
+    #[tokio::test]
     async fn scripted_failures_count_down() {
         let rt = FakeRuntime::new();
         rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, Some(2));

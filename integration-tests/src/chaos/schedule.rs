@@ -43,8 +43,8 @@ pub struct RunConfig {
     pub slow_capacity: usize,
 }
 
-/// Error codes a failing call answers with (tonic's codes are not `Eq`-hashable in
-/// a way that reads well in a schedule dump, so the schedule names its own).
+/// The gRPC codes the faults answer with: the ones runtimes and transports really
+/// produce (transport failures arrive as Unknown as often as Unavailable).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Code {
     Unavailable,
