@@ -57,7 +57,7 @@ impl Default for SoakConfig {
             duration: Duration::from_secs(3600),
             pods: 50,
             churn_period: Duration::from_millis(100),
-            restart_every: Some(Duration::from_secs(300)),
+            restart_every: Some(Duration::from_secs(180)),
             restart_pause: Duration::from_secs(2),
             sample_every: Duration::from_secs(5),
             seed: 1,

@@ -35,7 +35,7 @@ struct Cli {
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     churn_period: Duration,
     /// Time between runtime restarts ("0s": none).
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
     restart_every: Duration,
     /// How long the runtime stays down at each restart.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
@@ -55,14 +55,15 @@ struct Cli {
     /// Only draw --plot from an existing --csv; run nothing.
     #[arg(long, requires_all = ["csv", "plot"])]
     plot_only: bool,
-    /// A TTF font for the plot's text (default: DejaVu Sans if installed; without a
-    /// font the plot has no text).
+    /// A TTF font for the plot's text (default: DejaVu Sans if installed; "none" or
+    /// no font found: a plot without text).
     #[arg(long)]
     font: Option<PathBuf>,
     /// Write plegd's logs (stderr) here too.
     #[arg(long)]
     plegd_log: Option<PathBuf>,
-    /// Exit 1 when the growth check (as in CI) finds growth.
+    /// Exit 1 when the growth check (CI's, with the default limits) finds growth, or
+    /// plegd did not exit 0 on SIGTERM at the end.
     #[arg(long)]
     check: bool,
 }

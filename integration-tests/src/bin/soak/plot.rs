@@ -129,7 +129,11 @@ pub fn draw(samples: &[Sample], png: &Path, font: Option<&Path>) -> Result<(), B
             let mut mesh = chart.configure_mesh();
             let decimals = panel.decimals;
             let y_format = move |v: &f64| format!("{v:.decimals$}");
+            // Whole minutes once the run is long enough for them to tell apart.
+            let x_decimals = usize::from(t_end < 5.0);
+            let x_format = move |v: &f64| format!("{v:.x_decimals$}");
             mesh.light_line_style(WHITE.mix(0.0))
+                .x_label_formatter(&x_format)
                 .bold_line_style(BLACK.mix(0.08))
                 .y_labels(y_labels)
                 .y_label_formatter(&y_format);
@@ -146,7 +150,7 @@ pub fn draw(samples: &[Sample], png: &Path, font: Option<&Path>) -> Result<(), B
         for t in &restarts {
             chart.draw_series(LineSeries::new(
                 [(*t, y0), (*t, y1)],
-                RGBColor(150, 80, 190).mix(0.6).stroke_width(2),
+                RGBColor(150, 80, 190).mix(0.6).stroke_width(1),
             ))?;
         }
         chart.draw_series(LineSeries::new(
