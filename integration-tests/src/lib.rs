@@ -8,6 +8,7 @@
 //! - [`sim`]: the simulated CRI server on a fresh socket, and CRI clients for it.
 //! - [`traces`]: the identity test spans are exported under.
 //! - [`chaos`]: the seeded chaos suite's engine (schedules, execution, checks).
+//! - [`soak`]: plegd as a process under churn and runtime restarts, sampled over time.
 //! - [`containerd`]: a private real containerd (started by the project's script),
 //!   serialised between tests, and a small CRI client for busybox pods.
 
@@ -17,4 +18,5 @@ pub mod pleg;
 pub mod process;
 pub mod sim;
 pub mod traces;
+pub mod soak;
 pub mod wait;
