@@ -17,6 +17,6 @@ pub mod containerd;
 pub mod pleg;
 pub mod process;
 pub mod sim;
-pub mod traces;
 pub mod soak;
+pub mod traces;
 pub mod wait;

@@ -74,6 +74,11 @@ pub struct RelistDispatcher {
     stopping: Arc<AtomicBool>,
     timer: Option<SpawnHandle>,
     list_errors: RateLimiter,
+    /// Requests whose turn came while a unit of work held the core: they run, in
+    /// order, when it ends. (actix may run the relist timer in the same poll in which
+    /// a handler started a unit, before that unit's `ctx.wait` takes effect, and the
+    /// reverse; the soak saw it twice an hour. Without this the request was lost.)
+    backlog: std::collections::VecDeque<RequestRelist>,
 }
 
 /// Ask for a relist of one pod. Build with [`RelistQueue::request`], which stamps the
@@ -107,6 +112,12 @@ pub struct StopHandle {
 }
 
 impl StopHandle {
+    /// The dispatcher itself, for test-only messages.
+    #[cfg(test)]
+    pub(crate) fn addr(&self) -> Addr<RelistDispatcher> {
+        self.addr.clone()
+    }
+
     pub fn stop(&self) {
         self.flag.store(true, Ordering::SeqCst);
         let _ = self.addr.try_send(Stop);
@@ -143,6 +154,7 @@ impl RelistDispatcher {
             stopping: stopping.clone(),
             timer: None,
             list_errors: RateLimiter::new(Duration::from_secs(30)),
+            backlog: std::collections::VecDeque::new(),
         };
         let addr = ctx.run(actor);
         DispatcherHandle {
@@ -189,6 +201,14 @@ impl RelistDispatcher {
     /// relist runs under `ctx.wait` (the mailbox waits) and the targeted one is chained
     /// from the global one, so no message is handled in between.
     fn run(&mut self, ctx: &mut Context<Self>, targeted: Option<RequestRelist>) {
+        if self.core.is_none() {
+            // A unit of work is in progress: a request waits for it to end; a timer
+            // tick is dropped (the unit re-arms the timer when it ends).
+            if let Some(req) = targeted {
+                self.backlog.push_back(req);
+            }
+            return;
+        }
         if self.schedule.due(Instant::now()) {
             self.global(ctx, targeted);
         } else if let Some(req) = targeted {
@@ -198,10 +218,15 @@ impl RelistDispatcher {
         }
     }
 
-    /// Ends a unit of work: stop if asked, else wait for the next due global relist.
+    /// Ends a unit of work: stop if asked, else run a request that waited for it, else
+    /// wait for the next due global relist.
     fn unit_done(&mut self, ctx: &mut Context<Self>) {
-        if !self.stop_if_asked(ctx) {
-            self.schedule_tick(ctx);
+        if self.stop_if_asked(ctx) {
+            return;
+        }
+        match self.backlog.pop_front() {
+            Some(req) => self.run(ctx, Some(req)),
+            None => self.schedule_tick(ctx),
         }
     }
 
@@ -440,6 +465,23 @@ impl Handler<Stop> for RelistDispatcher {
 
     fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
         ctx.stop();
+    }
+}
+
+/// Test only: two units of work asked for in one handler, as actix can do when the
+/// relist timer and a message run in the same poll.
+#[cfg(test)]
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct TwoUnitsAtOnce(pub RequestRelist, pub RequestRelist);
+
+#[cfg(test)]
+impl Handler<TwoUnitsAtOnce> for RelistDispatcher {
+    type Result = ();
+
+    fn handle(&mut self, msg: TwoUnitsAtOnce, ctx: &mut Self::Context) {
+        self.run(ctx, Some(msg.0));
+        self.run(ctx, Some(msg.1));
     }
 }
 

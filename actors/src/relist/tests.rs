@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::{Metrics, RequestResult};
 
-use super::dispatcher::{DispatcherConfig, DispatcherDeps, DispatcherHandle, RelistDispatcher};
+use super::dispatcher::{
+    DispatcherConfig, DispatcherDeps, DispatcherHandle, RelistDispatcher, RequestRelist,
+    TwoUnitsAtOnce,
+};
 use crate::cache::ApplyRelist;
 use crate::event::{EventKind, RelistSource};
 use crate::health::Health;
@@ -474,4 +477,40 @@ async fn global_relists_keep_their_period_and_observe_the_interval() {
     assert_eq!(intervals, relists - 1);
     let mean = b.metrics.relist_interval.get_sample_sum() / intervals as f64;
     assert!(mean >= period.as_secs_f64(), "mean interval {mean}s");
+}
+
+/// Found by the one-hour soak ("relist requested while another is in progress"): when
+/// two units of work start in one poll (the relist timer and a message), the second
+/// found the core taken and its request was lost. It now runs after the first.
+#[actix_rt::test]
+async fn a_request_whose_turn_comes_while_a_relist_runs_is_not_lost() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let b = start(&rt, Setup::default());
+    wait_until("first global relist", || b.global_relists() == 1).await;
+    rt.set_latency(Op::ListContainers, Duration::from_millis(50));
+    rt.exit_container(&c, 1);
+    let req = |uid: &str| RequestRelist {
+        uid: uid.into(),
+        source: RelistSource::EventedPleg,
+        enqueued_at: Instant::now(),
+        cause: None,
+    };
+    b.dispatcher
+        .stop
+        .addr()
+        .send(TwoUnitsAtOnce(req("u1"), req("u2")))
+        .await
+        .unwrap();
+    wait_until("both requests done", || {
+        b.requests(RequestResult::Done) == 2
+    })
+    .await;
+    assert!(b
+        .published
+        .all()
+        .iter()
+        .flat_map(|p| p.0.iter())
+        .any(|e| e.kind == EventKind::ContainerDied && e.container_id == c));
 }
