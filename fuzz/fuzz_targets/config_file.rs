@@ -41,10 +41,12 @@ struct Cli {
     settings: Settings,
 }
 
+/// What clap made of a command line: the settings, its matches, the keys it gave.
+type Parsed = (Settings, ArgMatches, Vec<String>);
+
 /// Settings and matches for a command line that gives the keys of `mask` as flags.
-fn parse(mask: u16) -> (Settings, ArgMatches, Vec<String>) {
-    static CACHE: OnceLock<Mutex<HashMap<u16, (Settings, ArgMatches, Vec<String>)>>> =
-        OnceLock::new();
+fn parse(mask: u16) -> Parsed {
+    static CACHE: OnceLock<Mutex<HashMap<u16, Parsed>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let keys = Settings::keys();
     let mask = mask & ((1 << keys.len().min(16)) - 1) as u16;
