@@ -15,6 +15,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+step "fuzz targets build (fuzz/ is outside the workspace)"
+cargo check --manifest-path fuzz/Cargo.toml --locked --bins --quiet
 step "shellcheck"
 shellcheck scripts/*.sh scripts/lib/*.sh compose/*.sh .ci/run
 step "yamllint"
