@@ -16,10 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use integration_tests::wait::{expect_event, wait_until};
 use plegd_actors::{EventKind, Pleg, PlegConfig, RelistSource, SyncOutcome};
-use plegd_runtime::{
-    Container, ContainerStatus, EventStream, RuntimeClient, RuntimeError, RuntimeVersion, Sandbox,
-};
-use plegd_sim::FakeRuntime;
+use plegd_runtime::{ContainerStatus, RuntimeClient, RuntimeError, Sandbox};
+use plegd_sim::{FakeRuntime, Intercept, Intercepted};
 use plegd_telemetry::{Metrics, RequestResult};
 use tokio::sync::Notify;
 
@@ -44,15 +42,9 @@ impl Scripted {
 }
 
 #[async_trait]
-impl RuntimeClient for Scripted {
-    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
-        self.inner.version().await
-    }
-    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
-        self.inner.list_sandboxes(id).await
-    }
-    async fn list_containers(&self, s: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
-        self.inner.list_containers(s).await
+impl Intercept for Scripted {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
     }
     async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
         let wait = {
@@ -86,13 +78,10 @@ impl RuntimeClient for Scripted {
         }
         self.inner.container_status(id).await
     }
-    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
-        self.inner.container_events().await
-    }
 }
 
 struct Node {
-    rt: Arc<Scripted>,
+    rt: Arc<Intercepted<Scripted>>,
     pleg: Pleg,
     sub: plegd_actors::Subscription,
     /// (sandbox, container) of pods "x", "y", "z", each running.
@@ -104,7 +93,7 @@ struct Node {
 /// Three running pods, already seen by a plegd whose next periodic global relist is an
 /// hour away and which has no event stream (every targeted relist is the test's).
 async fn node() -> Node {
-    let rt = Arc::new(Scripted::default());
+    let rt = Arc::new(Intercepted(Scripted::default()));
     let pleg = Pleg::start(
         rt.clone(),
         &PlegConfig {

@@ -382,6 +382,17 @@ async fn stop_in_the_middle_of_a_relist() {
 
 #[actix_rt::test]
 async fn bringing_forward_is_honoured_once_per_period_and_failures_do_not_count() {
+    // The mailbox is FIFO: once one request is done, every BringForward before it was
+    // handled.
+    async fn fence(p: &Pleg) {
+        assert!(p.request_relist("u1", RelistSource::EventedPleg));
+        wait_until("fence", || {
+            p.metrics()
+                .requests(RequestResult::Done, RelistSource::EventedPleg)
+                == 1
+        })
+        .await;
+    }
     let rt = FakeRuntime::new();
     rt.run_pod("u1", "web", "ns");
     let p = start_generic(&rt, Duration::from_secs(3600));
@@ -392,14 +403,7 @@ async fn bringing_forward_is_honoured_once_per_period_and_failures_do_not_count(
     for _ in 0..20 {
         p.bring_global_relist_forward();
     }
-    // The mailbox is FIFO: once this request is done, every BringForward was handled.
-    assert!(p.request_relist("u1", RelistSource::EventedPleg));
-    wait_until("fence", || {
-        p.metrics()
-            .requests(RequestResult::Done, RelistSource::EventedPleg)
-            == 1
-    })
-    .await;
+    fence(&p).await;
     assert_eq!(global_relists(&p), n + 1, "at most once per period");
 
     // A fresh plegd whose forced relists fail keeps honouring them.
@@ -418,13 +422,7 @@ async fn bringing_forward_is_honoured_once_per_period_and_failures_do_not_count(
     p.bring_global_relist_forward();
     wait_until("a working forced relist", || global_relists(&p) == n + 1).await;
     p.bring_global_relist_forward();
-    assert!(p.request_relist("u1", RelistSource::EventedPleg));
-    wait_until("fence", || {
-        p.metrics()
-            .requests(RequestResult::Done, RelistSource::EventedPleg)
-            == 1
-    })
-    .await;
+    fence(&p).await;
     assert_eq!(global_relists(&p), n + 1);
 }
 

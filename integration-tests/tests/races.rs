@@ -19,12 +19,9 @@ use plegd_actors::SyncOutcome;
 use plegd_actors::{EventKind, RelistSource};
 use plegd_actors::{Pleg, PlegConfig};
 use plegd_runtime::CriRuntime;
-use plegd_runtime::{
-    Container, ContainerState, ContainerStatus, EventStream, RuntimeClient, RuntimeError,
-    RuntimeVersion, Sandbox,
-};
+use plegd_runtime::{ContainerState, EventStream, RuntimeClient, RuntimeError};
 use plegd_sim::spawn_in_thread;
-use plegd_sim::{FakeRuntime, Op};
+use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
 use plegd_telemetry::Metrics;
 
 /// The Generic PLEG with gates that go idle quickly (these tests hold pods).
@@ -54,21 +51,9 @@ struct DoubleError {
 }
 
 #[async_trait]
-impl RuntimeClient for DoubleError {
-    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
-        self.inner.version().await
-    }
-    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
-        self.inner.list_sandboxes(id).await
-    }
-    async fn list_containers(&self, s: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
-        self.inner.list_containers(s).await
-    }
-    async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
-        self.inner.sandbox_status(id).await
-    }
-    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
-        self.inner.container_status(id).await
+impl Intercept for DoubleError {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
     }
     async fn container_events(&self) -> Result<EventStream, RuntimeError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
@@ -86,10 +71,10 @@ impl RuntimeClient for DoubleError {
 #[actix_rt::test]
 async fn a_stream_error_reported_twice_reconnects_once() {
     let rt = FakeRuntime::new();
-    let client = Arc::new(DoubleError {
+    let client = Arc::new(Intercepted(DoubleError {
         inner: rt.clone(),
         calls: AtomicU32::new(0),
-    });
+    }));
     let cfg = PlegConfig {
         relist_period: Duration::from_secs(3600),
         reconnect: ReconnectPolicy::new(

@@ -3,7 +3,7 @@
 //! endpoint, and graceful shutdown on SIGTERM/SIGINT.
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use plegd_sim::{spawn_in_thread, FakeRuntime};
@@ -625,39 +625,38 @@ fn print_config_output_read_back_as_a_config_file_gives_the_same_config() {
     }
 }
 
+/// A demo with busy churn writing its events to `events_json`; stderr piped.
+fn busy_demo(events_json: &str, stdout: Stdio) -> Child {
+    plegd()
+        .args(["demo", "--pods", "20", "--churn-period", "5ms"])
+        .args(["--events-json", events_json, "--metrics-addr", "off"])
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for the child's exit; its status and everything it wrote to stderr.
+fn exit_and_stderr(child: &mut Child) -> (std::process::ExitStatus, String) {
+    let (status, _) = wait_exit(child);
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut stderr).unwrap();
+    }
+    (status, stderr)
+}
+
 /// Issue 9 #1: with its output's reader gone (`plegd ... | head -1`), plegd went on
 /// relisting forever, silently losing every later event.
 #[test]
 fn a_closed_output_pipe_stops_plegd_with_an_error() {
-    let mut child = plegd()
-        .args([
-            "demo",
-            "--pods",
-            "20",
-            "--churn-period",
-            "5ms",
-            "--events-json",
-            "-",
-            "--metrics-addr",
-            "off",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = busy_demo("-", Stdio::piped());
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     stdout.read_line(&mut first).unwrap();
     assert!(first.starts_with('{'), "{first}");
     drop(stdout); // like `head -1` exiting
-    let (status, _) = wait_exit(&mut child);
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, stderr) = exit_and_stderr(&mut child);
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert_eq!(
         stderr.matches("writing events").count(),
@@ -669,30 +668,8 @@ fn a_closed_output_pipe_stops_plegd_with_an_error() {
 /// Issue 9 #1: `--events-json /dev/full` ran silently until SIGTERM.
 #[test]
 fn a_full_output_file_stops_plegd_with_an_error() {
-    let mut child = plegd()
-        .args([
-            "demo",
-            "--pods",
-            "20",
-            "--churn-period",
-            "5ms",
-            "--events-json",
-            "/dev/full",
-            "--metrics-addr",
-            "off",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (status, _) = wait_exit(&mut child);
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let mut child = busy_demo("/dev/full", Stdio::null());
+    let (status, stderr) = exit_and_stderr(&mut child);
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("writing events"), "{stderr}");
 }

@@ -177,11 +177,12 @@ fn pod_meta_to_wire(pod: &PodRef, attempt: u32) -> cri::PodSandboxMetadata {
 }
 
 pub fn sandbox_to_wire(s: &Sandbox) -> cri::PodSandbox {
+    let st = sandbox_status_to_wire(s);
     cri::PodSandbox {
-        id: s.id.clone(),
-        metadata: Some(pod_meta_to_wire(&s.pod, s.attempt)),
-        state: sandbox_state_to_wire(s.state),
-        created_at: s.created_at,
+        id: st.id,
+        metadata: st.metadata,
+        state: st.state,
+        created_at: st.created_at,
         ..Default::default()
     }
 }

@@ -16,6 +16,7 @@ mod cri_writes;
 mod error;
 mod fake;
 mod filter;
+mod intercept;
 pub mod server;
 pub mod socket;
 
@@ -25,6 +26,7 @@ pub use churn::{
 pub use cri_writes::{KILL_EXIT_CODE, STOP_EXIT_CODE};
 pub use error::SimError;
 pub use fake::{EventFilter, FakeRuntime, Op};
+pub use intercept::{Intercept, Intercepted};
 pub use server::CriServer;
 pub use socket::{
     serve_unix, spawn_in_thread, SimServer, ThreadedSimServer, SHUTDOWN_GRACE, THREAD_STOP_GRACE,

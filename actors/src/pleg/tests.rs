@@ -6,11 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::event::{EventKind, EventKind::*, RelistSource};
-use plegd_runtime::{
-    Container, ContainerState, ContainerStatus, EventStream, RuntimeClient, RuntimeError,
-    RuntimeVersion, Sandbox,
-};
-use plegd_sim::{FakeRuntime, Op};
+use plegd_runtime::{ContainerState, ContainerStatus, RuntimeClient, RuntimeError, Sandbox};
+use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
 
 fn pleg(rt: &FakeRuntime) -> GenericPleg {
     GenericPleg::new(Arc::new(rt.clone()), 4)
@@ -342,9 +339,9 @@ impl Spy {
 }
 
 #[async_trait::async_trait]
-impl RuntimeClient for Spy {
-    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
-        self.inner.version().await
+impl Intercept for Spy {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
     }
     async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
         self.sandbox_lists
@@ -355,12 +352,6 @@ impl RuntimeClient for Spy {
         let mut all = self.inner.list_sandboxes(id).await?;
         all.retain(|s| !hidden.contains(&s.id));
         Ok(all)
-    }
-    async fn list_containers(
-        &self,
-        sandbox_id: Option<&str>,
-    ) -> Result<Vec<Container>, RuntimeError> {
-        self.inner.list_containers(sandbox_id).await
     }
     async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
         self.status_call(self.inner.sandbox_status(id)).await
@@ -375,13 +366,10 @@ impl RuntimeClient for Spy {
         }
         self.status_call(self.inner.container_status(id)).await
     }
-    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
-        self.inner.container_events().await
-    }
 }
 
 fn spy_pleg(spy: &Spy, concurrency: usize) -> GenericPleg {
-    GenericPleg::new(Arc::new(spy.clone()), concurrency)
+    GenericPleg::new(Arc::new(Intercepted(spy.clone())), concurrency)
 }
 
 /// Issue 9 #4: a sandbox missing from one list made its still-running containers
