@@ -57,9 +57,11 @@ if ! cmp -s scripts/lint-requirements.txt "$TOOLS/venv/requirements.txt"; then
 fi
 ln -sf ../venv/bin/hadolint ../venv/bin/kubernetes-validate "$TOOLS/bin/"
 
+# Judged by the binary itself (cargo's install list can outlive a deleted binary).
 for crate in cargo-deny@0.20.2 cargo-machete@0.9.2; do
-    if ! cargo install --list | grep -qx "${crate%@*} v${crate#*@}:"; then
+    name="${crate%@*}" version="${crate#*@}"
+    if ! "$name" --version 2>/dev/null | grep -qw "$version"; then
         log "cargo install --locked $crate"
-        cargo install --locked --quiet "$crate"
+        cargo install --locked --force --quiet "$crate"
     fi
 done
