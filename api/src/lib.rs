@@ -1,1 +1,27 @@
-//! placeholder
+//! plegd's subscriber API (issue 10 §2): the plegd.v1 gRPC service on a unix socket,
+//! and the client helpers the CLI and node agents use.
+//!
+//! - `socket`: making the socket safely (mode, group, stale or live socket).
+//! - `server`: tonic on its own thread; `service`: the RPCs; `watch`: one Watch
+//!   stream (a subscriber with its own queue); `sync`: one Sync stream (a sync hold).
+//! - `filter` and `selector`: Watch's filters; `convert`: domain ↔ wire types;
+//!   `request_errors`: malformed or oversized requests → INVALID_ARGUMENT.
+//! - `client`: connecting to a plegd.
+
+mod client;
+pub mod convert;
+mod filter;
+mod request_errors;
+mod selector;
+mod server;
+mod service;
+mod socket;
+mod sync;
+mod watch;
+
+pub use client::{connect, Unreachable, DEFAULT_SOCKET};
+pub use plegd_protocol::{v1, MAX_REQUEST_BYTES};
+pub use selector::{LabelSelector, SelectorError};
+pub use server::{ApiConfig, ApiServer, DEFAULT_WATCH_QUEUE, MAX_RESPONSE_BYTES};
+pub use service::{DEFAULT_WAIT, MAX_WAIT};
+pub use socket::{bind, lock_path, BoundSocket, SocketError, SOCKET_MODE};

@@ -1,16 +1,20 @@
 //! The command tree: `plegd run` (a real CRI runtime) and `plegd demo` (the built-in
 //! simulated runtime), each with the settings (`config.rs`) and the `--config` and
-//! `--print-config` flags. A bad value fails at start with the flag's name and the
+//! `--print-config` flags; and the subscriber API's clients (`client/`: `plegd
+//! watch`, `pods`, `status`). A bad value fails at start with the flag's name and the
 //! reason.
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::client::ClientCommand;
 use crate::config::{ConfigArgs, Settings};
 use crate::values::{Count, PositiveDuration, DAY, HOUR};
 
 const AFTER_HELP: &str = "\
 Exit status: 0 after a clean shutdown (SIGTERM/SIGINT), 1 when the runtime cannot be
-reached or is not a CRI v1 runtime at start, 2 for bad flags or configuration.
+reached or is not a CRI v1 runtime at start (or another plegd serves the API socket),
+2 for bad flags or configuration. The clients (watch, pods, status) exit 1 when no
+plegd answers at the socket or it refuses the request.
 
 Configuration precedence: flags > environment (PLEGD_*, shown with each flag) >
 the --config TOML file (keys are the flag names without dashes, e.g.
@@ -42,6 +46,8 @@ pub enum Command {
     /// going away). Needs no container runtime. Prints readable events by default.
     #[command(after_help = AFTER_HELP)]
     Demo(DemoArgs),
+    #[command(flatten)]
+    Client(ClientCommand),
 }
 
 #[derive(Args, Debug)]

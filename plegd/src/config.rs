@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::exit::{ConfigError, MAX_CONFIG_FILE};
 use crate::values::{
-    true_or_false, Count, LogFormat, MessageSize, MetricsAddr, OtlpEndpoint, PositiveDuration, DAY,
-    HOUR,
+    true_or_false, ApiSocket, Count, LogFormat, MessageSize, MetricsAddr, OtlpEndpoint,
+    PositiveDuration, DAY, HOUR,
 };
 
 /// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
@@ -85,6 +85,25 @@ pub struct Settings {
     /// and fields, for log collectors).
     #[arg(long, env = "PLEGD_LOG_FORMAT", default_value = "text", value_enum)]
     pub log_format: LogFormat,
+
+    // The subscriber API (plegd.v1, README "Subscriber API").
+    /// Serve the subscriber API (gRPC, plegd.v1) on this unix socket, mode 0660, its
+    /// directory created if missing; 'off' disables it. Default: /run/plegd/plegd.sock
+    /// for run, a socket in the demo's temporary directory for demo (logged at start).
+    #[arg(long, env = "PLEGD_API_SOCKET", value_name = "PATH|off")]
+    pub api_socket: Option<ApiSocket>,
+    /// The group of the API socket (a name or a numeric id); members of the group may
+    /// connect. Default: plegd's own group.
+    #[arg(long, env = "PLEGD_API_SOCKET_GROUP", value_name = "GROUP", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub api_socket_group: Option<String>,
+    /// Events kept in memory for Watch's since_revision (a client resuming from an
+    /// older revision must list again; at most 16777216).
+    #[arg(long, env = "PLEGD_HISTORY_EVENTS", default_value = "65536")]
+    pub history_events: Count<16_777_216>,
+    /// How long GetPodStatus still answers for a pod that went away, with its last
+    /// status (at most 1d).
+    #[arg(long, env = "PLEGD_TOMBSTONE_TTL", default_value = "5m")]
+    pub tombstone_ttl: PositiveDuration<DAY>,
 }
 
 /// `--config` and `--print-config`: how to read and show the settings, not settings.
@@ -223,6 +242,8 @@ mod tests {
         let mut table: Vec<String> = settings.to_table().unwrap().keys().cloned().collect();
         // Optional keys with no value are not serialized.
         table.extend([
+            "api-socket".into(),
+            "api-socket-group".into(),
             "node-name".into(),
             "otlp-endpoint".into(),
             "runtime-endpoint".into(),

@@ -9,7 +9,7 @@ use plegd_sim::{spawn_churn, spawn_in_thread, ChurnConfig, FakeRuntime};
 use crate::cli::Workload;
 use crate::exit::ExitError;
 use crate::output::Format;
-use crate::serve::{connect, serve};
+use crate::serve::{api_socket_path, connect, serve};
 use crate::service_config::ServiceConfig;
 use crate::signals::Signals;
 
@@ -44,7 +44,11 @@ pub async fn run(
             None => std::future::pending().await,
         }
     };
-    let result = serve(Arc::new(runtime), config, signals, Format::Text, until).await;
+    let api_socket = api_socket_path(config, || dir.path().join("plegd.sock"));
+    if let Some(p) = &api_socket {
+        tracing::info!(socket = %p.display(), "the demo's subscriber API socket (plegd watch --api-socket {})", p.display());
+    }
+    let result = serve(Arc::new(runtime), config, signals, Format::Text, api_socket, until).await;
     churn.stop();
     server.stop();
     drop(dir);

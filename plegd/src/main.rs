@@ -2,6 +2,7 @@
 //! built-in simulator), starts the service and shuts it down on SIGTERM/SIGINT.
 
 mod cli;
+mod client;
 mod config;
 mod demo;
 mod exit;
@@ -73,6 +74,8 @@ fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Checked>, 
             };
             (job, a.settings, a.config)
         }
+        // Handled before (`main`).
+        Command::Client(_) => return Ok(None),
     };
     if args.print_config {
         start_logging(settings.log_format, endpoint_ignored);
@@ -106,6 +109,12 @@ fn fail(e: ExitError) -> ExitCode {
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Command::Client(command) = cli.command {
+        return match client::run(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        };
+    }
     let checked = match configure(cli.command, &matches) {
         Ok(Some(checked)) => checked,
         Ok(None) => return ExitCode::SUCCESS,

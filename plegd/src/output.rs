@@ -37,8 +37,14 @@ struct JsonEvent<'a> {
     attempt: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     image: Option<&'a str>,
-    relist_source: &'a str,
+    /// Left out for a snapshot event (`plegd watch --initial-events`): no relist
+    /// found it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    relist_source: Option<&'a str>,
     seq: u64,
+    /// A synthetic event of the initial state (`plegd watch --initial-events`).
+    #[serde(skip_serializing_if = "is_false")]
+    snapshot: bool,
     /// Events this output missed (its queue was full) just before this one.
     #[serde(skip_serializing_if = "is_zero")]
     missed: u64,
@@ -62,7 +68,17 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 pub fn format_line(d: &Delivery, format: Format) -> String {
+    format_event(d, format, false)
+}
+
+/// One event's line; `snapshot` for a synthetic event of the initial state (what
+/// `plegd watch --initial-events` prints first).
+pub fn format_event(d: &Delivery, format: Format, snapshot: bool) -> String {
     let e = &d.event;
     let time = rfc3339(e.time);
     let exit = e.exit.as_ref();
@@ -79,8 +95,9 @@ pub fn format_line(d: &Delivery, format: Format) -> String {
             sandbox: e.sandbox,
             attempt: e.attempt,
             image: e.image.as_deref(),
-            relist_source: e.relist_source.as_str(),
+            relist_source: (!snapshot).then(|| e.relist_source.as_str()),
             seq: d.seq,
+            snapshot,
             missed: d.missed,
             exit_code: exit.map(|x| x.code),
             reason: exit.and_then(|x| x.reason.as_deref()),
@@ -111,13 +128,17 @@ pub fn format_line(d: &Delivery, format: Format) -> String {
                     None => format!("  exit {}", x.code),
                 })
                 .unwrap_or_default();
+            let by = if snapshot {
+                "snapshot".to_string()
+            } else {
+                format!("detected by {} relist", e.relist_source.as_str())
+            };
             format!(
-                "{time}  #{:<6} {:<16} {}/{}  {what} {id}{exit}  (detected by {} relist){missed}",
+                "{time}  #{:<6} {:<16} {}/{}  {what} {id}{exit}  ({by}){missed}",
                 e.revision,
                 e.kind.as_str(),
                 e.pod.namespace,
                 e.pod.name,
-                e.relist_source.as_str()
             )
         }
     }

@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::path::{Path, PathBuf};
+
 use plegd_actors::{Health, Pleg};
+use plegd_api::{ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_WATCH_QUEUE};
 use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::traces::{sdk_disabled, TraceExport};
@@ -15,6 +18,7 @@ use plegd_telemetry::Metrics;
 use crate::exit::{ConfigError, ExitError};
 use crate::output::{open_append, spawn_writer, Format, Target};
 use crate::service_config::ServiceConfig;
+use crate::values::ApiSocket;
 use crate::signals::{Asked, Signals};
 
 /// Queue of the output subscriber: large, so a slow terminal rarely drops events
@@ -22,6 +26,8 @@ use crate::signals::{Asked, Signals};
 const OUTPUT_QUEUE: usize = 65_536;
 /// How long shutdown waits for the output to drain what is queued.
 const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
+/// How long shutdown waits for the API server to end its streams and connections.
+const API_GRACE: Duration = Duration::from_millis(300);
 /// How long shutdown waits for the relist in progress beyond one request timeout
 /// (its last call may have just started; what follows the call is quick).
 const SHUTDOWN_MARGIN: Duration = Duration::from_millis(700);
@@ -44,14 +50,34 @@ pub async fn run_real(
     signals: &mut Signals,
 ) -> Result<(), ExitError> {
     let runtime = connect(endpoint, config).await?;
+    let api_socket = api_socket_path(config, || PathBuf::from(plegd_api::DEFAULT_SOCKET));
     serve(
         Arc::new(runtime),
         config,
         signals,
         Format::Json,
+        api_socket,
         std::future::pending(),
     )
     .await
+}
+
+/// Where to serve the subscriber API: `--api-socket`, or the command's default; None
+/// when it is off.
+pub fn api_socket_path(config: &ServiceConfig, default: impl FnOnce() -> PathBuf) -> Option<PathBuf> {
+    match &config.api_socket {
+        None => Some(default()),
+        Some(ApiSocket::Off) => None,
+        Some(ApiSocket::Path(p)) => Some(p.clone()),
+    }
+}
+
+/// Binds the API socket (before anything starts, so that a second plegd fails fast).
+fn bind_api(path: &Path, config: &ServiceConfig) -> Result<BoundSocket, ExitError> {
+    plegd_api::bind(path, config.api_socket_group.as_deref()).map_err(|e| match e {
+        e @ SocketError::UnknownGroup { .. } => ExitError::from(ConfigError::ApiSocketGroup(e)),
+        e => ExitError::Runtime(anyhow::Error::new(e)),
+    })
 }
 
 /// A client of the CRI runtime at `endpoint` that passed the start-up check (the
@@ -91,8 +117,13 @@ pub async fn serve(
     config: &ServiceConfig,
     signals: &mut Signals,
     default_format: Format,
+    api_socket: Option<PathBuf>,
     until: impl Future<Output = ()>,
 ) -> Result<(), ExitError> {
+    let api_bound = api_socket
+        .as_deref()
+        .map(|p| bind_api(p, config))
+        .transpose()?;
     let metrics = Arc::new(Metrics::new());
     let reopen = Arc::new(AtomicBool::new(false));
     let (target, format) = match &config.events_json {
@@ -129,6 +160,21 @@ pub async fn serve(
     let (output_failed_tx, output_failed) = tokio::sync::oneshot::channel();
     let writer = spawn_writer(sub, target, format, output_failed_tx)
         .map_err(ExitError::runtime("cannot start the output thread"))?;
+
+    let api = match api_bound {
+        Some(bound) => {
+            let path = bound.path().display().to_string();
+            let api_config = ApiConfig {
+                node_name: config.identity.node_name.clone(),
+                watch_queue: DEFAULT_WATCH_QUEUE,
+            };
+            let server = ApiServer::start(pleg.clone(), bound, api_config)
+                .map_err(ExitError::runtime("cannot start the API server"))?;
+            tracing::info!(socket = %path, "serving the subscriber API (plegd.v1)");
+            Some(server)
+        }
+        None => None,
+    };
 
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut http_task = None;
@@ -171,6 +217,13 @@ pub async fn serve(
     // The endpoint stops now, alongside the relist: it drops its connections within
     // its grace (0.5 s, less than SHUTDOWN_MARGIN), so no client holds up the exit.
     let _ = http_stop.send(());
+    // Every Watch and Sync stream ends (UNAVAILABLE, a held pod released as
+    // cancelled), then the socket goes; on its own thread, so the wait is short.
+    if let Some(api) = api {
+        if !api.stop(API_GRACE) {
+            tracing::warn!("the API server did not stop in time; exiting anyway");
+        }
+    }
     // A relist in progress is finished, its events published, if its remaining calls
     // end within one request timeout: the common case of one slow call.
     let deadline = Instant::now() + config.runtime_request_timeout + SHUTDOWN_MARGIN;

@@ -12,7 +12,7 @@ use plegd_telemetry::traces::Identity;
 
 use crate::config::Settings;
 use crate::exit::ConfigError;
-use crate::values::MetricsAddr;
+use crate::values::{ApiSocket, MetricsAddr};
 
 /// What the service runs with, whichever the runtime.
 #[derive(Clone, Debug)]
@@ -29,6 +29,9 @@ pub struct ServiceConfig {
     pub otlp_endpoint: Option<String>,
     /// Who this plegd is, on exported telemetry.
     pub identity: Identity,
+    /// `--api-socket`: unset for the command's default.
+    pub api_socket: Option<ApiSocket>,
+    pub api_socket_group: Option<String>,
 }
 
 /// The host name, as the kernel has it.
@@ -74,6 +77,8 @@ impl Settings {
                 status_concurrency: self.status_concurrency.get(),
                 evented: self.evented,
                 reconnect,
+                history_events: self.history_events.get(),
+                tombstone_ttl: self.tombstone_ttl.0,
                 ..PlegConfig::default()
             },
             runtime_request_timeout: self.runtime_request_timeout.0,
@@ -84,6 +89,8 @@ impl Settings {
                 MetricsAddr::On(addr) => Some(addr),
             },
             otlp_endpoint: self.otlp_endpoint.as_ref().map(|e| e.0.clone()),
+            api_socket: self.api_socket.clone(),
+            api_socket_group: self.api_socket_group.clone(),
             identity: {
                 let host_name = host_name();
                 let node_name = match (&self.node_name, &host_name) {

@@ -203,6 +203,39 @@ impl fmt::Display for OtlpEndpoint {
     }
 }
 
+/// Where to serve the subscriber API: an absolute socket path, or `off`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum ApiSocket {
+    Off,
+    Path(std::path::PathBuf),
+}
+
+impl FromStr for ApiSocket {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(ApiSocket::Off);
+        }
+        let path = std::path::Path::new(s);
+        if !path.is_absolute() || path.file_name().is_none() {
+            return Err(
+                "expected an absolute socket path such as /run/plegd/plegd.sock, or 'off'".into(),
+            );
+        }
+        Ok(ApiSocket::Path(path.to_owned()))
+    }
+}
+
+impl fmt::Display for ApiSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ApiSocket::Off => f.write_str("off"),
+            ApiSocket::Path(p) => p.display().fmt(f),
+        }
+    }
+}
+
 /// serde's `try_from = "String"` for every kind above that is written as text.
 macro_rules! text_conversions {
     ($($t:ty),*) => {$(
@@ -219,7 +252,7 @@ macro_rules! text_conversions {
         }
     )*};
 }
-text_conversions!(MessageSize, MetricsAddr, OtlpEndpoint);
+text_conversions!(MessageSize, MetricsAddr, OtlpEndpoint, ApiSocket);
 
 impl<const MAX_SECS: u64> TryFrom<String> for PositiveDuration<MAX_SECS> {
     type Error = String;
@@ -318,5 +351,11 @@ mod tests {
         assert!("http://h:4317".parse::<OtlpEndpoint>().is_ok());
         assert!("grpc://h".parse::<OtlpEndpoint>().is_err());
         assert!("http://".parse::<OtlpEndpoint>().is_err());
+        for s in ["off", "/run/plegd/plegd.sock"] {
+            assert_eq!(s.parse::<ApiSocket>().unwrap().to_string(), s);
+        }
+        for bad in ["plegd.sock", "", "/"] {
+            assert!(bad.parse::<ApiSocket>().is_err(), "{bad:?}");
+        }
     }
 }

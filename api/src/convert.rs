@@ -1,0 +1,353 @@
+//! plegd's domain types ↔ plegd.v1 messages: events, pods and times. Both ways, so
+//! the CLI clients print what `plegd run` prints from the same domain event.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use plegd_actors::{CachedPod, EventKind, Exit, LifecycleEvent, RelistSource};
+use plegd_protocol::v1;
+use plegd_runtime::{ContainerState, ContainerStatus, PodRef, Sandbox, SandboxState};
+
+/// Nanoseconds since the Unix epoch (negative before it; saturating).
+pub fn unix_nanos(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
+    }
+}
+
+/// The time `ns` nanoseconds after the Unix epoch.
+pub fn from_unix_nanos(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns.unsigned_abs())
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+/// A CRI time (0: not reported).
+fn cri_time(ns: i64) -> Option<i64> {
+    (ns != 0).then_some(ns)
+}
+
+pub fn event_type(kind: EventKind) -> v1::EventType {
+    match kind {
+        EventKind::ContainerStarted => v1::EventType::ContainerStarted,
+        EventKind::ContainerDied => v1::EventType::ContainerDied,
+        EventKind::ContainerRemoved => v1::EventType::ContainerRemoved,
+        EventKind::PodSync => v1::EventType::PodSync,
+        // Never published.
+        EventKind::ContainerChanged => v1::EventType::Unspecified,
+    }
+}
+
+pub fn event_kind(t: v1::EventType) -> Option<EventKind> {
+    match t {
+        v1::EventType::ContainerStarted => Some(EventKind::ContainerStarted),
+        v1::EventType::ContainerDied => Some(EventKind::ContainerDied),
+        v1::EventType::ContainerRemoved => Some(EventKind::ContainerRemoved),
+        v1::EventType::PodSync => Some(EventKind::PodSync),
+        v1::EventType::Unspecified => None,
+    }
+}
+
+pub fn relist_source(s: RelistSource) -> v1::RelistSource {
+    match s {
+        RelistSource::Global => v1::RelistSource::Global,
+        RelistSource::EventedPleg => v1::RelistSource::EventedPleg,
+        RelistSource::PostSync => v1::RelistSource::PostSync,
+        RelistSource::PostAllocation => v1::RelistSource::PostAllocation,
+    }
+}
+
+pub fn from_relist_source(s: v1::RelistSource) -> Option<RelistSource> {
+    match s {
+        v1::RelistSource::Global => Some(RelistSource::Global),
+        v1::RelistSource::EventedPleg => Some(RelistSource::EventedPleg),
+        v1::RelistSource::PostSync => Some(RelistSource::PostSync),
+        v1::RelistSource::PostAllocation => Some(RelistSource::PostAllocation),
+        v1::RelistSource::Unspecified => None,
+    }
+}
+
+/// A published event as sent on a stream (`seq`/`missed` are the stream's).
+pub fn event(e: &LifecycleEvent, seq: u64, missed: u64) -> v1::Event {
+    let exit = e.exit.as_ref();
+    v1::Event {
+        revision: e.revision,
+        time_unix_nano: unix_nanos(e.time),
+        pod_uid: e.pod.uid.clone(),
+        pod_name: e.pod.name.clone(),
+        pod_namespace: e.pod.namespace.clone(),
+        r#type: event_type(e.kind).into(),
+        container_id: e.container_id.clone(),
+        container_name: e.container_name.clone(),
+        sandbox: e.sandbox,
+        attempt: e.attempt,
+        image: e.image.clone(),
+        relist_source: relist_source(e.relist_source).into(),
+        seq,
+        missed,
+        snapshot: false,
+        exit_code: exit.map(|x| x.code),
+        reason: exit.and_then(|x| x.reason.clone()),
+        message: exit.and_then(|x| x.message.clone()),
+        started_at_unix_nano: exit.and_then(|x| x.started_at).map(unix_nanos),
+        finished_at_unix_nano: exit.and_then(|x| x.finished_at).map(unix_nanos),
+    }
+}
+
+/// An event received on a stream, back in plegd's terms (what `plegd watch` prints).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    pub event: LifecycleEvent,
+    pub seq: u64,
+    pub missed: u64,
+    /// A synthetic event of the initial state (its `relist_source` means nothing).
+    pub snapshot: bool,
+}
+
+/// Why a received event cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadEvent {
+    #[error("event at revision {0} has no known type")]
+    Type(u64),
+    #[error("event at revision {0} has no known relist source")]
+    RelistSource(u64),
+}
+
+pub fn received(e: &v1::Event) -> Result<Received, BadEvent> {
+    let kind = v1::EventType::try_from(e.r#type)
+        .ok()
+        .and_then(event_kind)
+        .ok_or(BadEvent::Type(e.revision))?;
+    let source = v1::RelistSource::try_from(e.relist_source)
+        .ok()
+        .and_then(from_relist_source);
+    let source = match (source, e.snapshot) {
+        (Some(s), _) => s,
+        (None, true) => RelistSource::Global,
+        (None, false) => return Err(BadEvent::RelistSource(e.revision)),
+    };
+    let exit = e.exit_code.map(|code| Exit {
+        code,
+        reason: e.reason.clone(),
+        message: e.message.clone(),
+        started_at: e.started_at_unix_nano.map(from_unix_nanos),
+        finished_at: e.finished_at_unix_nano.map(from_unix_nanos),
+    });
+    Ok(Received {
+        event: LifecycleEvent {
+            revision: e.revision,
+            time: from_unix_nanos(e.time_unix_nano),
+            pod: PodRef {
+                uid: e.pod_uid.clone(),
+                name: e.pod_name.clone(),
+                namespace: e.pod_namespace.clone(),
+            },
+            kind,
+            container_id: e.container_id.clone(),
+            relist_source: source,
+            container_name: e.container_name.clone(),
+            sandbox: e.sandbox,
+            attempt: e.attempt,
+            image: e.image.clone(),
+            exit,
+        },
+        seq: e.seq,
+        missed: e.missed,
+        snapshot: e.snapshot,
+    })
+}
+
+/// The synthetic events of `send_initial_events` for one cached pod: one per running
+/// (started) or exited (died) container and sandbox, in the cache's order, each at
+/// `revision`, with no relist source. Other states give none.
+pub fn snapshot_events(pod: &CachedPod, revision: u64) -> Vec<v1::Event> {
+    let Some(status) = &pod.status else {
+        return Vec::new();
+    };
+    let base = |kind: EventKind, id: &str| v1::Event {
+        revision,
+        time_unix_nano: unix_nanos(pod.modified),
+        pod_uid: status.pod.uid.clone(),
+        pod_name: status.pod.name.clone(),
+        pod_namespace: status.pod.namespace.clone(),
+        r#type: event_type(kind).into(),
+        container_id: id.to_string(),
+        snapshot: true,
+        ..v1::Event::default()
+    };
+    let mut out = Vec::new();
+    for sb in &status.sandboxes {
+        let kind = match sb.state {
+            SandboxState::Ready => EventKind::ContainerStarted,
+            SandboxState::NotReady => EventKind::ContainerDied,
+            SandboxState::Unknown => continue,
+        };
+        out.push(v1::Event {
+            sandbox: true,
+            attempt: Some(sb.attempt),
+            ..base(kind, &sb.id)
+        });
+    }
+    for c in &status.containers {
+        let kind = match c.state {
+            ContainerState::Running => EventKind::ContainerStarted,
+            ContainerState::Exited => EventKind::ContainerDied,
+            ContainerState::Created | ContainerState::Unknown => continue,
+        };
+        let died = kind == EventKind::ContainerDied;
+        out.push(v1::Event {
+            container_name: c.name.clone(),
+            attempt: Some(c.attempt),
+            image: non_empty(&c.image),
+            exit_code: died.then_some(c.exit_code),
+            reason: if died { non_empty(&c.reason) } else { None },
+            message: if died { non_empty(&c.message) } else { None },
+            started_at_unix_nano: if died { cri_time(c.started_at) } else { None },
+            finished_at_unix_nano: if died { cri_time(c.finished_at) } else { None },
+            ..base(kind, &c.id)
+        });
+    }
+    out
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+/// The pod's labels: those of its newest sandbox.
+pub fn pod_labels(pod: &CachedPod) -> std::collections::BTreeMap<String, String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.sandboxes.iter().max_by_key(|sb| sb.created_at))
+        .map(|sb| sb.labels.clone())
+        .unwrap_or_default()
+}
+
+/// A cached pod as ListPods and GetPodStatus send it (None: never read successfully).
+pub fn pod(uid: &str, cached: &CachedPod) -> v1::Pod {
+    let (pod_ref, sandboxes, containers) = match &cached.status {
+        Some(s) => (
+            s.pod.clone(),
+            s.sandboxes.iter().map(sandbox).collect(),
+            s.containers.iter().map(container).collect(),
+        ),
+        None => (
+            PodRef {
+                uid: uid.to_string(),
+                name: String::new(),
+                namespace: String::new(),
+            },
+            Vec::new(),
+            Vec::new(),
+        ),
+    };
+    v1::Pod {
+        pod_uid: pod_ref.uid,
+        pod_name: pod_ref.name,
+        pod_namespace: pod_ref.namespace,
+        labels: pod_labels(cached).into_iter().collect(),
+        read_at_unix_nano: unix_nanos(cached.modified),
+        error: cached.error.clone(),
+        sandboxes,
+        containers,
+    }
+}
+
+fn sandbox(sb: &Sandbox) -> v1::Sandbox {
+    v1::Sandbox {
+        sandbox_id: sb.id.clone(),
+        attempt: sb.attempt,
+        state: match sb.state {
+            SandboxState::Ready => v1::SandboxState::SandboxReady,
+            SandboxState::NotReady => v1::SandboxState::SandboxNotReady,
+            SandboxState::Unknown => v1::SandboxState::SandboxUnknown,
+        }
+        .into(),
+        created_at_unix_nano: sb.created_at,
+    }
+}
+
+fn container(c: &ContainerStatus) -> v1::Container {
+    let exited = c.state == ContainerState::Exited;
+    v1::Container {
+        container_id: c.id.clone(),
+        sandbox_id: c.sandbox_id.clone(),
+        container_name: c.name.clone(),
+        attempt: c.attempt,
+        state: container_state(c.state).into(),
+        image: non_empty(&c.image),
+        created_at_unix_nano: cri_time(c.created_at),
+        started_at_unix_nano: cri_time(c.started_at),
+        finished_at_unix_nano: cri_time(c.finished_at),
+        exit_code: exited.then_some(c.exit_code),
+        reason: non_empty(&c.reason),
+        message: non_empty(&c.message),
+    }
+}
+
+fn container_state(s: ContainerState) -> v1::ContainerState {
+    match s {
+        ContainerState::Created => v1::ContainerState::ContainerCreated,
+        ContainerState::Running => v1::ContainerState::ContainerRunning,
+        ContainerState::Exited => v1::ContainerState::ContainerExited,
+        ContainerState::Unknown => v1::ContainerState::ContainerUnknown,
+    }
+}
+
+/// A container state as the CLI prints it (`running`, `exited`...).
+pub fn container_state_name(state: i32) -> &'static str {
+    match v1::ContainerState::try_from(state) {
+        Ok(v1::ContainerState::ContainerCreated) => "created",
+        Ok(v1::ContainerState::ContainerRunning) => "running",
+        Ok(v1::ContainerState::ContainerExited) => "exited",
+        Ok(v1::ContainerState::ContainerUnknown) => "unknown",
+        Ok(v1::ContainerState::Unspecified) | Err(_) => "unspecified",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_at_nanosecond_precision() {
+        for ns in [0, 1, 1_700_000_000_123_456_789, -5] {
+            assert_eq!(unix_nanos(from_unix_nanos(ns)), ns);
+        }
+    }
+
+    #[test]
+    fn an_event_round_trips_through_the_wire_form() {
+        let e = LifecycleEvent {
+            revision: 9,
+            time: from_unix_nanos(1_700_000_000_000_000_001),
+            pod: PodRef {
+                uid: "u".into(),
+                name: "n".into(),
+                namespace: "ns".into(),
+            },
+            kind: EventKind::ContainerDied,
+            container_id: "c".into(),
+            relist_source: RelistSource::EventedPleg,
+            container_name: "app".into(),
+            sandbox: false,
+            attempt: Some(3),
+            image: None,
+            exit: Some(Exit {
+                code: 137,
+                reason: Some("OOMKilled".into()),
+                message: None,
+                started_at: None,
+                finished_at: Some(from_unix_nanos(5)),
+            }),
+        };
+        let back = received(&event(&e, 4, 2)).unwrap();
+        assert_eq!(back.event, e);
+        assert_eq!((back.seq, back.missed, back.snapshot), (4, 2, false));
+        let mut bad = event(&e, 1, 0);
+        bad.r#type = 99;
+        assert_eq!(received(&bad), Err(BadEvent::Type(9)));
+    }
+}

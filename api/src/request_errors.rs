@@ -1,0 +1,108 @@
+//! A malformed or oversized request is the client's error: INVALID_ARGUMENT. tonic
+//! answers them itself, before any handler runs, with OUT_OF_RANGE (a message longer
+//! than the limit; refused from its length prefix, before its body is read) or
+//! INTERNAL (bytes that do not decode). This layer rewrites exactly those two answers;
+//! for the messages of a client stream (Sync), the handler maps them with
+//! [`as_invalid_argument`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tonic::codegen::http;
+use tonic::Code;
+
+/// How tonic's own decode errors begin (tonic's length check; prost's DecodeError).
+const DECODE_ERRORS: [(Code, &str); 2] = [
+    (Code::OutOfRange, "Error, decoded message length too large"),
+    (Code::Internal, "failed to decode Protobuf message"),
+];
+
+fn is_decode_error(code: Code, message: &str) -> bool {
+    DECODE_ERRORS
+        .iter()
+        .any(|(c, prefix)| *c == code && message.starts_with(prefix))
+}
+
+/// A decode error of a request message → INVALID_ARGUMENT; other statuses unchanged.
+pub fn as_invalid_argument(status: tonic::Status) -> tonic::Status {
+    if is_decode_error(status.code(), status.message()) {
+        tonic::Status::invalid_argument(format!("bad request: {}", status.message()))
+    } else {
+        status
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestErrorsLayer;
+
+impl<S> tower::Layer<S> for RequestErrorsLayer {
+    type Service = RequestErrors<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestErrors { inner }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RequestErrors<S> {
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for RequestErrors<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let mut response = fut.await?;
+            // A status in the headers: tonic's trailers-only answer, given before any
+            // message (so before any handler of ours could have run).
+            if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+                if is_decode_error(status.code(), status.message()) {
+                    let rewritten = as_invalid_argument(status);
+                    let headers = response.headers_mut();
+                    headers.remove("grpc-message");
+                    if let Err(e) = rewritten.add_header(headers) {
+                        tracing::debug!(error = %e, "cannot rewrite a decode error");
+                    }
+                }
+            }
+            Ok(response)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_tonics_decode_errors_are_rewritten() {
+        let too_long = tonic::Status::out_of_range(
+            "Error, decoded message length too large: found 70000 bytes, the limit is: 65536 bytes",
+        );
+        assert_eq!(as_invalid_argument(too_long).code(), Code::InvalidArgument);
+        let garbage = tonic::Status::internal("failed to decode Protobuf message: invalid wire type");
+        assert_eq!(as_invalid_argument(garbage).code(), Code::InvalidArgument);
+        for other in [
+            tonic::Status::internal("something else"),
+            tonic::Status::out_of_range("other"),
+            tonic::Status::failed_precondition("Error, decoded message length too large"),
+        ] {
+            let code = other.code();
+            assert_eq!(as_invalid_argument(other).code(), code);
+        }
+    }
+}

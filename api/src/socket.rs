@@ -1,0 +1,250 @@
+//! The API socket, made safely: its directory is created if missing; a lock file
+//! beside it (`PATH.lock`, held for plegd's lifetime) tells a live plegd from a
+//! crashed one, so a live plegd's socket is never stolen and a stale one is replaced;
+//! the socket is bound under a temporary name, given mode 0660 (and a group) and only
+//! then renamed into place, so it is never reachable with looser permissions.
+
+use std::fs::{File, OpenOptions, Permissions};
+use std::io;
+use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+/// The socket's mode: owner and group may connect.
+pub const SOCKET_MODE: u32 = 0o660;
+
+/// Why the socket could not be made; each names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("--api-socket {}: another plegd serves this socket (its lock {} is held); not replacing it", path.display(), lock.display())]
+    Live { path: PathBuf, lock: PathBuf },
+    #[error("--api-socket {}: a live server answers on this socket; not replacing it", path.display())]
+    Answering { path: PathBuf },
+    #[error("--api-socket {}: exists and is not a socket; not replacing it", path.display())]
+    NotASocket { path: PathBuf },
+    #[error("--api-socket {}: the path has no file name", path.display())]
+    NoFileName { path: PathBuf },
+    #[error("--api-socket-group {group:?}: no such group in /etc/group")]
+    UnknownGroup { group: String },
+    #[error("--api-socket {}: {doing}", path.display())]
+    Io {
+        path: PathBuf,
+        doing: &'static str,
+        #[source]
+        error: io::Error,
+    },
+}
+
+/// The bound socket. Dropping it removes the socket file (if it is still ours) and
+/// releases the lock.
+#[derive(Debug)]
+pub struct BoundSocket {
+    path: PathBuf,
+    listener: Option<UnixListener>,
+    _lock: File,
+}
+
+impl BoundSocket {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The listener, once (for the server).
+    pub fn take_listener(&mut self) -> Option<UnixListener> {
+        self.listener.take()
+    }
+}
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        // Still holding the lock: no other plegd can have bound here meanwhile.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Where the lock file of the socket at `path` is.
+pub fn lock_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
+}
+
+/// Binds the API socket at `path` with mode 0660, group `group` when given (a name
+/// from /etc/group or a numeric id).
+pub fn bind(path: &Path, group: Option<&str>) -> Result<BoundSocket, SocketError> {
+    let io_err = |doing| {
+        let path = path.to_owned();
+        move |error| SocketError::Io {
+            path,
+            doing,
+            error,
+        }
+    };
+    let gid = group.map(resolve_group).transpose()?;
+    let name = path.file_name().ok_or_else(|| SocketError::NoFileName {
+        path: path.to_owned(),
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(io_err("cannot create its directory"))?;
+
+    let lock_file = lock_path(path);
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_file)
+        .map_err(io_err("cannot open its lock file"))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(SocketError::Live {
+                path: path.to_owned(),
+                lock: lock_file,
+            })
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(io_err("cannot lock its lock file")(e))
+        }
+    }
+
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            // Left by a plegd that died (the lock is free), unless something else
+            // serves it.
+            if UnixStream::connect(path).is_ok() {
+                return Err(SocketError::Answering {
+                    path: path.to_owned(),
+                });
+            }
+        }
+        Ok(_) => {
+            return Err(SocketError::NotASocket {
+                path: path.to_owned(),
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("cannot inspect it")(e)),
+    }
+
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(io_err("cannot bind"))?;
+    let placed = (|| {
+        std::fs::set_permissions(&tmp, Permissions::from_mode(SOCKET_MODE))?;
+        if let Some(gid) = gid {
+            std::os::unix::fs::chown(&tmp, None, Some(gid))?;
+        }
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err("cannot set its mode, group or name")(e));
+    }
+    listener
+        .set_nonblocking(true)
+        .map_err(io_err("cannot make it non-blocking"))?;
+    Ok(BoundSocket {
+        path: path.to_owned(),
+        listener: Some(listener),
+        _lock: lock,
+    })
+}
+
+/// A group name (from /etc/group) or a numeric group id.
+fn resolve_group(group: &str) -> Result<u32, SocketError> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let unknown = || SocketError::UnknownGroup {
+        group: group.to_string(),
+    };
+    let text = std::fs::read_to_string("/etc/group").map_err(|_| unknown())?;
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let gid = fields.nth(1)?.parse::<u32>().ok()?;
+            (name == group).then_some(gid)
+        })
+        .next()
+        .ok_or_else(unknown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt as _;
+
+    #[test]
+    fn the_socket_is_0660_in_a_created_directory_and_removed_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/plegd/plegd.sock");
+        let bound = bind(&path, None).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.mode() & 0o777, 0o660);
+        // Nothing else is left in the directory but the lock.
+        let mut names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["plegd.sock", "plegd.sock.lock"]);
+        drop(bound);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_live_socket_is_never_stolen_and_a_stale_one_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plegd.sock");
+        let first = bind(&path, None).unwrap();
+        let err = bind(&path, None).unwrap_err();
+        assert!(matches!(err, SocketError::Live { .. }), "{err}");
+        assert!(err.to_string().contains("another plegd serves"), "{err}");
+        assert!(path.exists(), "the live socket is left alone");
+        assert!(UnixStream::connect(&path).is_ok(), "and still serves");
+        drop(first);
+        // A crash leaves the socket file behind, with nothing listening and the lock
+        // released with the process.
+        let stale = dir.path().join("stale.sock");
+        drop(UnixListener::bind(&stale).unwrap());
+        assert!(stale.exists());
+        let again = bind(&stale, None).unwrap();
+        assert!(UnixStream::connect(&stale).is_ok(), "the new socket serves");
+        drop(again);
+    }
+
+    #[test]
+    fn something_else_answering_or_a_plain_file_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("other.sock");
+        let _other = UnixListener::bind(&path).unwrap();
+        let err = bind(&path, None).unwrap_err();
+        assert!(matches!(err, SocketError::Answering { .. }), "{err}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        let err = bind(&file, None).unwrap_err();
+        assert!(matches!(err, SocketError::NotASocket { .. }), "{err}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+    }
+
+    #[test]
+    fn the_group_is_set_by_name_or_id_and_an_unknown_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.sock");
+        let own_gid = std::fs::metadata(dir.path()).unwrap().gid();
+        let bound = bind(&path, Some(&own_gid.to_string())).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().gid(), own_gid);
+        drop(bound);
+        let err = bind(&path, Some("no-such-group-plegd")).unwrap_err();
+        assert!(matches!(err, SocketError::UnknownGroup { .. }), "{err}");
+        assert!(matches!(resolve_group("root"), Ok(0)));
+    }
+}

@@ -1,0 +1,91 @@
+//! The CLI clients of the subscriber API (`plegd watch`, `plegd pods`, `plegd
+//! status`): each connects to a plegd's socket, asks, and prints — readable lines, or
+//! JSON with the fields of `plegd run`'s output. Any failure is exit 1 with one line
+//! saying which: nothing answers at the socket (named), a refused revision, an
+//! unknown pod.
+
+mod pods;
+mod status;
+mod watch;
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use plegd_api::v1::plegd_client::PlegdClient;
+use tonic::transport::Channel;
+
+use crate::exit::ExitError;
+
+pub use pods::PodsArgs;
+pub use status::StatusArgs;
+pub use watch::WatchArgs;
+
+/// Where the plegd to ask listens.
+#[derive(Args, Debug, Clone)]
+pub struct SocketArg {
+    /// The plegd API socket.
+    #[arg(long, env = "PLEGD_API_SOCKET", value_name = "PATH", default_value = plegd_api::DEFAULT_SOCKET)]
+    pub api_socket: PathBuf,
+}
+
+/// The client subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Watch a running plegd's pod lifecycle events (one line each; --json: the
+    /// fields of `plegd run`'s output). SIGINT/SIGTERM stop it (exit 0).
+    Watch(WatchArgs),
+    /// List the pods in a running plegd's cache.
+    Pods(PodsArgs),
+    /// Show one pod as a running plegd's cache holds it (also after it went away,
+    /// for plegd's --tombstone-ttl).
+    Status(StatusArgs),
+}
+
+/// Runs a client command on a small runtime of its own.
+pub fn run(command: ClientCommand) -> Result<(), ExitError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ExitError::runtime("cannot start a runtime"))?;
+    runtime.block_on(async move {
+        match command {
+            ClientCommand::Watch(a) => watch::run(a).await,
+            ClientCommand::Pods(a) => pods::run(a).await,
+            ClientCommand::Status(a) => status::run(a).await,
+        }
+    })
+}
+
+async fn connect(socket: &Path) -> Result<PlegdClient<Channel>, ExitError> {
+    plegd_api::connect(socket)
+        .await
+        .map_err(|e| ExitError::Runtime(anyhow::Error::new(e)))
+}
+
+/// A failed call, said in one line naming the socket.
+fn call_failed(socket: &Path, status: &tonic::Status) -> ExitError {
+    let at = socket.display();
+    let line = match status.code() {
+        tonic::Code::Unavailable => format!("plegd at {at} is unavailable: {}", status.message()),
+        tonic::Code::FailedPrecondition => format!("plegd at {at} refused: {}", status.message()),
+        tonic::Code::NotFound | tonic::Code::InvalidArgument | tonic::Code::DeadlineExceeded => {
+            format!("plegd at {at}: {}", status.message())
+        }
+        code => format!("plegd at {at}: {code:?}: {}", status.message()),
+    };
+    ExitError::Runtime(anyhow::anyhow!(line))
+}
+
+/// RFC 3339 with nanoseconds, as `plegd run` writes times.
+fn rfc3339(ns: i64) -> String {
+    humantime::format_rfc3339_nanos(plegd_api::convert::from_unix_nanos(ns)).to_string()
+}
+
+/// Writes a line to stdout now (a pipe reader sees each event as it comes).
+fn print_line(line: &str) -> Result<(), ExitError> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .map_err(ExitError::runtime("writing to stdout"))
+}

@@ -1,0 +1,115 @@
+//! `plegd status UID [--newer-than RFC3339] [--json]`: one pod, as the cache holds it
+//! (with `--newer-than`: once the cache read it after that time), the node it is on,
+//! and when it went away if it did.
+
+use std::time::{Duration, SystemTime};
+
+use clap::Args;
+use plegd_api::convert::{container_state_name, unix_nanos};
+use plegd_api::v1;
+use serde::Serialize;
+
+use super::pods::{container_summary, json_containers, JsonContainer};
+use super::{call_failed, connect, print_line, rfc3339, SocketArg};
+use crate::exit::ExitError;
+
+/// How long `--newer-than` waits for a fresh read.
+const NEWER_THAN_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The pod's UID.
+    pub uid: String,
+    /// Answer only once plegd has read the pod after this time (RFC 3339, e.g.
+    /// 2026-11-30T05:21:00Z); waits up to 30s.
+    #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
+    pub newer_than: Option<SystemTime>,
+    /// One JSON object (node_name, pod_uid, pod_name, pod_namespace, containers,
+    /// read_at, removed_at when the pod went away).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+fn parse_time(s: &str) -> Result<SystemTime, String> {
+    humantime::parse_rfc3339_weak(s).map_err(|e| format!("{e} (expected RFC 3339, e.g. 2026-11-30T05:21:00Z)"))
+}
+
+#[derive(Serialize)]
+struct JsonStatus<'a> {
+    node_name: &'a str,
+    pod_uid: &'a str,
+    pod_name: &'a str,
+    pod_namespace: &'a str,
+    containers: Vec<JsonContainer<'a>>,
+    read_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    removed_at: Option<String>,
+}
+
+pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
+    let socket = &args.socket.api_socket;
+    let mut client = connect(socket).await?;
+    let mut request = tonic::Request::new(v1::GetPodStatusRequest {
+        pod_uid: args.uid.clone(),
+        newer_than_unix_nano: args.newer_than.map(unix_nanos),
+    });
+    request.set_timeout(NEWER_THAN_WAIT);
+    let answer = client
+        .get_pod_status(request)
+        .await
+        .map_err(|s| call_failed(socket, &s))?
+        .into_inner();
+    let Some(pod) = &answer.pod else {
+        return Err(ExitError::Runtime(anyhow::anyhow!(
+            "plegd at {} answered without the pod",
+            socket.display()
+        )));
+    };
+    if args.json {
+        let line = serde_json::to_string(&JsonStatus {
+            node_name: &answer.node_name,
+            pod_uid: &pod.pod_uid,
+            pod_name: &pod.pod_name,
+            pod_namespace: &pod.pod_namespace,
+            containers: json_containers(pod),
+            read_at: rfc3339(pod.read_at_unix_nano),
+            error: pod.error.as_deref(),
+            removed_at: answer.removed_at_unix_nano.map(rfc3339),
+        })
+        .map_err(ExitError::runtime("encoding the pod"))?;
+        return print_line(&line);
+    }
+    print_line(&format!("node:       {}", answer.node_name))?;
+    print_line(&format!(
+        "pod:        {}/{} ({})",
+        pod.pod_namespace, pod.pod_name, pod.pod_uid
+    ))?;
+    print_line(&format!("read at:    {}", rfc3339(pod.read_at_unix_nano)))?;
+    if let Some(e) = &pod.error {
+        print_line(&format!("last read failed: {e}"))?;
+    }
+    if let Some(at) = answer.removed_at_unix_nano {
+        print_line(&format!("removed at: {} (last status below)", rfc3339(at)))?;
+    }
+    for c in &pod.containers {
+        let exit = match (c.exit_code, &c.reason) {
+            (Some(code), Some(r)) => format!("  exit {code} ({r})"),
+            (Some(code), None) => format!("  exit {code}"),
+            _ => String::new(),
+        };
+        print_line(&format!(
+            "container:  {} {} {}{exit}",
+            c.container_name,
+            c.container_id,
+            container_state_name(c.state)
+        ))?;
+    }
+    if pod.containers.is_empty() {
+        print_line(&format!("containers: {}", container_summary(pod)))?;
+    }
+    Ok(())
+}

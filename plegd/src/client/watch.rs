@@ -1,0 +1,162 @@
+//! `plegd watch`: a running plegd's lifecycle events, one line each. With `--json`,
+//! each event has exactly the fields of `plegd run`'s output (the same serialisation,
+//! `output.rs`); the initial-events bookmark is `{"type":"Bookmark","revision":N,
+//! "initial_events_end":true}`. A `missed` count is shown on the next event and
+//! watching goes on. SIGINT/SIGTERM end it with exit 0.
+
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use plegd_actors::Delivery;
+use plegd_api::v1;
+use serde::Serialize;
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::{call_failed, connect, print_line, SocketArg};
+use crate::exit::ExitError;
+use crate::output::{format_event, Format};
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// Only this pod (by UID); repeat for more.
+    #[arg(long = "pod", value_name = "UID")]
+    pub pods: Vec<String>,
+    /// Only pods in this namespace; repeat for more.
+    #[arg(long = "namespace", value_name = "NS")]
+    pub namespaces: Vec<String>,
+    /// Only this event type; repeat for more.
+    #[arg(long = "type", value_name = "TYPE", value_enum, ignore_case = true)]
+    pub types: Vec<EventTypeArg>,
+    /// Only pods whose labels match, e.g. app=web,tier!=db.
+    #[arg(long, value_name = "SELECTOR")]
+    pub selector: Option<String>,
+    /// First the current state: one event per running or exited container and sandbox
+    /// (marked snapshot), then a bookmark, then live events.
+    #[arg(long, conflicts_with = "since")]
+    pub initial_events: bool,
+    /// Replay every event after this revision first (plegd refuses one older than its
+    /// history, or one it never issued: exit 1).
+    #[arg(long, value_name = "REVISION")]
+    pub since: Option<u64>,
+    /// One JSON object per line, with the fields of `plegd run`'s output.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub socket: SocketArg,
+}
+
+/// The event types, as `plegd run` prints them.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum EventTypeArg {
+    #[value(name = "ContainerStarted")]
+    ContainerStarted,
+    #[value(name = "ContainerDied")]
+    ContainerDied,
+    #[value(name = "ContainerRemoved")]
+    ContainerRemoved,
+    #[value(name = "PodSync")]
+    PodSync,
+}
+
+impl From<EventTypeArg> for v1::EventType {
+    fn from(t: EventTypeArg) -> Self {
+        match t {
+            EventTypeArg::ContainerStarted => v1::EventType::ContainerStarted,
+            EventTypeArg::ContainerDied => v1::EventType::ContainerDied,
+            EventTypeArg::ContainerRemoved => v1::EventType::ContainerRemoved,
+            EventTypeArg::PodSync => v1::EventType::PodSync,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct JsonBookmark {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    revision: u64,
+    initial_events_end: bool,
+}
+
+pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
+    let socket = args.socket.api_socket.clone();
+    let mut term = signal(SignalKind::terminate()).map_err(ExitError::runtime("installing SIGTERM"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ExitError::runtime("installing SIGINT"))?;
+    let format = if args.json { Format::Json } else { Format::Text };
+    let request = v1::WatchRequest {
+        pod_uids: args.pods,
+        namespaces: args.namespaces,
+        types: args.types.into_iter().map(|t| v1::EventType::from(t).into()).collect(),
+        label_selector: args.selector.unwrap_or_default(),
+        send_initial_events: args.initial_events,
+        since_revision: args.since,
+        ..v1::WatchRequest::default()
+    };
+    let watching = async {
+        let mut client = connect(&socket).await?;
+        let mut stream = client
+            .watch(request)
+            .await
+            .map_err(|s| call_failed(&socket, &s))?
+            .into_inner();
+        loop {
+            let msg = match stream.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    return Err(ExitError::Runtime(anyhow::anyhow!(
+                        "plegd at {} ended the stream",
+                        socket.display()
+                    )))
+                }
+                Err(s) => return Err(call_failed(&socket, &s)),
+            };
+            show(msg, format)?;
+        }
+    };
+    tokio::select! {
+        r = watching => r,
+        _ = term.recv() => Ok(()),
+        _ = int.recv() => Ok(()),
+    }
+}
+
+fn show(msg: v1::WatchResponse, format: Format) -> Result<(), ExitError> {
+    use v1::watch_response::Kind;
+    match msg.kind {
+        Some(Kind::Hello(h)) => {
+            if format == Format::Text {
+                eprintln!(
+                    "plegd: watching node {} (plegd instance {}, revision {})",
+                    h.node_name, h.instance_id, h.latest_revision
+                );
+            }
+            Ok(())
+        }
+        Some(Kind::Event(e)) => {
+            let r = plegd_api::convert::received(&e)
+                .map_err(|e| ExitError::Runtime(anyhow::Error::new(e)))?;
+            let d = Delivery {
+                seq: r.seq,
+                missed: r.missed,
+                event: Arc::new(r.event),
+            };
+            print_line(&format_event(&d, format, r.snapshot))
+        }
+        // Only the initial-events one is asked for; others would be resume points.
+        Some(Kind::Bookmark(b)) => match format {
+            Format::Json => {
+                let line = serde_json::to_string(&JsonBookmark {
+                    kind: "Bookmark",
+                    revision: b.revision,
+                    initial_events_end: b.initial_events_end,
+                })
+                .map_err(ExitError::runtime("encoding a bookmark"))?;
+                print_line(&line)
+            }
+            Format::Text if b.initial_events_end => {
+                print_line(&format!("--- initial events end at revision {} ---", b.revision))
+            }
+            Format::Text => Ok(()),
+        },
+        None => Ok(()),
+    }
+}
