@@ -180,6 +180,14 @@ struct Watcher {
     missed: u64,
 }
 
+/// What wakes a watcher.
+enum Next {
+    Delivery(Option<Delivery>),
+    /// Nothing was sent for the bookmark interval.
+    Idle,
+    Stop(Stop),
+}
+
 /// Why a stream stops.
 enum Stop {
     /// The client went away.
@@ -225,20 +233,25 @@ impl Watcher {
         let tick = interval.unwrap_or(Duration::from_secs(3600));
         loop {
             let idle_bookmark = tokio::time::sleep_until(last_sent + tick);
-            tokio::select! {
-                d = sub.recv_async() => {
-                    let Some(d) = d else { return Err(Stop::Shutdown) };
+            let next = tokio::select! {
+                d = sub.recv_async() => Next::Delivery(d),
+                () = idle_bookmark, if interval.is_some() => Next::Idle,
+                () = self.tx.closed() => Next::Stop(Stop::Gone),
+                _ = self.shutdown.wait_for(|stop| *stop) => Next::Stop(Stop::Shutdown),
+            };
+            match next {
+                Next::Delivery(None) => return Err(Stop::Shutdown),
+                Next::Delivery(Some(d)) => {
                     reached = d.event.revision;
                     if self.forward(d).await? {
                         last_sent = Instant::now();
                     }
                 }
-                () = idle_bookmark, if interval.is_some() => {
+                Next::Idle => {
                     self.send(bookmark(reached, false)).await?;
                     last_sent = Instant::now();
                 }
-                () = self.tx.closed() => return Err(Stop::Gone),
-                _ = self.shutdown.wait_for(|stop| *stop) => return Err(Stop::Shutdown),
+                Next::Stop(stop) => return Err(stop),
             }
         }
     }

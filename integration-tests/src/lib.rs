@@ -3,6 +3,7 @@
 //!
 //! - [`wait`]: condition waits with a generous timeout (never fixed sleeps) and event
 //!   collection from a subscription.
+//! - [`api`]: the subscriber API served over the fake runtime, and clients for it.
 //! - [`pleg`]: starting plegd's core over the fake runtime, a running pod, counters.
 //! - [`process`]: plegd as a process (start, signal, wait, HTTP GET).
 //! - [`sim`]: the simulated CRI server on a fresh socket, and CRI clients for it.
@@ -12,6 +13,7 @@
 //! - [`containerd`]: a private real containerd (started by the project's script),
 //!   serialised between tests, and a small CRI client for busybox pods.
 
+pub mod api;
 pub mod chaos;
 pub mod containerd;
 pub mod pleg;

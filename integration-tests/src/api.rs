@@ -1,0 +1,154 @@
+//! The subscriber API from a test's side: plegd's core over the fake runtime, served
+//! by the real API server on a fresh unix socket, and real tonic clients for it.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use plegd_actors::{Pleg, PlegConfig};
+use plegd_api::v1::plegd_client::PlegdClient;
+use plegd_api::v1::{self, watch_response::Kind};
+use plegd_api::{ApiConfig, ApiServer};
+use plegd_sim::FakeRuntime;
+use tempfile::TempDir;
+use tonic::transport::Channel;
+use tonic::Streaming;
+
+use crate::pleg::start_generic_with;
+use crate::wait::TIMEOUT;
+
+/// The node name the test servers answer with.
+pub const NODE: &str = "test-node";
+
+/// A fake runtime, plegd's core over it, and the API server.
+pub struct Served {
+    pub rt: FakeRuntime,
+    pub pleg: Pleg,
+    pub socket: PathBuf,
+    server: Option<ApiServer>,
+    _dir: TempDir,
+}
+
+impl Served {
+    /// Serves a new fake runtime, relisting every `period`, each watcher with a
+    /// queue of `watch_queue`.
+    pub fn start(period: Duration, watch_queue: usize) -> Served {
+        Self::start_with(
+            PlegConfig {
+                relist_period: period,
+                ..PlegConfig::default()
+            },
+            watch_queue,
+        )
+    }
+
+    pub fn start_with(cfg: PlegConfig, watch_queue: usize) -> Served {
+        let rt = FakeRuntime::new();
+        let pleg = start_generic_with(&rt, cfg);
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let socket = dir.path().join("plegd.sock");
+        let bound = plegd_api::bind(&socket, None).expect("the API socket binds");
+        let server = ApiServer::start(
+            pleg.clone(),
+            bound,
+            ApiConfig {
+                node_name: NODE.into(),
+                watch_queue,
+            },
+        )
+        .expect("the API server starts");
+        Served {
+            rt,
+            pleg,
+            socket,
+            server: Some(server),
+            _dir: dir,
+        }
+    }
+
+    /// A new client connection.
+    pub async fn client(&self) -> PlegdClient<Channel> {
+        plegd_api::connect(&self.socket)
+            .await
+            .expect("the API server answers")
+    }
+
+    /// Stops the server (streams end with UNAVAILABLE); true if it stopped in time.
+    pub fn stop_server(&mut self) -> bool {
+        self.server
+            .take()
+            .is_some_and(|s| s.stop(Duration::from_secs(10)))
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.stop(Duration::from_secs(2));
+        }
+        self.pleg.stop();
+    }
+}
+
+/// An open Watch stream whose Hello has been read.
+pub struct Watching {
+    pub stream: Streaming<v1::WatchResponse>,
+    pub hello: v1::Hello,
+}
+
+/// Opens a Watch and reads its Hello.
+pub async fn watch(client: &mut PlegdClient<Channel>, req: v1::WatchRequest) -> Watching {
+    let mut stream = client
+        .watch(req)
+        .await
+        .expect("the watch is accepted")
+        .into_inner();
+    match next(&mut stream).await {
+        Kind::Hello(hello) => Watching { stream, hello },
+        other => panic!("the first message is not Hello: {other:?}"),
+    }
+}
+
+/// The next message, within the test timeout.
+pub async fn next(stream: &mut Streaming<v1::WatchResponse>) -> Kind {
+    match tokio::time::timeout(TIMEOUT, stream.message()).await {
+        Ok(Ok(Some(v1::WatchResponse { kind: Some(k) }))) => k,
+        Ok(Ok(Some(_))) => panic!("a message with no kind"),
+        Ok(Ok(None)) => panic!("the stream ended"),
+        Ok(Err(s)) => panic!("the stream failed: {s:?}"),
+        Err(_) => panic!("no message within {TIMEOUT:?}"),
+    }
+}
+
+/// Reads events until `pred` holds for one; returns all read (bookmarks skipped).
+pub async fn events_until(
+    stream: &mut Streaming<v1::WatchResponse>,
+    what: &str,
+    mut pred: impl FnMut(&v1::Event) -> bool,
+) -> Vec<v1::Event> {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut got = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let msg = tokio::time::timeout(left, stream.message()).await;
+        match msg {
+            Ok(Ok(Some(v1::WatchResponse {
+                kind: Some(Kind::Event(e)),
+            }))) => {
+                let hit = pred(&e);
+                got.push(e);
+                if hit {
+                    return got;
+                }
+            }
+            Ok(Ok(Some(_))) => {}
+            Ok(Ok(None)) => panic!("the stream ended waiting for {what}; got {got:?}"),
+            Ok(Err(s)) => panic!("the stream failed waiting for {what}: {s:?}"),
+            Err(_) => panic!("timed out waiting for {what}; got {} events", got.len()),
+        }
+    }
+}
+
+/// The event type of `e`.
+pub fn kind_of(e: &v1::Event) -> v1::EventType {
+    v1::EventType::try_from(e.r#type).unwrap_or(v1::EventType::Unspecified)
+}
