@@ -6,6 +6,12 @@
 //! (kubelet's pod workers do this after a sync): it returns once the pod's entry, or
 //! the global timestamp, is newer — so waiters for pods that do not exist are released
 //! by the next global relist.
+//!
+//! The cache also knows the revision it reflects: each [`ApplyRelist`] carries the last
+//! revision issued for that relist's events, stored in the same handler as the
+//! updates. A [`Snapshot`] is answered by this actor between two applies, so it holds
+//! every change whose event has a revision up to its own and none after: list it, then
+//! watch from that revision, and each change is seen once (see `revision`).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -37,6 +43,21 @@ struct Shared {
     changes: watch::Sender<(Option<SystemTime>, u64)>,
 }
 
+/// A pod as the cache knows it (see [`crate::Pleg::pod_status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodLookup {
+    Present(CachedPod),
+    /// Removed from the runtime; kept for `PlegConfig::tombstone_ttl`.
+    Removed {
+        last: CachedPod,
+        removed_at: SystemTime,
+    },
+    Unknown,
+    /// `newer_than` was given and no newer read arrived before the timeout; carries
+    /// what the cache has now (if anything).
+    TimedOut(Option<CachedPod>),
+}
+
 /// Read-only handle on the pod cache.
 #[derive(Clone)]
 pub struct PodCache {
@@ -47,6 +68,14 @@ impl PodCache {
     /// A pod's entry, if the cache has one.
     pub fn get(&self, uid: &str) -> Option<CachedPod> {
         self.shared.pods.get(uid).map(|e| e.value().clone())
+    }
+
+    /// A pod as the cache knows it now.
+    pub fn lookup(&self, uid: &str) -> PodLookup {
+        match self.get(uid) {
+            Some(p) => PodLookup::Present(p),
+            None => PodLookup::Unknown,
+        }
     }
 
     /// Number of pods cached.
@@ -97,6 +126,17 @@ impl PodCache {
 /// [`PodCache`] readers.
 pub struct CacheOwner {
     shared: Arc<Shared>,
+    /// Every event up to this revision is reflected in the cache, none after.
+    revision: u64,
+}
+
+/// The cache and the revision it reflects, consistent (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheSnapshot {
+    /// Every event with a revision up to this one is reflected in `pods`; no later one.
+    pub revision: u64,
+    /// Every cached pod, by UID, sorted by UID.
+    pub pods: Vec<(String, CachedPod)>,
 }
 
 impl CacheOwner {
@@ -110,6 +150,7 @@ impl CacheOwner {
         (
             CacheOwner {
                 shared: shared.clone(),
+                revision: 0,
             },
             PodCache { shared },
         )
@@ -165,6 +206,9 @@ pub struct ApplyRelist {
     pub global_timestamp: Option<SystemTime>,
     /// With a global timestamp: the pods that relist left alone (held by a sync).
     pub held: Vec<String>,
+    /// The latest revision issued, that of this relist's last event if it had any:
+    /// once applied, the cache reflects every event up to it.
+    pub revision: u64,
 }
 
 impl Handler<ApplyRelist> for CacheOwner {
@@ -174,6 +218,7 @@ impl Handler<ApplyRelist> for CacheOwner {
         for u in msg.updates {
             self.apply(u);
         }
+        self.revision = self.revision.max(msg.revision);
         if msg.global_timestamp.is_some() {
             let previous = self.shared.changes.borrow().0;
             let held = &msg.held;
@@ -193,5 +238,29 @@ impl Handler<ApplyRelist> for CacheOwner {
             }
             *n += 1;
         });
+    }
+}
+
+/// Reads the whole cache with the revision it reflects.
+#[derive(Message)]
+#[rtype(result = "CacheSnapshot")]
+pub struct Snapshot;
+
+impl Handler<Snapshot> for CacheOwner {
+    type Result = MessageResult<Snapshot>;
+
+    fn handle(&mut self, _: Snapshot, _: &mut Self::Context) -> Self::Result {
+        // Only this actor writes, so nothing changes while the entries are copied.
+        let mut pods: Vec<(String, CachedPod)> = self
+            .shared
+            .pods
+            .iter()
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect();
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
+        MessageResult(CacheSnapshot {
+            revision: self.revision,
+            pods,
+        })
     }
 }
