@@ -84,7 +84,7 @@ impl Pleg {
     /// (if evented) the StreamWatcher, in that order, so each has somewhere to send.
     /// Must run inside an actix System.
     pub fn start(runtime: Arc<dyn RuntimeClient>, cfg: &PlegConfig, metrics: Arc<Metrics>) -> Pleg {
-        let (owner, cache) = CacheOwner::new();
+        let (owner, cache) = CacheOwner::new(cfg.tombstone_ttl);
         let cache_addr = owner.start();
         let revisions = Revisions::default();
         let publisher =

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use plegd_actors::{
-    CacheSnapshot, CachedPod, Delivery, EventKind, Pleg, PlegConfig, RelistSource, SubscribeError,
-    Subscription,
+    CacheSnapshot, CachedPod, Delivery, EventKind, Pleg, PlegConfig, PodLookup, RelistSource,
+    SubscribeError, Subscription,
 };
 use plegd_runtime::{ContainerState, SandboxState};
 use plegd_sim::FakeRuntime;
@@ -312,5 +312,146 @@ async fn resuming_replays_exactly_what_followed_and_refuses_what_it_cannot_give(
         p.subscribe_after("late", 2, Some(26)).await,
         Err(SubscribeError::Closed)
     ));
+    p.stop();
+}
+
+/// A pod with a running container, read into the cache by a targeted relist.
+async fn known_pod(rt: &FakeRuntime, p: &Pleg, uid: &str) -> String {
+    let sb = rt.run_pod(uid, "web", "ns");
+    rt.run_container(&sb, "app");
+    p.request_relist(uid, RelistSource::PostSync);
+    wait_until("the pod in the cache", || p.cache().get(uid).is_some()).await;
+    sb
+}
+
+#[actix_rt::test]
+async fn newer_than_is_released_by_a_targeted_relist_that_reads_the_pod_or_finds_it_gone() {
+    let rt = FakeRuntime::new();
+    let p = start(
+        &rt,
+        PlegConfig {
+            relist_period: Duration::from_secs(3600),
+            ..PlegConfig::default()
+        },
+    );
+    let sb = known_pod(&rt, &p, "a").await;
+    let t = SystemTime::now();
+    let (got, ()) = futures::join!(p.pod_status("a", Some(t), TIMEOUT), async {
+        tokio::task::yield_now().await;
+        p.request_relist("a", RelistSource::PostSync);
+    });
+    match got {
+        PodLookup::Present(pod) => assert!(pod.modified > t),
+        other => panic!("{other:?}"),
+    }
+    // Gone: the targeted relist that finds it so releases the waiter, with its last
+    // status and when it was found gone.
+    rt.stop_pod(&sb);
+    rt.remove_pod(&sb);
+    let t = SystemTime::now();
+    let (got, ()) = futures::join!(p.pod_status("a", Some(t), TIMEOUT), async {
+        tokio::task::yield_now().await;
+        p.request_relist("a", RelistSource::PostSync);
+    });
+    match got {
+        PodLookup::Removed { last, removed_at } => {
+            assert!(removed_at > t);
+            assert_eq!(last.status.map(|s| s.pod.name), Some("web".to_string()));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        p.pod_status("a", None, TIMEOUT).await,
+        PodLookup::Removed { .. }
+    ));
+    p.stop();
+}
+
+#[actix_rt::test]
+async fn newer_than_is_released_by_a_global_relist_even_for_a_pod_never_seen() {
+    let rt = FakeRuntime::new();
+    let p = start(
+        &rt,
+        PlegConfig {
+            relist_period: Duration::from_millis(100),
+            ..PlegConfig::default()
+        },
+    );
+    known_pod(&rt, &p, "a").await;
+    let t = SystemTime::now();
+    let (a, nobody) = futures::join!(
+        p.pod_status("a", Some(t), TIMEOUT),
+        p.pod_status("nobody", Some(t), TIMEOUT)
+    );
+    assert!(p.cache().global_timestamp().is_some_and(|g| g > t));
+    assert!(matches!(a, PodLookup::Present(_)), "{a:?}");
+    assert_eq!(nobody, PodLookup::Unknown);
+    p.stop();
+}
+
+#[actix_rt::test]
+async fn newer_than_gives_up_at_the_timeout_with_what_the_cache_has() {
+    let rt = FakeRuntime::new();
+    let p = start(
+        &rt,
+        PlegConfig {
+            relist_period: Duration::from_secs(3600),
+            ..PlegConfig::default()
+        },
+    );
+    known_pod(&rt, &p, "a").await;
+    let t = SystemTime::now();
+    let short = Duration::from_millis(50);
+    let (a, nobody) = futures::join!(
+        p.pod_status("a", Some(t), short),
+        p.pod_status("nobody", Some(t), short)
+    );
+    match a {
+        PodLookup::TimedOut(Some(pod)) => assert!(pod.modified < t),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(nobody, PodLookup::TimedOut(None));
+    // Without newer_than: what the cache has, at once.
+    assert!(matches!(
+        p.pod_status("a", None, short).await,
+        PodLookup::Present(_)
+    ));
+    assert_eq!(
+        p.pod_status("nobody", None, short).await,
+        PodLookup::Unknown
+    );
+    p.stop();
+}
+
+#[actix_rt::test]
+async fn a_removed_pod_is_forgotten_after_its_ttl_and_present_again_if_it_comes_back() {
+    let rt = FakeRuntime::new();
+    let p = start(
+        &rt,
+        PlegConfig {
+            relist_period: Duration::from_millis(20),
+            tombstone_ttl: Duration::from_millis(200),
+            ..PlegConfig::default()
+        },
+    );
+    for uid in ["a", "b"] {
+        let sb = known_pod(&rt, &p, uid).await;
+        rt.stop_pod(&sb);
+        rt.remove_pod(&sb);
+    }
+    wait_until("both removed", || {
+        ["a", "b"]
+            .iter()
+            .all(|u| matches!(p.cache().lookup(u), PodLookup::Removed { .. }))
+    })
+    .await;
+    // "b" comes back (same UID, a new sandbox): present again.
+    known_pod(&rt, &p, "b").await;
+    assert!(matches!(p.cache().lookup("b"), PodLookup::Present(_)));
+    wait_until("the tombstone expired and pruned", || {
+        p.cache().lookup("a") == PodLookup::Unknown && p.cache().tombstones() == 0
+    })
+    .await;
+    assert!(matches!(p.cache().lookup("b"), PodLookup::Present(_)));
     p.stop();
 }

@@ -139,7 +139,7 @@ impl Bench {
 
 fn updates_pod(a: &ApplyRelist, uid: &str) -> bool {
     a.updates.iter().any(|u| match u {
-        CacheUpdate::Set { uid: u, .. } | CacheUpdate::Delete { uid: u } => u == uid,
+        CacheUpdate::Set { uid: u, .. } | CacheUpdate::Delete { uid: u, .. } => u == uid,
     })
 }
 
