@@ -29,6 +29,7 @@ impl Clone for ApplyRelist {
             updates: self.updates.clone(),
             global_timestamp: self.global_timestamp,
             held: self.held.clone(),
+            revision: self.revision,
         }
     }
 }
@@ -100,6 +101,7 @@ fn start(rt: &FakeRuntime, setup: Setup) -> Bench {
             metrics: metrics.clone(),
             health: health.clone(),
             held: held.clone(),
+            revisions: Default::default(),
         },
     );
     Bench {
@@ -137,7 +139,7 @@ impl Bench {
 
 fn updates_pod(a: &ApplyRelist, uid: &str) -> bool {
     a.updates.iter().any(|u| match u {
-        CacheUpdate::Set { uid: u, .. } | CacheUpdate::Delete { uid: u } => u == uid,
+        CacheUpdate::Set { uid: u, .. } | CacheUpdate::Delete { uid: u, .. } => u == uid,
     })
 }
 
