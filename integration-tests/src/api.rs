@@ -72,11 +72,36 @@ impl Served {
             .expect("the API server answers")
     }
 
+    /// A client whose connection takes little before HTTP/2 flow control stops the
+    /// server (a 16 KiB window instead of hyper's 2 MiB): a client that stops reading
+    /// fills plegd's queue for it within a few hundred events.
+    pub async fn client_with_small_window(&self) -> PlegdClient<Channel> {
+        let socket = self.socket.clone();
+        let channel = tonic::transport::Endpoint::from_static("http://plegd.local")
+            .initial_stream_window_size(16 * 1024)
+            .initial_connection_window_size(16 * 1024)
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let socket = socket.clone();
+                async move {
+                    tokio::net::UnixStream::connect(socket)
+                        .await
+                        .map(hyper_util::rt::TokioIo::new)
+                }
+            }))
+            .await
+            .expect("the API server answers");
+        PlegdClient::new(channel)
+    }
+
     /// Stops the server (streams end with UNAVAILABLE); true if it stopped in time.
-    pub fn stop_server(&mut self) -> bool {
-        self.server
-            .take()
-            .is_some_and(|s| s.stop(Duration::from_secs(10)))
+    /// The wait runs off this thread, whose clients must go on answering meanwhile.
+    pub async fn stop_server(&mut self) -> bool {
+        let Some(server) = self.server.take() else {
+            return false;
+        };
+        tokio::task::spawn_blocking(move || server.stop(Duration::from_secs(10)))
+            .await
+            .unwrap_or(false)
     }
 }
 
