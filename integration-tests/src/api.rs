@@ -93,6 +93,27 @@ impl Served {
         PlegdClient::new(channel)
     }
 
+    /// A client, and a way to cut its connection as a killed process would (the
+    /// kernel closes the socket; no HTTP/2 goodbye).
+    pub async fn killable_client(&self) -> (PlegdClient<Channel>, Killer) {
+        let socket = self.socket.clone();
+        let killer = Killer::default();
+        let slot = killer.0.clone();
+        let channel = tonic::transport::Endpoint::from_static("http://plegd.local")
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let (socket, slot) = (socket.clone(), slot.clone());
+                async move {
+                    let stream = std::os::unix::net::UnixStream::connect(socket)?;
+                    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream.try_clone()?);
+                    stream.set_nonblocking(true)?;
+                    tokio::net::UnixStream::from_std(stream).map(hyper_util::rt::TokioIo::new)
+                }
+            }))
+            .await
+            .expect("the API server answers");
+        (PlegdClient::new(channel), killer)
+    }
+
     /// Stops the server (streams end with UNAVAILABLE); true if it stopped in time.
     /// The wait runs off this thread, whose clients must go on answering meanwhile.
     pub async fn stop_server(&mut self) -> bool {
@@ -176,4 +197,16 @@ pub async fn events_until(
 /// The event type of `e`.
 pub fn kind_of(e: &v1::Event) -> v1::EventType {
     v1::EventType::try_from(e.r#type).unwrap_or(v1::EventType::Unspecified)
+}
+
+/// Cuts a [`Served::killable_client`]'s connection.
+#[derive(Clone, Default)]
+pub struct Killer(std::sync::Arc<std::sync::Mutex<Option<std::os::unix::net::UnixStream>>>);
+
+impl Killer {
+    pub fn kill(&self) {
+        if let Some(s) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
