@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 /// Generous: CI machines are slow and shared.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The binary at `path`, logging at info.
+/// The binary at `path`, logging at info, with the subscriber API off unless the
+/// test gives `--api-socket`: `plegd run`'s default socket is the node's
+/// (/run/plegd/plegd.sock), which concurrent tests (or a real plegd) would contend for.
 pub fn command(path: &str) -> Command {
     let mut c = Command::new(path);
-    c.env("RUST_LOG", "info");
+    c.env("RUST_LOG", "info").env("PLEGD_API_SOCKET", "off");
     c
 }
 
@@ -25,7 +27,8 @@ pub fn command_with_fd_limit(path: &str, soft: usize) -> Command {
     c.arg("-c")
         .arg(format!("ulimit -Sn {soft} && exec \"$0\" \"$@\""))
         .arg(path)
-        .env("RUST_LOG", "info");
+        .env("RUST_LOG", "info")
+        .env("PLEGD_API_SOCKET", "off");
     c
 }
 

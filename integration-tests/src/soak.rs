@@ -282,6 +282,9 @@ impl Plegd {
             .arg(endpoint)
             .arg("--metrics-addr")
             .arg(metrics.to_string())
+            // Not the node's default socket, which a real plegd may hold; the soak
+            // measures the core.
+            .env("PLEGD_API_SOCKET", "off")
             .args(&cfg.plegd_args)
             .env(
                 "RUST_LOG",

@@ -1,0 +1,286 @@
+//! The subscriber API end to end with the real binary: `plegd demo` serving its
+//! socket, and the `plegd watch`, `pods` and `status` clients as processes — the
+//! same events with the same revisions as plegd's own output, the initial-events
+//! bookmark, clear exit-1 errors, the socket's mode, a live socket never stolen.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use integration_tests::process::{command, signal, wait_exit, wait_until, Reaped, TIMEOUT};
+use serde_json::Value;
+
+fn plegd() -> std::process::Command {
+    command(env!("CARGO_BIN_EXE_plegd"))
+}
+
+/// `plegd demo` serving its API at `socket`, its events (JSON) in `events`.
+fn demo(socket: &Path, events: &Path) -> Reaped {
+    let child = plegd()
+        .args(["demo", "--metrics-addr", "off", "--node-name", "cli-node"])
+        .args(["--relist-period", "100ms", "--churn-period", "40ms", "--pods", "6"])
+        .arg("--api-socket")
+        .arg(socket)
+        .arg("--events-json")
+        .arg(events)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the API socket", || socket.exists());
+    Reaped(child)
+}
+
+/// Runs a client to its end.
+fn client(args: &[&str], socket: &Path) -> Output {
+    let mut child = plegd()
+        .args(args)
+        .arg("--api-socket")
+        .arg(socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "plegd {args:?} did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A `plegd watch` process and its stdout lines, read on a thread.
+struct Watch {
+    child: Reaped,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Watch {
+    fn start(socket: &Path, extra: &[&str]) -> Watch {
+        let mut child = plegd()
+            .arg("watch")
+            .args(extra)
+            .arg("--api-socket")
+            .arg(socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out: ChildStdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Watch {
+            child: Reaped(child),
+            lines,
+        }
+    }
+
+    fn next_json(&self) -> Value {
+        let line = self.lines.recv_timeout(TIMEOUT).expect("a line from plegd watch");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    fn child(&mut self) -> &mut Child {
+        &mut self.child.0
+    }
+}
+
+/// The events of an `--events-json` file, by revision.
+fn events_by_revision(path: &Path) -> BTreeMap<u64, Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| (v["revision"].as_u64().unwrap(), v))
+        .collect()
+}
+
+/// An event without what is the subscriber's own (`seq`, `missed`).
+fn shared_fields(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("seq");
+        o.remove("missed");
+    }
+    v
+}
+
+fn temp() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("api/plegd.sock");
+    let events = dir.path().join("events.jsonl");
+    (dir, socket, events)
+}
+
+#[test]
+fn two_watchers_and_plegds_own_output_show_the_same_events_with_the_same_revisions() {
+    let (_dir, socket, events) = temp();
+    let mut server = demo(&socket, &events);
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.mode() & 0o777, 0o660, "the socket is 0660");
+    let mut watchers = [Watch::start(&socket, &["--json"]), Watch::start(&socket, &["--json"])];
+    let mut seen: Vec<Vec<Value>> = vec![Vec::new(), Vec::new()];
+    for (w, seen) in watchers.iter().zip(&mut seen) {
+        while seen.len() < 15 {
+            seen.push(w.next_json());
+        }
+    }
+    // plegd's own output has written them by now (or will within moments).
+    let last = seen.iter().flatten().map(|v| v["revision"].as_u64().unwrap()).max().unwrap();
+    wait_until("plegd's output to catch up", || {
+        events_by_revision(&events).keys().next_back().is_some_and(|r| *r >= last)
+    });
+    let own = events_by_revision(&events);
+    for seen in &seen {
+        // Exactly the fields of `plegd run`'s output, and the same values.
+        for v in seen {
+            let r = v["revision"].as_u64().unwrap();
+            assert_eq!(shared_fields(v), shared_fields(&own[&r]), "revision {r}");
+            assert!(v["seq"].as_u64().is_some());
+        }
+        // In order, with no gap (each saw every event from its start).
+        let revs: Vec<u64> = seen.iter().map(|v| v["revision"].as_u64().unwrap()).collect();
+        assert!(revs.windows(2).all(|w| w[1] == w[0] + 1), "{revs:?}");
+    }
+    // SIGTERM and SIGINT end a watcher with exit 0.
+    for (w, sig) in watchers.iter_mut().zip(["TERM", "INT"]) {
+        signal(w.child(), sig);
+        let (status, _) = wait_exit(w.child());
+        assert_eq!(status.code(), Some(0), "after SIG{sig}");
+    }
+    signal(&server.0, "TERM");
+    let (status, _) = wait_exit(&mut server.0);
+    assert_eq!(status.code(), Some(0));
+    assert!(!socket.exists(), "the socket is removed at exit");
+}
+
+#[test]
+fn initial_events_then_the_bookmark_then_live_events() {
+    let (_dir, socket, events) = temp();
+    let _server = demo(&socket, &events);
+    let w = Watch::start(&socket, &["--json", "--initial-events"]);
+    let mut snapshot = 0;
+    let bookmark = loop {
+        let v = w.next_json();
+        if v["type"] == "Bookmark" {
+            break v;
+        }
+        assert_eq!(v["snapshot"], true, "{v}");
+        assert!(v.get("relist_source").is_none(), "{v}");
+        snapshot += 1;
+    };
+    assert!(snapshot > 0, "the demo's pods were listed first");
+    let revision = bookmark["revision"].as_u64().unwrap();
+    assert_eq!(
+        bookmark,
+        serde_json::json!({"type": "Bookmark", "revision": revision, "initial_events_end": true})
+    );
+    let live = w.next_json();
+    assert!(live["revision"].as_u64().unwrap() > revision);
+    assert!(live.get("snapshot").is_none());
+}
+
+#[test]
+fn pods_and_status_show_the_cache_and_the_node() {
+    let (_dir, socket, events) = temp();
+    let _server = demo(&socket, &events);
+    let mut pods = Vec::new();
+    wait_until("the demo's pods", || {
+        let out = client(&["pods", "--json"], &socket);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        pods = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .collect();
+        pods.iter().any(|p| !p["containers"].as_array().unwrap().is_empty())
+    });
+    let pod = pods
+        .iter()
+        .find(|p| !p["containers"].as_array().unwrap().is_empty())
+        .unwrap();
+    let keys: Vec<&String> = pod.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["containers", "pod_name", "pod_namespace", "pod_uid"]);
+    let c = &pod["containers"][0];
+    assert!(c["container_id"].is_string() && c["container_name"].is_string());
+    assert!(["running", "exited", "created", "unknown"].contains(&c["state"].as_str().unwrap()));
+    let uid = pod["pod_uid"].as_str().unwrap();
+
+    let table = client(&["pods"], &socket);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.starts_with("NAMESPACE"), "{table}");
+    assert!(table.contains(uid), "{table}");
+
+    let out = client(&["status", uid, "--json"], &socket);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["node_name"], "cli-node");
+    assert_eq!(status["pod_uid"], uid);
+    let out = client(&["status", uid, "--newer-than", "2020-01-01T00:00:00Z"], &socket);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("node:       cli-node") && text.contains(uid), "{text}");
+
+    let out = client(&["status", "no-such-pod"], &socket);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-pod is not known") && err.lines().count() == 1, "{err}");
+}
+
+#[test]
+fn clients_exit_1_with_one_clear_line() {
+    let (_dir, socket, events) = temp();
+    // Nothing at the socket: the path is named.
+    for args in [&["watch"][..], &["pods"], &["status", "u1"]] {
+        let out = client(args, &socket);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("no plegd answers at") && err.contains(&socket.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let _server = demo(&socket, &events);
+    // A revision this plegd never issued.
+    let out = client(&["watch", "--since", "999999999"], &socket);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("refused") && err.contains("never issued"), "{err}");
+    // A bad selector is refused by plegd with the reason.
+    let out = client(&["watch", "--selector", "app in (a)"], &socket);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("label selector"));
+}
+
+#[test]
+fn a_second_plegd_never_steals_a_live_socket_and_a_stale_one_is_replaced() {
+    let (dir, socket, events) = temp();
+    let mut first = demo(&socket, &events);
+    let out = plegd()
+        .args(["demo", "--metrics-addr", "off", "--duration", "30s", "--api-socket"])
+        .arg(&socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another plegd serves this socket"), "{err}");
+    assert!(client(&["pods"], &socket).status.success(), "the first still serves");
+    // A crash leaves the socket file: the next plegd replaces it.
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    assert!(socket.exists(), "a killed plegd leaves its socket");
+    let _second = demo(&socket, &dir.path().join("second.jsonl"));
+    wait_until("the new plegd to serve", || client(&["pods"], &socket).status.success());
+}
