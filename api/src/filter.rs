@@ -61,7 +61,9 @@ impl WatchFilter {
             let kind = v1::EventType::try_from(*t)
                 .ok()
                 .and_then(event_kind)
-                .ok_or_else(|| Status::invalid_argument(format!("types: unknown event type {t}")))?;
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!("types: unknown event type {t}"))
+                })?;
             types.push(kind);
         }
         let selector = LabelSelector::parse(&req.label_selector)

@@ -94,7 +94,8 @@ mod tests {
             "Error, decoded message length too large: found 70000 bytes, the limit is: 65536 bytes",
         );
         assert_eq!(as_invalid_argument(too_long).code(), Code::InvalidArgument);
-        let garbage = tonic::Status::internal("failed to decode Protobuf message: invalid wire type");
+        let garbage =
+            tonic::Status::internal("failed to decode Protobuf message: invalid wire type");
         assert_eq!(as_invalid_argument(garbage).code(), Code::InvalidArgument);
         for other in [
             tonic::Status::internal("something else"),

@@ -154,7 +154,10 @@ mod tests {
         assert!(s.matches(&labels(&[("app", "web"), ("env", "prod"), ("tier", "fe")])));
         assert!(!s.matches(&labels(&[("app", "web"), ("env", "prod"), ("tier", "db")])));
         assert!(!s.matches(&labels(&[("app", "api"), ("env", "prod")])));
-        assert!(!s.matches(&labels(&[("env", "prod")])), "a missing label is not equal");
+        assert!(
+            !s.matches(&labels(&[("env", "prod")])),
+            "a missing label is not equal"
+        );
         // An empty value is a value: `a=` needs the label, empty.
         let empty = LabelSelector::parse("a=").unwrap();
         assert!(empty.matches(&labels(&[("a", "")])));

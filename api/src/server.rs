@@ -50,7 +50,10 @@ impl ApiServer {
     /// Serves `pleg` on `socket` from a new thread.
     pub fn start(pleg: Pleg, mut socket: BoundSocket, cfg: ApiConfig) -> std::io::Result<Self> {
         let listener = socket.take_listener().ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, "the socket was already served")
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the socket was already served",
+            )
         })?;
         let (stop, stopped) = watch::channel(false);
         let path = socket.path().to_owned();

@@ -74,11 +74,7 @@ pub fn lock_path(path: &Path) -> PathBuf {
 pub fn bind(path: &Path, group: Option<&str>) -> Result<BoundSocket, SocketError> {
     let io_err = |doing| {
         let path = path.to_owned();
-        move |error| SocketError::Io {
-            path,
-            doing,
-            error,
-        }
+        move |error| SocketError::Io { path, doing, error }
     };
     let gid = group.map(resolve_group).transpose()?;
     let name = path.file_name().ok_or_else(|| SocketError::NoFileName {
@@ -105,9 +101,7 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<BoundSocket, SocketError
                 lock: lock_file,
             })
         }
-        Err(std::fs::TryLockError::Error(e)) => {
-            return Err(io_err("cannot lock its lock file")(e))
-        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io_err("cannot lock its lock file")(e)),
     }
 
     match std::fs::symlink_metadata(path) {

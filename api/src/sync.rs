@@ -31,7 +31,9 @@ pub async fn open(
     let uid = match first.and_then(|m| m.kind) {
         Some(v1::sync_request::Kind::Begin(b)) => b.pod_uid,
         Some(v1::sync_request::Kind::End(_)) => {
-            return Err(Status::invalid_argument("the first message must be begin, not end"))
+            return Err(Status::invalid_argument(
+                "the first message must be begin, not end",
+            ))
         }
         None => return Err(Status::invalid_argument("the first message must be begin")),
     };

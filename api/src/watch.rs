@@ -303,7 +303,12 @@ impl Watcher {
         Ok(true)
     }
 
-    async fn send_snapshot_of(&mut self, uid: &str, pod: &CachedPod, revision: u64) -> Result<(), Stop> {
+    async fn send_snapshot_of(
+        &mut self,
+        uid: &str,
+        pod: &CachedPod,
+        revision: u64,
+    ) -> Result<(), Stop> {
         let Some(status) = &pod.status else {
             return Ok(());
         };

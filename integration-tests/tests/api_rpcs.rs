@@ -63,7 +63,10 @@ async fn list_pods_answers_the_cache_with_its_revision_node_and_instance() {
     let u2 = list.pods.iter().find(|p| p.pod_uid == "u2").unwrap();
     assert_eq!(u2.sandboxes[0].sandbox_id, sb2);
     let c = &u2.containers[0];
-    assert_eq!((c.container_id.as_str(), c.exit_code), (c2.as_str(), Some(7)));
+    assert_eq!(
+        (c.container_id.as_str(), c.exit_code),
+        (c2.as_str(), Some(7))
+    );
     assert_eq!(c.state, i32::from(v1::ContainerState::ContainerExited));
 }
 
@@ -149,7 +152,10 @@ async fn newer_than_is_released_by_a_global_relist_or_ends_at_the_deadline() {
         .await
         .unwrap_err();
     assert_eq!(timed_out.code(), Code::DeadlineExceeded, "{timed_out:?}");
-    assert!(timed_out.message().contains("no read of pod u1 newer"), "{timed_out:?}");
+    assert!(
+        timed_out.message().contains("no read of pod u1 newer"),
+        "{timed_out:?}"
+    );
     assert!(started.elapsed() < TIMEOUT);
 }
 
@@ -213,7 +219,10 @@ async fn hold(
         .unwrap()
         .unwrap()
         .unwrap();
-    assert!(matches!(first.kind, Some(v1::sync_response::Kind::Held(_))), "{first:?}");
+    assert!(
+        matches!(first.kind, Some(v1::sync_response::Kind::Held(_))),
+        "{first:?}"
+    );
     (tx, answers)
 }
 
@@ -229,7 +238,9 @@ async fn a_sync_holds_the_pod_and_success_queues_one_post_sync_relist() {
     // A second holder is refused.
     let (tx2, rx2) = mpsc::channel(1);
     tx2.send(v1::SyncRequest {
-        kind: Some(v1::sync_request::Kind::Begin(v1::SyncBegin { pod_uid: "u1".into() })),
+        kind: Some(v1::sync_request::Kind::Begin(v1::SyncBegin {
+            pod_uid: "u1".into(),
+        })),
     })
     .await
     .unwrap();
@@ -243,8 +254,14 @@ async fn a_sync_holds_the_pod_and_success_queues_one_post_sync_relist() {
     .await
     .unwrap();
     let released = answers.message().await.unwrap().unwrap();
-    assert!(matches!(released.kind, Some(v1::sync_response::Kind::Released(_))));
-    assert!(answers.message().await.unwrap().is_none(), "the stream ends");
+    assert!(matches!(
+        released.kind,
+        Some(v1::sync_response::Kind::Released(_))
+    ));
+    assert!(
+        answers.message().await.unwrap().is_none(),
+        "the stream ends"
+    );
     let d = expect_event(&sub, EventKind::ContainerStarted, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::PostSync);
     assert!(!served.pleg.is_held("u1"));
@@ -282,7 +299,10 @@ async fn a_sync_client_killed_mid_hold_releases_the_pod_with_one_relist() {
         assert!(r.queued);
     }
     let metrics = served.pleg.metrics().clone();
-    assert_eq!(metrics.requests(RequestResult::Coalesced, RelistSource::PostSync), 2);
+    assert_eq!(
+        metrics.requests(RequestResult::Coalesced, RelistSource::PostSync),
+        2
+    );
     assert!(sub.try_recv().is_err(), "nothing published while held");
     killer.kill();
     wait_until("the hold to end", || !served.pleg.is_held("u1")).await;
@@ -290,7 +310,10 @@ async fn a_sync_client_killed_mid_hold_releases_the_pod_with_one_relist() {
     assert_eq!(d.event.relist_source, RelistSource::PostSync);
     assert_eq!(d.event.exit.as_ref().map(|x| x.code), Some(137));
     // Exactly one relist queued by the release.
-    assert_eq!(metrics.requests(RequestResult::Queued, RelistSource::PostSync), 1);
+    assert_eq!(
+        metrics.requests(RequestResult::Queued, RelistSource::PostSync),
+        1
+    );
     wait_until("the relist done", || {
         metrics.requests(RequestResult::Done, RelistSource::PostSync) == 1
     })
@@ -306,7 +329,10 @@ async fn a_sync_client_killed_mid_hold_releases_the_pod_with_one_relist() {
         .await
         .unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &c2).await;
-    assert_eq!(metrics.requests(RequestResult::Done, RelistSource::PostSync), 1);
+    assert_eq!(
+        metrics.requests(RequestResult::Done, RelistSource::PostSync),
+        1
+    );
 }
 
 /// Raw bytes as a request, whatever the method: for malformed and oversized ones.
@@ -329,7 +355,11 @@ impl tonic::codec::Codec for Raw {
 impl tonic::codec::Encoder for Raw {
     type Item = Vec<u8>;
     type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), Self::Error> {
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Self::Error> {
         dst.put_slice(&item);
         Ok(())
     }
@@ -338,7 +368,10 @@ impl tonic::codec::Encoder for Raw {
 impl tonic::codec::Decoder for Raw {
     type Item = Vec<u8>;
     type Error = tonic::Status;
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Self::Error> {
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, Self::Error> {
         let mut out = Vec::new();
         while src.has_remaining() {
             let chunk = src.chunk();
@@ -369,12 +402,17 @@ async fn raw_call(served: &Served, method: &'static str, body: Vec<u8>) -> tonic
     grpc.ready().await.unwrap();
     let path = PathAndQuery::from_static(method);
     if method.ends_with("/Watch") {
-        match grpc.server_streaming(tonic::Request::new(body), path, Raw).await {
-            Ok(mut s) => s.get_mut().message().await.err().expect("refused"),
+        match grpc
+            .server_streaming(tonic::Request::new(body), path, Raw)
+            .await
+        {
+            Ok(mut s) => s.get_mut().message().await.expect_err("refused"),
             Err(s) => s,
         }
     } else {
-        grpc.unary(tonic::Request::new(body), path, Raw).await.unwrap_err()
+        grpc.unary(tonic::Request::new(body), path, Raw)
+            .await
+            .unwrap_err()
     }
 }
 

@@ -48,7 +48,15 @@ pub async fn run(
     if let Some(p) = &api_socket {
         tracing::info!(socket = %p.display(), "the demo's subscriber API socket (plegd watch --api-socket {})", p.display());
     }
-    let result = serve(Arc::new(runtime), config, signals, Format::Text, api_socket, until).await;
+    let result = serve(
+        Arc::new(runtime),
+        config,
+        signals,
+        Format::Text,
+        api_socket,
+        until,
+    )
+    .await;
     churn.stop();
     server.stop();
     drop(dir);

@@ -18,8 +18,8 @@ use plegd_telemetry::Metrics;
 use crate::exit::{ConfigError, ExitError};
 use crate::output::{open_append, spawn_writer, Format, Target};
 use crate::service_config::ServiceConfig;
-use crate::values::ApiSocket;
 use crate::signals::{Asked, Signals};
+use crate::values::ApiSocket;
 
 /// Queue of the output subscriber: large, so a slow terminal rarely drops events
 /// (and when it does, the next line says how many).
@@ -64,7 +64,10 @@ pub async fn run_real(
 
 /// Where to serve the subscriber API: `--api-socket`, or the command's default; None
 /// when it is off.
-pub fn api_socket_path(config: &ServiceConfig, default: impl FnOnce() -> PathBuf) -> Option<PathBuf> {
+pub fn api_socket_path(
+    config: &ServiceConfig,
+    default: impl FnOnce() -> PathBuf,
+) -> Option<PathBuf> {
     match &config.api_socket {
         None => Some(default()),
         Some(ApiSocket::Off) => None,

@@ -22,7 +22,14 @@ fn plegd() -> std::process::Command {
 fn demo(socket: &Path, events: &Path) -> Reaped {
     let child = plegd()
         .args(["demo", "--metrics-addr", "off", "--node-name", "cli-node"])
-        .args(["--relist-period", "100ms", "--churn-period", "40ms", "--pods", "6"])
+        .args([
+            "--relist-period",
+            "100ms",
+            "--churn-period",
+            "40ms",
+            "--pods",
+            "6",
+        ])
         .arg("--api-socket")
         .arg(socket)
         .arg("--events-json")
@@ -86,7 +93,10 @@ impl Watch {
     }
 
     fn next_json(&self) -> Value {
-        let line = self.lines.recv_timeout(TIMEOUT).expect("a line from plegd watch");
+        let line = self
+            .lines
+            .recv_timeout(TIMEOUT)
+            .expect("a line from plegd watch");
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     }
 
@@ -129,7 +139,10 @@ fn two_watchers_and_plegds_own_output_show_the_same_events_with_the_same_revisio
     let meta = std::fs::metadata(&socket).unwrap();
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.mode() & 0o777, 0o660, "the socket is 0660");
-    let mut watchers = [Watch::start(&socket, &["--json"]), Watch::start(&socket, &["--json"])];
+    let mut watchers = [
+        Watch::start(&socket, &["--json"]),
+        Watch::start(&socket, &["--json"]),
+    ];
     let mut seen: Vec<Vec<Value>> = vec![Vec::new(), Vec::new()];
     for (w, seen) in watchers.iter().zip(&mut seen) {
         while seen.len() < 15 {
@@ -137,9 +150,17 @@ fn two_watchers_and_plegds_own_output_show_the_same_events_with_the_same_revisio
         }
     }
     // plegd's own output has written them by now (or will within moments).
-    let last = seen.iter().flatten().map(|v| v["revision"].as_u64().unwrap()).max().unwrap();
+    let last = seen
+        .iter()
+        .flatten()
+        .map(|v| v["revision"].as_u64().unwrap())
+        .max()
+        .unwrap();
     wait_until("plegd's output to catch up", || {
-        events_by_revision(&events).keys().next_back().is_some_and(|r| *r >= last)
+        events_by_revision(&events)
+            .keys()
+            .next_back()
+            .is_some_and(|r| *r >= last)
     });
     let own = events_by_revision(&events);
     for seen in &seen {
@@ -150,7 +171,10 @@ fn two_watchers_and_plegds_own_output_show_the_same_events_with_the_same_revisio
             assert!(v["seq"].as_u64().is_some());
         }
         // In order, with no gap (each saw every event from its start).
-        let revs: Vec<u64> = seen.iter().map(|v| v["revision"].as_u64().unwrap()).collect();
+        let revs: Vec<u64> = seen
+            .iter()
+            .map(|v| v["revision"].as_u64().unwrap())
+            .collect();
         assert!(revs.windows(2).all(|w| w[1] == w[0] + 1), "{revs:?}");
     }
     // SIGTERM and SIGINT end a watcher with exit 0.
@@ -203,7 +227,8 @@ fn pods_and_status_show_the_cache_and_the_node() {
             .lines()
             .map(|l| serde_json::from_str::<Value>(l).unwrap())
             .collect();
-        pods.iter().any(|p| !p["containers"].as_array().unwrap().is_empty())
+        pods.iter()
+            .any(|p| !p["containers"].as_array().unwrap().is_empty())
     });
     let pod = pods
         .iter()
@@ -226,14 +251,23 @@ fn pods_and_status_show_the_cache_and_the_node() {
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["node_name"], "cli-node");
     assert_eq!(status["pod_uid"], uid);
-    let out = client(&["status", uid, "--newer-than", "2020-01-01T00:00:00Z"], &socket);
+    let out = client(
+        &["status", uid, "--newer-than", "2020-01-01T00:00:00Z"],
+        &socket,
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("node:       cli-node") && text.contains(uid), "{text}");
+    assert!(
+        text.contains("node:       cli-node") && text.contains(uid),
+        "{text}"
+    );
 
     let out = client(&["status", "no-such-pod"], &socket);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("no-such-pod is not known") && err.lines().count() == 1, "{err}");
+    assert!(
+        err.contains("no-such-pod is not known") && err.lines().count() == 1,
+        "{err}"
+    );
 }
 
 #[test]
@@ -255,7 +289,10 @@ fn clients_exit_1_with_one_clear_line() {
     let out = client(&["watch", "--since", "999999999"], &socket);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("refused") && err.contains("never issued"), "{err}");
+    assert!(
+        err.contains("refused") && err.contains("never issued"),
+        "{err}"
+    );
     // A bad selector is refused by plegd with the reason.
     let out = client(&["watch", "--selector", "app in (a)"], &socket);
     assert_eq!(out.status.code(), Some(1));
@@ -267,7 +304,14 @@ fn a_second_plegd_never_steals_a_live_socket_and_a_stale_one_is_replaced() {
     let (dir, socket, events) = temp();
     let mut first = demo(&socket, &events);
     let out = plegd()
-        .args(["demo", "--metrics-addr", "off", "--duration", "30s", "--api-socket"])
+        .args([
+            "demo",
+            "--metrics-addr",
+            "off",
+            "--duration",
+            "30s",
+            "--api-socket",
+        ])
         .arg(&socket)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -276,11 +320,16 @@ fn a_second_plegd_never_steals_a_live_socket_and_a_stale_one_is_replaced() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("another plegd serves this socket"), "{err}");
-    assert!(client(&["pods"], &socket).status.success(), "the first still serves");
+    assert!(
+        client(&["pods"], &socket).status.success(),
+        "the first still serves"
+    );
     // A crash leaves the socket file: the next plegd replaces it.
     first.0.kill().unwrap();
     first.0.wait().unwrap();
     assert!(socket.exists(), "a killed plegd leaves its socket");
     let _second = demo(&socket, &dir.path().join("second.jsonl"));
-    wait_until("the new plegd to serve", || client(&["pods"], &socket).status.success());
+    wait_until("the new plegd to serve", || {
+        client(&["pods"], &socket).status.success()
+    });
 }

@@ -91,9 +91,24 @@ pub async fn run(args: PodsArgs) -> Result<(), ExitError> {
         }
         return Ok(());
     }
-    let w_ns = pods.iter().map(|p| p.pod_namespace.len()).max().unwrap_or(0).max(9);
-    let w_name = pods.iter().map(|p| p.pod_name.len()).max().unwrap_or(0).max(4);
-    let w_uid = pods.iter().map(|p| p.pod_uid.len()).max().unwrap_or(0).max(3);
+    let w_ns = pods
+        .iter()
+        .map(|p| p.pod_namespace.len())
+        .max()
+        .unwrap_or(0)
+        .max(9);
+    let w_name = pods
+        .iter()
+        .map(|p| p.pod_name.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let w_uid = pods
+        .iter()
+        .map(|p| p.pod_uid.len())
+        .max()
+        .unwrap_or(0)
+        .max(3);
     print_line(&format!(
         "{:w_ns$}  {:w_name$}  {:w_uid$}  CONTAINERS",
         "NAMESPACE", "NAME", "UID"

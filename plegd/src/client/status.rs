@@ -33,7 +33,8 @@ pub struct StatusArgs {
 }
 
 fn parse_time(s: &str) -> Result<SystemTime, String> {
-    humantime::parse_rfc3339_weak(s).map_err(|e| format!("{e} (expected RFC 3339, e.g. 2026-11-30T05:21:00Z)"))
+    humantime::parse_rfc3339_weak(s)
+        .map_err(|e| format!("{e} (expected RFC 3339, e.g. 2026-11-30T05:21:00Z)"))
 }
 
 #[derive(Serialize)]

@@ -79,13 +79,23 @@ struct JsonBookmark {
 
 pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
     let socket = args.socket.api_socket.clone();
-    let mut term = signal(SignalKind::terminate()).map_err(ExitError::runtime("installing SIGTERM"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(ExitError::runtime("installing SIGINT"))?;
-    let format = if args.json { Format::Json } else { Format::Text };
+    let mut term =
+        signal(SignalKind::terminate()).map_err(ExitError::runtime("installing SIGTERM"))?;
+    let mut int =
+        signal(SignalKind::interrupt()).map_err(ExitError::runtime("installing SIGINT"))?;
+    let format = if args.json {
+        Format::Json
+    } else {
+        Format::Text
+    };
     let request = v1::WatchRequest {
         pod_uids: args.pods,
         namespaces: args.namespaces,
-        types: args.types.into_iter().map(|t| v1::EventType::from(t).into()).collect(),
+        types: args
+            .types
+            .into_iter()
+            .map(|t| v1::EventType::from(t).into())
+            .collect(),
         label_selector: args.selector.unwrap_or_default(),
         send_initial_events: args.initial_events,
         since_revision: args.since,
@@ -152,9 +162,10 @@ fn show(msg: v1::WatchResponse, format: Format) -> Result<(), ExitError> {
                 .map_err(ExitError::runtime("encoding a bookmark"))?;
                 print_line(&line)
             }
-            Format::Text if b.initial_events_end => {
-                print_line(&format!("--- initial events end at revision {} ---", b.revision))
-            }
+            Format::Text if b.initial_events_end => print_line(&format!(
+                "--- initial events end at revision {} ---",
+                b.revision
+            )),
             Format::Text => Ok(()),
         },
         None => Ok(()),
