@@ -455,3 +455,26 @@ async fn a_removed_pod_is_forgotten_after_its_ttl_and_present_again_if_it_comes_
     assert!(matches!(p.cache().lookup("b"), PodLookup::Present(_)));
     p.stop();
 }
+
+#[actix_rt::test]
+async fn the_pods_labels_reach_the_cache_from_its_sandbox() {
+    let rt = FakeRuntime::new();
+    let p = start(
+        &rt,
+        PlegConfig {
+            relist_period: Duration::from_secs(3600),
+            ..PlegConfig::default()
+        },
+    );
+    let labels: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
+    let sb = rt.run_pod_with_labels("a", "web", "ns", labels.clone());
+    p.request_relist("a", RelistSource::PostSync);
+    wait_until("the pod in the cache", || p.cache().get("a").is_some()).await;
+    let snap = p.snapshot().await.unwrap();
+    let sandboxes = snap.pods[0].1.status.as_ref().map(|s| s.sandboxes.clone());
+    assert_eq!(
+        sandboxes.map(|s| s.into_iter().map(|s| (s.id, s.labels)).collect::<Vec<_>>()),
+        Some(vec![(sb, labels)])
+    );
+    p.stop();
+}
