@@ -38,7 +38,13 @@ async fn list_pods_answers_the_cache_with_its_revision_node_and_instance() {
     let served = Served::start(Duration::from_millis(20), 64);
     let sub = served.pleg.subscribe("t", 1024).await.unwrap();
     let (_, c1) = running(&served, "u1");
-    let (sb2, c2) = running(&served, "u2");
+    let sb2 = served.rt.run_pod_with_labels(
+        "u2",
+        "web",
+        "ns",
+        [("app".to_string(), "db".to_string())].into(),
+    );
+    let c2 = served.rt.run_container(&sb2, "app");
     served.rt.exit_container(&c2, 7);
     let mut seen = (false, false);
     let got = recv_until(&sub, "c1 started and c2 died", |d| {
@@ -62,6 +68,7 @@ async fn list_pods_answers_the_cache_with_its_revision_node_and_instance() {
     assert_eq!(pods, ["u1", "u2"]);
     let u2 = list.pods.iter().find(|p| p.pod_uid == "u2").unwrap();
     assert_eq!(u2.sandboxes[0].sandbox_id, sb2);
+    assert_eq!(u2.labels.get("app").map(String::as_str), Some("db"));
     let c = &u2.containers[0];
     assert_eq!(
         (c.container_id.as_str(), c.exit_code),

@@ -71,6 +71,14 @@ async fn every_watcher_gets_every_event_its_filters_select_with_the_same_revisio
         },
     )
     .await;
+    let mut by_label = watch(
+        &mut client,
+        v1::WatchRequest {
+            label_selector: "app=web,tier!=db".into(),
+            ..everything.clone()
+        },
+    )
+    .await;
     let mut by_type = watch(
         &mut client,
         v1::WatchRequest {
@@ -82,9 +90,22 @@ async fn every_watcher_gets_every_event_its_filters_select_with_the_same_revisio
     assert_eq!(all[0].hello.node_name, NODE);
     assert_eq!(all[0].hello.instance_id, served.pleg.instance_id());
 
-    let sb1 = served.rt.run_pod("u1", "web", "ns-a");
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let sb1 = served
+        .rt
+        .run_pod_with_labels("u1", "web", "ns-a", labels(&[("app", "web")]));
     let c1 = served.rt.run_container(&sb1, "app");
-    let sb2 = served.rt.run_pod("u2", "db", "ns-b");
+    let sb2 = served.rt.run_pod_with_labels(
+        "u2",
+        "db",
+        "ns-b",
+        labels(&[("app", "web"), ("tier", "db")]),
+    );
     let c2 = served.rt.run_container(&sb2, "db");
     // After u2's start is published: u1's death comes strictly later.
     let mut got = recv_until(&all_ref, "u2 started", |d| d.event.container_id == c2).await;
@@ -116,8 +137,9 @@ async fn every_watcher_gets_every_event_its_filters_select_with_the_same_revisio
     }
     type Row = (u64, &'static str, String, String);
     type Keep = fn(&Row) -> bool;
-    let filtered: [(&mut Watching, Keep); 3] = [
+    let filtered: [(&mut Watching, Keep); 4] = [
         (&mut by_uid, |e| e.3 == "u1"),
+        (&mut by_label, |e| e.3 == "u1"),
         (&mut by_ns, |e| e.3 == "u2"),
         (&mut by_type, |e| e.1 == "ContainerDied"),
     ];
@@ -153,6 +175,28 @@ async fn every_watcher_gets_every_event_its_filters_select_with_the_same_revisio
         (Some(3), "app", false)
     );
     assert_eq!(e.pod_namespace, "ns-a");
+    // The initial events obey the selector too.
+    let mut initial = watch(
+        &mut client,
+        v1::WatchRequest {
+            label_selector: "tier=db".into(),
+            send_initial_events: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut pods = Vec::new();
+    loop {
+        match next(&mut initial.stream).await {
+            Kind::Event(e) => pods.push(e.pod_uid),
+            Kind::Bookmark(_) => break,
+            Kind::Hello(_) => panic!("a second Hello"),
+        }
+    }
+    assert!(
+        !pods.is_empty() && pods.iter().all(|u| u == "u2"),
+        "{pods:?}"
+    );
 }
 
 /// Folds lifecycle events into container states (running/exited; removed = gone).
