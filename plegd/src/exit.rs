@@ -95,8 +95,8 @@ pub enum ConfigError {
     },
     #[error("--node-name: not given and the host name cannot be read ({reason}); set --node-name")]
     NodeName { reason: String },
-    #[error(transparent)]
-    ApiSocketGroup(plegd_api::SocketError),
+    #[error("--api-socket-group {group:?}: no such group in /etc/group")]
+    ApiSocketGroup { group: String },
     #[error("--otlp-endpoint")]
     OtlpEndpoint(#[source] TraceError),
     /// A setting that TOML cannot hold (a path that is not UTF-8).

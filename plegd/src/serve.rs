@@ -78,7 +78,9 @@ pub fn api_socket_path(
 /// Binds the API socket (before anything starts, so that a second plegd fails fast).
 fn bind_api(path: &Path, config: &ServiceConfig) -> Result<BoundSocket, ExitError> {
     plegd_api::bind(path, config.api_socket_group.as_deref()).map_err(|e| match e {
-        e @ SocketError::UnknownGroup { .. } => ExitError::from(ConfigError::ApiSocketGroup(e)),
+        SocketError::UnknownGroup { group } => {
+            ExitError::from(ConfigError::ApiSocketGroup { group })
+        }
         e => ExitError::Runtime(anyhow::Error::new(e)),
     })
 }
