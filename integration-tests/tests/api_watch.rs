@@ -602,6 +602,8 @@ async fn a_thousand_concurrent_watchers_each_get_the_event() {
         served.pleg.metrics().subscribers.get() >= 1000
     })
     .await;
+    let interval = &served.pleg.metrics().relist_interval;
+    let (sum0, n0) = (interval.get_sample_sum(), interval.get_sample_count());
     let sb = served.rt.run_pod("u1", "web", "ns");
     let c = served.rt.run_container(&sb, "app");
     let started = Instant::now();
@@ -617,9 +619,15 @@ async fn a_thousand_concurrent_watchers_each_get_the_event() {
     for t in tasks {
         t.await.unwrap();
     }
+    let (sum, n) = (
+        interval.get_sample_sum() - sum0,
+        interval.get_sample_count() - n0,
+    );
     println!(
-        "1,000 watchers: opened in {open_time:?}; every one had the event {:?} after the change",
-        started.elapsed()
+        "1,000 watchers: opened in {open_time:?}; every one had the event {:?} after the change; \
+         meanwhile {n} global relists, {:.1} ms apart on average (period 20 ms)",
+        started.elapsed(),
+        if n > 0 { sum / n as f64 * 1e3 } else { 0.0 }
     );
 }
 

@@ -183,16 +183,43 @@ fn two_watchers_and_plegds_own_output_show_the_same_events_with_the_same_revisio
         let (status, _) = wait_exit(w.child());
         assert_eq!(status.code(), Some(0), "after SIG{sig}");
     }
+    // plegd's own SIGTERM ends a watch cleanly: the client says why, in one line.
+    let mut last = plegd()
+        .args(["watch", "--json", "--initial-events", "--api-socket"])
+        .arg(&socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(last.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("\"Bookmark\"") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the watcher ended early"
+        );
+    }
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     signal(&server.0, "TERM");
     let (status, _) = wait_exit(&mut server.0);
     assert_eq!(status.code(), Some(0));
     assert!(!socket.exists(), "the socket is removed at exit");
+    let (status, _) = wait_exit(&mut last);
+    assert_eq!(status.code(), Some(1));
+    let mut err = String::new();
+    std::io::Read::read_to_string(last.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("plegd is shutting down"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 #[test]
 fn initial_events_then_the_bookmark_then_live_events() {
     let (_dir, socket, events) = temp();
     let _server = demo(&socket, &events);
+    wait_until("the demo's first pods in the cache", || {
+        !client(&["pods", "--json"], &socket).stdout.is_empty()
+    });
     let w = Watch::start(&socket, &["--json", "--initial-events"]);
     let mut snapshot = 0;
     let bookmark = loop {
