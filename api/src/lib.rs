@@ -2,7 +2,7 @@
 //! and the client helpers the CLI and node agents use.
 //!
 //! - `socket`: making the socket safely (mode, group, stale or live socket).
-//! - `server`: tonic on its own thread; `service`: the RPCs; `watch`: one Watch
+//! - `server`: tonic on its own thread (`incoming`: its bounded connections); `service`: the RPCs; `watch`: one Watch
 //!   stream (a subscriber with its own queue); `sync`: one Sync stream (a sync hold).
 //! - `filter` and `selector`: Watch's filters; `convert`: domain ↔ wire types;
 //!   `request_errors`: malformed or oversized requests → INVALID_ARGUMENT.
@@ -11,6 +11,7 @@
 mod client;
 pub mod convert;
 mod filter;
+mod incoming;
 mod request_errors;
 mod selector;
 mod server;
@@ -22,6 +23,8 @@ mod watch;
 pub use client::{connect, Unreachable, DEFAULT_SOCKET};
 pub use plegd_protocol::{v1, MAX_REQUEST_BYTES};
 pub use selector::{LabelSelector, SelectorError};
-pub use server::{ApiConfig, ApiServer, DEFAULT_WATCH_QUEUE, MAX_RESPONSE_BYTES};
+pub use server::{
+    ApiConfig, ApiServer, DEFAULT_MAX_CONNECTIONS, DEFAULT_WATCH_QUEUE, MAX_RESPONSE_BYTES,
+};
 pub use service::{DEFAULT_WAIT, MAX_WAIT};
 pub use socket::{bind, lock_path, BoundSocket, SocketError, SOCKET_MODE};

@@ -30,12 +30,18 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 2048;
 /// that does not read is told as `missed`.
 pub const DEFAULT_WATCH_QUEUE: usize = 1024;
 
+/// Client connections served at once, by default (a node has a few agents; each
+/// connection carries any number of streams up to [`MAX_STREAMS_PER_CONNECTION`]).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
 #[derive(Clone, Debug)]
 pub struct ApiConfig {
     /// This node's name, in every answer.
     pub node_name: String,
     /// Capacity of each watcher's subscriber queue.
     pub watch_queue: usize,
+    /// Connections served at once; more wait until one closes.
+    pub max_connections: usize,
 }
 
 /// A running API server; [`ApiServer::stop`] ends it.
@@ -60,6 +66,7 @@ impl ApiServer {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        let max_connections = cfg.max_connections;
         let ctx = WatchContext {
             pleg,
             node_name: cfg.node_name,
@@ -71,7 +78,7 @@ impl ApiServer {
             .name("plegd-api".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    if let Err(e) = serve(ctx, listener, stopped).await {
+                    if let Err(e) = serve(ctx, listener, max_connections, stopped).await {
                         tracing::error!(socket = %shown.display(), error = %e, "the API server failed");
                     }
                 });
@@ -117,10 +124,11 @@ impl Drop for ApiServer {
 async fn serve(
     ctx: WatchContext,
     listener: std::os::unix::net::UnixListener,
+    max_connections: usize,
     mut stopped: watch::Receiver<bool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::UnixListener::from_std(listener)?;
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let incoming = crate::incoming::bounded(listener, max_connections);
     let service = PlegdServer::new(PlegdService { ctx })
         .max_decoding_message_size(MAX_REQUEST_BYTES)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);

@@ -15,6 +15,9 @@ use crate::filter::check_uid;
 use crate::request_errors::as_invalid_argument;
 use crate::watch::shutting_down;
 
+/// How long a Sync stream may stay open without its `begin`.
+const BEGIN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub type SyncStream = tokio_stream::wrappers::ReceiverStream<Result<v1::SyncResponse, Status>>;
 
 /// Waits for `begin`, takes the hold, and leaves the rest of the stream to a task.
@@ -25,7 +28,12 @@ pub async fn open(
     mut inbound: Streaming<v1::SyncRequest>,
 ) -> Result<SyncStream, Status> {
     let first = tokio::select! {
-        m = inbound.message() => m.map_err(as_invalid_argument)?,
+        m = tokio::time::timeout(BEGIN_WAIT, inbound.message()) => match m {
+            Ok(m) => m.map_err(as_invalid_argument)?,
+            Err(_) => return Err(Status::invalid_argument(format!(
+                "no begin within {}s of opening the stream", BEGIN_WAIT.as_secs()
+            ))),
+        },
         _ = shutdown.wait_for(|stop| *stop) => return Err(shutting_down()),
     };
     let uid = match first.and_then(|m| m.kind) {

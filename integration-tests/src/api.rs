@@ -42,6 +42,11 @@ impl Served {
     }
 
     pub fn start_with(cfg: PlegConfig, watch_queue: usize) -> Served {
+        Self::start_limited(cfg, watch_queue, plegd_api::DEFAULT_MAX_CONNECTIONS)
+    }
+
+    /// As [`Self::start_with`], serving at most `max_connections` at once.
+    pub fn start_limited(cfg: PlegConfig, watch_queue: usize, max_connections: usize) -> Served {
         let rt = FakeRuntime::new();
         let pleg = start_generic_with(&rt, cfg);
         let dir = tempfile::tempdir().expect("a temporary directory");
@@ -53,6 +58,7 @@ impl Served {
             ApiConfig {
                 node_name: NODE.into(),
                 watch_queue,
+                max_connections,
             },
         )
         .expect("the API server starts");

@@ -515,3 +515,36 @@ async fn malformed_oversized_and_inconsistent_requests_are_invalid_arguments() {
     // The server is fine after all that.
     client.list_pods(v1::ListPodsRequest {}).await.unwrap();
 }
+
+#[actix_rt::test]
+async fn connections_beyond_the_limit_wait_until_one_closes() {
+    let served = Served::start_limited(
+        PlegConfig {
+            relist_period: Duration::from_millis(50),
+            ..PlegConfig::default()
+        },
+        64,
+        2,
+    );
+    let mut first = served.client().await;
+    let mut second = served.client().await;
+    first.list_pods(v1::ListPodsRequest {}).await.unwrap();
+    second.list_pods(v1::ListPodsRequest {}).await.unwrap();
+    // The third connects (the kernel's backlog) but is not served while two are open.
+    let mut third = served.client().await;
+    let mut req = tonic::Request::new(v1::ListPodsRequest {});
+    req.set_timeout(Duration::from_millis(500));
+    let waiting = third.list_pods(req).await.unwrap_err();
+    assert_eq!(waiting.code(), Code::Cancelled, "{waiting:?}");
+    drop(first);
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let mut req = tonic::Request::new(v1::ListPodsRequest {});
+        req.set_timeout(Duration::from_millis(500));
+        match third.list_pods(req).await {
+            Ok(_) => break,
+            Err(s) => assert!(Instant::now() < deadline, "never served: {s:?}"),
+        }
+    }
+    second.list_pods(v1::ListPodsRequest {}).await.unwrap();
+}

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use std::path::{Path, PathBuf};
 
 use plegd_actors::{Health, Pleg};
-use plegd_api::{ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_WATCH_QUEUE};
+use plegd_api::{
+    ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS, DEFAULT_WATCH_QUEUE,
+};
 use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::traces::{sdk_disabled, TraceExport};
@@ -172,6 +174,7 @@ pub async fn serve(
             let api_config = ApiConfig {
                 node_name: config.identity.node_name.clone(),
                 watch_queue: DEFAULT_WATCH_QUEUE,
+                max_connections: DEFAULT_MAX_CONNECTIONS,
             };
             let server = ApiServer::start(pleg.clone(), bound, api_config)
                 .map_err(ExitError::runtime("cannot start the API server"))?;
