@@ -320,6 +320,17 @@ fn clients_exit_1_with_one_clear_line() {
         err.contains("refused") && err.contains("never issued"),
         "{err}"
     );
+    // A revision of another plegd instance.
+    let out = client(
+        &["watch", "--since", "1", "--instance-id", &"0".repeat(32)],
+        &socket,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refused") && err.contains("not this plegd's"),
+        "{err}"
+    );
     // A bad selector is refused by plegd with the reason.
     let out = client(&["watch", "--selector", "app in (a)"], &socket);
     assert_eq!(out.status.code(), Some(1));

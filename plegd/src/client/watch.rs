@@ -38,6 +38,10 @@ pub struct WatchArgs {
     /// history, or one it never issued: exit 1).
     #[arg(long, value_name = "REVISION")]
     pub since: Option<u64>,
+    /// The plegd instance --since comes from (the id `plegd watch` logs at start):
+    /// plegd refuses a revision of another instance instead of misreading it.
+    #[arg(long, value_name = "ID", requires = "since")]
+    pub instance_id: Option<String>,
     /// One JSON object per line, with the fields of `plegd run`'s output.
     #[arg(long)]
     pub json: bool,
@@ -99,6 +103,7 @@ pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
         label_selector: args.selector.unwrap_or_default(),
         send_initial_events: args.initial_events,
         since_revision: args.since,
+        instance_id: args.instance_id.unwrap_or_default(),
         ..v1::WatchRequest::default()
     };
     let watching = async {
