@@ -11,7 +11,7 @@ use plegd_actors::{
     SubscribeError, Subscription,
 };
 use plegd_runtime::{ContainerState, SandboxState};
-use plegd_sim::FakeRuntime;
+use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::Metrics;
 
 /// Generous: CI machines are slow and shared.
@@ -132,8 +132,15 @@ async fn churn(rt: &FakeRuntime, p: &Pleg, steps: usize) {
     let mut pods: Vec<(String, String)> = Vec::new(); // (uid, sandbox)
     let mut next = 0;
     for _ in 0..steps {
-        let choice = if pods.len() < 3 { 0 } else { rng.below(5) };
+        let choice = if pods.len() < 3 { 0 } else { rng.below(6) };
         let uid = match choice {
+            5 => {
+                // A read fails once: nothing of that relist (or pod) is applied or
+                // published; the pod is read again later.
+                let op = [Op::ListSandboxes, Op::ContainerStatus, Op::SandboxStatus][rng.below(3)];
+                rt.fail(op, tonic::Code::Unavailable, Some(1));
+                pods[rng.below(pods.len())].0.clone()
+            }
             0 => {
                 next += 1;
                 let uid = format!("pod-{next}");
@@ -180,6 +187,9 @@ async fn churn(rt: &FakeRuntime, p: &Pleg, steps: usize) {
             tokio::task::yield_now().await;
         }
     }
+    for op in [Op::ListSandboxes, Op::ContainerStatus, Op::SandboxStatus] {
+        rt.clear_failure(op);
+    }
 }
 
 #[actix_rt::test]
@@ -208,6 +218,8 @@ async fn a_snapshot_then_the_events_after_its_revision_rebuild_the_cache_under_r
         out
     };
     let ((), watchers) = futures::join!(churn(&rt, &p, 400), watchers);
+    // Twice: a pod whose read failed last is read again by the next one.
+    settle(&p).await;
     settle(&p).await;
     let last = p.snapshot().await.unwrap();
     assert!(last.revision > 100, "too little churn: {}", last.revision);
