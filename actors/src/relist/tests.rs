@@ -30,6 +30,7 @@ impl Clone for ApplyRelist {
             global_timestamp: self.global_timestamp,
             held: self.held.clone(),
             revision: self.revision,
+            events: self.events.clone(),
         }
     }
 }
