@@ -20,7 +20,7 @@
 //! every change whose event has a revision up to its own and none after: list it, then
 //! watch from that revision, and each change is seen once (see `revision`).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +29,7 @@ use dashmap::DashMap;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::event::EventKind;
 use crate::pleg::{CacheUpdate, PodStatus};
 
 /// One pod's cache entry.
@@ -40,6 +41,13 @@ pub struct CachedPod {
     pub error: Option<String>,
     /// When the last read (successful or not) began.
     pub modified: SystemTime,
+    /// What the events published so far (up to the cache's revision) last said of
+    /// each sandbox and container of the pod: `ContainerStarted` or `ContainerDied`
+    /// (one removed is absent). A watch's initial events come from here, so they agree
+    /// with the events exactly, even where `status` is already ahead of them (read
+    /// after the list the events came from, it may show a death the next relist will
+    /// publish).
+    pub reported: BTreeMap<String, EventKind>,
 }
 
 struct Shared {
@@ -234,6 +242,7 @@ impl CacheOwner {
                     status: None,
                     error: None,
                     modified: SystemTime::UNIX_EPOCH,
+                    reported: BTreeMap::new(),
                 });
                 // Never let an older read overwrite a newer one.
                 if read_at < entry.modified {
@@ -316,6 +325,9 @@ pub struct ApplyRelist {
     /// The latest revision issued, that of this relist's last event if it had any:
     /// once applied, the cache reflects every event up to it.
     pub revision: u64,
+    /// This relist's events, in order, as (pod UID, sandbox or container ID, kind):
+    /// folded into each pod's `reported`.
+    pub events: Vec<(String, String, EventKind)>,
 }
 
 impl Handler<ApplyRelist> for CacheOwner {
@@ -324,6 +336,21 @@ impl Handler<ApplyRelist> for CacheOwner {
     fn handle(&mut self, msg: ApplyRelist, _: &mut Self::Context) {
         for u in msg.updates {
             self.apply(u);
+        }
+        // After the updates: a pod this relist found gone has no entry left to fold
+        // its last events into.
+        for (uid, id, kind) in msg.events {
+            if let Some(mut pod) = self.shared.pods.get_mut(&uid) {
+                match kind {
+                    EventKind::ContainerStarted | EventKind::ContainerDied => {
+                        pod.reported.insert(id, kind);
+                    }
+                    EventKind::ContainerRemoved => {
+                        pod.reported.remove(&id);
+                    }
+                    EventKind::PodSync | EventKind::ContainerChanged => {}
+                }
+            }
         }
         self.revision = self.revision.max(msg.revision);
         self.prune();
@@ -416,6 +443,7 @@ mod tests {
             global_timestamp: None,
             held: Vec::new(),
             revision,
+            events: Vec::new(),
         }
     }
 
@@ -559,5 +587,78 @@ mod tests {
         assert!(
             matches!(cache.lookup("a"), PodLookup::Removed { removed_at, .. } if removed_at == at(6))
         );
+    }
+
+    #[actix_rt::test]
+    async fn each_pod_keeps_what_the_events_last_said_of_its_sandboxes_and_containers() {
+        use EventKind::*;
+        let (owner, cache) = CacheOwner::new(TTL);
+        let owner = owner.start();
+        let ev = |uid: &str, id: &str, kind| (uid.to_string(), id.to_string(), kind);
+        let reported = |uid: &str| cache.get(uid).map(|p| p.reported.into_iter().collect());
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "sa", ContainerStarted),
+                    ev("a", "c1", ContainerStarted),
+                    ev("a", "c2", ContainerDied),
+                    // No cache entry (never read): nothing is made up for it.
+                    ev("nobody", "cx", ContainerStarted),
+                ],
+                ..relist(vec![set("a", at(1))], 4)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            reported("a"),
+            Some(vec![
+                ("c1".to_string(), ContainerStarted),
+                ("c2".to_string(), ContainerDied),
+                ("sa".to_string(), ContainerStarted)
+            ])
+        );
+        assert!(cache.get("nobody").is_none());
+        // Later events replace, Removed deletes; a failed read keeps them.
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "c1", ContainerDied),
+                    ev("a", "c2", ContainerRemoved),
+                    ev("a", "", PodSync),
+                ],
+                ..relist(
+                    vec![CacheUpdate::Set {
+                        uid: "a".into(),
+                        status: Err("unavailable".into()),
+                        read_at: at(2),
+                    }],
+                    7,
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            reported("a"),
+            Some(vec![
+                ("c1".to_string(), ContainerDied),
+                ("sa".to_string(), ContainerStarted)
+            ])
+        );
+        // Gone: the tombstone keeps the last entry; back with the same UID: nothing
+        // reported yet of the new one.
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "c1", ContainerRemoved),
+                    ev("a", "sa", ContainerDied),
+                    ev("a", "sa", ContainerRemoved),
+                ],
+                ..relist(vec![delete("a", at(3))], 10)
+            })
+            .await
+            .unwrap();
+        assert!(matches!(cache.lookup("a"), PodLookup::Removed { .. }));
+        owner.send(relist(vec![set("a", at(4))], 10)).await.unwrap();
+        assert_eq!(reported("a"), Some(vec![]));
     }
 }

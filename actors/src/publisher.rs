@@ -370,9 +370,18 @@ mod tests {
         let (p, r, _) = publisher(16);
         let sub = subscribe(&p, "t", 10).await;
         publish(&p, &r, 0, 1).await;
+        // Resumed: one to replay, then one live, when the publisher stops.
+        let resumed = subscribe_after(&p, "r", 10, Some(0)).await.unwrap();
+        publish(&p, &r, 1, 2).await;
         p.send(Stop).await.unwrap();
         assert_eq!(sub.recv().unwrap().event.container_id, "c0");
+        assert_eq!(sub.recv().unwrap().event.container_id, "c1");
         assert!(sub.recv().is_err());
+        let got: Vec<u64> = std::iter::from_fn(|| resumed.recv().ok())
+            .map(|d| d.event.revision)
+            .collect();
+        assert_eq!(got, [1, 2]);
+        assert!(resumed.try_recv().is_err() && resumed.is_empty());
     }
 
     #[actix_rt::test]

@@ -11,7 +11,7 @@ use plegd_actors::{
     SubscribeError, Subscription,
 };
 use plegd_runtime::{ContainerState, SandboxState};
-use plegd_sim::FakeRuntime;
+use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::Metrics;
 
 /// Generous: CI machines are slow and shared.
@@ -111,6 +111,30 @@ fn apply(model: &mut BTreeMap<String, Seen>, d: &Delivery) {
     );
 }
 
+/// What the snapshot says the events reported, over all its pods.
+fn reported_of(pods: &[(String, CachedPod)]) -> BTreeMap<String, EventKind> {
+    pods.iter()
+        .flat_map(|(_, p)| p.reported.iter().map(|(id, k)| (id.clone(), *k)))
+        .collect()
+}
+
+/// The fold of events: the last Started/Died of each ID not removed since.
+fn fold<'a>(events: impl Iterator<Item = &'a Delivery>) -> BTreeMap<String, EventKind> {
+    let mut m = BTreeMap::new();
+    for d in events {
+        match d.event.kind {
+            EventKind::ContainerStarted | EventKind::ContainerDied => {
+                m.insert(d.event.container_id.clone(), d.event.kind);
+            }
+            EventKind::ContainerRemoved => {
+                m.remove(&d.event.container_id);
+            }
+            EventKind::PodSync | EventKind::ContainerChanged => {}
+        }
+    }
+    m
+}
+
 /// A small deterministic pseudo-random sequence (the churn must be reproducible).
 struct Lcg(u64);
 
@@ -132,8 +156,15 @@ async fn churn(rt: &FakeRuntime, p: &Pleg, steps: usize) {
     let mut pods: Vec<(String, String)> = Vec::new(); // (uid, sandbox)
     let mut next = 0;
     for _ in 0..steps {
-        let choice = if pods.len() < 3 { 0 } else { rng.below(5) };
+        let choice = if pods.len() < 3 { 0 } else { rng.below(6) };
         let uid = match choice {
+            5 => {
+                // A read fails once: nothing of that relist (or pod) is applied or
+                // published; the pod is read again later.
+                let op = [Op::ListSandboxes, Op::ContainerStatus, Op::SandboxStatus][rng.below(3)];
+                rt.fail(op, tonic::Code::Unavailable, Some(1));
+                pods[rng.below(pods.len())].0.clone()
+            }
             0 => {
                 next += 1;
                 let uid = format!("pod-{next}");
@@ -180,6 +211,9 @@ async fn churn(rt: &FakeRuntime, p: &Pleg, steps: usize) {
             tokio::task::yield_now().await;
         }
     }
+    for op in [Op::ListSandboxes, Op::ContainerStatus, Op::SandboxStatus] {
+        rt.clear_failure(op);
+    }
 }
 
 #[actix_rt::test]
@@ -208,11 +242,20 @@ async fn a_snapshot_then_the_events_after_its_revision_rebuild_the_cache_under_r
         out
     };
     let ((), watchers) = futures::join!(churn(&rt, &p, 400), watchers);
+    // Twice: a pod whose read failed last is read again by the next one.
+    settle(&p).await;
     settle(&p).await;
     let last = p.snapshot().await.unwrap();
     assert!(last.revision > 100, "too little churn: {}", last.revision);
     assert_eq!(last.revision, p.latest_revision());
     let want = model_of(&last.pods);
+    // Every event, from the history: what each snapshot reports is exactly the fold
+    // of the events up to its revision.
+    let all = receive_through(
+        &p.subscribe_after("all", 10, Some(0)).await.unwrap(),
+        last.revision,
+    )
+    .await;
     let mut raced = 0;
     for (snap, sub) in &watchers {
         if snap.revision > 0 && snap.revision < last.revision {
@@ -235,8 +278,16 @@ async fn a_snapshot_then_the_events_after_its_revision_rebuild_the_cache_under_r
             apply(&mut model, d);
         }
         assert_eq!(model, want, "snapshot at {} + events", snap.revision);
+        let upto = all.iter().take_while(|d| d.event.revision <= snap.revision);
+        assert_eq!(
+            reported_of(&snap.pods),
+            fold(upto),
+            "what the snapshot at {} reports",
+            snap.revision
+        );
     }
     assert!(raced > 10, "too few snapshots raced the churn: {raced}");
+    assert_eq!(reported_of(&last.pods), fold(all.iter()));
     p.stop();
 }
 

@@ -324,6 +324,11 @@ impl RelistDispatcher {
 /// revision it now reflects), then events.
 async fn apply(deps: &DispatcherDeps, mut out: RelistOutput, global_timestamp: Option<SystemTime>) {
     let revision = deps.revisions.issue(&mut out.events);
+    let events = out
+        .events
+        .iter()
+        .map(|e| (e.pod.uid.clone(), e.container_id.clone(), e.kind))
+        .collect();
     if out.status_errors > 0 {
         deps.metrics
             .count_relist_errors(RelistPhase::Status, out.status_errors as u64);
@@ -339,6 +344,7 @@ async fn apply(deps: &DispatcherDeps, mut out: RelistOutput, global_timestamp: O
             },
             global_timestamp,
             revision,
+            events,
         })
         .await
         .is_err()
