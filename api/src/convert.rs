@@ -159,55 +159,52 @@ pub fn received(e: &v1::Event) -> Result<Received, BadEvent> {
     })
 }
 
-/// The synthetic events of `send_initial_events` for one cached pod: one per running
-/// (started) or exited (died) container and sandbox, in the cache's order, each at
-/// `revision`, with no relist source. Other states give none.
+/// The synthetic events of `send_initial_events` for one cached pod: one per
+/// sandbox and container, saying what the events up to the snapshot's revision last
+/// said of it (`reported`: started or died), each at `revision`, with no relist
+/// source; its details (name, attempt, image, how it ended) from the pod's status.
+/// Built from `reported` rather than from the states in `status`, which may already
+/// be ahead of the events (a read after the list they came from): the snapshot then
+/// agrees with the events exactly.
 pub fn snapshot_events(pod: &CachedPod, revision: u64) -> Vec<v1::Event> {
     let Some(status) = &pod.status else {
         return Vec::new();
     };
-    let base = |kind: EventKind, id: &str| v1::Event {
-        revision,
-        time_unix_nano: unix_nanos(pod.modified),
-        pod_uid: status.pod.uid.clone(),
-        pod_name: status.pod.name.clone(),
-        pod_namespace: status.pod.namespace.clone(),
-        r#type: event_type(kind).into(),
-        container_id: id.to_string(),
-        snapshot: true,
-        ..v1::Event::default()
-    };
     let mut out = Vec::new();
-    for sb in &status.sandboxes {
-        let kind = match sb.state {
-            SandboxState::Ready => EventKind::ContainerStarted,
-            SandboxState::NotReady => EventKind::ContainerDied,
-            SandboxState::Unknown => continue,
+    for (id, kind) in &pod.reported {
+        let event_type = match kind {
+            EventKind::ContainerStarted | EventKind::ContainerDied => event_type(*kind),
+            _ => continue,
         };
-        out.push(v1::Event {
-            sandbox: true,
-            attempt: Some(sb.attempt),
-            ..base(kind, &sb.id)
-        });
-    }
-    for c in &status.containers {
-        let kind = match c.state {
-            ContainerState::Running => EventKind::ContainerStarted,
-            ContainerState::Exited => EventKind::ContainerDied,
-            ContainerState::Created | ContainerState::Unknown => continue,
+        let mut ev = v1::Event {
+            revision,
+            time_unix_nano: unix_nanos(pod.modified),
+            pod_uid: status.pod.uid.clone(),
+            pod_name: status.pod.name.clone(),
+            pod_namespace: status.pod.namespace.clone(),
+            r#type: event_type.into(),
+            container_id: id.clone(),
+            snapshot: true,
+            ..v1::Event::default()
         };
-        let died = kind == EventKind::ContainerDied;
-        out.push(v1::Event {
-            container_name: c.name.clone(),
-            attempt: Some(c.attempt),
-            image: non_empty(&c.image),
-            exit_code: died.then_some(c.exit_code),
-            reason: if died { non_empty(&c.reason) } else { None },
-            message: if died { non_empty(&c.message) } else { None },
-            started_at_unix_nano: if died { cri_time(c.started_at) } else { None },
-            finished_at_unix_nano: if died { cri_time(c.finished_at) } else { None },
-            ..base(kind, &c.id)
-        });
+        if let Some(sb) = status.sandboxes.iter().find(|sb| sb.id == *id) {
+            ev.sandbox = true;
+            ev.attempt = Some(sb.attempt);
+        } else if let Some(c) = status.containers.iter().find(|c| c.id == *id) {
+            ev.container_name = c.name.clone();
+            ev.attempt = Some(c.attempt);
+            ev.image = non_empty(&c.image);
+            // How it ended, when the status read saw it ended (as a live event's
+            // details come from the read of the relist that found the death).
+            if *kind == EventKind::ContainerDied && c.state == ContainerState::Exited {
+                ev.exit_code = Some(c.exit_code);
+                ev.reason = non_empty(&c.reason);
+                ev.message = non_empty(&c.message);
+                ev.started_at_unix_nano = cri_time(c.started_at);
+                ev.finished_at_unix_nano = cri_time(c.finished_at);
+            }
+        }
+        out.push(ev);
     }
     out
 }

@@ -8,11 +8,10 @@
 //! snapshot's revision, so a change racing the snapshot is neither lost nor doubled);
 //! then events (a replay from since_revision first), and idle bookmarks if asked.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use plegd_actors::{
-    CacheSnapshot, CachedPod, Delivery, EventKind, Pleg, PodLookup, SubscribeError, Subscription,
+    CacheSnapshot, CachedPod, Delivery, Pleg, PodLookup, SubscribeError, Subscription,
 };
 use plegd_protocol::v1;
 use tokio::sync::{mpsc, watch};
@@ -127,7 +126,6 @@ pub async fn open(ctx: &WatchContext, req: v1::WatchRequest) -> Result<WatchStre
         shutdown: ctx.shutdown.clone(),
         seq: 0,
         missed: 0,
-        told: HashMap::new(),
     };
     tokio::spawn(watcher.run(hello, start, sub, interval));
     Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -182,16 +180,6 @@ struct Watcher {
     seq: u64,
     /// Events this stream lost and has not told yet.
     missed: u64,
-    /// What the snapshot told of each container and sandbox that no live event has
-    /// been about since (send_initial_events only).
-    told: HashMap<String, Told>,
-}
-
-/// A state the snapshot told.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Told {
-    Running,
-    Exited,
 }
 
 /// What wakes a watcher.
@@ -270,24 +258,10 @@ impl Watcher {
         }
     }
 
-    /// Sends the delivery if the filters want it and the snapshot did not already
-    /// tell it; true if sent.
+    /// Sends the delivery if the filters want it; true if sent.
     async fn forward(&mut self, d: Delivery) -> Result<bool, Stop> {
         self.missed += d.missed;
         let e = &d.event;
-        // The snapshot is the cache, whose status reads can be ahead of the events up
-        // to its revision (a read saw an exit that the next relist's list publishes).
-        // A container's state only moves forward, so such an event says nothing new.
-        if let Some(told) = self.told.remove(&e.container_id) {
-            let redundant = match e.kind {
-                EventKind::ContainerStarted => true,
-                EventKind::ContainerDied => told == Told::Exited,
-                _ => false,
-            };
-            if redundant {
-                return Ok(false);
-            }
-        }
         let pleg = &self.pleg;
         let wanted = self.filter.wants_type(e.kind)
             && self
@@ -324,12 +298,6 @@ impl Watcher {
                 .and_then(convert::event_kind)
                 .is_some_and(|k| self.filter.wants_type(k));
             if wanted {
-                let told = if ev.r#type == i32::from(v1::EventType::ContainerDied) {
-                    Told::Exited
-                } else {
-                    Told::Running
-                };
-                self.told.insert(ev.container_id.clone(), told);
                 self.seq += 1;
                 ev.seq = self.seq;
                 self.send(v1::watch_response::Kind::Event(ev)).await?;
