@@ -15,11 +15,13 @@ use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{
 use opentelemetry_proto::tonic::collector::logs::v1::{
     ExportLogsServiceRequest, ExportLogsServiceResponse,
 };
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::logs::v1::LogRecord;
 use tonic::transport::server::Router;
 use tonic::transport::Server;
+
+/// An attribute's value, as received.
+pub use opentelemetry_proto::tonic::common::v1::any_value::Value;
 
 /// Serves the gRPC services `build` adds on a fresh local port, on its own thread and
 /// runtime (for the life of the test process). Returns `http://127.0.0.1:PORT`.
