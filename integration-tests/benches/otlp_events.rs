@@ -56,7 +56,9 @@ async fn throughput(pods: usize, containers: usize) {
         ..EventLogConfig::new(&endpoint, identity(), None)
     };
     let export = EventLogExport::start(
-        pleg.subscribe("otlp-events", 1 << 20).await.expect("subscribe"),
+        pleg.subscribe("otlp-events", 1 << 20)
+            .await
+            .expect("subscribe"),
         config,
         m.clone(),
     )
@@ -125,7 +127,9 @@ async fn relist_intervals(collector: Collector, run: Duration) {
     let export = match &endpoint {
         Some(ep) => Some(
             EventLogExport::start(
-                pleg.subscribe("otlp-events", 16_384).await.expect("subscribe"),
+                pleg.subscribe("otlp-events", 16_384)
+                    .await
+                    .expect("subscribe"),
                 EventLogConfig::new(ep, identity(), None),
                 m.clone(),
             )
@@ -208,7 +212,8 @@ async fn relist_intervals(collector: Collector, run: Duration) {
         percentile(&intervals, 0.5),
         percentile(&intervals, 0.99),
         intervals.last().copied().unwrap_or(f64::NAN),
-        m.relist_interval.get_sample_sum() / m.relist_interval.get_sample_count().max(1) as f64 * 1e3,
+        m.relist_interval.get_sample_sum() / m.relist_interval.get_sample_count().max(1) as f64
+            * 1e3,
         out_events,
         out_missed,
         m.otlp_events_exported.get(),

@@ -27,7 +27,9 @@ pub use opentelemetry_proto::tonic::common::v1::any_value::Value;
 /// runtime (for the life of the test process). Returns `http://127.0.0.1:PORT`.
 pub fn serve(build: impl FnOnce(Server) -> Router + Send + 'static) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a local port");
-    let addr = listener.local_addr().expect("a bound socket has an address");
+    let addr = listener
+        .local_addr()
+        .expect("a bound socket has an address");
     listener
         .set_nonblocking(true)
         .expect("a listener can be non-blocking");
@@ -37,16 +39,12 @@ pub fn serve(build: impl FnOnce(Server) -> Router + Send + 'static) -> String {
             .build()
             .expect("a test runtime");
         rt.block_on(async move {
-            let listener =
-                tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
+            let listener = tokio::net::TcpListener::from_std(listener).expect("a tokio listener");
             let incoming = futures::stream::unfold(listener, |l| async move {
                 let r = l.accept().await.map(|(s, _)| s);
                 Some((r, l))
             });
-            if let Err(e) = build(Server::builder())
-                .serve_with_incoming(incoming)
-                .await
-            {
+            if let Err(e) = build(Server::builder()).serve_with_incoming(incoming).await {
                 panic!("test OTLP server: {e}");
             }
         });
@@ -149,7 +147,9 @@ impl LogsReceiver {
 /// An endpoint where nothing listens: every connection is refused.
 pub fn refusing_endpoint() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a local port");
-    let addr = listener.local_addr().expect("a bound socket has an address");
+    let addr = listener
+        .local_addr()
+        .expect("a bound socket has an address");
     drop(listener);
     format!("http://{addr}")
 }
@@ -166,7 +166,9 @@ pub struct StalledCollector {
 impl StalledCollector {
     pub fn start() -> StalledCollector {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a local port");
-        let addr = listener.local_addr().expect("a bound socket has an address");
+        let addr = listener
+            .local_addr()
+            .expect("a bound socket has an address");
         let accepted = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (a, s) = (accepted.clone(), stop.clone());

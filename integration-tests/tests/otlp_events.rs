@@ -44,7 +44,11 @@ fn check(l: &ReceivedLog, d: &Delivery, runtime: &str) {
     let e = &d.event;
     let r = &l.record;
     assert_eq!(r.event_name, event_name(e.kind));
-    assert_eq!(r.time_unix_nano, nanos(e.time), "timestamp = the event's time");
+    assert_eq!(
+        r.time_unix_nano,
+        nanos(e.time),
+        "timestamp = the event's time"
+    );
     assert!(
         r.observed_time_unix_nano >= r.time_unix_nano,
         "observed (published) after the status read"
@@ -177,14 +181,20 @@ async fn every_event_becomes_a_log_record_with_the_conventions() {
     assert_eq!(severity(record_of(&logs, &sync)), (9, "INFO"));
     let died_log = record_of(&logs, &died);
     assert_eq!(severity(died_log), (13, "WARN"), "non-zero exit");
-    assert_eq!(died_log.attr("process.exit.code"), Some(&Value::IntValue(3)));
+    assert_eq!(
+        died_log.attr("process.exit.code"),
+        Some(&Value::IntValue(3))
+    );
     let oom_log = record_of(&logs, &oom);
     assert_eq!(severity(oom_log), (17, "ERROR"), "OOMKilled");
     assert_eq!(
         oom_log.attr("k8s.container.status.last_terminated_reason"),
         Some(&text("OOMKilled"))
     );
-    assert_eq!(record_of(&logs, &sandbox).attr("plegd.sandbox"), Some(&Value::BoolValue(true)));
+    assert_eq!(
+        record_of(&logs, &sandbox).attr("plegd.sandbox"),
+        Some(&Value::BoolValue(true))
+    );
     assert_eq!(record_of(&logs, &sync).attr("container.id"), None);
     assert_eq!(
         record_of(&logs, &started).attr("container.image.name"),
@@ -205,7 +215,11 @@ const EVENTS: u64 = (PODS + 2 * PODS * CONTAINERS) as u64;
 /// Publishes `EVENTS` (> 10,000) events while the export sends to `endpoint`, whose
 /// requests time out after `timeout`; checks that nothing but the export noticed.
 /// Returns the metrics after the export's end.
-async fn flood(endpoint: &str, timeout: Duration, stalled: Option<&StalledCollector>) -> Arc<Metrics> {
+async fn flood(
+    endpoint: &str,
+    timeout: Duration,
+    stalled: Option<&StalledCollector>,
+) -> Arc<Metrics> {
     let rt = FakeRuntime::new();
     let pleg = start_generic(&rt, Duration::from_millis(20));
     let m = pleg.metrics().clone();
@@ -245,7 +259,10 @@ async fn flood(endpoint: &str, timeout: Duration, stalled: Option<&StalledCollec
     }
     // Drops are counted as they happen, not at the end.
     if let Some(s) = stalled {
-        wait_until("a connection to the stalled collector", || s.accepted() >= 1).await;
+        wait_until("a connection to the stalled collector", || {
+            s.accepted() >= 1
+        })
+        .await;
         wait_until("drops counted while stalled", || {
             m.otlp_events_dropped.get() >= EVENTS - queue - batch
         })
@@ -259,7 +276,10 @@ async fn flood(endpoint: &str, timeout: Duration, stalled: Option<&StalledCollec
     }
     // The relist schedule goes on while the export is stuck.
     let before = global_relists(&pleg);
-    wait_until("global relists go on", || global_relists(&pleg) >= before + 20).await;
+    wait_until("global relists go on", || {
+        global_relists(&pleg) >= before + 20
+    })
+    .await;
     assert_eq!(m.relist_errors(plegd_telemetry::RelistPhase::List), 0);
 
     finish(&pleg, export).await;

@@ -41,7 +41,9 @@ impl Drops {
         let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         s.untold += n;
         let now = Instant::now();
-        if s.last_warning.is_none_or(|t| now.duration_since(t) >= WARN_EVERY) {
+        if s.last_warning
+            .is_none_or(|t| now.duration_since(t) >= WARN_EVERY)
+        {
             tracing::warn!(
                 dropped = s.untold,
                 reason = why,

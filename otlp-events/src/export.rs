@@ -258,7 +258,8 @@ async fn export_batches(mut rx: mpsc::Receiver<SdkLogRecord>, x: Exporting) {
             records.iter().map(|r| (r, &x.scope)).collect();
         // The channel has its own deadline; this one also bounds a connection that
         // never completes.
-        let outcome = tokio::time::timeout(x.timeout, x.exporter.export(LogBatch::new(&pairs))).await;
+        let outcome =
+            tokio::time::timeout(x.timeout, x.exporter.export(LogBatch::new(&pairs))).await;
         drop(pairs);
         match outcome {
             Ok(Ok(())) => x.metrics.otlp_events_exported.inc_by(n),

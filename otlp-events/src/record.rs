@@ -97,7 +97,10 @@ impl RecordMaker {
         if let Some(x) = &e.exit {
             r.add_attribute("process.exit.code", i64::from(x.code));
             if let Some(reason) = &x.reason {
-                r.add_attribute("k8s.container.status.last_terminated_reason", reason.clone());
+                r.add_attribute(
+                    "k8s.container.status.last_terminated_reason",
+                    reason.clone(),
+                );
             }
         }
         r.add_attribute("plegd.relist_source", e.relist_source.as_str());
@@ -183,7 +186,11 @@ mod tests {
     #[test]
     fn image_references_split_into_name_and_tag() {
         for (image, name, tag) in [
-            ("docker.io/library/busybox:1.36", "docker.io/library/busybox", Some("1.36")),
+            (
+                "docker.io/library/busybox:1.36",
+                "docker.io/library/busybox",
+                Some("1.36"),
+            ),
             ("busybox", "busybox", None),
             ("reg:5000/app", "reg:5000/app", None),
             ("reg:5000/app:v2", "reg:5000/app", Some("v2")),
@@ -229,7 +236,10 @@ mod tests {
             ("container.image.name", s("reg:5000/team/app")),
             ("container.runtime.name", s("containerd")),
             ("process.exit.code", AnyValue::Int(137)),
-            ("k8s.container.status.last_terminated_reason", s("OOMKilled")),
+            (
+                "k8s.container.status.last_terminated_reason",
+                s("OOMKilled"),
+            ),
             ("plegd.relist_source", s("evented_pleg")),
             ("plegd.revision", AnyValue::Int(42)),
             ("plegd.sandbox", AnyValue::Boolean(false)),

@@ -97,7 +97,9 @@ pub enum ConfigError {
     NodeName { reason: String },
     #[error("--otlp-endpoint")]
     OtlpEndpoint(#[source] TraceError),
-    #[error("--otlp-events: no collector to send to; give --otlp-events-endpoint or --otlp-endpoint")]
+    #[error(
+        "--otlp-events: no collector to send to; give --otlp-events-endpoint or --otlp-endpoint"
+    )]
     NoOtlpEventsEndpoint,
     #[error("--otlp-events-endpoint is given but --otlp-events is off; turn it on or leave the endpoint out")]
     OtlpEventsEndpointUnused,

@@ -62,7 +62,11 @@ impl Settings {
 
     /// Where `--otlp-events` sends (its own endpoint, else the traces'), if on.
     fn otlp_events_endpoint(&self) -> Result<Option<String>, ConfigError> {
-        match (self.otlp_events, &self.otlp_events_endpoint, &self.otlp_endpoint) {
+        match (
+            self.otlp_events,
+            &self.otlp_events_endpoint,
+            &self.otlp_endpoint,
+        ) {
             (false, None, _) => Ok(None),
             (false, Some(_), _) => Err(ConfigError::OtlpEventsEndpointUnused),
             (true, Some(e), _) | (true, None, Some(e)) => Ok(Some(e.0.clone())),

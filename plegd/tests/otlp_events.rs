@@ -44,7 +44,11 @@ fn demo_exports_every_event_it_prints_as_a_log_record() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect();
-    assert!(events.len() >= 8, "the demo published {} events", events.len());
+    assert!(
+        events.len() >= 8,
+        "the demo published {} events",
+        events.len()
+    );
     // Shutdown drains the export before plegd exits: everything is there already.
     let logs = receiver.logs();
     assert_eq!(logs.len(), events.len(), "one record per event\n{stderr}");
@@ -102,6 +106,10 @@ fn otlp_events_flags_that_cannot_work_exit_2_named() {
         "http://127.0.0.1:4317",
         "--print-config",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("otlp-events = true"));
 }
