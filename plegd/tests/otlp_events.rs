@@ -4,7 +4,9 @@
 
 use std::process::{Output, Stdio};
 
-use integration_tests::otlp::{LogsReceiver, Value};
+use std::time::Instant;
+
+use integration_tests::otlp::{LogsReceiver, StalledCollector, Value};
 use integration_tests::process::command;
 
 fn plegd(args: &[&str]) -> Output {
@@ -78,6 +80,52 @@ fn demo_exports_every_event_it_prints_as_a_log_record() {
             Some(&Value::StringValue("node-7".into()))
         );
     }
+}
+
+#[test]
+fn a_stalled_collector_changes_neither_stdout_nor_the_exit() {
+    let stalled = StalledCollector::start();
+    let started = Instant::now();
+    let out = plegd(&[
+        "demo",
+        "--otlp-events",
+        "--otlp-events-endpoint",
+        stalled.endpoint(),
+        "--pods",
+        "4",
+        "--churn-period",
+        "20ms",
+        "--duration",
+        "2s",
+        "--events-json",
+        "-",
+        "--metrics-addr",
+        "off",
+    ]);
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stderr}", out.status);
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert!(
+        events.len() >= 8,
+        "the demo published {} events",
+        events.len()
+    );
+    // Every event on stdout, none missed, in order.
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["revision"].as_u64(), Some(i as u64 + 1));
+        assert!(e.get("missed").is_none(), "stdout missed events: {e}");
+    }
+    assert!(stalled.accepted() >= 1, "plegd connected to the collector");
+    // The queued records were given up at shutdown (the export's drain) and told.
+    eprintln!("plegd demo with a stalled collector ran {took:?} (2 s of demo)");
+    assert!(
+        stderr.contains("lifecycle events not exported over OTLP"),
+        "the drops are told:\n{stderr}"
+    );
 }
 
 #[test]
