@@ -78,6 +78,9 @@ fn find<'a>(kvs: &'a [KeyValue], key: &str) -> Option<&'a Value> {
 pub struct LogsReceiver {
     logs: Arc<Mutex<Vec<ReceivedLog>>>,
     requests: Arc<AtomicUsize>,
+    /// Requests still to refuse (UNAVAILABLE) before accepting again.
+    refuse: Arc<AtomicUsize>,
+    refused: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -86,6 +89,21 @@ impl LogsService for LogsReceiver {
         &self,
         req: tonic::Request<ExportLogsServiceRequest>,
     ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        let refusing = self
+            .refuse
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if refusing {
+            let records: usize = req
+                .into_inner()
+                .resource_logs
+                .iter()
+                .flat_map(|rl| &rl.scope_logs)
+                .map(|sl| sl.log_records.len())
+                .sum();
+            self.refused.fetch_add(records, Ordering::SeqCst);
+            return Err(tonic::Status::unavailable("test receiver refuses"));
+        }
         let mut got = Vec::new();
         for rl in req.into_inner().resource_logs {
             let resource: HashMap<String, Value> = rl
@@ -138,7 +156,17 @@ impl LogsReceiver {
             .len()
     }
 
-    /// How many export requests have arrived.
+    /// Refuses the next `n` requests (UNAVAILABLE), keeping nothing of them.
+    pub fn refuse_next(&self, n: usize) {
+        self.refuse.store(n, Ordering::SeqCst);
+    }
+
+    /// Records in refused requests so far.
+    pub fn refused(&self) -> usize {
+        self.refused.load(Ordering::SeqCst)
+    }
+
+    /// How many export requests have arrived (refused ones not counted).
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
     }

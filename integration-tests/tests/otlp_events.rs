@@ -315,3 +315,39 @@ async fn a_stalled_collector_costs_counted_drops_only() {
     assert_eq!(m.otlp_events_exported.get(), 0);
     assert_eq!(m.otlp_events_dropped.get(), EVENTS);
 }
+
+#[actix_rt::test]
+async fn a_collector_that_refuses_then_recovers_gets_the_later_events() {
+    let receiver = LogsReceiver::default();
+    let endpoint = receiver.start();
+    receiver.refuse_next(2);
+    let rt = FakeRuntime::new();
+    let pleg = start_generic(&rt, Duration::from_millis(20));
+    let m = pleg.metrics().clone();
+    let export = EventLogExport::start(
+        pleg.subscribe("otlp-events", 1024).await.unwrap(),
+        EventLogConfig::new(&endpoint, identity(), None),
+        m.clone(),
+    )
+    .unwrap();
+    let sub = pleg.subscribe("t", 1024).await.unwrap();
+    // One event at a time until the collector has refused twice.
+    let mut i = 0;
+    while receiver.refused() == 0 || receiver.requests() == 0 {
+        let sb = rt.run_pod(&format!("u{i}"), "p", "ns");
+        expect_event(&sub, EventKind::ContainerStarted, &sb).await;
+        let settled = published(&m);
+        wait_until("the record is exported or dropped", || {
+            m.otlp_events_exported.get() + m.otlp_events_dropped.get() == settled
+        })
+        .await;
+        i += 1;
+    }
+    assert_eq!(m.otlp_events_dropped.get() as usize, receiver.refused());
+    assert_eq!(m.otlp_events_exported.get() as usize, receiver.count());
+    finish(&pleg, export).await;
+    assert_eq!(
+        m.otlp_events_exported.get() + m.otlp_events_dropped.get(),
+        published(&m)
+    );
+}
