@@ -6,14 +6,30 @@
 //! (kubelet's pod workers do this after a sync): it returns once the pod's entry, or
 //! the global timestamp, is newer — so waiters for pods that do not exist are released
 //! by the next global relist.
+//!
+//! A pod removed from the runtime leaves a tombstone: its last entry and when it was
+//! found gone, answerable for the tombstone TTL (log shippers and security agents look
+//! pods up after a short-lived pod has gone). Tombstones are pruned by each apply and
+//! skipped by readers once expired; at most [`MAX_TOMBSTONES`] are kept (the oldest go
+//! first), so memory stays bounded whatever the churn. A pod that comes back (same UID)
+//! is a live entry again.
+//!
+//! The cache also knows the revision it reflects: each [`ApplyRelist`] carries the last
+//! revision issued for that relist's events, stored in the same handler as the
+//! updates. A [`Snapshot`] is answered by this actor between two applies, so it holds
+//! every change whose event has a revision up to its own and none after: list it, then
+//! watch from that revision, and each change is seen once (see `revision`).
 
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 use dashmap::DashMap;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
+use crate::event::EventKind;
 use crate::pleg::{CacheUpdate, PodStatus};
 
 /// One pod's cache entry.
@@ -25,6 +41,13 @@ pub struct CachedPod {
     pub error: Option<String>,
     /// When the last read (successful or not) began.
     pub modified: SystemTime,
+    /// What the events published so far (up to the cache's revision) last said of
+    /// each sandbox and container of the pod: `ContainerStarted` or `ContainerDied`
+    /// (one removed is absent). A watch's initial events come from here, so they agree
+    /// with the events exactly, even where `status` is already ahead of them (read
+    /// after the list the events came from, it may show a death the next relist will
+    /// publish).
+    pub reported: BTreeMap<String, EventKind>,
 }
 
 struct Shared {
@@ -35,6 +58,37 @@ struct Shared {
     held_cover: DashMap<String, Option<SystemTime>>,
     /// (global timestamp, change counter): every write bumps it to wake waiters.
     changes: watch::Sender<(Option<SystemTime>, u64)>,
+    /// Pods removed from the runtime, for a while.
+    tombstones: DashMap<String, Tombstone>,
+}
+
+/// At most this many removed pods are remembered (a node removing 55 pods a second
+/// for the default 5 minutes); beyond, the oldest tombstone goes before its TTL.
+pub const MAX_TOMBSTONES: usize = 16_384;
+
+#[derive(Clone, Debug)]
+struct Tombstone {
+    last: CachedPod,
+    /// The start of the read that found the pod gone.
+    removed_at: SystemTime,
+    expires: Instant,
+    /// Tells this tombstone from a later one of the same pod.
+    generation: u64,
+}
+
+/// A pod as the cache knows it (see [`crate::Pleg::pod_status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodLookup {
+    Present(CachedPod),
+    /// Removed from the runtime; kept for `PlegConfig::tombstone_ttl`.
+    Removed {
+        last: CachedPod,
+        removed_at: SystemTime,
+    },
+    Unknown,
+    /// `newer_than` was given and no newer read arrived before the timeout; carries
+    /// what the cache has now (if anything).
+    TimedOut(Option<CachedPod>),
 }
 
 /// Read-only handle on the pod cache.
@@ -47,6 +101,35 @@ impl PodCache {
     /// A pod's entry, if the cache has one.
     pub fn get(&self, uid: &str) -> Option<CachedPod> {
         self.shared.pods.get(uid).map(|e| e.value().clone())
+    }
+
+    /// A pod as the cache knows it now: present, removed (within the tombstone TTL),
+    /// or unknown.
+    pub fn lookup(&self, uid: &str) -> PodLookup {
+        if let Some(p) = self.get(uid) {
+            return PodLookup::Present(p);
+        }
+        match self.tombstone(uid) {
+            Some(t) => PodLookup::Removed {
+                last: t.last,
+                removed_at: t.removed_at,
+            },
+            None => PodLookup::Unknown,
+        }
+    }
+
+    /// The pod's tombstone, unless expired.
+    fn tombstone(&self, uid: &str) -> Option<Tombstone> {
+        self.shared
+            .tombstones
+            .get(uid)
+            .filter(|t| t.expires > Instant::now())
+            .map(|t| t.value().clone())
+    }
+
+    /// Number of tombstones held (expired ones included until pruned).
+    pub fn tombstones(&self) -> usize {
+        self.shared.tombstones.len()
     }
 
     /// Number of pods cached.
@@ -63,9 +146,10 @@ impl PodCache {
         self.shared.changes.borrow().0
     }
 
-    /// Waits until the pod's entry was read after `t`, or a global relist that started
-    /// after `t` has completed; returns the entry then (None: the pod does not exist).
-    /// Gives up after `timeout` with Err(()).
+    /// Waits until the pod's entry was read after `t` (a read that found it gone
+    /// counts: its tombstone), or a global relist that started after `t` has
+    /// completed; returns the entry then (None: the pod does not exist). Gives up
+    /// after `timeout` with Err(()).
     pub async fn wait_newer_than(
         &self,
         uid: &str,
@@ -80,7 +164,11 @@ impl PodCache {
                     global = *cover;
                 }
                 let entry = self.get(uid);
-                if entry.as_ref().is_some_and(|e| e.modified > t) || global.is_some_and(|g| g > t) {
+                let newer = match &entry {
+                    Some(e) => e.modified > t,
+                    None => self.tombstone(uid).is_some_and(|d| d.removed_at > t),
+                };
+                if newer || global.is_some_and(|g| g > t) {
                     return entry;
                 }
                 if rx.changed().await.is_err() {
@@ -97,38 +185,64 @@ impl PodCache {
 /// [`PodCache`] readers.
 pub struct CacheOwner {
     shared: Arc<Shared>,
+    /// Every event up to this revision is reflected in the cache, none after.
+    revision: u64,
+    tombstone_ttl: Duration,
+    /// Tombstones in the order they expire (one TTL for all: the order of removal).
+    expiry: VecDeque<(Instant, u64, String)>,
+    generation: u64,
+}
+
+/// The cache and the revision it reflects, consistent (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheSnapshot {
+    /// Every event with a revision up to this one is reflected in `pods`; no later one.
+    pub revision: u64,
+    /// Every cached pod, by UID, sorted by UID.
+    pub pods: Vec<(String, CachedPod)>,
 }
 
 impl CacheOwner {
-    pub fn new() -> (Self, PodCache) {
+    /// `tombstone_ttl`: how long a removed pod stays answerable.
+    pub fn new(tombstone_ttl: Duration) -> (Self, PodCache) {
         let (changes, _) = watch::channel((None, 0));
         let shared = Arc::new(Shared {
             pods: DashMap::new(),
             held_cover: DashMap::new(),
             changes,
+            tombstones: DashMap::new(),
         });
         (
             CacheOwner {
                 shared: shared.clone(),
+                revision: 0,
+                tombstone_ttl,
+                expiry: VecDeque::new(),
+                generation: 0,
             },
             PodCache { shared },
         )
     }
 
-    fn apply(&self, update: CacheUpdate) {
+    fn apply(&mut self, update: CacheUpdate) {
         match update {
-            CacheUpdate::Delete { uid } => {
-                self.shared.pods.remove(&uid);
+            CacheUpdate::Delete { uid, read_at } => {
+                if let Some((uid, last)) = self.shared.pods.remove(&uid) {
+                    self.bury(uid, last, read_at);
+                }
             }
             CacheUpdate::Set {
                 uid,
                 status,
                 read_at,
             } => {
+                // Back (same UID): alive again.
+                self.shared.tombstones.remove(&uid);
                 let mut entry = self.shared.pods.entry(uid).or_insert_with(|| CachedPod {
                     status: None,
                     error: None,
                     modified: SystemTime::UNIX_EPOCH,
+                    reported: BTreeMap::new(),
                 });
                 // Never let an older read overwrite a newer one.
                 if read_at < entry.modified {
@@ -144,6 +258,49 @@ impl CacheOwner {
                 }
             }
         }
+    }
+}
+
+impl CacheOwner {
+    fn bury(&mut self, uid: String, last: CachedPod, removed_at: SystemTime) {
+        let expires = Instant::now() + self.tombstone_ttl;
+        self.generation += 1;
+        let generation = self.generation;
+        self.expiry.push_back((expires, generation, uid.clone()));
+        self.shared.tombstones.insert(
+            uid,
+            Tombstone {
+                last,
+                removed_at,
+                expires,
+                generation,
+            },
+        );
+        while self.shared.tombstones.len() > MAX_TOMBSTONES {
+            if !self.forget_oldest() {
+                break;
+            }
+        }
+    }
+
+    /// Forgets the tombstones whose TTL is over.
+    fn prune(&mut self) {
+        let now = Instant::now();
+        while self.expiry.front().is_some_and(|(at, ..)| *at <= now) {
+            self.forget_oldest();
+        }
+    }
+
+    /// Forgets the oldest tombstone; false if there is none.
+    fn forget_oldest(&mut self) -> bool {
+        let Some((_, generation, uid)) = self.expiry.pop_front() else {
+            return false;
+        };
+        // Unless the pod came back and went again since: that is a newer tombstone.
+        self.shared
+            .tombstones
+            .remove_if(&uid, |_, t| t.generation == generation);
+        true
     }
 }
 
@@ -165,6 +322,12 @@ pub struct ApplyRelist {
     pub global_timestamp: Option<SystemTime>,
     /// With a global timestamp: the pods that relist left alone (held by a sync).
     pub held: Vec<String>,
+    /// The latest revision issued, that of this relist's last event if it had any:
+    /// once applied, the cache reflects every event up to it.
+    pub revision: u64,
+    /// This relist's events, in order, as (pod UID, sandbox or container ID, kind):
+    /// folded into each pod's `reported`.
+    pub events: Vec<(String, String, EventKind)>,
 }
 
 impl Handler<ApplyRelist> for CacheOwner {
@@ -174,6 +337,23 @@ impl Handler<ApplyRelist> for CacheOwner {
         for u in msg.updates {
             self.apply(u);
         }
+        // After the updates: a pod this relist found gone has no entry left to fold
+        // its last events into.
+        for (uid, id, kind) in msg.events {
+            if let Some(mut pod) = self.shared.pods.get_mut(&uid) {
+                match kind {
+                    EventKind::ContainerStarted | EventKind::ContainerDied => {
+                        pod.reported.insert(id, kind);
+                    }
+                    EventKind::ContainerRemoved => {
+                        pod.reported.remove(&id);
+                    }
+                    EventKind::PodSync | EventKind::ContainerChanged => {}
+                }
+            }
+        }
+        self.revision = self.revision.max(msg.revision);
+        self.prune();
         if msg.global_timestamp.is_some() {
             let previous = self.shared.changes.borrow().0;
             let held = &msg.held;
@@ -193,5 +373,292 @@ impl Handler<ApplyRelist> for CacheOwner {
             }
             *n += 1;
         });
+    }
+}
+
+/// Reads the whole cache with the revision it reflects.
+#[derive(Message)]
+#[rtype(result = "CacheSnapshot")]
+pub struct Snapshot;
+
+impl Handler<Snapshot> for CacheOwner {
+    type Result = MessageResult<Snapshot>;
+
+    fn handle(&mut self, _: Snapshot, _: &mut Self::Context) -> Self::Result {
+        // Only this actor writes, so nothing changes while the entries are copied.
+        let mut pods: Vec<(String, CachedPod)> = self
+            .shared
+            .pods
+            .iter()
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect();
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
+        MessageResult(CacheSnapshot {
+            revision: self.revision,
+            pods,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The CacheOwner alone: snapshots between applies, tombstones, newer-than.
+
+    use plegd_runtime::PodRef;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(300);
+
+    fn status(uid: &str) -> PodStatus {
+        PodStatus {
+            pod: PodRef {
+                uid: uid.into(),
+                name: format!("name-{uid}"),
+                namespace: "ns".into(),
+            },
+            sandboxes: Vec::new(),
+            containers: Vec::new(),
+        }
+    }
+
+    fn set(uid: &str, read_at: SystemTime) -> CacheUpdate {
+        CacheUpdate::Set {
+            uid: uid.into(),
+            status: Ok(status(uid)),
+            read_at,
+        }
+    }
+
+    fn delete(uid: &str, read_at: SystemTime) -> CacheUpdate {
+        CacheUpdate::Delete {
+            uid: uid.into(),
+            read_at,
+        }
+    }
+
+    fn relist(updates: Vec<CacheUpdate>, revision: u64) -> ApplyRelist {
+        ApplyRelist {
+            updates,
+            global_timestamp: None,
+            held: Vec::new(),
+            revision,
+            events: Vec::new(),
+        }
+    }
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
+    }
+
+    #[actix_rt::test]
+    async fn a_snapshot_holds_exactly_the_relists_up_to_its_revision() {
+        let (owner, _cache) = CacheOwner::new(TTL);
+        let owner = owner.start();
+        // Relist i adds pod i and issues revision i; snapshots are asked for in between,
+        // all in flight at once.
+        let mut applies = Vec::new();
+        let mut snapshots = Vec::new();
+        for i in 1..=200u64 {
+            applies.push(owner.send(relist(vec![set(&format!("p{i:03}"), at(i))], i)));
+            snapshots.push(owner.send(Snapshot));
+        }
+        futures::future::join_all(applies).await;
+        for snap in futures::future::join_all(snapshots).await {
+            let snap = snap.unwrap();
+            let uids: Vec<&str> = snap.pods.iter().map(|(u, _)| u.as_str()).collect();
+            let want: Vec<String> = (1..=snap.revision).map(|i| format!("p{i:03}")).collect();
+            assert_eq!(uids, want);
+        }
+        // A relist with no events keeps the revision.
+        owner
+            .send(relist(vec![delete("p001", at(500))], 200))
+            .await
+            .unwrap();
+        let snap = owner.send(Snapshot).await.unwrap();
+        assert_eq!((snap.revision, snap.pods.len()), (200, 199));
+    }
+
+    #[actix_rt::test]
+    async fn a_removed_pod_is_answered_for_its_ttl_and_alive_again_if_it_comes_back() {
+        tokio::time::pause();
+        let (owner, cache) = CacheOwner::new(TTL);
+        let owner = owner.start();
+        owner
+            .send(relist(vec![set("a", at(1)), set("b", at(1))], 0))
+            .await
+            .unwrap();
+        let last = cache.get("a").unwrap();
+        owner
+            .send(relist(vec![delete("a", at(2))], 0))
+            .await
+            .unwrap();
+        assert_eq!(
+            cache.lookup("a"),
+            PodLookup::Removed {
+                last,
+                removed_at: at(2)
+            }
+        );
+        assert_eq!(cache.lookup("nobody"), PodLookup::Unknown);
+        assert!(matches!(cache.lookup("b"), PodLookup::Present(_)));
+
+        // Back with the same UID: present; gone again: a new tombstone, which the
+        // first one's expiry does not take away.
+        tokio::time::advance(TTL / 2).await;
+        owner.send(relist(vec![set("a", at(3))], 0)).await.unwrap();
+        assert!(matches!(cache.lookup("a"), PodLookup::Present(_)));
+        owner
+            .send(relist(vec![delete("a", at(4))], 0))
+            .await
+            .unwrap();
+        tokio::time::advance(TTL / 2 + Duration::from_secs(1)).await;
+        owner.send(relist(Vec::new(), 0)).await.unwrap();
+        assert!(matches!(
+            cache.lookup("a"),
+            PodLookup::Removed { removed_at, .. } if removed_at == at(4)
+        ));
+        assert_eq!(cache.tombstones(), 1);
+
+        // Past its TTL: unknown at once for readers, forgotten at the next apply.
+        tokio::time::advance(TTL / 2).await;
+        assert_eq!(cache.lookup("a"), PodLookup::Unknown);
+        assert_eq!(cache.tombstones(), 1);
+        owner.send(relist(Vec::new(), 0)).await.unwrap();
+        assert_eq!(cache.tombstones(), 0);
+    }
+
+    #[actix_rt::test]
+    async fn tombstones_are_bounded_the_oldest_going_first() {
+        let (owner, cache) = CacheOwner::new(TTL);
+        let owner = owner.start();
+        let n = MAX_TOMBSTONES + 10;
+        let uids: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+        owner
+            .send(relist(uids.iter().map(|u| set(u, at(1))).collect(), 0))
+            .await
+            .unwrap();
+        owner
+            .send(relist(uids.iter().map(|u| delete(u, at(2))).collect(), 0))
+            .await
+            .unwrap();
+        assert_eq!(cache.tombstones(), MAX_TOMBSTONES);
+        assert_eq!(cache.lookup("p9"), PodLookup::Unknown);
+        assert!(matches!(cache.lookup("p10"), PodLookup::Removed { .. }));
+        assert!(matches!(
+            cache.lookup(&uids[n - 1]),
+            PodLookup::Removed { .. }
+        ));
+    }
+
+    #[actix_rt::test]
+    async fn a_read_that_found_the_pod_gone_releases_a_newer_than_waiter() {
+        let (owner, cache) = CacheOwner::new(TTL);
+        let owner = owner.start();
+        owner.send(relist(vec![set("a", at(1))], 0)).await.unwrap();
+        let waiter = {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                cache
+                    .wait_newer_than("a", at(5), Duration::from_secs(20))
+                    .await
+            })
+        };
+        // Gone, but found so by a read older than asked: not released.
+        owner
+            .send(relist(vec![delete("a", at(4))], 0))
+            .await
+            .unwrap();
+        owner.send(relist(vec![set("a", at(4))], 0)).await.unwrap();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiter.is_finished());
+        // Found gone by a newer read: released, the pod is not there.
+        owner
+            .send(relist(vec![delete("a", at(6))], 0))
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(20), waiter)
+            .await
+            .expect("released")
+            .unwrap();
+        assert_eq!(got, Ok(None));
+        assert!(
+            matches!(cache.lookup("a"), PodLookup::Removed { removed_at, .. } if removed_at == at(6))
+        );
+    }
+
+    #[actix_rt::test]
+    async fn each_pod_keeps_what_the_events_last_said_of_its_sandboxes_and_containers() {
+        use EventKind::*;
+        let (owner, cache) = CacheOwner::new(TTL);
+        let owner = owner.start();
+        let ev = |uid: &str, id: &str, kind| (uid.to_string(), id.to_string(), kind);
+        let reported = |uid: &str| cache.get(uid).map(|p| p.reported.into_iter().collect());
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "sa", ContainerStarted),
+                    ev("a", "c1", ContainerStarted),
+                    ev("a", "c2", ContainerDied),
+                    // No cache entry (never read): nothing is made up for it.
+                    ev("nobody", "cx", ContainerStarted),
+                ],
+                ..relist(vec![set("a", at(1))], 4)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            reported("a"),
+            Some(vec![
+                ("c1".to_string(), ContainerStarted),
+                ("c2".to_string(), ContainerDied),
+                ("sa".to_string(), ContainerStarted)
+            ])
+        );
+        assert!(cache.get("nobody").is_none());
+        // Later events replace, Removed deletes; a failed read keeps them.
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "c1", ContainerDied),
+                    ev("a", "c2", ContainerRemoved),
+                    ev("a", "", PodSync),
+                ],
+                ..relist(
+                    vec![CacheUpdate::Set {
+                        uid: "a".into(),
+                        status: Err("unavailable".into()),
+                        read_at: at(2),
+                    }],
+                    7,
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            reported("a"),
+            Some(vec![
+                ("c1".to_string(), ContainerDied),
+                ("sa".to_string(), ContainerStarted)
+            ])
+        );
+        // Gone: the tombstone keeps the last entry; back with the same UID: nothing
+        // reported yet of the new one.
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "c1", ContainerRemoved),
+                    ev("a", "sa", ContainerDied),
+                    ev("a", "sa", ContainerRemoved),
+                ],
+                ..relist(vec![delete("a", at(3))], 10)
+            })
+            .await
+            .unwrap();
+        assert!(matches!(cache.lookup("a"), PodLookup::Removed { .. }));
+        owner.send(relist(vec![set("a", at(4))], 10)).await.unwrap();
+        assert_eq!(reported("a"), Some(vec![]));
     }
 }

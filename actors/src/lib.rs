@@ -9,8 +9,9 @@
 //!   held pods.
 //! - `stream`: the StreamWatcher (the CRI event stream as a hint) and its reconnect
 //!   policy.
-//! - `cache`: the CacheOwner and its readers; `publisher`: the EventPublisher and
-//!   subscriptions; `pleg`: one relist and the old/new diff, without actors.
+//! - `cache`: the CacheOwner and its readers; `publisher`: the EventPublisher (with
+//!   its history, for resuming); `subscription`: a subscriber's end; `revision`: how
+//!   events are numbered, and why the dispatcher numbers them; `pleg`: one relist and the old/new diff, without actors.
 //! - `wiring`: starts everything and hands out [`Pleg`], the handles a user needs.
 //!
 //! Modules are private; this file is the crate's API.
@@ -23,18 +24,21 @@ mod mock;
 mod pleg;
 mod publisher;
 mod relist;
+mod revision;
 pub mod spans;
 mod stream;
+mod subscription;
 mod sync;
 mod wiring;
 
-pub use cache::{CachedPod, PodCache};
+pub use cache::{CacheSnapshot, CachedPod, PodCache, PodLookup};
 pub use event::{EventKind, Exit, LifecycleEvent, RelistSource};
 pub use health::Health;
 pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
-pub use publisher::{Delivery, Subscription};
+pub use publisher::SubscribeError;
 pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
 pub use stream::watcher::WatcherState;
+pub use subscription::{Delivery, Subscription};
 pub use sync::gate::{SyncError, SyncHold, SyncOutcome};
 pub use sync::registry::SyncGates;
 pub use wiring::{Pleg, PlegConfig};

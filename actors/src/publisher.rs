@@ -5,112 +5,103 @@
 //! Unlike kubelet, a drop is never silent: every event a subscriber is offered takes
 //! the next number of its sequence, and the next event it does receive carries how
 //! many it missed, so the consumer knows to re-read pod status from the cache.
+//!
+//! Resuming (list + watch with resourceVersion): events come numbered (see
+//! `revision`), and the publisher keeps the last `history` of them, shared with the
+//! subscriptions that replay from it. A subscription from revision `r` is taken in
+//! this actor's mailbox, between two published batches: it replays what the history
+//! holds after `r`, and is offered every batch published after that — no gap, no
+//! duplicate. `r` may be issued but not published yet (the cache already reflects it,
+//! its events are on their way): then those events, up to `r`, are not offered.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
-use crossbeam_channel::{
-    bounded, Receiver, RecvError, RecvTimeoutError, Sender, TryIter, TryRecvError, TrySendError,
-};
+use crossbeam_channel::{bounded, Sender, TrySendError};
 use plegd_telemetry::Metrics;
+use tokio::sync::Notify;
 
 use crate::event::LifecycleEvent;
+use crate::revision::Revisions;
+use crate::subscription::{
+    read, Delivery, History, Replay, SharedHistory, Subscription, WakeOnDrop,
+};
 
-/// One event as a subscriber receives it.
-#[derive(Clone, Debug)]
-pub struct Delivery {
-    /// Per-subscriber sequence number, from 1; a gap equals `missed`.
-    pub seq: u64,
-    /// Events dropped for this subscriber since the previous delivery.
-    pub missed: u64,
-    pub event: Arc<LifecycleEvent>,
-}
-
-/// The receiving end of a subscription. Dropping it unsubscribes at once, even on a
-/// quiet node. Blocking receives (`recv`, `recv_timeout`) suit a consumer on its own
-/// thread. After the publisher closes, `recv` returns what is queued, then an error.
-///
-/// The receiver is reached only through the subscription, so whoever receives also
-/// keeps the subscription alive (a closure capturing only a receiver field would
-/// unsubscribe at once).
-pub struct Subscription {
-    name: String,
-    rx: Receiver<Delivery>,
-    _unsubscribe: Unsubscriber,
-}
-
-impl Subscription {
-    /// The name given at subscription (for logs).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Blocks until the next delivery; an error once the publisher has closed and
-    /// the queue is empty.
-    pub fn recv(&self) -> Result<Delivery, RecvError> {
-        self.rx.recv()
-    }
-
-    /// As [`Self::recv`], giving up after `timeout`.
-    pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery, RecvTimeoutError> {
-        self.rx.recv_timeout(timeout)
-    }
-
-    /// The next delivery if one is queued.
-    pub fn try_recv(&self) -> Result<Delivery, TryRecvError> {
-        self.rx.try_recv()
-    }
-
-    /// Every delivery queued now.
-    pub fn try_iter(&self) -> TryIter<'_, Delivery> {
-        self.rx.try_iter()
-    }
-
-    /// True if nothing is queued.
-    pub fn is_empty(&self) -> bool {
-        self.rx.is_empty()
-    }
-}
-
-/// Tells the publisher when its subscription is dropped.
-struct Unsubscriber {
-    id: u64,
-    publisher: Addr<EventPublisher>,
-}
-
-impl Drop for Unsubscriber {
-    fn drop(&mut self) {
-        // After Stop the publisher is gone and there is nothing to remove.
-        self.publisher.do_send(Unsubscribe(self.id));
-    }
+/// Why a subscription from a revision was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeError {
+    /// `after` is older than the oldest event still in the history (the client must
+    /// re-list).
+    #[error(
+        "revision {after} is too old: the oldest event still held is revision {oldest_available}"
+    )]
+    TooOld { after: u64, oldest_available: u64 },
+    /// `after` is larger than any revision this instance issued.
+    #[error("revision {after} was never issued by this plegd (latest: {latest})")]
+    Future { after: u64, latest: u64 },
+    /// The publisher is gone (shutting down).
+    #[error("the event publisher is closed")]
+    Closed,
 }
 
 struct Subscriber {
     id: u64,
     name: String,
     tx: Sender<Delivery>,
+    /// Dropped after `tx` (field order), so an async receiver it wakes sees the end.
+    _wake_on_drop: WakeOnDrop,
+    wake: Arc<Notify>,
     next_seq: u64,
     missed: u64,
+    /// Events up to this revision are not offered (the subscriber resumed from it).
+    skip_through: u64,
 }
 
 pub struct EventPublisher {
     subscribers: Vec<Subscriber>,
     next_id: u64,
-    /// The revision the next published event gets: node-wide, strictly increasing,
-    /// one sequence for every subscriber (unlike `seq`, which is per subscriber).
-    next_revision: u64,
+    /// The revision of the last event published (0: none yet).
+    published: u64,
+    history: SharedHistory,
+    revisions: Revisions,
     metrics: Arc<Metrics>,
 }
 
 impl EventPublisher {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    /// `history`: how many of the last published events are kept for replay.
+    /// `revisions`: what the dispatcher has issued (a subscription may resume from
+    /// any of them).
+    pub fn new(metrics: Arc<Metrics>, history: usize, revisions: Revisions) -> Self {
         EventPublisher {
             subscribers: Vec::new(),
             next_id: 0,
-            next_revision: 1,
+            published: 0,
+            history: History::shared(history),
+            revisions,
             metrics,
         }
+    }
+
+    /// Where a subscription from `after` starts replaying, or why it cannot.
+    fn replay_from(&self, after: u64) -> Result<Replay, SubscribeError> {
+        let latest = self.revisions.latest();
+        if after > latest {
+            return Err(SubscribeError::Future { after, latest });
+        }
+        let history = read(&self.history);
+        let oldest_available = history.oldest().unwrap_or(self.published + 1);
+        if after.saturating_add(1) < oldest_available {
+            return Err(SubscribeError::TooOld {
+                after,
+                oldest_available,
+            });
+        }
+        Ok(Replay {
+            history: self.history.clone(),
+            next: history.position_after(after),
+            end: history.end(),
+            next_seq: 1,
+        })
     }
 }
 
@@ -122,44 +113,59 @@ impl Actor for EventPublisher {
     }
 }
 
-/// Adds a subscriber with a queue of `capacity` events.
+/// Adds a subscriber with a queue of `capacity` live events. `after`: resume after
+/// this revision (replay the history, then live); None: only events published from
+/// now on.
 #[derive(Message)]
-#[rtype(result = "Subscription")]
+#[rtype(result = "Result<Subscription, SubscribeError>")]
 pub struct Subscribe {
     pub name: String,
     pub capacity: usize,
+    pub after: Option<u64>,
 }
 
 impl Handler<Subscribe> for EventPublisher {
     type Result = MessageResult<Subscribe>;
 
     fn handle(&mut self, msg: Subscribe, ctx: &mut Self::Context) -> Self::Result {
+        let (replay, skip_through) = match msg.after {
+            None => (None, self.published),
+            Some(after) => match self.replay_from(after) {
+                Ok(r) => (Some(r), after.max(self.published)),
+                Err(e) => return MessageResult(Err(e)),
+            },
+        };
+        let first_live_seq = replay.as_ref().map_or(1, |r| 1 + r.end - r.next);
         let (tx, rx) = bounded(msg.capacity.max(1));
+        let wake = Arc::new(Notify::new());
         self.next_id += 1;
         let id = self.next_id;
         self.subscribers.push(Subscriber {
             id,
             name: msg.name.clone(),
             tx,
-            next_seq: 1,
+            _wake_on_drop: WakeOnDrop(wake.clone()),
+            wake: wake.clone(),
+            next_seq: first_live_seq,
             missed: 0,
+            skip_through,
         });
         self.metrics.subscribers.set(self.subscribers.len() as i64);
-        MessageResult(Subscription {
-            name: msg.name,
+        MessageResult(Ok(Subscription::new(
+            msg.name,
+            replay,
             rx,
-            _unsubscribe: Unsubscriber {
-                id,
-                publisher: ctx.address(),
-            },
-        })
+            wake,
+            id,
+            ctx.address(),
+        )))
     }
 }
 
 /// A subscription was dropped: forget its queue.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct Unsubscribe(u64);
+pub(crate) struct Unsubscribe(pub(crate) u64);
 
 impl Handler<Unsubscribe> for EventPublisher {
     type Result = ();
@@ -170,7 +176,8 @@ impl Handler<Unsubscribe> for EventPublisher {
     }
 }
 
-/// Publishes the events of one relist, in order.
+/// Publishes the events of one relist, in order. Their revisions are already issued
+/// (by the dispatcher) and larger than any published before.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Publish(pub Vec<LifecycleEvent>);
@@ -179,12 +186,21 @@ impl Handler<Publish> for EventPublisher {
     type Result = ();
 
     fn handle(&mut self, msg: Publish, _: &mut Self::Context) {
-        for mut ev in msg.0 {
+        let events: Vec<Arc<LifecycleEvent>> = msg.0.into_iter().map(Arc::new).collect();
+        {
+            let mut history = self.history.write().unwrap_or_else(|e| e.into_inner());
+            for ev in &events {
+                history.push(ev.clone());
+            }
+        }
+        for ev in events {
             self.metrics.count_event(ev.relist_source);
-            ev.revision = self.next_revision;
-            self.next_revision += 1;
-            let ev = Arc::new(ev);
+            debug_assert!(ev.revision > self.published, "revisions must increase");
+            self.published = ev.revision;
             self.subscribers.retain_mut(|s| {
+                if ev.revision <= s.skip_through {
+                    return true;
+                }
                 let seq = s.next_seq;
                 s.next_seq += 1;
                 let delivery = Delivery {
@@ -195,6 +211,7 @@ impl Handler<Publish> for EventPublisher {
                 match s.tx.try_send(delivery) {
                     Ok(()) => {
                         s.missed = 0;
+                        s.wake.notify_one();
                         true
                     }
                     Err(TrySendError::Full(_)) => {
@@ -234,9 +251,10 @@ impl Handler<Stop> for EventPublisher {
 
 #[cfg(test)]
 mod tests {
-    //! The publisher alone, with subscribers that keep up, stall, or vanish.
+    //! The publisher alone, with subscribers that keep up, stall, vanish, or resume
+    //! from a revision.
 
-    use std::time::{Instant, SystemTime};
+    use std::time::{Duration, Instant, SystemTime};
 
     use plegd_runtime::PodRef;
     use plegd_telemetry::RelistSource;
@@ -244,9 +262,10 @@ mod tests {
     use super::*;
     use crate::event::EventKind;
 
+    /// The event numbered `i` gets revision `i + 1`, as the dispatcher issues them.
     fn event(i: usize) -> LifecycleEvent {
         LifecycleEvent {
-            revision: 0,
+            revision: i as u64 + 1,
             time: SystemTime::now(),
             pod: PodRef {
                 uid: "u1".into(),
@@ -264,31 +283,57 @@ mod tests {
         }
     }
 
+    /// A publisher keeping `history` events, and the revisions its "dispatcher" issues.
+    fn publisher(history: usize) -> (Addr<EventPublisher>, Revisions, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        let revisions = Revisions::default();
+        let p = EventPublisher::new(metrics.clone(), history, revisions.clone()).start();
+        (p, revisions, metrics)
+    }
+
+    /// Issues then publishes events `from..to`, one relist each.
+    async fn publish(p: &Addr<EventPublisher>, r: &Revisions, from: usize, to: usize) {
+        for i in from..to {
+            let mut batch = vec![event(i)];
+            r.issue(&mut batch);
+            assert_eq!(batch[0].revision, i as u64 + 1, "test numbering");
+            p.send(Publish(batch)).await.unwrap();
+        }
+    }
+
     async fn subscribe(p: &Addr<EventPublisher>, name: &str, capacity: usize) -> Subscription {
+        subscribe_after(p, name, capacity, None).await.unwrap()
+    }
+
+    async fn subscribe_after(
+        p: &Addr<EventPublisher>,
+        name: &str,
+        capacity: usize,
+        after: Option<u64>,
+    ) -> Result<Subscription, SubscribeError> {
         p.send(Subscribe {
             name: name.into(),
             capacity,
+            after,
         })
         .await
         .unwrap()
     }
 
+    fn revisions(got: &[Delivery]) -> Vec<u64> {
+        got.iter().map(|d| d.event.revision).collect()
+    }
+
     #[actix_rt::test]
     async fn a_stalled_subscriber_loses_only_its_own_events_and_is_told_how_many() {
-        let metrics = Arc::new(Metrics::new());
-        let p = EventPublisher::new(metrics.clone()).start();
+        let (p, r, metrics) = publisher(16);
         let healthy = subscribe(&p, "healthy", 1000).await;
         let stalled = subscribe(&p, "stalled", 2).await;
-        for i in 0..100 {
-            p.send(Publish(vec![event(i)])).await.unwrap();
-        }
+        publish(&p, &r, 0, 100).await;
         let got: Vec<Delivery> = healthy.try_iter().collect();
         assert_eq!(got.len(), 100);
-        // One revision per event for everyone, from 1, strictly increasing.
-        assert!(got
-            .iter()
-            .enumerate()
-            .all(|(i, d)| d.event.revision == i as u64 + 1));
+        // The revisions issued, as issued, for everyone.
+        assert_eq!(revisions(&got), (1..=100).collect::<Vec<_>>());
         assert!(got.iter().enumerate().all(|(i, d)| d.seq == i as u64 + 1
             && d.missed == 0
             && d.event.container_id == format!("c{i}")));
@@ -297,7 +342,7 @@ mod tests {
         let first: Vec<u64> = stalled.try_iter().map(|d| d.seq).collect();
         assert_eq!(first, [1, 2]);
         assert_eq!(metrics.discard_events.get(), 98);
-        p.send(Publish(vec![event(100)])).await.unwrap();
+        publish(&p, &r, 100, 101).await;
         let next = stalled.try_recv().unwrap();
         assert_eq!((next.seq, next.missed, next.event.revision), (101, 98, 101));
         assert_eq!(healthy.try_recv().unwrap().seq, 101);
@@ -305,8 +350,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn a_vanished_subscriber_is_forgotten_and_the_others_go_on() {
-        let metrics = Arc::new(Metrics::new());
-        let p = EventPublisher::new(metrics.clone()).start();
+        let (p, r, metrics) = publisher(16);
         let stays = subscribe(&p, "stays", 10).await;
         let goes = subscribe(&p, "goes", 10).await;
         assert_eq!(metrics.subscribers.get(), 2);
@@ -316,18 +360,193 @@ mod tests {
             assert!(Instant::now() < deadline, "the dropped subscriber stayed");
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        p.send(Publish(vec![event(0), event(1)])).await.unwrap();
+        publish(&p, &r, 0, 2).await;
         assert_eq!(stays.try_iter().count(), 2);
         assert_eq!(metrics.discard_events.get(), 0);
     }
 
     #[actix_rt::test]
     async fn stop_lets_subscribers_drain_then_disconnects_them() {
-        let p = EventPublisher::new(Arc::new(Metrics::new())).start();
+        let (p, r, _) = publisher(16);
         let sub = subscribe(&p, "t", 10).await;
-        p.send(Publish(vec![event(0)])).await.unwrap();
+        publish(&p, &r, 0, 1).await;
+        // Resumed: one to replay, then one live, when the publisher stops.
+        let resumed = subscribe_after(&p, "r", 10, Some(0)).await.unwrap();
+        publish(&p, &r, 1, 2).await;
         p.send(Stop).await.unwrap();
         assert_eq!(sub.recv().unwrap().event.container_id, "c0");
+        assert_eq!(sub.recv().unwrap().event.container_id, "c1");
         assert!(sub.recv().is_err());
+        let got: Vec<u64> = std::iter::from_fn(|| resumed.recv().ok())
+            .map(|d| d.event.revision)
+            .collect();
+        assert_eq!(got, [1, 2]);
+        assert!(resumed.try_recv().is_err() && resumed.is_empty());
+    }
+
+    #[actix_rt::test]
+    async fn an_async_receiver_gets_each_event_then_sees_the_publisher_close() {
+        let (p, r, _) = publisher(16);
+        let sub = Arc::new(subscribe(&p, "t", 10).await);
+        let rx = sub.clone();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(d) = rx.recv_async().await {
+                got.push(d.event.revision);
+            }
+            got
+        });
+        publish(&p, &r, 0, 5).await;
+        p.send(Stop).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(20), reader)
+            .await
+            .expect("the async receiver saw the close")
+            .unwrap();
+        assert_eq!(got, [1, 2, 3, 4, 5]);
+    }
+
+    #[actix_rt::test]
+    async fn resuming_replays_exactly_the_events_after_the_revision_then_goes_live() {
+        let (p, r, _) = publisher(100);
+        publish(&p, &r, 0, 10).await;
+        let sub = subscribe_after(&p, "t", 10, Some(6)).await.unwrap();
+        publish(&p, &r, 10, 12).await;
+        let got: Vec<Delivery> = sub.try_iter().collect();
+        assert_eq!(revisions(&got), [7, 8, 9, 10, 11, 12]);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, d)| d.seq == i as u64 + 1 && d.missed == 0));
+        // From the latest: nothing to replay, live only; from 0: everything.
+        let latest = subscribe_after(&p, "l", 10, Some(12)).await.unwrap();
+        let all = subscribe_after(&p, "a", 100, Some(0)).await.unwrap();
+        publish(&p, &r, 12, 13).await;
+        assert_eq!(revisions(&latest.try_iter().collect::<Vec<_>>()), [13]);
+        assert_eq!(
+            revisions(&all.try_iter().collect::<Vec<_>>()),
+            (1..=13).collect::<Vec<_>>()
+        );
+    }
+
+    #[actix_rt::test]
+    async fn a_revision_older_than_the_history_or_never_issued_is_refused() {
+        let (p, r, _) = publisher(4);
+        // Nothing issued yet: 0 is fine, 1 is in the future.
+        assert!(subscribe_after(&p, "t", 10, Some(0)).await.is_ok());
+        assert!(matches!(
+            subscribe_after(&p, "t", 10, Some(1)).await,
+            Err(SubscribeError::Future {
+                after: 1,
+                latest: 0
+            })
+        ));
+        publish(&p, &r, 0, 10).await;
+        // The history holds 7..=10: resuming after 6 still works, after 5 does not.
+        let ok = subscribe_after(&p, "t", 10, Some(6)).await.unwrap();
+        assert_eq!(revisions(&ok.try_iter().collect::<Vec<_>>()), [7, 8, 9, 10]);
+        let err = subscribe_after(&p, "t", 10, Some(5)).await.err();
+        assert_eq!(
+            err,
+            Some(SubscribeError::TooOld {
+                after: 5,
+                oldest_available: 7
+            })
+        );
+        assert!(err.is_some_and(|e| e.to_string().contains("too old")));
+        assert_eq!(
+            subscribe_after(&p, "t", 10, Some(11)).await.err(),
+            Some(SubscribeError::Future {
+                after: 11,
+                latest: 10
+            })
+        );
+        p.send(Stop).await.unwrap();
+        assert!(p
+            .send(Subscribe {
+                name: "late".into(),
+                capacity: 1,
+                after: Some(10),
+            })
+            .await
+            .is_err());
+    }
+
+    #[actix_rt::test]
+    async fn with_no_history_only_the_latest_published_revision_can_be_resumed() {
+        let (p, r, _) = publisher(0);
+        publish(&p, &r, 0, 3).await;
+        assert!(matches!(
+            subscribe_after(&p, "t", 10, Some(2)).await,
+            Err(SubscribeError::TooOld {
+                after: 2,
+                oldest_available: 4
+            })
+        ));
+        let sub = subscribe_after(&p, "t", 10, Some(3)).await.unwrap();
+        publish(&p, &r, 3, 4).await;
+        assert_eq!(revisions(&sub.try_iter().collect::<Vec<_>>()), [4]);
+    }
+
+    #[actix_rt::test]
+    async fn a_revision_issued_but_not_yet_published_skips_its_events_when_they_come() {
+        let (p, r, _) = publisher(100);
+        publish(&p, &r, 0, 2).await;
+        // The dispatcher issued 3..=5 and applied them to the cache; a snapshot then
+        // reflects 5 while the events are still on their way to the publisher.
+        let mut batch = vec![event(2), event(3), event(4)];
+        assert_eq!(r.issue(&mut batch), 5);
+        let sub = subscribe_after(&p, "t", 10, Some(5)).await.unwrap();
+        let from_4 = subscribe_after(&p, "t4", 10, Some(4)).await.unwrap();
+        p.send(Publish(batch)).await.unwrap();
+        publish(&p, &r, 5, 6).await;
+        let got: Vec<Delivery> = sub.try_iter().collect();
+        assert_eq!(revisions(&got), [6]);
+        assert_eq!(got[0].seq, 1);
+        assert_eq!(revisions(&from_4.try_iter().collect::<Vec<_>>()), [5, 6]);
+    }
+
+    #[actix_rt::test]
+    async fn a_replay_longer_than_the_live_queue_is_delivered_whole_then_the_queue_bounds_live_events(
+    ) {
+        let (p, r, _) = publisher(1000);
+        publish(&p, &r, 0, 500).await;
+        let sub = subscribe_after(&p, "t", 4, Some(0)).await.unwrap();
+        // Ten more while the subscriber reads nothing: its live queue holds 4.
+        publish(&p, &r, 500, 510).await;
+        let got: Vec<Delivery> = sub.try_iter().collect();
+        assert_eq!(revisions(&got), (1..=504).collect::<Vec<_>>());
+        // Sequence numbers run on from the replay into the live events.
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(i, d)| d.seq == i as u64 + 1 && d.missed == 0));
+        // The next one tells of the 6 live events the full queue lost.
+        publish(&p, &r, 510, 511).await;
+        let next = sub.try_recv().unwrap();
+        assert_eq!((next.event.revision, next.seq, next.missed), (511, 511, 6));
+    }
+
+    #[actix_rt::test]
+    async fn a_replay_outrun_by_the_history_reports_what_it_missed() {
+        let (p, r, _) = publisher(10);
+        publish(&p, &r, 0, 10).await;
+        let sub = subscribe_after(&p, "t", 100, Some(0)).await.unwrap();
+        assert_eq!(sub.try_recv().unwrap().event.revision, 1);
+        // 13 more evict 2..=10 (and 11..=13) before the subscriber reads on.
+        publish(&p, &r, 10, 23).await;
+        let got: Vec<Delivery> = sub.try_iter().collect();
+        // Nothing of the replay is left: the first live event carries the loss.
+        assert_eq!(revisions(&got), (11..=23).collect::<Vec<_>>());
+        assert_eq!((got[0].seq, got[0].missed), (11, 9));
+        assert!(got[1..].iter().all(|d| d.missed == 0));
+
+        // Partly outrun: the replay goes on from the oldest event still held.
+        let (p, r, _) = publisher(10);
+        publish(&p, &r, 0, 10).await;
+        let sub = subscribe_after(&p, "t", 100, Some(0)).await.unwrap();
+        publish(&p, &r, 10, 14).await;
+        let got: Vec<Delivery> = sub.try_iter().collect();
+        assert_eq!(revisions(&got), (5..=14).collect::<Vec<_>>());
+        assert_eq!((got[0].seq, got[0].missed), (5, 4));
     }
 }

@@ -2,23 +2,25 @@
 //! The binary and the component tests both start plegd through this one function.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 use plegd_telemetry::Metrics;
 
 use plegd_runtime::RuntimeClient;
 
-use crate::cache::{CacheOwner, PodCache};
+use crate::cache::{CacheOwner, CacheSnapshot, PodCache, PodLookup, Snapshot};
 use crate::event::RelistSource;
 use crate::health::Health;
 use crate::pleg::GenericPleg;
-use crate::publisher::{EventPublisher, Subscribe, Subscription};
+use crate::publisher::{EventPublisher, Subscribe, SubscribeError};
 use crate::relist::dispatcher::{DispatcherConfig, DispatcherDeps, RelistDispatcher, StopHandle};
 use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
+use crate::revision::{new_instance_id, Revisions};
 use crate::stream::reconnect::ReconnectPolicy;
 use crate::stream::watcher::{self, GetState, StreamWatcher, WatcherState};
+use crate::subscription::Subscription;
 use crate::sync::registry::{SyncGateRegistry, SyncGates};
 use crate::sync::HeldPods;
 
@@ -34,6 +36,12 @@ pub struct PlegConfig {
     pub reconnect: ReconnectPolicy,
     /// A released PodSyncGate stops after this long unused.
     pub gate_idle: Duration,
+    /// How many of the last published events are kept for subscribers that resume
+    /// from a revision.
+    pub history_events: usize,
+    /// How long a pod removed from the runtime stays answerable (its last status and
+    /// when it went).
+    pub tombstone_ttl: Duration,
 }
 
 impl Default for PlegConfig {
@@ -46,6 +54,8 @@ impl Default for PlegConfig {
             evented: true,
             reconnect: ReconnectPolicy::default(),
             gate_idle: Duration::from_secs(5),
+            history_events: 65_536,
+            tombstone_ttl: Duration::from_secs(300),
         }
     }
 }
@@ -54,7 +64,10 @@ impl Default for PlegConfig {
 /// Cheap to clone; every clone controls the same actors.
 #[derive(Clone)]
 pub struct Pleg {
+    instance_id: Arc<str>,
+    revisions: Revisions,
     cache: PodCache,
+    cache_owner: Addr<CacheOwner>,
     health: Health,
     queue: RelistQueue,
     publisher: Addr<EventPublisher>,
@@ -71,9 +84,11 @@ impl Pleg {
     /// (if evented) the StreamWatcher, in that order, so each has somewhere to send.
     /// Must run inside an actix System.
     pub fn start(runtime: Arc<dyn RuntimeClient>, cfg: &PlegConfig, metrics: Arc<Metrics>) -> Pleg {
-        let (owner, cache) = CacheOwner::new();
+        let (owner, cache) = CacheOwner::new(cfg.tombstone_ttl);
         let cache_addr = owner.start();
-        let publisher = EventPublisher::new(metrics.clone()).start();
+        let revisions = Revisions::default();
+        let publisher =
+            EventPublisher::new(metrics.clone(), cfg.history_events, revisions.clone()).start();
         let health = Health::new(cfg.health_threshold);
         let held = HeldPods::default();
         let dispatcher = RelistDispatcher::start(
@@ -83,11 +98,12 @@ impl Pleg {
                 queue_capacity: cfg.queue_capacity,
             },
             DispatcherDeps {
-                cache: cache_addr.recipient(),
+                cache: cache_addr.clone().recipient(),
                 publisher: publisher.clone().recipient(),
                 metrics: metrics.clone(),
                 health: health.clone(),
                 held: held.clone(),
+                revisions: revisions.clone(),
             },
         );
         let router = RelistRouter::new(dispatcher.queue.clone(), held.clone(), metrics.clone());
@@ -112,7 +128,10 @@ impl Pleg {
             .start()
         });
         Pleg {
+            instance_id: new_instance_id().into(),
+            revisions,
             cache,
+            cache_owner: cache_addr,
             health,
             queue: dispatcher.queue,
             publisher,
@@ -202,11 +221,66 @@ impl Pleg {
         name: &str,
         capacity: usize,
     ) -> Result<Subscription, MailboxError> {
+        match self.subscribe_after(name, capacity, None).await {
+            Ok(s) => Ok(s),
+            // Without a revision only a closed publisher refuses.
+            Err(_) => Err(MailboxError::Closed),
+        }
+    }
+
+    /// This plegd instance's id: random, 32 lowercase hex digits, fixed for the
+    /// process. Revisions are meaningful only with it.
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// The latest revision issued so far (0 before any event).
+    pub fn latest_revision(&self) -> u64 {
+        self.revisions.latest()
+    }
+
+    /// The cache and the revision it reflects, consistent: every event with a revision
+    /// up to `revision` is reflected in `pods`, no later event is. Then
+    /// `subscribe_after(.., Some(revision))` gives every later change exactly once.
+    pub async fn snapshot(&self) -> Result<CacheSnapshot, MailboxError> {
+        self.cache_owner.send(Snapshot).await
+    }
+
+    /// Subscribes to the events with a revision above `after` (None: only those
+    /// published from now on): those still in the history first, then live ones, in
+    /// order, with no gap and no duplicate, through one [`Subscription`]. `capacity`
+    /// bounds the queue of live events; the replay is read from the history and is
+    /// never lost to it.
+    pub async fn subscribe_after(
+        &self,
+        name: &str,
+        capacity: usize,
+        after: Option<u64>,
+    ) -> Result<Subscription, SubscribeError> {
         self.publisher
             .send(Subscribe {
                 name: name.to_string(),
                 capacity,
+                after,
             })
             .await
+            .map_err(|_| SubscribeError::Closed)?
+    }
+
+    /// A pod as the cache knows it. With `newer_than`: waits (at most `timeout`) until
+    /// the cache holds a read of that pod newer than that time, released by any relist
+    /// that reads it, targeted or global (kubelet's GetNewerThan).
+    pub async fn pod_status(
+        &self,
+        uid: &str,
+        newer_than: Option<SystemTime>,
+        timeout: Duration,
+    ) -> PodLookup {
+        if let Some(t) = newer_than {
+            if self.cache.wait_newer_than(uid, t, timeout).await.is_err() {
+                return PodLookup::TimedOut(self.cache.get(uid));
+            }
+        }
+        self.cache.lookup(uid)
     }
 }

@@ -74,6 +74,7 @@ fn sandbox(s: &Sb) -> Sandbox {
             _ => SandboxState::Unknown,
         },
         created_at: 0,
+        labels: Default::default(),
     }
 }
 

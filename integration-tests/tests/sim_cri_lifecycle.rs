@@ -15,6 +15,7 @@ fn pod_config(uid: &str) -> cri::PodSandboxConfig {
             namespace: "ns".into(),
             attempt: 0,
         }),
+        labels: [("app".to_string(), "web".to_string())].into(),
         ..Default::default()
     }
 }
@@ -49,6 +50,11 @@ async fn a_cri_client_drives_the_simulator() {
         .into_inner()
         .pod_sandbox_id;
     assert_eq!(rt.sandboxes_of("uid-1"), vec![sb.clone()]);
+    // The pod's labels, as kubelet passes them, are the sandbox's.
+    assert_eq!(
+        rt.sandbox(&sb).map(|s| s.labels),
+        Some([("app".to_string(), "web".to_string())].into())
+    );
 
     let c = raw
         .create_container(create_request(&sb, "app", Some("uid-1")))

@@ -29,7 +29,12 @@ async fn check_reports_the_simulator() {
 #[tokio::test]
 async fn lists_and_statuses_round_trip() {
     let rt = FakeRuntime::new();
-    let sb1 = rt.run_pod("uid-1", "web-1", "ns-1");
+    let labels: std::collections::BTreeMap<String, String> = [
+        ("app".to_string(), "web".to_string()),
+        ("tier".to_string(), "front".to_string()),
+    ]
+    .into();
+    let sb1 = rt.run_pod_with_labels("uid-1", "web-1", "ns-1", labels.clone());
     let app = rt.run_container(&sb1, "app");
     let sidecar = rt.run_container(&sb1, "sidecar");
     rt.exit_container(&sidecar, 3);
@@ -44,7 +49,9 @@ async fn lists_and_statuses_round_trip() {
     assert_eq!(sandboxes[0].pod, pod("uid-1", "web-1", "ns-1"));
     assert_eq!(sandboxes[0].state, SandboxState::Ready);
     assert!(sandboxes[0].created_at > 0);
+    assert_eq!(sandboxes[0].labels, labels);
     assert_eq!(sandboxes[1].id, sb2);
+    assert!(sandboxes[1].labels.is_empty());
     assert_eq!(sandboxes[1].pod, pod("uid-2", "web-2", "ns-2"));
     assert_eq!(sandboxes[1].state, SandboxState::NotReady);
 
@@ -66,6 +73,7 @@ async fn lists_and_statuses_round_trip() {
     assert_eq!(status.pod, pod("uid-1", "web-1", "ns-1"));
     assert_eq!(status.state, SandboxState::Ready);
     assert_eq!(status.attempt, 0);
+    assert_eq!(status.labels, labels);
 
     let status = client.container_status(&sidecar).await.unwrap();
     let scripted = rt.container(&sidecar).unwrap();
@@ -127,7 +135,12 @@ async fn injected_faults_keep_their_codes() {
 #[tokio::test]
 async fn list_filters_are_honoured() {
     let rt = FakeRuntime::new();
-    let sb1 = rt.run_pod("uid-1", "web-1", "ns");
+    let sb1 = rt.run_pod_with_labels(
+        "uid-1",
+        "web-1",
+        "ns",
+        [("app".to_string(), "web".to_string())].into(),
+    );
     let sb2 = rt.run_pod("uid-2", "web-2", "ns");
     rt.stop_pod(&sb2);
     let c1 = rt.run_container(&sb1, "app");
@@ -163,9 +176,21 @@ async fn list_filters_are_honoured() {
         .await,
         vec![sb1.clone()]
     );
-    // The simulator's sandboxes have no labels.
+    // Every pair of the selector must be among the sandbox's labels.
+    assert_eq!(
+        sandboxes(cri::PodSandboxFilter {
+            label_selector: [("app".to_string(), "web".to_string())].into(),
+            ..Default::default()
+        })
+        .await,
+        vec![sb1.clone()]
+    );
     assert!(sandboxes(cri::PodSandboxFilter {
-        label_selector: [("app".to_string(), "web".to_string())].into(),
+        label_selector: [
+            ("app".to_string(), "web".to_string()),
+            ("tier".to_string(), "db".to_string())
+        ]
+        .into(),
         ..Default::default()
     })
     .await

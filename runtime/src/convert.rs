@@ -3,6 +3,8 @@
 //! A wire message without what plegd needs (a sandbox without metadata or UID) is an
 //! error, never a silent default.
 
+use std::collections::HashMap;
+
 use crate::cri;
 
 use crate::{
@@ -80,6 +82,7 @@ fn sandbox(
     meta: Option<&cri::PodSandboxMetadata>,
     state: i32,
     created_at: i64,
+    labels: &HashMap<String, String>,
 ) -> Result<Sandbox, RuntimeError> {
     if id.is_empty() {
         return Err(RuntimeError::Invalid {
@@ -94,6 +97,7 @@ fn sandbox(
         attempt,
         state: sandbox_state_from_wire(state),
         created_at,
+        labels: labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
     })
 }
 
@@ -104,6 +108,7 @@ pub fn sandbox_from_wire(s: &cri::PodSandbox) -> Result<Sandbox, RuntimeError> {
         s.metadata.as_ref(),
         s.state,
         s.created_at,
+        &s.labels,
     )
 }
 
@@ -136,6 +141,7 @@ pub fn sandbox_status_from_wire(s: &cri::PodSandboxStatus) -> Result<Sandbox, Ru
         s.metadata.as_ref(),
         s.state,
         s.created_at,
+        &s.labels,
     )
 }
 
@@ -183,6 +189,7 @@ pub fn sandbox_to_wire(s: &Sandbox) -> cri::PodSandbox {
         metadata: st.metadata,
         state: st.state,
         created_at: st.created_at,
+        labels: st.labels,
         ..Default::default()
     }
 }
@@ -207,6 +214,11 @@ pub fn sandbox_status_to_wire(s: &Sandbox) -> cri::PodSandboxStatus {
         metadata: Some(pod_meta_to_wire(&s.pod, s.attempt)),
         state: sandbox_state_to_wire(s.state),
         created_at: s.created_at,
+        labels: s
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         ..Default::default()
     }
 }
@@ -236,6 +248,8 @@ pub fn container_status_to_wire(s: &ContainerStatus) -> cri::ContainerStatus {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -310,5 +324,52 @@ mod tests {
             sandbox_status_from_wire(&status),
             Err(RuntimeError::Invalid { .. })
         ));
+    }
+
+    /// The pod's labels (issue 10: label selectors of subscribers) come from the
+    /// sandbox's labels on both reads, and back onto the wire for the simulator.
+    #[test]
+    fn sandbox_labels_are_carried_from_the_list_and_the_status() {
+        let labels: HashMap<String, String> = [
+            ("app".to_string(), "web".to_string()),
+            ("io.kubernetes.pod.name".to_string(), "web-1".to_string()),
+        ]
+        .into();
+        let meta = Some(cri::PodSandboxMetadata {
+            uid: "u1".into(),
+            name: "web-1".into(),
+            namespace: "ns".into(),
+            attempt: 0,
+        });
+        let listed = sandbox_from_wire(&cri::PodSandbox {
+            id: "s1".into(),
+            metadata: meta.clone(),
+            labels: labels.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        let status = sandbox_status_from_wire(&cri::PodSandboxStatus {
+            id: "s1".into(),
+            metadata: meta,
+            labels: labels.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        let want: BTreeMap<String, String> = labels.clone().into_iter().collect();
+        assert_eq!(listed.labels, want);
+        assert_eq!(status.labels, want);
+        assert_eq!(sandbox_to_wire(&listed).labels, labels);
+        assert_eq!(sandbox_status_to_wire(&status).labels, labels);
+        // None on the wire: an empty map.
+        let bare = sandbox_from_wire(&cri::PodSandbox {
+            id: "s2".into(),
+            metadata: Some(cri::PodSandboxMetadata {
+                uid: "u2".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(bare.labels.is_empty());
     }
 }

@@ -23,19 +23,24 @@ fn required<'a>(op: &str, field: &str, value: &'a str) -> Result<&'a str, Status
     }
 }
 
-/// RunPodSandbox: a ready sandbox. The attempt is the runtime's count of the pod's
-/// sandboxes, not `metadata.attempt`.
+/// RunPodSandbox: a ready sandbox with the config's labels. The attempt is the
+/// runtime's count of the pod's sandboxes, not `metadata.attempt`.
 pub(crate) fn run_pod_sandbox(
     runtime: &FakeRuntime,
     req: cri::RunPodSandboxRequest,
 ) -> Result<cri::RunPodSandboxResponse, Status> {
-    let meta = req
-        .config
-        .and_then(|c| c.metadata)
+    let config = req.config.unwrap_or_default();
+    let meta = config
+        .metadata
         .ok_or_else(|| Status::invalid_argument("RunPodSandbox: config.metadata is required"))?;
     let uid = required("RunPodSandbox", "config.metadata.uid", &meta.uid)?;
     Ok(cri::RunPodSandboxResponse {
-        pod_sandbox_id: runtime.run_pod(uid, &meta.name, &meta.namespace),
+        pod_sandbox_id: runtime.run_pod_with_labels(
+            uid,
+            &meta.name,
+            &meta.namespace,
+            config.labels.into_iter().collect(),
+        ),
     })
 }
 

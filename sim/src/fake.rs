@@ -175,8 +175,19 @@ impl FakeRuntime {
 
     // ---- scripting the runtime's state -------------------------------------------
 
-    /// RunPodSandbox: a new ready sandbox for the pod; returns its ID.
+    /// RunPodSandbox: a new ready sandbox for the pod, without labels; returns its ID.
     pub fn run_pod(&self, uid: &str, name: &str, namespace: &str) -> String {
+        self.run_pod_with_labels(uid, name, namespace, BTreeMap::new())
+    }
+
+    /// RunPodSandbox with the sandbox's labels (kubelet gives it the pod's labels).
+    pub fn run_pod_with_labels(
+        &self,
+        uid: &str,
+        name: &str,
+        namespace: &str,
+        labels: BTreeMap<String, String>,
+    ) -> String {
         let mut st = self.lock();
         let attempt = st.sandboxes_of(uid).count() as u32;
         let id = Self::new_id(&mut st, "sb");
@@ -190,6 +201,7 @@ impl FakeRuntime {
             attempt,
             state: SandboxState::Ready,
             created_at: now_ns(),
+            labels,
         };
         st.insert_sandbox(status);
         self.emit(&st, &id, cri::ContainerEventType::ContainerCreatedEvent);

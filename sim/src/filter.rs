@@ -6,17 +6,19 @@ use plegd_runtime::cri;
 use plegd_runtime::{Container, Sandbox};
 
 /// ListPodSandbox's filter: `id` (exact; containerd also accepts a unique prefix),
-/// `state`, and `label_selector` — simulated sandboxes carry no labels, so a non-empty
-/// selector matches nothing.
+/// `state`, and `label_selector` (every pair must be among the sandbox's labels).
 pub(crate) fn sandbox_matches(s: &Sandbox, f: &cri::PodSandboxFilter) -> bool {
     (f.id.is_empty() || s.id == f.id)
         && f.state
             .as_ref()
             .is_none_or(|v| v.state == convert::sandbox_state_to_wire(s.state))
-        && f.label_selector.is_empty()
+        && f.label_selector
+            .iter()
+            .all(|(k, v)| s.labels.get(k) == Some(v))
 }
 
-/// ListContainers' filter: `id` (exact), `state`, `label_selector` as for sandboxes.
+/// ListContainers' filter: `id` (exact), `state`, `label_selector` — simulated
+/// containers carry no labels, so a non-empty selector matches nothing.
 /// `pod_sandbox_id` is applied by the runtime's list call itself.
 pub(crate) fn container_matches(c: &Container, f: &cri::ContainerFilter) -> bool {
     (f.id.is_empty() || c.id == f.id)
@@ -43,6 +45,7 @@ mod tests {
             attempt: 0,
             state,
             created_at: 1,
+            labels: [("app".to_string(), "web".to_string())].into(),
         }
     }
 
@@ -70,7 +73,17 @@ mod tests {
             label_selector: [("app".to_string(), "web".to_string())].into(),
             ..Default::default()
         };
-        assert!(!sandbox_matches(&ready, &labels));
+        assert!(sandbox_matches(&ready, &labels));
+        let other = cri::PodSandboxFilter {
+            label_selector: [("app".to_string(), "db".to_string())].into(),
+            ..Default::default()
+        };
+        assert!(!sandbox_matches(&ready, &other));
+        let missing = cri::PodSandboxFilter {
+            label_selector: [("tier".to_string(), "web".to_string())].into(),
+            ..Default::default()
+        };
+        assert!(!sandbox_matches(&ready, &missing));
     }
 
     #[test]

@@ -46,8 +46,8 @@ pub enum CacheUpdate {
         status: Result<PodStatus, String>,
         read_at: SystemTime,
     },
-    /// The pod is gone from the runtime.
-    Delete { uid: String },
+    /// The pod is gone from the runtime, as the read that began at `read_at` found.
+    Delete { uid: String, read_at: SystemTime },
 }
 
 /// The result of one relist, to be applied in order: cache first, then events.
@@ -268,7 +268,10 @@ impl GenericPleg {
                 (Some(rec), _) | (None, Some(rec)) => rec.pod.clone(),
                 (None, None) => {
                     // Known only from a failed first read, and now gone.
-                    out.cache.push(CacheUpdate::Delete { uid: w.uid.clone() });
+                    out.cache.push(CacheUpdate::Delete {
+                        uid: w.uid.clone(),
+                        read_at,
+                    });
                     self.reinspect.remove(&w.uid);
                     continue;
                 }
@@ -289,7 +292,10 @@ impl GenericPleg {
             };
             match status {
                 None => {
-                    out.cache.push(CacheUpdate::Delete { uid: w.uid.clone() });
+                    out.cache.push(CacheUpdate::Delete {
+                        uid: w.uid.clone(),
+                        read_at,
+                    });
                     self.records.remove(&w.uid);
                     self.reinspect.remove(&w.uid);
                 }

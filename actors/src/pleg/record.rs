@@ -135,6 +135,7 @@ mod tests {
             attempt: 0,
             state: SandboxState::Ready,
             created_at: 0,
+            labels: Default::default(),
         }
     }
 

@@ -147,7 +147,11 @@ async fn sandbox_state_changes_and_pod_removal() {
             ev("u1", ContainerRemoved, &sb)
         ]
     );
-    assert_eq!(out.cache, vec![CacheUpdate::Delete { uid: "u1".into() }]);
+    assert!(
+        matches!(&out.cache[..], [CacheUpdate::Delete { uid, .. }] if uid == "u1"),
+        "{:?}",
+        out.cache
+    );
     assert_eq!(p.pod_count(), 0);
 }
 
@@ -287,7 +291,11 @@ async fn targeted_relist_reads_only_that_pod() {
             ev("u1", ContainerRemoved, &sb1)
         ]
     );
-    assert_eq!(out.cache, vec![CacheUpdate::Delete { uid: "u1".into() }]);
+    assert!(
+        matches!(&out.cache[..], [CacheUpdate::Delete { uid, .. }] if uid == "u1"),
+        "{:?}",
+        out.cache
+    );
 }
 
 /// A runtime in front of the fake one that lies the way real ones do: it hides a

@@ -16,6 +16,9 @@
 //!   the pod alone (a sync held it) or failed to read it; one for a pod a sync
 //!   holds is coalesced into the gate's pending relist. `RelistDispatcher::settle`
 //!   takes that decision, in one place.
+//! - Each relist's events get their revisions here (`revision`), before its cache
+//!   updates are applied (and acknowledged) with the last of them, then the events are
+//!   published: the cache and the revision it reflects change together.
 //! - Each relist's cache updates are applied (and acknowledged) before its events are
 //!   published. Both are awaited inside the unit of work, so a CacheOwner or an
 //!   EventPublisher that stops answering stalls every relist and shutdown with it
@@ -39,6 +42,7 @@ use crate::event::RelistSource;
 use crate::health::Health;
 use crate::pleg::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
 use crate::publisher::Publish;
+use crate::revision::Revisions;
 use crate::spans;
 use crate::sync::HeldPods;
 
@@ -61,6 +65,8 @@ pub struct DispatcherDeps {
     pub metrics: Arc<Metrics>,
     pub health: Health,
     pub held: HeldPods,
+    /// Issues each event's revision (this dispatcher is the only issuer).
+    pub revisions: Revisions,
 }
 
 pub struct RelistDispatcher {
@@ -314,8 +320,15 @@ impl RelistDispatcher {
     }
 }
 
-/// Applies a relist's output: cache first (acknowledged), then events.
-async fn apply(deps: &DispatcherDeps, out: RelistOutput, global_timestamp: Option<SystemTime>) {
+/// Applies a relist's output: revisions issued, cache first (acknowledged, with the
+/// revision it now reflects), then events.
+async fn apply(deps: &DispatcherDeps, mut out: RelistOutput, global_timestamp: Option<SystemTime>) {
+    let revision = deps.revisions.issue(&mut out.events);
+    let events = out
+        .events
+        .iter()
+        .map(|e| (e.pod.uid.clone(), e.container_id.clone(), e.kind))
+        .collect();
     if out.status_errors > 0 {
         deps.metrics
             .count_relist_errors(RelistPhase::Status, out.status_errors as u64);
@@ -330,6 +343,8 @@ async fn apply(deps: &DispatcherDeps, out: RelistOutput, global_timestamp: Optio
                 Vec::new()
             },
             global_timestamp,
+            revision,
+            events,
         })
         .await
         .is_err()

@@ -29,6 +29,8 @@ impl Clone for ApplyRelist {
             updates: self.updates.clone(),
             global_timestamp: self.global_timestamp,
             held: self.held.clone(),
+            revision: self.revision,
+            events: self.events.clone(),
         }
     }
 }
@@ -100,6 +102,7 @@ fn start(rt: &FakeRuntime, setup: Setup) -> Bench {
             metrics: metrics.clone(),
             health: health.clone(),
             held: held.clone(),
+            revisions: Default::default(),
         },
     );
     Bench {
@@ -137,7 +140,7 @@ impl Bench {
 
 fn updates_pod(a: &ApplyRelist, uid: &str) -> bool {
     a.updates.iter().any(|u| match u {
-        CacheUpdate::Set { uid: u, .. } | CacheUpdate::Delete { uid: u } => u == uid,
+        CacheUpdate::Set { uid: u, .. } | CacheUpdate::Delete { uid: u, .. } => u == uid,
     })
 }
 
@@ -513,4 +516,41 @@ async fn a_request_whose_turn_comes_while_a_relist_runs_is_not_lost() {
         .iter()
         .flat_map(|p| p.0.iter())
         .any(|e| e.kind == EventKind::ContainerDied && e.container_id == c));
+}
+
+/// Issue 10: the dispatcher numbers each relist's events before applying its cache
+/// updates, and the CacheOwner gets the last number with them, so the cache and the
+/// revision it reflects change together; a relist without events issues none.
+#[actix_rt::test]
+async fn each_relist_numbers_its_events_and_applies_the_last_revision_with_the_cache() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let b = start(&rt, Setup::default());
+    wait_until("the first global relist published", || {
+        b.published.len() == 1
+    })
+    .await;
+    rt.exit_container(&c, 1);
+    assert!(b
+        .dispatcher
+        .queue
+        .request("u1", RelistSource::EventedPleg, None));
+    wait_until("the targeted relist published", || b.published.len() == 2).await;
+    // Nothing changed: applied, with the same revision, and nothing published.
+    assert!(b
+        .dispatcher
+        .queue
+        .request("u1", RelistSource::EventedPleg, None));
+    wait_until("the empty relist applied", || b.cache.len() == 3).await;
+
+    let published = b.published.all();
+    let revisions: Vec<Vec<u64>> = published
+        .iter()
+        .map(|p| p.0.iter().map(|e| e.revision).collect())
+        .collect();
+    assert_eq!(revisions, vec![vec![1, 2], vec![3]]);
+    let applied: Vec<u64> = b.cache.all().iter().map(|a| a.revision).collect();
+    assert_eq!(applied, [2, 3, 3]);
+    assert_eq!(b.published.len(), 2);
 }
