@@ -8,6 +8,8 @@
 //! - [`process`]: plegd as a process (start, signal, wait, HTTP GET).
 //! - [`sim`]: the simulated CRI server on a fresh socket, and CRI clients for it.
 //! - [`traces`]: the identity test spans are exported under.
+//! - [`otlp`]: in-process OTLP collectors (a logs receiver, one that refuses, one
+//!   that stalls).
 //! - [`chaos`]: the seeded chaos suite's engine (schedules, execution, checks).
 //! - [`soak`]: plegd as a process under churn and runtime restarts, sampled over time.
 //! - [`containerd`]: a private real containerd (started by the project's script),
@@ -16,6 +18,7 @@
 pub mod api;
 pub mod chaos;
 pub mod containerd;
+pub mod otlp;
 pub mod pleg;
 pub mod process;
 pub mod sim;

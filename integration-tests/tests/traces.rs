@@ -7,6 +7,7 @@ use plegd_telemetry::RequestResult;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use integration_tests::otlp;
 use integration_tests::traces::identity;
 use integration_tests::wait::*;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
@@ -58,34 +59,7 @@ impl TraceService for Receiver {
 
 /// Serves the receiver on its own thread and runtime; returns its endpoint.
 fn start_receiver(rx: Receiver) -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let incoming = tokio_stream_incoming(listener);
-            tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(rx))
-                .serve_with_incoming(incoming)
-                .await
-                .unwrap();
-        });
-    });
-    format!("http://{addr}")
-}
-
-fn tokio_stream_incoming(
-    listener: tokio::net::TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    futures::stream::unfold(listener, |l| async move {
-        let r = l.accept().await.map(|(s, _)| s);
-        Some((r, l))
-    })
+    otlp::serve(move |mut s| s.add_service(TraceServiceServer::new(rx)))
 }
 
 fn attr(span: &Span, key: &str) -> Option<String> {

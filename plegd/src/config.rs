@@ -76,6 +76,17 @@ pub struct Settings {
     /// OTEL_TRACES_SAMPLER, OTEL_SDK_DISABLED, ...) are honoured too.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<OtlpEndpoint>,
+    /// Export every lifecycle event as an OTLP log record (OpenTelemetry semantic
+    /// conventions: plegd.container.started|died|removed, plegd.pod.sync) to
+    /// --otlp-events-endpoint, or else to --otlp-endpoint. A collector that is down or
+    /// slow costs counted drops (plegd_otlp_events_dropped_total), never a delay.
+    #[arg(long, env = "PLEGD_OTLP_EVENTS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_name = "true|false")]
+    #[serde(deserialize_with = "true_or_false")]
+    pub otlp_events: bool,
+    /// Where --otlp-events sends the log records (OTLP/gRPC, e.g.
+    /// http://127.0.0.1:4317). Default: --otlp-endpoint.
+    #[arg(long, env = "PLEGD_OTLP_EVENTS_ENDPOINT")]
+    pub otlp_events_endpoint: Option<OtlpEndpoint>,
     /// This node's name, on every exported span (k8s.node.name). Default: the host
     /// name. The DaemonSet sets it from the pod's spec.nodeName.
     #[arg(long, env = "PLEGD_NODE_NAME", value_name = "NAME", value_parser = clap::builder::NonEmptyStringValueParser::new())]
@@ -246,6 +257,7 @@ mod tests {
             "api-socket-group".into(),
             "node-name".into(),
             "otlp-endpoint".into(),
+            "otlp-events-endpoint".into(),
             "runtime-endpoint".into(),
         ]);
         table.sort();
@@ -294,6 +306,9 @@ mod tests {
             "[::1]:80",
             "--evented",
             "false",
+            "--otlp-events",
+            "--otlp-events-endpoint",
+            "http://agent:4317",
         ]);
         let back = with_file(&["plegd"], &s.to_toml().unwrap()).unwrap();
         assert_eq!(back, s);

@@ -99,6 +99,14 @@ pub enum ConfigError {
     ApiSocketGroup { group: String },
     #[error("--otlp-endpoint")]
     OtlpEndpoint(#[source] TraceError),
+    #[error(
+        "--otlp-events: no collector to send to; give --otlp-events-endpoint or --otlp-endpoint"
+    )]
+    NoOtlpEventsEndpoint,
+    #[error("--otlp-events-endpoint is given but --otlp-events is off; turn it on or leave the endpoint out")]
+    OtlpEventsEndpointUnused,
+    #[error("--otlp-events")]
+    OtlpEvents(#[source] plegd_otlp_events::EventLogError),
     /// A setting that TOML cannot hold (a path that is not UTF-8).
     #[error("the configuration cannot be written as TOML")]
     Render(#[source] toml::ser::Error),

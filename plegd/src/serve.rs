@@ -12,6 +12,7 @@ use plegd_actors::{Health, Pleg};
 use plegd_api::{
     ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS, DEFAULT_WATCH_QUEUE,
 };
+use plegd_otlp_events::{EventLogConfig, EventLogExport};
 use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::traces::{sdk_disabled, TraceExport};
@@ -30,6 +31,12 @@ const OUTPUT_QUEUE: usize = 65_536;
 const OUTPUT_DRAIN: Duration = Duration::from_millis(250);
 /// How long shutdown waits for the API server to end its streams and connections.
 const API_GRACE: Duration = Duration::from_millis(300);
+/// Queue of the OTLP event export's subscription: its thread only converts and hands
+/// records on, so this absorbs bursts, not a slow collector (its own queue does).
+const OTLP_EVENTS_QUEUE: usize = 16_384;
+/// How long shutdown waits for the OTLP event export: its drain (300 ms) and the
+/// stop of its runtime (100 ms), with a margin.
+const OTLP_EVENTS_DRAIN: Duration = Duration::from_millis(500);
 /// How long shutdown waits for the relist in progress beyond one request timeout
 /// (its last call may have just started; what follows the call is quick).
 const SHUTDOWN_MARGIN: Duration = Duration::from_millis(700);
@@ -159,11 +166,36 @@ pub async fn serve(
         }
         _ => None,
     };
-    let pleg = Pleg::start(runtime, &config.pleg, metrics.clone());
+    let pleg = Pleg::start(runtime.clone(), &config.pleg, metrics.clone());
     let sub = pleg
         .subscribe("output", OUTPUT_QUEUE)
         .await
         .map_err(ExitError::runtime("event publisher did not start"))?;
+    let event_logs = match &config.otlp_events {
+        Some(ep) if !sdk_disabled() => {
+            let sub = pleg
+                .subscribe("otlp-events", OTLP_EVENTS_QUEUE)
+                .await
+                .map_err(ExitError::runtime("event publisher did not start"))?;
+            let runtime_name = match runtime.version().await {
+                Ok(v) => Some(v.runtime_name),
+                Err(e) => {
+                    tracing::warn!(error = %e, "runtime name unknown: container.runtime.name left out");
+                    None
+                }
+            };
+            let cfg = EventLogConfig::new(ep, config.identity.clone(), runtime_name);
+            let export = EventLogExport::start(sub, cfg, metrics.clone())
+                .map_err(ConfigError::OtlpEvents)?;
+            tracing::info!(endpoint = %ep, "exporting lifecycle events as OTLP log records");
+            Some(export)
+        }
+        Some(_) => {
+            tracing::info!("OTEL_SDK_DISABLED: lifecycle events are not exported over OTLP");
+            None
+        }
+        None => None,
+    };
     let (output_failed_tx, output_failed) = tokio::sync::oneshot::channel();
     let writer = spawn_writer(sub, target, format, output_failed_tx)
         .map_err(ExitError::runtime("cannot start the output thread"))?;
@@ -254,6 +286,19 @@ pub async fn serve(
     let drain_deadline = Instant::now() + OUTPUT_DRAIN;
     while !writer.is_finished() && Instant::now() < drain_deadline {
         actix_rt::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The event export drains its queue for its own drain time once the publisher has
+    // closed, alongside the output.
+    if let Some(export) = event_logs {
+        let deadline = Instant::now() + OTLP_EVENTS_DRAIN;
+        while !export.is_finished() && Instant::now() < deadline {
+            actix_rt::time::sleep(Duration::from_millis(2)).await;
+        }
+        if export.is_finished() {
+            export.join();
+        } else {
+            tracing::warn!("the OTLP event export did not stop in time; exiting without it");
+        }
     }
     // Told to stop at the signal, the endpoint is done by now or within what is left
     // of its grace (its wait overlaps the relist's and the output's).

@@ -27,6 +27,8 @@ pub struct ServiceConfig {
     /// `None`: no `/metrics` endpoint.
     pub metrics_addr: Option<SocketAddr>,
     pub otlp_endpoint: Option<String>,
+    /// `--otlp-events`: the collector the lifecycle events go to as log records.
+    pub otlp_events: Option<String>,
     /// Who this plegd is, on exported telemetry.
     pub identity: Identity,
     /// `--api-socket`: unset for the command's default.
@@ -61,6 +63,20 @@ impl Settings {
         Ok(endpoint)
     }
 
+    /// Where `--otlp-events` sends (its own endpoint, else the traces'), if on.
+    fn otlp_events_endpoint(&self) -> Result<Option<String>, ConfigError> {
+        match (
+            self.otlp_events,
+            &self.otlp_events_endpoint,
+            &self.otlp_endpoint,
+        ) {
+            (false, None, _) => Ok(None),
+            (false, Some(_), _) => Err(ConfigError::OtlpEventsEndpointUnused),
+            (true, Some(e), _) | (true, None, Some(e)) => Ok(Some(e.0.clone())),
+            (true, None, None) => Err(ConfigError::NoOtlpEventsEndpoint),
+        }
+    }
+
     /// Everything but the runtime endpoint, checked.
     pub fn service_config(&self) -> Result<ServiceConfig, ConfigError> {
         let reconnect = ReconnectPolicy::new(
@@ -89,6 +105,7 @@ impl Settings {
                 MetricsAddr::On(addr) => Some(addr),
             },
             otlp_endpoint: self.otlp_endpoint.as_ref().map(|e| e.0.clone()),
+            otlp_events: self.otlp_events_endpoint()?,
             api_socket: self.api_socket.clone(),
             api_socket_group: self.api_socket_group.clone(),
             identity: {

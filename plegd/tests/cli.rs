@@ -257,6 +257,9 @@ const EVERY_SETTING: &[&str] = &[
     "-",
     "--otlp-endpoint",
     "http://127.0.0.1:4317",
+    "--otlp-events",
+    "--otlp-events-endpoint",
+    "http://127.0.0.1:4318",
 ];
 
 #[test]

@@ -481,6 +481,215 @@ fn compose_runs_plegd_wired_to_containerd_the_workload_and_the_collector() {
         [format!("plegd:{port}")],
         "the collector must scrape plegd's metrics port"
     );
+
+    // The lifecycle events go there too, as log records, shown and kept in a file.
+    assert_eq!(
+        effective.get("otlp-events"),
+        "true",
+        "compose runs --otlp-events"
+    );
+    check_collector_config("compose/otel-collector.yaml", &collector[0], CORE);
+    let logs = &collector[0]["service"]["pipelines"]["logs"];
+    assert!(strings(&logs["receivers"], "logs receivers").contains(&"otlp".to_string()));
+    let exporters = strings(&logs["exporters"], "logs exporters");
+    assert!(
+        exporters.iter().any(|e| e == "debug") && exporters.iter().any(|e| e.starts_with("file")),
+        "the demo's collector must print the event records and write them to a file: {exporters:?}"
+    );
+}
+
+// ---------------------------------------------------------------- collector configs
+
+/// Component types of the core collector image (otel/opentelemetry-collector) used here.
+const CORE: &[&str] = &[
+    "otlp",
+    "prometheus",
+    "batch",
+    "memory_limiter",
+    "debug",
+    "file",
+    "health_check",
+];
+/// ... and of the contrib image, for the gateway.
+const CONTRIB: &[&str] = &[
+    "otlp",
+    "batch",
+    "memory_limiter",
+    "health_check",
+    "transform",
+    "resource",
+    "groupbyattrs",
+    "kafka",
+];
+
+/// A collector configuration is complete: every component a pipeline names is
+/// defined, every defined one is used, and each is of a type its image has.
+fn check_collector_config(file: &str, config: &Yaml, image_has: &[&str]) {
+    let pipelines = config["service"]["pipelines"]
+        .as_hash()
+        .unwrap_or_else(|| panic!("{file}: no service.pipelines"));
+    let mut kinds = vec![(
+        "extensions",
+        strings(&config["service"]["extensions"], "service.extensions"),
+    )];
+    for kind in ["receivers", "processors", "exporters"] {
+        let used: Vec<String> = pipelines
+            .values()
+            .flat_map(|p| strings(&p[kind], &format!("{file}: pipeline {kind}")))
+            .collect();
+        kinds.push((kind, used));
+    }
+    for (kind, used) in kinds {
+        let defined: Vec<String> = config[kind]
+            .as_hash()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| text(k, kind))
+            .collect();
+        for name in &used {
+            assert!(
+                defined.contains(name),
+                "{file}: {kind} {name} is used but not defined"
+            );
+        }
+        for name in &defined {
+            assert!(
+                used.contains(name),
+                "{file}: {kind} {name} is defined but never used"
+            );
+            let ty = name.split('/').next().unwrap_or("");
+            assert!(
+                image_has.contains(&ty),
+                "{file}: {kind} {name}: type {ty} is not in its image"
+            );
+        }
+    }
+}
+
+fn manifest<'a>(docs: &'a [Yaml], kind: &str, name: &str) -> &'a Yaml {
+    docs.iter()
+        .find(|d| d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("deploy/collector/collector.yaml has no {kind} {name}"))
+}
+
+/// `host:port` of a Service (`name.namespace.svc`) and its port.
+fn service_address(svc: &Yaml) -> String {
+    format!(
+        "{}.{}.svc:{}",
+        text(&svc["metadata"]["name"], "service name"),
+        text(&svc["metadata"]["namespace"], "service namespace"),
+        text(&svc["spec"]["ports"][0]["port"], "service port"),
+    )
+}
+
+#[test]
+fn the_collector_pipeline_is_complete_keeps_per_pod_order_and_keys_kafka_by_pod() {
+    let docs = yaml("deploy/collector/collector.yaml");
+    let kustomization = &yaml("deploy/collector/kustomization.yaml")[0];
+    let agent_svc = manifest(&docs, "Service", "otel-agent");
+    assert_eq!(
+        agent_svc["spec"]["internalTrafficPolicy"].as_str(),
+        Some("Local"),
+        "each plegd must reach the agent of its own node"
+    );
+    let gateway_svc = manifest(&docs, "Service", "otel-gateway");
+    let mut configs = BTreeMap::new();
+    for (kind, name, file, image_has) in [
+        ("DaemonSet", "otel-agent", "agent.yaml", CORE),
+        ("Deployment", "otel-gateway", "gateway.yaml", CONTRIB),
+    ] {
+        let pod = &manifest(&docs, kind, name)["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        // The config file comes from the ConfigMap kustomize makes of it.
+        let map = kustomization["configMapGenerator"]
+            .as_vec()
+            .into_iter()
+            .flatten()
+            .find(|g| strings(&g["files"], "files").contains(&file.to_string()))
+            .unwrap_or_else(|| panic!("kustomization.yaml makes no ConfigMap of {file}"));
+        let volume = pod["volumes"]
+            .as_vec()
+            .into_iter()
+            .flatten()
+            .find(|v| v["configMap"]["name"] == map["name"])
+            .unwrap_or_else(|| panic!("{name} mounts no ConfigMap {:?}", map["name"]));
+        let mount = c["volumeMounts"]
+            .as_vec()
+            .into_iter()
+            .flatten()
+            .find(|m| m["name"] == volume["name"])
+            .unwrap_or_else(|| panic!("{name}: the config volume is not mounted"));
+        let path = format!("{}/{file}", text(&mount["mountPath"], "mountPath"));
+        assert!(
+            strings(&c["args"], "args").contains(&format!("--config={path}")),
+            "{name} must run with --config={path}"
+        );
+        let image = text(&c["image"], "image");
+        let want_image = if image_has == CORE {
+            "otel/opentelemetry-collector:"
+        } else {
+            "otel/opentelemetry-collector-contrib:"
+        };
+        assert!(image.starts_with(want_image), "{name}: image {image}");
+        let config = yaml(&format!("deploy/collector/{file}")).remove(0);
+        check_collector_config(file, &config, image_has);
+        // Its OTLP receiver listens on the port its Service sends to.
+        let svc = if name == "otel-agent" {
+            agent_svc
+        } else {
+            gateway_svc
+        };
+        let port = text(&svc["spec"]["ports"][0]["port"], "port");
+        let listen = text(
+            &config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"],
+            "otlp endpoint",
+        );
+        assert!(
+            listen.ends_with(&format!(":{port}")),
+            "{file}: listens on {listen}, the Service sends to {port}"
+        );
+        configs.insert(name, config);
+    }
+    let agent = &configs["otel-agent"];
+    let gateway = &configs["otel-gateway"];
+
+    // plegd → agent → gateway, one consumer per queue so batches keep their order.
+    let to_gateway = &agent["exporters"]["otlp/gateway"];
+    assert_eq!(
+        text(&to_gateway["endpoint"], "agent exporter"),
+        service_address(gateway_svc)
+    );
+    let kafka = &gateway["exporters"]["kafka"];
+    for (file, exporter) in [("agent.yaml", to_gateway), ("gateway.yaml", kafka)] {
+        assert_eq!(
+            exporter["sending_queue"]["num_consumers"].as_i64(),
+            Some(1),
+            "{file}: several consumers would reorder a pod's records"
+        );
+    }
+    // Kafka keyed by pod: the records are grouped by pod UID last, and the key is
+    // the resource.
+    let processors = strings(
+        &gateway["service"]["pipelines"]["logs"]["processors"],
+        "processors",
+    );
+    let last = processors.last().expect("the gateway has processors");
+    assert!(
+        last.starts_with("groupbyattrs"),
+        "the gateway must group by pod last: {processors:?}"
+    );
+    assert_eq!(
+        strings(&gateway["processors"][last.as_str()]["keys"], "keys"),
+        ["k8s.pod.uid"]
+    );
+    assert_eq!(
+        kafka["partition_logs_by_resource_attributes"].as_bool(),
+        Some(true)
+    );
+    assert_eq!(
+        manifest(&docs, "Deployment", "otel-gateway")["spec"]["replicas"].as_i64(),
+        Some(1)
+    );
 }
 
 // ---------------------------------------------------------------- deploy/daemonset.yaml
@@ -523,6 +732,26 @@ fn the_daemonset_runs_plegd_with_its_probes_port_and_socket_wired() {
         env,
     }
     .effective();
+
+    // The events go to the node's collector agent (deploy/collector).
+    assert_eq!(
+        effective.get("otlp-events"),
+        "true",
+        "the DaemonSet runs --otlp-events"
+    );
+    let collector = yaml("deploy/collector/collector.yaml");
+    let agent = collector
+        .iter()
+        .find(|d| {
+            d["kind"].as_str() == Some("Service")
+                && d["metadata"]["name"].as_str() == Some("otel-agent")
+        })
+        .expect("deploy/collector/collector.yaml has the Service otel-agent");
+    assert_eq!(
+        effective.get("otlp-events-endpoint"),
+        format!("http://{}", service_address(agent)),
+        "plegd must send its events to the agent's Service"
+    );
 
     let (host, port) = effective.metrics();
     assert!(

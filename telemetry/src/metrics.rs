@@ -33,6 +33,9 @@ pub struct Metrics {
     pub subscriber_drops: IntCounter,
     // Sync gates.
     pub sync_gates: IntGauge,
+    // Lifecycle events as OTLP log records (--otlp-events).
+    pub otlp_events_exported: IntCounter,
+    pub otlp_events_dropped: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -138,6 +141,14 @@ impl Metrics {
                 "plegd_sync_gates",
                 "Live PodSyncGate actors (pods held by a sync or recently released).",
             ),
+            otlp_events_exported: counter(
+                "plegd_otlp_events_exported_total",
+                "Lifecycle events the collector accepted as OTLP log records (--otlp-events).",
+            ),
+            otlp_events_dropped: counter(
+                "plegd_otlp_events_dropped_total",
+                "Lifecycle events never exported as OTLP log records: export queue full, collector down, slow or refusing, or still queued at shutdown.",
+            ),
             registry,
         };
         m.register_all();
@@ -164,6 +175,8 @@ impl Metrics {
             Box::new(self.subscribers.clone()),
             Box::new(self.subscriber_drops.clone()),
             Box::new(self.sync_gates.clone()),
+            Box::new(self.otlp_events_exported.clone()),
+            Box::new(self.otlp_events_dropped.clone()),
         ];
         for c in collectors {
             self.registry
