@@ -186,7 +186,7 @@ pub async fn serve(
             };
             let cfg = EventLogConfig::new(ep, config.identity.clone(), runtime_name);
             let export = EventLogExport::start(sub, cfg, metrics.clone())
-                .map_err(ConfigError::OtlpEvents)?;
+                .map_err(|e| ConfigError::OtlpEvents(Box::new(e)))?;
             tracing::info!(endpoint = %ep, "exporting lifecycle events as OTLP log records");
             Some(export)
         }
