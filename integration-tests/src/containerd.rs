@@ -335,6 +335,15 @@ pub fn wait_script(code: i32) -> String {
     format!("trap 'exit 0' TERM; until [ -e /{EXIT_FILE} ]; do sleep 0.2; done; exit {code}")
 }
 
+/// A container command that runs until told to (as [`wait_script`]), then touches more
+/// memory than a small limit allows (as the container's main process): with a memory
+/// limit, the kernel OOM-kills it and containerd reports OOMKilled, 137.
+pub fn oom_script() -> String {
+    format!(
+        "until [ -e /{EXIT_FILE} ]; do sleep 0.2; done; exec dd if=/dev/zero of=/dev/null bs=256M count=1"
+    )
+}
+
 /// A container command that sleeps until stopped (SIGTERM → exit 0) or killed.
 pub const SLEEP_SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
 
@@ -444,6 +453,18 @@ impl Cri {
 
     /// Creates a busybox container running `sh -c script` (not started).
     pub async fn create_container(&self, pod: &Pod, name: &str, script: &str) -> String {
+        self.create_limited_container(pod, name, script, None).await
+    }
+
+    /// As [`Self::create_container`], with a memory limit (cgroup memory.limit) when
+    /// `memory_limit` is given.
+    pub async fn create_limited_container(
+        &self,
+        pod: &Pod,
+        name: &str,
+        script: &str,
+        memory_limit: Option<i64>,
+    ) -> String {
         let ns = Some(cri::NamespaceOption {
             network: cri::NamespaceMode::Node as i32,
             pid: cri::NamespaceMode::Pod as i32,
@@ -465,6 +486,10 @@ impl Cri {
             linux: Some(cri::LinuxContainerConfig {
                 security_context: Some(cri::LinuxContainerSecurityContext {
                     namespace_options: ns,
+                    ..Default::default()
+                }),
+                resources: memory_limit.map(|bytes| cri::LinuxContainerResources {
+                    memory_limit_in_bytes: bytes,
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -147,6 +147,41 @@ async fn fast_path_publishes_real_exits_kills_and_stops_from_the_event_stream() 
     s.cri.remove_all_pods().await;
 }
 
+/// A container over its memory limit is OOM-killed by the kernel: plegd's ContainerDied
+/// says so (`OOMKilled`, 137), from its own status read — issue 10's enriched fields on a
+/// real runtime (cgroup v1 memory controller here).
+#[actix_rt::test]
+#[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
+async fn an_oom_killed_container_is_reported_as_oomkilled() {
+    let s = Session::begin(Flavor::V1_7).await;
+    let (pleg, sub) = pleg_with_subscriber(s.containerd, LONG_PERIOD, policy(100, 2_000)).await;
+    let pod = s.cri.run_pod("oom").await;
+    let limit = 32 << 20;
+    let c = s
+        .cri
+        .create_limited_container(&pod, "hog", &oom_script(), Some(limit))
+        .await;
+    s.cri.start_container(&c).await;
+    pleg.request_relist(&pod.uid, RelistSource::PostAllocation);
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    s.cri.trigger_exit(&c).await;
+    let st = s.cri.wait_exited(&c).await;
+    // Whichever relist finds it (stream or the global one brought forward).
+    pleg.bring_global_relist_forward();
+    let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
+    let exit = d.event.exit.as_ref().expect("a death carries its exit");
+    eprintln!(
+        "OOM: containerd says exit {} reason {:?}; plegd says {:?}",
+        st.exit_code, st.reason, exit
+    );
+    assert_eq!(st.reason, "OOMKilled", "containerd's own status: {st:?}");
+    assert_eq!(exit.reason.as_deref(), Some("OOMKilled"), "{d:?}");
+    assert_eq!(exit.code, st.exit_code, "{d:?}");
+    assert_eq!(exit.code, 137, "{d:?}");
+    pleg.stop();
+    s.cri.remove_all_pods().await;
+}
+
 /// containerd is killed with `signal` while plegd's stream is open and stays down
 /// while a container exits; then it is restarted with the up script.
 async fn survives_a_runtime_restart(signal: &str) {
