@@ -492,7 +492,6 @@ impl Cri {
                     memory_limit_in_bytes: bytes,
                     ..Default::default()
                 }),
-                ..Default::default()
             }),
             ..Default::default()
         };
