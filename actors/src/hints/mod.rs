@@ -1,5 +1,6 @@
 //! Relist hint sources: everything that may tell plegd "look at this pod now" — the
-//! CRI event stream, containerd's own event service, the NRI plugin — behind one
+//! CRI event stream (`cri_events.rs`), containerd's own event service
+//! (`containerd_events.rs`), the NRI plugin — behind one
 //! seam, [`HintSource`]. A source is only a hint: polling stays the single source of
 //! truth, so a lost, late, duplicated or garbage hint costs latency, never
 //! correctness.
@@ -50,6 +51,7 @@
 //!   skipped, a pod whose status did not change publishes nothing) make them one
 //!   lifecycle event.
 
+pub(crate) mod containerd_events;
 pub(crate) mod cri_events;
 pub(crate) mod select;
 #[cfg(test)]

@@ -7,6 +7,7 @@ use actix::prelude::*;
 use plegd_runtime::{RuntimeClient, RuntimeVersion};
 use plegd_telemetry::{HintSourceName, HintSourceState, Metrics};
 
+use crate::hints::containerd_events::ContainerdEvents;
 use crate::hints::cri_events::CriEvents;
 use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
 
@@ -29,10 +30,7 @@ impl Default for HintSelection {
 /// Why a source cannot be selected in this build.
 pub fn unavailable(source: HintSourceName) -> Option<&'static str> {
     match source {
-        HintSourceName::CriEvents => None,
-        HintSourceName::ContainerdEvents => {
-            Some("containerd's event service source is not part of this build yet")
-        }
+        HintSourceName::CriEvents | HintSourceName::ContainerdEvents => None,
         HintSourceName::Nri => Some("the NRI plugin is not part of this build yet"),
     }
 }
@@ -98,7 +96,11 @@ pub(crate) fn start_source(
             CriEvents::new(runtime.clone(), metrics.clone()),
             deps,
         )),
-        HintSourceName::ContainerdEvents | HintSourceName::Nri => {
+        HintSourceName::ContainerdEvents => Some(RunningSource::start(
+            ContainerdEvents::new(runtime.clone()),
+            deps,
+        )),
+        HintSourceName::Nri => {
             let why = unavailable(name).unwrap_or("not part of this build");
             tracing::warn!(source = %name, why, "hint source unavailable; polling covers it");
             metrics.set_hint_source_state(name, HintSourceState::Unsupported);

@@ -75,9 +75,12 @@ pub struct HintWatcher<S: HintSource> {
     error_log: RateLimiter,
     open_log: RateLimiter,
     live: LiveFutures,
-    /// The state last exported, and the last one logged at info.
+    /// The state last exported.
     state: HintSourceState,
-    logged: HintSourceState,
+    /// States already logged at info; a state seen before is logged at info only when
+    /// `state_log` allows (a flapping runtime must not flood the log).
+    logged: Vec<HintSourceState>,
+    state_log: RateLimiter,
 }
 
 impl<S: HintSource> HintWatcher<S> {
@@ -91,7 +94,8 @@ impl<S: HintSource> HintWatcher<S> {
             open_log: RateLimiter::new(Duration::from_secs(30)),
             live: LiveFutures::default(),
             state: HintSourceState::Off,
-            logged: HintSourceState::Off,
+            logged: vec![],
+            state_log: RateLimiter::new(Duration::from_secs(30)),
         }
     }
 
@@ -111,8 +115,9 @@ impl<S: HintSource> HintWatcher<S> {
         self.export_state();
     }
 
-    /// Sets the state gauge on a change, and logs it: at info unless it is one more
-    /// round of an outage (connecting again after waiting, then waiting again).
+    /// Sets the state gauge on a change, and logs it: at info the first time the
+    /// source reaches a state, then at most once per 30 s (with the count of changes
+    /// left at debug), so a flapping runtime cannot flood the log.
     fn export_state(&mut self) {
         let state = self.machine.source_state();
         if state == self.state {
@@ -120,12 +125,14 @@ impl<S: HintSource> HintWatcher<S> {
         }
         let source = self.source.name();
         self.deps.metrics.set_hint_source_state(source, state);
-        let retry = state == HintSourceState::Connecting && self.machine.attempts() > 1;
-        if retry || state == self.logged {
-            tracing::debug!(%source, from = %self.state, to = %state, "hint source state");
+        let (from, now) = (self.state, Instant::now());
+        if !self.logged.contains(&state) {
+            self.logged.push(state);
+            tracing::info!(%source, %from, to = %state, "hint source state");
+        } else if let Some(suppressed) = self.state_log.allow(now) {
+            tracing::info!(%source, %from, to = %state, suppressed, "hint source state");
         } else {
-            tracing::info!(%source, from = %self.state, to = %state, "hint source state");
-            self.logged = state;
+            tracing::debug!(%source, %from, to = %state, "hint source state");
         }
         self.state = state;
     }
