@@ -233,23 +233,39 @@ impl<S: HintSource> HintWatcher<S> {
         self.running = Some(handle);
     }
 
-    /// One item: what it asks for becomes a relist request (never waiting).
-    fn item(&mut self, item: S::Item) {
-        let ctx = ItemContext {
+    /// One item: what it asks for becomes relist requests (never waiting).
+    fn item(&mut self, item: S::Item, ctx: &mut Context<Self>) {
+        let item_ctx = ItemContext {
             attempt_started: self.machine.attempt_started(),
         };
+        for hint in self.source.hint(item, item_ctx) {
+            self.request(hint, ctx);
+        }
+    }
+
+    fn request(&mut self, hint: Hint, ctx: &mut Context<Self>) {
         let source = self.source.relist_source();
-        match self.source.hint(item, ctx) {
-            None => {}
-            Some(Hint::Pod { uid, cause }) => {
+        match hint {
+            Hint::Pod { uid, cause } => {
                 self.deps.router.request(&uid, source, cause);
             }
-            Some(Hint::Container { id }) => {
+            Hint::Container { id } => {
                 if let Some(uid) = self.deps.cache.pod_of_container(&id) {
                     self.deps.router.request(&uid, source, None);
                 }
             }
-            Some(Hint::Global) => self.deps.router.bring_forward(),
+            Hint::Recheck { id } => {
+                if self.deps.cache.container_exited(&id) {
+                    return;
+                }
+                if let Some(uid) = self.deps.cache.pod_of_container(&id) {
+                    self.deps.router.request(&uid, source, None);
+                }
+            }
+            Hint::Global => self.deps.router.bring_forward(),
+            Hint::After { delay, hint } => {
+                ctx.run_later(delay, move |act, ctx| act.request(*hint, ctx));
+            }
         }
     }
 }
@@ -278,7 +294,7 @@ impl<S: HintSource> StreamHandler<StreamItem<S::Item>> for HintWatcher<S> {
     ) {
         let input = match item {
             // Even an item of a stream already given up is a good hint.
-            Some(Ok(item)) => return self.item(item),
+            Some(Ok(item)) => return self.item(item, ctx),
             // The machine counts only the first error or end of the current stream.
             Some(Err(SourceError { end, reason })) => Input::StreamError {
                 attempt,
