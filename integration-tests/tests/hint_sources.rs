@@ -186,6 +186,30 @@ async fn garbage_unknown_ids_and_duplicates_ask_for_nothing_more() {
     assert_eq!(e.sim.calls(Op::TaskEvents), 1, "never resubscribed");
 }
 
+/// Regression (issue 12): containerd publishes a task's exit before CRI records the
+/// container as exited, so the relist the event asks for at once finds it running;
+/// the source's rechecks find the death (without them: only the next global relist).
+#[actix_rt::test]
+async fn a_task_exit_published_before_the_runtime_records_it_is_found_by_a_recheck() {
+    let sim = FakeRuntime::new();
+    sim.set_task_events(false);
+    let e = env(&[HintSourceName::ContainerdEvents], RARE, sim).await;
+    e.wait_subscribed().await;
+    let c = e.running_pod("u1").await;
+    let m = e.pleg.metrics().clone();
+    let done = move || m.requests(RequestResult::Done, RelistSource::ContainerdEvents);
+    e.sim
+        .inject_task_event(containerd_events::envelope(CRI_NAMESPACE, TOPIC_EXIT, &c));
+    // The read the event asked for at once ran while the container still ran.
+    wait_until("the first relist", || done() >= 1).await;
+    assert!(drain(&e.sub).is_empty());
+    // Now the runtime records the exit (no event of any kind).
+    e.sim.exit_container(&c, 9);
+    let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
+    assert_eq!(d.event.exit.as_ref().map(|x| x.code), Some(9));
+}
+
 /// A new pod's container dies; containerd's event service brings it.
 async fn death_through_containerd_events(e: &Env, uid: &str) {
     let c = e.running_pod(uid).await;

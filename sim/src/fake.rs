@@ -86,6 +86,8 @@ struct State {
     event_filter: Option<EventFilter>,
     /// The filters of the last containerd event subscription.
     task_filters: Vec<String>,
+    /// No task events on exits (a test sends its own with `inject_task_event`).
+    no_task_events: bool,
     /// Bytes of padding the CRI server adds to the first item of each list response
     /// (0: none), to make lists larger than a client accepts.
     list_padding: usize,
@@ -289,10 +291,12 @@ impl FakeRuntime {
             c.message = message.into();
             self.emit(&st, id, cri::ContainerEventType::ContainerStoppedEvent);
             // containerd's own events: an OOM first, then the task's exit.
-            if reason == "OOMKilled" {
-                self.inject_task_event(task_event(containerd_events::TOPIC_OOM, id));
+            if !st.no_task_events {
+                if reason == "OOMKilled" {
+                    self.inject_task_event(task_event(containerd_events::TOPIC_OOM, id));
+                }
+                self.inject_task_event(task_event(containerd_events::TOPIC_EXIT, id));
             }
-            self.inject_task_event(task_event(containerd_events::TOPIC_EXIT, id));
         }
     }
 
@@ -531,6 +535,13 @@ impl FakeRuntime {
     /// Number of open containerd event subscriptions.
     pub fn task_event_streams(&self) -> usize {
         self.task_events.receiver_count()
+    }
+
+    /// Stops (or resumes) the task events of exits, so a test can send its own at the
+    /// moment it chooses (real containerd publishes a task's exit before CRI records
+    /// it). CRI events are unaffected.
+    pub fn set_task_events(&self, on: bool) {
+        self.lock().no_task_events = !on;
     }
 
     /// The filters of the last containerd event subscription.
