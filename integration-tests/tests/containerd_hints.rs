@@ -285,6 +285,81 @@ async fn containerd_2_1_both_sources_give_one_container_died_per_death() {
     both_sources_one_death_each(Flavor::V2_1).await;
 }
 
+/// A burst: every container SIGKILLed at once, containerd-events alone. CRI records
+/// the exits one `runc delete` at a time (up to a second or more on two cores), so
+/// the rechecks do the work: prints how many relists that cost.
+#[actix_rt::test]
+#[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
+async fn containerd_1_7_a_burst_of_deaths_through_containerd_events() {
+    let s = Session::begin(Flavor::V1_7).await;
+    // CRI's own report of each stop, for the floor: plegd leaves the CRI stream to it.
+    let mut raw = s.cri.raw_events();
+    let (pleg, sub) = start(&s, &[HintSourceName::ContainerdEvents], LONG_PERIOD).await;
+    let containers = running(&s, &pleg, &sub, EXITS).await;
+    wait_until("raw CRI subscriber attached", || raw.received() > 0).await;
+    let mut pids = vec![];
+    for c in &containers {
+        pids.push(s.cri.container_pid(c).await);
+    }
+    let t = std::time::Instant::now();
+    for pid in pids {
+        signal_pid(pid, "KILL");
+    }
+    let mut died: HashMap<String, u32> = HashMap::new();
+    let mut sources: HashMap<RelistSource, u32> = HashMap::new();
+    recv_until(&sub, "every death", |d| {
+        if d.event.kind == EventKind::ContainerDied {
+            *died.entry(d.event.container_id.clone()).or_default() += 1;
+            *sources.entry(d.event.relist_source).or_default() += 1;
+        }
+        died.len() == EXITS
+    })
+    .await;
+    let took = t.elapsed();
+    // Every STOPPED event CRI sent (containerd 1.7 may hand some to leftovers of
+    // earlier tests' streams): when the last one came, after the kill.
+    let mut stopped = std::collections::HashSet::new();
+    let mut cri_last = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while stopped.len() < EXITS {
+        match tokio::time::timeout_at(deadline, raw.rx.recv()).await {
+            Ok(Some((at, ev))) => {
+                let stop = cri::ContainerEventType::ContainerStoppedEvent as i32;
+                if ev.container_event_type == stop && containers.contains(&ev.container_id) {
+                    stopped.insert(ev.container_id);
+                    cri_last = Some(at);
+                }
+            }
+            _ => break,
+        }
+    }
+    let since_kill_ms = |at: i64| {
+        let ago = u64::try_from(plegd_runtime::now_ns() - at).unwrap_or(0);
+        t.elapsed()
+            .saturating_sub(Duration::from_nanos(ago))
+            .as_secs_f64()
+            * 1e3
+    };
+    let cri_took_ms = cri_last.map(since_kill_ms).unwrap_or(f64::NAN);
+    let m = pleg.metrics();
+    let relists = m.requests(RequestResult::Queued, RelistSource::ContainerdEvents);
+    eprintln!(
+        "[burst] containerd 1.7, {EXITS} SIGKILLs at once, containerd-events alone: all \
+         published in {:.0} ms (CRI's own last STOPPED event, {} of {EXITS} seen: \
+         {cri_took_ms:.0} ms), by {sources:?}; {relists} targeted relists ({:.1} per death)",
+        took.as_secs_f64() * 1e3,
+        stopped.len(),
+        relists as f64 / EXITS as f64
+    );
+    assert_eq!(
+        sources.get(&RelistSource::ContainerdEvents).copied(),
+        Some(EXITS as u32)
+    );
+    assert!(died.values().all(|&n| n == 1), "{died:?}");
+    pleg.stop();
+    s.cri.remove_all_pods().await;
+}
+
 #[actix_rt::test]
 #[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
 async fn with_no_source_deaths_converge_at_the_global_relist() {

@@ -23,7 +23,7 @@ use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
 /// When a task event asks again, until the cache has the container exited (each is
 /// a one-pod relist, about 2 ms): every 10 ms at first, then sparser. CRI records an
 /// exit only after its `runc delete` (measured: 16-70 ms after the exit on containerd
-/// 1.7 and 2.1, up to a second in a burst on two cores); past the last, the global
+/// 1.7 and 2.1, over a second in a burst on two cores); past the last, the global
 /// relist finds it.
 pub const RECHECKS: &[Duration] = &[
     Duration::from_millis(10),
@@ -39,6 +39,8 @@ pub const RECHECKS: &[Duration] = &[
     Duration::from_millis(500),
     Duration::from_millis(1000),
     Duration::from_millis(2000),
+    Duration::from_millis(3500),
+    Duration::from_millis(5000),
 ];
 
 pub struct ContainerdEvents {

@@ -34,9 +34,11 @@
 //!   nothing), [`Hint::Global`] (bring the next global relist forward, honoured at
 //!   most once per relist period — a resynchronisation), [`Hint::After`] (a hint
 //!   later, on the watcher's timer) and [`Hint::Recheck`] (a `Container` hint
-//!   skipped once the cache has the container exited): containerd publishes a task's
+//!   skipped once the cache has had the container exited for one more relist): containerd publishes a task's
 //!   exit before CRI has recorded it, so a read at once may still find the container
-//!   running. The watcher turns a hint into a targeted relist request, with the
+//!   running. A `Container` or `Recheck` hint for a pod whose last such request is
+//!   still pending (no read of the pod begun since) is dropped: many events about one
+//!   pod cost one relist at a time. The watcher turns a hint into a targeted relist request, with the
 //!   source's [`HintSource::relist_source`], through the relist router: a held pod's
 //!   request is coalesced into its sync gate, anything else goes to the dispatcher's
 //!   bounded queue, which drops (and counts) when full. A source never writes state

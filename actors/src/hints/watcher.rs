@@ -5,9 +5,10 @@
 //! tagged with its attempt. Items become relist requests through the router, never
 //! waiting: a source's stream is drained promptly.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
 use futures::StreamExt as _;
@@ -81,6 +82,10 @@ pub struct HintWatcher<S: HintSource> {
     /// `state_log` allows (a flapping runtime must not flood the log).
     logged: Vec<HintSourceState>,
     state_log: RateLimiter,
+    /// When this watcher last asked for each pod (see `request_unless_pending`).
+    requested: HashMap<String, SystemTime>,
+    /// Containers a recheck found exited in the cache and asked for once more.
+    confirmed: HashSet<String>,
 }
 
 impl<S: HintSource> HintWatcher<S> {
@@ -96,6 +101,8 @@ impl<S: HintSource> HintWatcher<S> {
             state: HintSourceState::Off,
             logged: vec![],
             state_log: RateLimiter::new(Duration::from_secs(30)),
+            requested: HashMap::new(),
+            confirmed: HashSet::new(),
         }
     }
 
@@ -251,15 +258,23 @@ impl<S: HintSource> HintWatcher<S> {
             }
             Hint::Container { id } => {
                 if let Some(uid) = self.deps.cache.pod_of_container(&id) {
-                    self.deps.router.request(&uid, source, None);
+                    self.request_unless_pending(uid);
                 }
             }
+            // The cache's status read may show the exit before the container list
+            // the events are diffed from does (a read in the middle of the runtime's
+            // update): one more relist after the cache first has it exited.
             Hint::Recheck { id } => {
                 if self.deps.cache.container_exited(&id) {
-                    return;
+                    if self.confirmed.len() >= MAX_TRACKED {
+                        self.confirmed.clear();
+                    }
+                    if !self.confirmed.insert(id.clone()) {
+                        return;
+                    }
                 }
                 if let Some(uid) = self.deps.cache.pod_of_container(&id) {
-                    self.deps.router.request(&uid, source, None);
+                    self.request_unless_pending(uid);
                 }
             }
             Hint::Global => self.deps.router.bring_forward(),
@@ -269,6 +284,40 @@ impl<S: HintSource> HintWatcher<S> {
         }
     }
 }
+
+impl<S: HintSource> HintWatcher<S> {
+    /// Asks for a relist of `uid` unless this watcher's last request for it is still
+    /// pending (the cache has no read of the pod begun since): many events and
+    /// rechecks about the containers of one pod then cost one relist at a time, not a
+    /// queue of them (a burst of 20 deaths in one pod took 20 s without this).
+    fn request_unless_pending(&mut self, uid: String) {
+        let pending = |cache: &PodCache, uid: &str, at: SystemTime| {
+            cache.get(uid).is_some_and(|e| e.modified < at)
+        };
+        if let Some(&at) = self.requested.get(&uid) {
+            if pending(&self.deps.cache, &uid, at) {
+                return;
+            }
+        }
+        let now = SystemTime::now();
+        if self
+            .deps
+            .router
+            .request(&uid, self.source.relist_source(), None)
+        {
+            if self.requested.len() >= MAX_TRACKED {
+                let cache = &self.deps.cache;
+                self.requested
+                    .retain(|uid, &mut at| pending(cache, uid, at));
+            }
+            self.requested.insert(uid, now);
+        }
+    }
+}
+
+/// Pods whose last request a watcher remembers before it forgets those no longer
+/// pending.
+const MAX_TRACKED: usize = 4096;
 
 impl<S: HintSource> Actor for HintWatcher<S> {
     type Context = Context<Self>;
