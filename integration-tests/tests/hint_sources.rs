@@ -15,7 +15,8 @@ use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig,
 use plegd_actors::{ReconnectPolicy, Subscription};
 use plegd_runtime::containerd_events::{self, CRI_NAMESPACE, TOPIC_EXIT};
 use plegd_runtime::CriRuntime;
-use plegd_sim::{spawn_in_thread, FakeRuntime, Op, ThreadedSimServer};
+use plegd_runtime::RuntimeClient as _;
+use plegd_sim::{spawn_in_thread, FakeRuntime, Intercept, Intercepted, Op, ThreadedSimServer};
 use plegd_telemetry::{Metrics, RequestResult};
 use tempfile::TempDir;
 
@@ -208,6 +209,71 @@ async fn a_task_exit_published_before_the_runtime_records_it_is_found_by_a_reche
     let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
     assert_eq!(d.event.exit.as_ref().map(|x| x.code), Some(9));
+}
+
+/// The container list of the next relist says this container still runs (its status
+/// read says exited): a read in the middle of the runtime's update.
+struct StaleList {
+    inner: FakeRuntime,
+    stale: std::sync::Mutex<Option<String>>,
+}
+
+#[async_trait::async_trait]
+impl Intercept for StaleList {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+    async fn list_containers(
+        &self,
+        sb: Option<&str>,
+    ) -> Result<Vec<plegd_runtime::Container>, plegd_runtime::RuntimeError> {
+        let mut list = self.inner.list_containers(sb).await?;
+        let stale = self.stale.lock().unwrap().take();
+        for c in &mut list {
+            if Some(&c.id) == stale.as_ref() {
+                c.state = plegd_runtime::ContainerState::Running;
+            }
+        }
+        Ok(list)
+    }
+}
+
+/// Regression (issue 12, seen on real containerd 2.1): the relist a task event asks
+/// for read the container's status as exited but its list entry as running, so it
+/// published nothing; rechecks stopped because the cache had it exited. One more relist
+/// after the cache first has it exited publishes the death.
+#[actix_rt::test]
+async fn a_read_that_sees_the_exit_in_the_status_but_not_in_the_list_is_read_again() {
+    let sim = FakeRuntime::new();
+    let rt = Arc::new(Intercepted(StaleList {
+        inner: sim.clone(),
+        stale: std::sync::Mutex::new(None),
+    }));
+    let cfg = PlegConfig {
+        relist_period: RARE,
+        hint_sources: vec![HintSourceName::ContainerdEvents],
+        ..PlegConfig::default()
+    };
+    let pleg = Pleg::start(rt.clone(), &cfg, Arc::new(Metrics::new()));
+    let sub = pleg.subscribe("test", 64).await.unwrap();
+    let m = pleg.metrics().clone();
+    wait_until("subscribed", || {
+        m.hint_source_state(HintSourceName::ContainerdEvents) == HintSourceState::Streaming
+            || sim.task_event_streams() == 1
+    })
+    .await;
+    let sb = sim.run_pod("u1", "u1", "ns");
+    let c = sim.run_container(&sb, "app");
+    pleg.request_relist("u1", RelistSource::PostAllocation);
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    *rt.stale.lock().unwrap() = Some(c.clone());
+    sim.exit_container(&c, 4);
+    let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
+    assert!(
+        rt.stale.lock().unwrap().is_none(),
+        "the stale list was read"
+    );
 }
 
 /// A new pod's container dies; containerd's event service brings it.
