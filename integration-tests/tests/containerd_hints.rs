@@ -305,22 +305,31 @@ async fn containerd_1_7_a_burst_of_deaths_through_containerd_events() {
     for pid in pids {
         signal_pid(pid, "KILL");
     }
+    // A fresh containerd on a loaded two-core machine took up to 8 s to report this
+    // burst through CRI itself: a longer wait than other tests'.
     let mut died: HashMap<String, u32> = HashMap::new();
     let mut sources: HashMap<RelistSource, u32> = HashMap::new();
-    recv_until(&sub, "every death", |d| {
-        if d.event.kind == EventKind::ContainerDied {
-            *died.entry(d.event.container_id.clone()).or_default() += 1;
-            *sources.entry(d.event.relist_source).or_default() += 1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while died.len() < EXITS {
+        for d in drain(&sub) {
+            if d.event.kind == EventKind::ContainerDied {
+                *died.entry(d.event.container_id.clone()).or_default() += 1;
+                *sources.entry(d.event.relist_source).or_default() += 1;
+            }
         }
-        died.len() == EXITS
-    })
-    .await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {EXITS} deaths after 90 s: {sources:?}",
+            died.len()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let took = t.elapsed();
     // Every STOPPED event CRI sent (containerd 1.7 may hand some to leftovers of
     // earlier tests' streams): when the last one came, after the kill.
     let mut stopped = std::collections::HashSet::new();
     let mut cri_last = None;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while stopped.len() < EXITS {
         match tokio::time::timeout_at(deadline, raw.rx.recv()).await {
             Ok(Some((at, ev))) => {

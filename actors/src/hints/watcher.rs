@@ -287,19 +287,22 @@ impl<S: HintSource> HintWatcher<S> {
 
 impl<S: HintSource> HintWatcher<S> {
     /// Asks for a relist of `uid` unless this watcher's last request for it is still
-    /// pending (the cache has no read of the pod begun since): many events and
-    /// rechecks about the containers of one pod then cost one relist at a time, not a
-    /// queue of them (a burst of 20 deaths in one pod took 20 s without this).
+    /// pending (the cache has no read of the pod begun since, and it is younger than
+    /// [`PENDING_FOR`]): many events and rechecks about the containers of one pod then
+    /// cost one relist at a time, not a queue of them. A request whose relist failed
+    /// before reading the pod (its lists failed) never advances the cache's read time,
+    /// so it counts as pending only for [`PENDING_FOR`].
     fn request_unless_pending(&mut self, uid: String) {
+        let now = SystemTime::now();
         let pending = |cache: &PodCache, uid: &str, at: SystemTime| {
-            cache.get(uid).is_some_and(|e| e.modified < at)
+            now.duration_since(at).unwrap_or_default() < PENDING_FOR
+                && cache.get(uid).is_some_and(|e| e.modified < at)
         };
         if let Some(&at) = self.requested.get(&uid) {
             if pending(&self.deps.cache, &uid, at) {
                 return;
             }
         }
-        let now = SystemTime::now();
         if self
             .deps
             .router
@@ -314,6 +317,9 @@ impl<S: HintSource> HintWatcher<S> {
         }
     }
 }
+
+/// How long a request counts as pending at most (see `request_unless_pending`).
+const PENDING_FOR: Duration = Duration::from_secs(1);
 
 /// Pods whose last request a watcher remembers before it forgets those no longer
 /// pending.
