@@ -17,7 +17,7 @@ use plegd_runtime::containerd_events::{self, CRI_NAMESPACE, TOPIC_EXIT};
 use plegd_runtime::CriRuntime;
 use plegd_runtime::RuntimeClient as _;
 use plegd_sim::{spawn_in_thread, FakeRuntime, Intercept, Intercepted, Op, ThreadedSimServer};
-use plegd_telemetry::{Metrics, RequestResult};
+use plegd_telemetry::{Metrics, RelistPhase, RequestResult};
 use tempfile::TempDir;
 
 struct Env {
@@ -209,6 +209,31 @@ async fn a_task_exit_published_before_the_runtime_records_it_is_found_by_a_reche
     let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
     assert_eq!(d.event.exit.as_ref().map(|x| x.code), Some(9));
+}
+
+/// Regression (issue 12): a relist that failed at its lists never advanced the cache's
+/// read time, so every later request for the pod counted as still pending and was
+/// dropped: the death waited for the global relist. A request is pending for at most
+/// a second.
+#[actix_rt::test]
+async fn a_relist_that_failed_at_its_lists_does_not_silence_the_pod() {
+    let sim = FakeRuntime::new();
+    sim.set_task_events(false);
+    let e = env(&[HintSourceName::ContainerdEvents], RARE, sim).await;
+    e.wait_subscribed().await;
+    let c = e.running_pod("u1").await;
+    e.sim
+        .fail(Op::ListContainers, tonic::Code::Unavailable, Some(1));
+    e.sim
+        .inject_task_event(containerd_events::envelope(CRI_NAMESPACE, TOPIC_EXIT, &c));
+    let m = e.pleg.metrics().clone();
+    wait_until("the failed relist", || {
+        m.relist_errors(RelistPhase::List) >= 1
+    })
+    .await;
+    e.sim.exit_container(&c, 5);
+    let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
 }
 
 /// The container list of the next relist says this container still runs (its status
