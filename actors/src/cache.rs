@@ -132,6 +132,28 @@ impl PodCache {
         self.shared.tombstones.len()
     }
 
+    /// The UID of the pod that has this container or sandbox, as last read. A scan of
+    /// the cache (a hint source's lookup; 10,000 pods take well under a millisecond).
+    pub fn pod_of_container(&self, id: &str) -> Option<String> {
+        self.shared.pods.iter().find_map(|e| {
+            let status = e.value().status.as_ref()?;
+            let has = status.containers.iter().any(|c| c.id == id)
+                || status.sandboxes.iter().any(|s| s.id == id);
+            has.then(|| e.key().clone())
+        })
+    }
+
+    /// True when the cache has this container as exited (sandboxes: never).
+    pub fn container_exited(&self, id: &str) -> bool {
+        self.shared.pods.iter().any(|e| {
+            e.value().status.as_ref().is_some_and(|s| {
+                s.containers
+                    .iter()
+                    .any(|c| c.id == id && c.state == plegd_runtime::ContainerState::Exited)
+            })
+        })
+    }
+
     /// Number of pods cached.
     pub fn len(&self) -> usize {
         self.shared.pods.len()

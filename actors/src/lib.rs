@@ -7,11 +7,15 @@
 //!   pod's requests to its sync gate.
 //! - `sync`: PodSyncGate (SyncPod suspension), the registry of gates, the set of
 //!   held pods.
-//! - `stream`: the StreamWatcher (the CRI event stream as a hint) and its reconnect
-//!   policy.
+//! - `hints`: the relist hint sources behind one seam (`HintSource`: the contract is
+//!   in its module docs) — the CRI event stream, containerd's event service — and
+//!   the one actor that runs any of them.
+//! - `stream`: the connection state machine and reconnect policy every source uses,
+//!   and what a CRI event is worth.
 //! - `cache`: the CacheOwner and its readers; `publisher`: the EventPublisher (with
 //!   its history, for resuming); `subscription`: a subscriber's end; `revision`: how
-//!   events are numbered, and why the dispatcher numbers them; `pleg`: one relist and the old/new diff, without actors.
+//!   events are numbered, and why the dispatcher numbers them; `pleg`: one relist and
+//!   the old/new diff, without actors.
 //! - `wiring`: starts everything and hands out [`Pleg`], the handles a user needs.
 //!
 //! Modules are private; this file is the crate's API.
@@ -19,6 +23,7 @@
 mod cache;
 mod event;
 mod health;
+pub mod hints;
 #[cfg(test)]
 mod mock;
 mod pleg;
@@ -34,10 +39,12 @@ mod wiring;
 pub use cache::{CacheSnapshot, CachedPod, PodCache, PodLookup};
 pub use event::{EventKind, Exit, LifecycleEvent, RelistSource};
 pub use health::Health;
+pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};
+pub use hints::watcher::WatcherState;
+pub use hints::{HintSourceName, HintSourceState};
 pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
 pub use publisher::SubscribeError;
 pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
-pub use stream::watcher::WatcherState;
 pub use subscription::{Delivery, Subscription};
 pub use sync::gate::{SyncError, SyncHold, SyncOutcome};
 pub use sync::registry::SyncGates;

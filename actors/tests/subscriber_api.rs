@@ -20,7 +20,7 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 fn start(rt: &FakeRuntime, cfg: PlegConfig) -> Pleg {
     let cfg = PlegConfig {
         // Only the targeted relists a test asks for, and the global ones.
-        evented: false,
+        hint_sources: vec![],
         ..cfg
     };
     Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))

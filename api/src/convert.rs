@@ -56,6 +56,8 @@ pub fn relist_source(s: RelistSource) -> v1::RelistSource {
         RelistSource::EventedPleg => v1::RelistSource::EventedPleg,
         RelistSource::PostSync => v1::RelistSource::PostSync,
         RelistSource::PostAllocation => v1::RelistSource::PostAllocation,
+        RelistSource::Nri => v1::RelistSource::Nri,
+        RelistSource::ContainerdEvents => v1::RelistSource::ContainerdEvents,
     }
 }
 
@@ -65,6 +67,8 @@ pub fn from_relist_source(s: v1::RelistSource) -> Option<RelistSource> {
         v1::RelistSource::EventedPleg => Some(RelistSource::EventedPleg),
         v1::RelistSource::PostSync => Some(RelistSource::PostSync),
         v1::RelistSource::PostAllocation => Some(RelistSource::PostAllocation),
+        v1::RelistSource::Nri => Some(RelistSource::Nri),
+        v1::RelistSource::ContainerdEvents => Some(RelistSource::ContainerdEvents),
         v1::RelistSource::Unspecified => None,
     }
 }
