@@ -43,5 +43,5 @@ else
     cargo deny --offline check licenses bans sources
 fi
 step "cargo machete (unused dependencies)"
-cargo machete runtime actors telemetry sim plegd integration-tests workload
+cargo machete runtime actors telemetry sim plegd integration-tests workload nri
 step "all clean"

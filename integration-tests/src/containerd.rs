@@ -104,6 +104,9 @@ pub fn run_up_script(flavor: Flavor, base: &Path) -> Result<PathBuf, String> {
         .arg(&script)
         .arg(base)
         .env("PLEGD_CRI_CONTAINERD", flavor.as_str())
+        // 1.7 always with NRI (no plugin registered changes nothing for the other
+        // tests): the NRI tests register one on BASE/nri.sock.
+        .env("PLEGD_CRI_NRI", "1")
         .output()
         .map_err(|e| format!("cannot run bash {}: {e}", script.display()))?;
     if !out.status.success() {
@@ -173,6 +176,11 @@ impl Containerd {
     /// plegd's `--runtime-endpoint`.
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
+    }
+
+    /// Its NRI socket (`scripts/containerd-up.sh` with `PLEGD_CRI_NRI=1`, 1.7 only).
+    pub fn nri_socket(&self) -> PathBuf {
+        self.base.join("nri.sock")
     }
 
     /// containerd's PID, from BASE/containerd.pid.
