@@ -7,8 +7,11 @@
 //!   pod's requests to its sync gate.
 //! - `sync`: PodSyncGate (SyncPod suspension), the registry of gates, the set of
 //!   held pods.
-//! - `stream`: the StreamWatcher (the CRI event stream as a hint) and its reconnect
-//!   policy.
+//! - `hints`: the relist hint sources behind one seam (`HintSource`: the contract is
+//!   in its module docs) — the CRI event stream, containerd's event service — and
+//!   the one actor that runs any of them.
+//! - `stream`: the connection state machine and reconnect policy every source uses,
+//!   and what a CRI event is worth.
 //! - `cache`: the CacheOwner and its readers; `publisher`: the EventPublisher and
 //!   subscriptions; `pleg`: one relist and the old/new diff, without actors.
 //! - `wiring`: starts everything and hands out [`Pleg`], the handles a user needs.
@@ -18,6 +21,7 @@
 mod cache;
 mod event;
 mod health;
+pub mod hints;
 #[cfg(test)]
 mod mock;
 mod pleg;
@@ -31,10 +35,12 @@ mod wiring;
 pub use cache::{CachedPod, PodCache};
 pub use event::{EventKind, Exit, LifecycleEvent, RelistSource};
 pub use health::Health;
+pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};
+pub use hints::watcher::WatcherState;
+pub use hints::{HintSourceName, HintSourceState};
 pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
 pub use publisher::{Delivery, Subscription};
 pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
-pub use stream::watcher::WatcherState;
 pub use sync::gate::{SyncError, SyncHold, SyncOutcome};
 pub use sync::registry::SyncGates;
 pub use wiring::{Pleg, PlegConfig};

@@ -12,13 +12,15 @@ use plegd_runtime::RuntimeClient;
 use crate::cache::{CacheOwner, PodCache};
 use crate::event::RelistSource;
 use crate::health::Health;
+use crate::hints::select::{start_source, RunningSource};
+use crate::hints::watcher::{Stop, WatcherDeps, WatcherState};
+use crate::hints::HintSourceName;
 use crate::pleg::GenericPleg;
 use crate::publisher::{EventPublisher, Subscribe, Subscription};
 use crate::relist::dispatcher::{DispatcherConfig, DispatcherDeps, RelistDispatcher, StopHandle};
 use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
 use crate::stream::reconnect::ReconnectPolicy;
-use crate::stream::watcher::{self, GetState, StreamWatcher, WatcherState};
 use crate::sync::registry::{SyncGateRegistry, SyncGates};
 use crate::sync::HeldPods;
 
@@ -29,8 +31,9 @@ pub struct PlegConfig {
     pub queue_capacity: usize,
     /// Pods whose status is read concurrently during a relist.
     pub status_concurrency: usize,
-    /// Watch the CRI event stream (the fast path).
-    pub evented: bool,
+    /// The relist hint sources to run (`--hint-sources`, resolved at start); none:
+    /// polling only.
+    pub hint_sources: Vec<HintSourceName>,
     pub reconnect: ReconnectPolicy,
     /// A released PodSyncGate stops after this long unused.
     pub gate_idle: Duration,
@@ -43,7 +46,7 @@ impl Default for PlegConfig {
             health_threshold: Duration::from_secs(180),
             queue_capacity: 1024,
             status_concurrency: 8,
-            evented: true,
+            hint_sources: vec![HintSourceName::CriEvents],
             reconnect: ReconnectPolicy::default(),
             gate_idle: Duration::from_secs(5),
         }
@@ -62,13 +65,13 @@ pub struct Pleg {
     held: HeldPods,
     router: RelistRouter,
     gates: SyncGates,
-    watcher: Option<Addr<StreamWatcher>>,
+    sources: Vec<RunningSource>,
     metrics: Arc<Metrics>,
 }
 
 impl Pleg {
     /// Starts CacheOwner, EventPublisher, RelistDispatcher, the sync gate registry and
-    /// (if evented) the StreamWatcher, in that order, so each has somewhere to send.
+    /// the hint sources, in that order, so each has somewhere to send.
     /// Must run inside an actix System.
     pub fn start(runtime: Arc<dyn RuntimeClient>, cfg: &PlegConfig, metrics: Arc<Metrics>) -> Pleg {
         let (owner, cache) = CacheOwner::new();
@@ -100,17 +103,21 @@ impl Pleg {
             )
             .start(),
         );
-        let watcher = cfg.evented.then(|| {
-            let queue = dispatcher.queue.clone();
-            StreamWatcher::new(
-                runtime,
-                router.clone(),
-                metrics.clone(),
-                cfg.reconnect,
-                Some(Box::new(move || queue.bring_forward())),
-            )
-            .start()
-        });
+        let sources = cfg
+            .hint_sources
+            .iter()
+            .filter_map(|&name| {
+                let queue = dispatcher.queue.clone();
+                let deps = WatcherDeps {
+                    router: router.clone(),
+                    cache: cache.clone(),
+                    metrics: metrics.clone(),
+                    policy: cfg.reconnect,
+                    on_reconnect: Some(Box::new(move || queue.bring_forward())),
+                };
+                start_source(name, &runtime, &metrics, deps)
+            })
+            .collect();
         Pleg {
             cache,
             health,
@@ -120,15 +127,15 @@ impl Pleg {
             held,
             router,
             gates,
-            watcher,
+            sources,
             metrics,
         }
     }
 
-    /// Stops the event stream and the dispatcher (after its relist in progress).
+    /// Stops the hint sources and the dispatcher (after its relist in progress).
     pub fn stop(&self) {
-        if let Some(w) = &self.watcher {
-            let _ = w.try_send(watcher::Stop);
+        for s in &self.sources {
+            let _ = s.stop.try_send(Stop);
         }
         self.dispatcher.stop();
     }
@@ -181,14 +188,24 @@ impl Pleg {
         self.dispatcher.stopped()
     }
 
-    /// The StreamWatcher's state; None when not evented or already stopped.
-    pub async fn watcher_state(&self) -> Option<WatcherState> {
-        self.watcher.as_ref()?.send(GetState).await.ok()
+    fn source(&self, name: HintSourceName) -> Option<&RunningSource> {
+        self.sources.iter().find(|s| s.name == name)
     }
 
-    /// True while the StreamWatcher actor runs (false when not evented).
+    /// The CRI event stream watcher's state; None when not running.
+    pub async fn watcher_state(&self) -> Option<WatcherState> {
+        self.source_state(HintSourceName::CriEvents).await
+    }
+
+    /// A hint source watcher's state; None when it does not run (or stopped).
+    pub async fn source_state(&self, name: HintSourceName) -> Option<WatcherState> {
+        self.source(name)?.get_state().await
+    }
+
+    /// True while the CRI event stream watcher runs.
     pub fn watcher_running(&self) -> bool {
-        self.watcher.as_ref().is_some_and(|w| w.connected())
+        self.source(HintSourceName::CriEvents)
+            .is_some_and(|s| s.stop.connected())
     }
 
     /// Stops the publisher: subscribers receive what is queued, then disconnection.

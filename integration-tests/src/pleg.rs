@@ -25,7 +25,7 @@ pub fn start_generic(rt: &FakeRuntime, period: Duration) -> Pleg {
 /// As [`start_generic`], with the rest of `cfg` (its `evented` is forced off).
 pub fn start_generic_with(rt: &FakeRuntime, cfg: PlegConfig) -> Pleg {
     let cfg = PlegConfig {
-        evented: false,
+        hint_sources: vec![],
         ..cfg
     };
     Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))

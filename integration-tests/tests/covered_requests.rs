@@ -98,7 +98,7 @@ async fn node() -> Node {
         rt.clone(),
         &PlegConfig {
             relist_period: Duration::from_secs(3600),
-            evented: false,
+            hint_sources: vec![],
             ..PlegConfig::default()
         },
         Arc::new(Metrics::new()),

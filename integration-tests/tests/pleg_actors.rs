@@ -191,7 +191,7 @@ async fn health_follows_the_global_relist_not_the_stream() {
         &PlegConfig {
             relist_period: Duration::from_millis(10),
             health_threshold: Duration::from_millis(300),
-            evented: true,
+            hint_sources: vec![plegd_actors::HintSourceName::CriEvents],
             reconnect: policy(5, 20),
             ..PlegConfig::default()
         },

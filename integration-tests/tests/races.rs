@@ -128,7 +128,7 @@ async fn a_sandbox_without_a_uid_does_not_stop_relisting() {
     let cri = CriRuntime::new(&server.endpoint(), Duration::from_secs(2)).unwrap();
     let cfg = PlegConfig {
         relist_period: Duration::from_millis(50),
-        evented: false,
+        hint_sources: vec![],
         ..PlegConfig::default()
     };
     let pleg = Pleg::start(Arc::new(cri), &cfg, Arc::new(Metrics::new()));

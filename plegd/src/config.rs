@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::exit::{ConfigError, MAX_CONFIG_FILE};
 use crate::values::{
-    true_or_false, Count, LogFormat, MessageSize, MetricsAddr, OtlpEndpoint, PositiveDuration, DAY,
-    HOUR,
+    true_or_false, Count, HintSources, LogFormat, MessageSize, MetricsAddr, OtlpEndpoint,
+    PositiveDuration, DAY, HOUR,
 };
 
 /// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
@@ -50,9 +50,18 @@ pub struct Settings {
     pub status_concurrency: Count<256>,
     /// Watch the CRI event stream (GetContainerEvents) to notice container exits in
     /// milliseconds. Only a hint: the global relist stays the source of truth.
+    /// false: the old spelling of leaving cri-events out of --hint-sources.
     #[arg(long, env = "PLEGD_EVENTED", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
     #[serde(deserialize_with = "true_or_false")]
     pub evented: bool,
+    /// Relist hint sources, comma-separated: cri-events (CRI GetContainerEvents), nri
+    /// (the NRI plugin), containerd-events (containerd's own event service: task exit,
+    /// OOM, delete; coexists with other CRI event consumers on containerd 1.7), or
+    /// none (polling only, still correct). Default: every source the runtime
+    /// supports, detected at start. Each only asks for targeted relists; an unusable
+    /// one is retried with the reconnect backoff below and never stops plegd.
+    #[arg(long, env = "PLEGD_HINT_SOURCES", value_name = "SOURCES")]
+    pub hint_sources: Option<HintSources>,
     /// Event stream: delay of the second reconnect attempt (the first is immediate);
     /// later ones grow exponentially, with jitter (at most 1h).
     #[arg(long, env = "PLEGD_RECONNECT_BASE", default_value = "500ms")]

@@ -37,7 +37,8 @@ pub async fn run(
     .map_err(ExitError::runtime("cannot start the churn workload"))?;
     tracing::info!(endpoint = %server.endpoint(), pods = workload.pods.0, "simulated CRI runtime is up");
 
-    let runtime = connect(&server.endpoint(), config).await?;
+    let (runtime, version) = connect(&server.endpoint(), config).await?;
+    let config = &config.for_runtime(&version);
     let until = async move {
         match workload.duration {
             Some(d) => actix_rt::time::sleep(d.0).await,

@@ -79,6 +79,11 @@ pub enum ConfigError {
     NoRuntimeEndpoint,
     #[error("--runtime-endpoint (runtime-endpoint in the config file)")]
     RuntimeEndpoint(#[source] RuntimeError),
+    #[error("--hint-sources: {source_name}: {reason}")]
+    HintSource {
+        source_name: &'static str,
+        reason: String,
+    },
     #[error("--reconnect-base/--reconnect-cap")]
     Reconnect(#[source] ReconnectPolicyError),
     #[error("--events-json {}", path.display())]

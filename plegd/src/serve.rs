@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plegd_actors::{Health, Pleg};
+use plegd_actors::{Health, HintSourceName, Pleg};
 use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::traces::{sdk_disabled, TraceExport};
@@ -43,10 +43,10 @@ pub async fn run_real(
     config: &ServiceConfig,
     signals: &mut Signals,
 ) -> Result<(), ExitError> {
-    let runtime = connect(endpoint, config).await?;
+    let (runtime, version) = connect(endpoint, config).await?;
     serve(
         Arc::new(runtime),
-        config,
+        &config.for_runtime(&version),
         signals,
         Format::Json,
         std::future::pending(),
@@ -56,7 +56,10 @@ pub async fn run_real(
 
 /// A client of the CRI runtime at `endpoint` that passed the start-up check (the
 /// socket exists and a CRI v1 server answers Version).
-pub async fn connect(endpoint: &str, config: &ServiceConfig) -> Result<CriRuntime, ExitError> {
+pub async fn connect(
+    endpoint: &str,
+    config: &ServiceConfig,
+) -> Result<(CriRuntime, RuntimeVersion), ExitError> {
     let start_error = |e: RuntimeError| match e {
         RuntimeError::BadEndpoint { .. } => ExitError::from(ConfigError::RuntimeEndpoint(e)),
         other => ExitError::runtime("the runtime did not pass the start-up check")(other),
@@ -65,22 +68,42 @@ pub async fn connect(endpoint: &str, config: &ServiceConfig) -> Result<CriRuntim
         .map_err(start_error)?
         .with_max_message_size(config.runtime_max_message_size);
     let version = runtime.check().await.map_err(start_error)?;
-    log_runtime(&version);
-    Ok(runtime)
+    log_runtime(&version, &config.for_runtime(&version).pleg.hint_sources);
+    Ok((runtime, version))
 }
 
-fn log_runtime(v: &RuntimeVersion) {
+/// What plegd found and what it does on this runtime.
+fn log_runtime(v: &RuntimeVersion, sources: &[HintSourceName]) {
+    let names: Vec<_> = sources.iter().map(|s| s.as_str()).collect();
+    let hint_sources = if names.is_empty() {
+        "none (polling only)".to_string()
+    } else {
+        names.join(",")
+    };
     tracing::info!(
         runtime = %v.runtime_name,
         version = %v.runtime_version,
         api = %v.runtime_api_version,
+        %hint_sources,
         "connected to CRI runtime"
     );
-    if v.runtime_name == "containerd" && v.runtime_version.starts_with("1.7") {
+    let cri_events = sources.contains(&HintSourceName::CriEvents);
+    if v.runtime_name != "containerd" {
+        return;
+    }
+    if v.runtime_version.starts_with("1.7") && cri_events {
         tracing::warn!(
             "containerd 1.7 splits CRI events between concurrent GetContainerEvents \
-             streams: plegd must be their only subscriber on this node; other consumers \
-             should subscribe to plegd instead"
+             streams: plegd must be their only subscriber on this node (other consumers \
+             should subscribe to plegd), or run with --hint-sources=containerd-events, \
+             whose events containerd gives every subscriber"
+        );
+    } else if v.runtime_version.starts_with("1.") && !cri_events {
+        tracing::info!("containerd 1.x: plegd opens no CRI event stream");
+    } else if !v.runtime_version.starts_with("1.") {
+        tracing::info!(
+            "containerd 2.x gives every CRI event subscriber every event: other \
+             consumers may subscribe beside plegd"
         );
     }
 }

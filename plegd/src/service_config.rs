@@ -7,7 +7,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use plegd_actors::{PlegConfig, ReconnectPolicy};
+use plegd_actors::{
+    hint_source_unavailable, HintSelection, HintSourceName, PlegConfig, ReconnectPolicy,
+};
+use plegd_runtime::RuntimeVersion;
 use plegd_telemetry::traces::Identity;
 
 use crate::config::Settings;
@@ -17,7 +20,9 @@ use crate::values::MetricsAddr;
 /// What the service runs with, whichever the runtime.
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
+    /// `pleg.hint_sources` is set by [`ServiceConfig::for_runtime`] from this.
     pub pleg: PlegConfig,
+    pub hint_selection: HintSelection,
     /// Deadline of each unary CRI call.
     pub runtime_request_timeout: Duration,
     /// The largest CRI response decoded.
@@ -47,7 +52,43 @@ fn host_name() -> Result<String, ConfigError> {
     Ok(name.to_string())
 }
 
+impl ServiceConfig {
+    /// This configuration for the runtime plegd found at start: the hint sources
+    /// `--hint-sources` selects (or detects) on it.
+    pub fn for_runtime(&self, runtime: &RuntimeVersion) -> ServiceConfig {
+        let mut config = self.clone();
+        config.pleg.hint_sources = self.hint_selection.resolve(runtime);
+        config
+    }
+}
+
 impl Settings {
+    /// `--hint-sources` and its old spelling `--evented=false`, checked: a source
+    /// this build lacks, or cri-events with `--evented=false`, is refused.
+    fn hint_selection(&self) -> Result<HintSelection, ConfigError> {
+        let Some(list) = &self.hint_sources else {
+            return Ok(HintSelection::Detect {
+                cri_events: self.evented,
+            });
+        };
+        let refuse = |name: HintSourceName, reason: String| ConfigError::HintSource {
+            source_name: name.as_str(),
+            reason,
+        };
+        for &name in &list.0 {
+            if let Some(why) = hint_source_unavailable(name) {
+                return Err(refuse(name, why.to_string()));
+            }
+        }
+        if !self.evented && list.0.contains(&HintSourceName::CriEvents) {
+            return Err(refuse(
+                HintSourceName::CriEvents,
+                "--evented=false says no CRI event stream".into(),
+            ));
+        }
+        Ok(HintSelection::Only(list.0.clone()))
+    }
+
     /// The runtime endpoint `plegd run` needs: given, and a `unix:///` socket path.
     pub fn checked_runtime_endpoint(&self) -> Result<String, ConfigError> {
         let endpoint = self
@@ -66,13 +107,14 @@ impl Settings {
             self.reconnect_healthy_reset.0,
         )
         .map_err(ConfigError::Reconnect)?;
+        let hint_selection = self.hint_selection()?;
         Ok(ServiceConfig {
+            hint_selection,
             pleg: PlegConfig {
                 relist_period: self.relist_period.0,
                 health_threshold: self.health_threshold.0,
                 queue_capacity: self.queue_capacity.get(),
                 status_concurrency: self.status_concurrency.get(),
-                evented: self.evented,
                 reconnect,
                 ..PlegConfig::default()
             },

@@ -203,6 +203,51 @@ impl fmt::Display for OtlpEndpoint {
     }
 }
 
+/// `--hint-sources`: a comma-separated list of relist hint sources (`cri-events`,
+/// `nri`, `containerd-events`), or `none` for polling only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HintSources(pub Vec<plegd_actors::HintSourceName>);
+
+impl FromStr for HintSources {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        use plegd_actors::HintSourceName;
+        let known = || {
+            let names: Vec<_> = HintSourceName::ALL.iter().map(|n| n.as_str()).collect();
+            names.join(", ")
+        };
+        if s.trim() == "none" {
+            return Ok(HintSources(vec![]));
+        }
+        let mut list = vec![];
+        for item in s.split(',').map(str::trim) {
+            let name = HintSourceName::ALL
+                .iter()
+                .copied()
+                .find(|n| n.as_str() == item)
+                .ok_or_else(|| {
+                    format!("unknown hint source {item:?} (known: {}; or none)", known())
+                })?;
+            if list.contains(&name) {
+                return Err(format!("{item} is given twice"));
+            }
+            list.push(name);
+        }
+        Ok(HintSources(list))
+    }
+}
+
+impl fmt::Display for HintSources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        let names: Vec<_> = self.0.iter().map(|n| n.as_str()).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
 /// serde's `try_from = "String"` for every kind above that is written as text.
 macro_rules! text_conversions {
     ($($t:ty),*) => {$(
@@ -219,7 +264,7 @@ macro_rules! text_conversions {
         }
     )*};
 }
-text_conversions!(MessageSize, MetricsAddr, OtlpEndpoint);
+text_conversions!(MessageSize, MetricsAddr, OtlpEndpoint, HintSources);
 
 impl<const MAX_SECS: u64> TryFrom<String> for PositiveDuration<MAX_SECS> {
     type Error = String;

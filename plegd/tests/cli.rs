@@ -257,6 +257,8 @@ const EVERY_SETTING: &[&str] = &[
     "-",
     "--otlp-endpoint",
     "http://127.0.0.1:4317",
+    "--hint-sources",
+    "cri-events",
 ];
 
 #[test]
@@ -519,6 +521,20 @@ fn a_bad_value_exits_2_naming_the_flag() {
         (&["--metrics-addr", "nowhere"], &[], "--metrics-addr"),
         (&["--otlp-endpoint", "grpc://x"], &[], "--otlp-endpoint"),
         (&["--evented", "yes"], &[], "--evented"),
+        (&["--hint-sources", "inotify"], &[], "--hint-sources"),
+        (
+            &["--hint-sources", "cri-events,cri-events"],
+            &[],
+            "--hint-sources",
+        ),
+        (&[], &[("PLEGD_HINT_SOURCES", "")], "--hint-sources"),
+        // Not a silent no-op: a source this build lacks is refused by name.
+        (&["--hint-sources", "nri"], &[], "--hint-sources: nri"),
+        (
+            &["--evented=false", "--hint-sources", "cri-events"],
+            &[],
+            "--hint-sources: cri-events",
+        ),
         (&["--pods", "0"], &[], "--pods"),
         (&["--churn-period=-1s"], &[], "--churn-period"),
         // Issue 9 #8: absurd durations passed, then panicked (or killed the

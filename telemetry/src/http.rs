@@ -1,6 +1,7 @@
 //! The operator endpoint: Prometheus text on `/metrics`, liveness on `/healthz`
 //! (200 while the Generic PLEG is healthy, else 503 with the reason) and readiness on
-//! `/readyz` (200 once the first global relist has succeeded).
+//! `/readyz` (200 once the first global relist has succeeded; its body also lists the
+//! relist hint sources' states).
 //!
 //! Its clients are not trusted: in the DaemonSet it listens on 0.0.0.0, so any pod on
 //! the node can connect. [`Limits`] bounds what a client can hold: the time to send a
@@ -102,13 +103,16 @@ async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
     }
 }
 
+/// Readiness, then the relist hint sources' states (which never affect it: polling
+/// alone is correct).
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    let sources = format!("hint sources: {}\n", s.metrics.hint_source_summary());
     if s.health.ready() {
-        (StatusCode::OK, "ready\n")
+        (StatusCode::OK, format!("ready\n{sources}"))
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the first global relist\n",
+            format!("waiting for the first global relist\n{sources}"),
         )
     }
 }
@@ -430,7 +434,12 @@ mod tests {
     fn the_routes_answer() {
         let server = Running::start(Some(short()));
         assert!(server.get("/healthz").starts_with("HTTP/1.1 200"));
-        assert!(server.get("/readyz").starts_with("HTTP/1.1 200"));
+        let ready = server.get("/readyz");
+        assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+        assert!(
+            ready.contains("hint sources: cri-events=off nri=off containerd-events=off"),
+            "{ready}"
+        );
         let metrics = server.get("/metrics");
         assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
         assert!(metrics.contains("kubelet_pleg_relist_duration_seconds"));

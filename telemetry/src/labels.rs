@@ -38,6 +38,43 @@ label_enum! {
         EventedPleg => "evented_pleg",
         PostSync => "post_sync",
         PostAllocation => "post_allocation",
+        /// The NRI plugin (a container or sandbox stop/remove hook).
+        Nri => "nri",
+        /// containerd's own event service (task exit, OOM, delete).
+        ContainerdEvents => "containerd_events",
+    }
+}
+
+label_enum! {
+    /// A relist hint source (`source` of `plegd_hint_source_state`); also its name in
+    /// `--hint-sources`, logs and `/readyz`.
+    HintSourceName {
+        /// CRI GetContainerEvents.
+        CriEvents => "cri-events",
+        /// The NRI plugin.
+        Nri => "nri",
+        /// containerd's event service (containerd.services.events.v1).
+        ContainerdEvents => "containerd-events",
+    }
+}
+
+label_enum! {
+    /// What a hint source is doing (`state` of `plegd_hint_source_state`).
+    HintSourceState {
+        /// Not selected (`--hint-sources`), or the runtime does not have it.
+        Off => "off",
+        /// Selected, not started yet.
+        Detected => "detected",
+        /// Connecting (on containerd, a stream is pending until its first item).
+        Connecting => "connecting",
+        /// Delivering hints.
+        Streaming => "streaming",
+        /// Failed; retrying after a capped backoff.
+        Waiting => "waiting",
+        /// The runtime does not implement it; retried every backoff cap.
+        Unsupported => "unsupported",
+        /// Stopped with plegd.
+        Stopped => "stopped",
     }
 }
 

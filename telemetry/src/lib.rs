@@ -8,5 +8,7 @@ pub mod logging;
 pub mod metrics;
 pub mod traces;
 
-pub use labels::{RelistPhase, RelistSource, RequestResult, StreamEventType};
+pub use labels::{
+    HintSourceName, HintSourceState, RelistPhase, RelistSource, RequestResult, StreamEventType,
+};
 pub use metrics::Metrics;

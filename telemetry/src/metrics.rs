@@ -2,11 +2,13 @@
 //! instances side by side and read exact values.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::labels::{RelistPhase, RelistSource, RequestResult, StreamEventType};
+use crate::labels::{
+    HintSourceName, HintSourceState, RelistPhase, RelistSource, RequestResult, StreamEventType,
+};
 
 pub struct Metrics {
     registry: Registry,
@@ -33,6 +35,8 @@ pub struct Metrics {
     pub subscriber_drops: IntCounter,
     // Sync gates.
     pub sync_gates: IntGauge,
+    // Hint sources: 1 on each source's current state.
+    hint_source_state: IntGaugeVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -138,6 +142,14 @@ impl Metrics {
                 "plegd_sync_gates",
                 "Live PodSyncGate actors (pods held by a sync or recently released).",
             ),
+            hint_source_state: IntGaugeVec::new(
+                Opts::new(
+                    "plegd_hint_source_state",
+                    "1 on the current state of each relist hint source (off, detected, connecting, streaming, waiting, unsupported, stopped).",
+                ),
+                &["source", "state"],
+            )
+            .expect("static gauge options are valid"),
             registry,
         };
         m.register_all();
@@ -164,6 +176,7 @@ impl Metrics {
             Box::new(self.subscribers.clone()),
             Box::new(self.subscriber_drops.clone()),
             Box::new(self.sync_gates.clone()),
+            Box::new(self.hint_source_state.clone()),
         ];
         for c in collectors {
             self.registry
@@ -185,6 +198,41 @@ impl Metrics {
         for &t in StreamEventType::ALL {
             self.stream_events.with_label_values(&[t.as_str()]);
         }
+        for &source in HintSourceName::ALL {
+            self.set_hint_source_state(source, HintSourceState::Off);
+        }
+    }
+
+    /// Sets `plegd_hint_source_state{source}`: 1 on `state`, 0 on every other state.
+    pub fn set_hint_source_state(&self, source: HintSourceName, state: HintSourceState) {
+        for &s in HintSourceState::ALL {
+            self.hint_source_state
+                .with_label_values(&[source.as_str(), s.as_str()])
+                .set(i64::from(s == state));
+        }
+    }
+
+    /// A hint source's current state, as exported.
+    pub fn hint_source_state(&self, source: HintSourceName) -> HintSourceState {
+        HintSourceState::ALL
+            .iter()
+            .copied()
+            .find(|s| {
+                self.hint_source_state
+                    .with_label_values(&[source.as_str(), s.as_str()])
+                    .get()
+                    == 1
+            })
+            .unwrap_or(HintSourceState::Off)
+    }
+
+    /// Every hint source with its state, for `/readyz`: `cri-events=streaming ...`.
+    pub fn hint_source_summary(&self) -> String {
+        HintSourceName::ALL
+            .iter()
+            .map(|&s| format!("{s}={}", self.hint_source_state(s)))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// `kubelet_pleg_events_total{relist_source}` for one source.
@@ -290,11 +338,33 @@ mod tests {
             assert!(text.contains(name), "{name} missing");
         }
         assert!(text.contains("kubelet_pleg_events_total{relist_source=\"global\"} 1"));
+        // Every hint source starts off, and one state at a time reads 1.
+        assert!(text.contains("plegd_hint_source_state{source=\"nri\",state=\"off\"} 1"));
+        m.set_hint_source_state(HintSourceName::CriEvents, HintSourceState::Streaming);
+        assert_eq!(
+            m.hint_source_state(HintSourceName::CriEvents),
+            HintSourceState::Streaming
+        );
+        assert_eq!(
+            m.hint_source_summary(),
+            "cri-events=streaming nri=off containerd-events=off"
+        );
+        let text = m.encode();
+        assert!(text.contains("plegd_hint_source_state{source=\"cri-events\",state=\"off\"} 0"));
         for fam in m.registry.gather() {
             for metric in fam.get_metric() {
                 for l in metric.get_label() {
                     assert!(
-                        ["relist_source", "result", "phase", "type", "le"].contains(&l.name()),
+                        [
+                            "relist_source",
+                            "result",
+                            "phase",
+                            "type",
+                            "le",
+                            "source",
+                            "state"
+                        ]
+                        .contains(&l.name()),
                         "unexpected label {} on {}",
                         l.name(),
                         fam.name()

@@ -1,6 +1,6 @@
-//! Where every relist request source sends its requests (the StreamWatcher, later
-//! NRI hints): to the pod's sync gate if a sync holds the pod (coalesced into one
-//! pending relist), else straight into the dispatcher's bounded queue, unmerged.
+//! Where every relist request source sends its requests (the hint sources): to the
+//! pod's sync gate if a sync holds the pod (coalesced into one pending relist), else
+//! straight into the dispatcher's bounded queue, unmerged.
 
 use std::sync::Arc;
 
@@ -35,5 +35,10 @@ impl RelistRouter {
             return true;
         }
         self.queue.request(uid, source, cause)
+    }
+
+    /// Asks for the next global relist now (honoured at most once per period).
+    pub fn bring_forward(&self) {
+        self.queue.bring_forward();
     }
 }

@@ -22,6 +22,8 @@
 
 use std::time::{Duration, Instant};
 
+use plegd_telemetry::HintSourceState;
+
 use crate::stream::reconnect::{AttemptEnd, ReconnectBackoff, ReconnectPolicy};
 
 /// One call of GetContainerEvents.
@@ -45,9 +47,11 @@ pub(crate) enum State {
     Connecting(Attempt),
     /// The stream delivered its first response at `opened`.
     Streaming { attempt: Attempt, opened: Instant },
-    /// `failed` ended; the next attempt starts after `delay` (at `until`).
+    /// `failed` ended (`end` says how); the next attempt starts after `delay` (at
+    /// `until`).
     Waiting {
         failed: Attempt,
+        end: AttemptEnd,
         delay: Duration,
         until: Instant,
     },
@@ -264,6 +268,7 @@ impl Machine {
         ]);
         let waiting = State::Waiting {
             failed: a,
+            end,
             delay,
             until: now + delay,
         };
@@ -283,6 +288,22 @@ impl Machine {
             State::Streaming { .. } => "streaming",
             State::Waiting { .. } => "waiting",
             State::Stopped { .. } => "stopped",
+        }
+    }
+
+    /// The state as a hint source exports it: a source waiting after Unimplemented is
+    /// `unsupported`.
+    pub fn source_state(&self) -> HintSourceState {
+        match self.state {
+            State::Idle => HintSourceState::Detected,
+            State::Connecting(_) => HintSourceState::Connecting,
+            State::Streaming { .. } => HintSourceState::Streaming,
+            State::Waiting {
+                end: AttemptEnd::Unimplemented,
+                ..
+            } => HintSourceState::Unsupported,
+            State::Waiting { .. } => HintSourceState::Waiting,
+            State::Stopped { .. } => HintSourceState::Stopped,
         }
     }
 
@@ -443,7 +464,7 @@ mod tests {
         );
         assert!(matches!(
             m.state(),
-            State::Waiting { failed, delay, until }
+            State::Waiting { failed, delay, until, .. }
                 if failed.number == 1 && delay.is_zero() && *until == t0
         ));
         // Each attempt after a failure asks for the relist (containerd may confirm the
@@ -559,7 +580,9 @@ mod tests {
     fn unimplemented_waits_the_cap_every_time() {
         let mut m = machine();
         let mut now = Instant::now();
+        assert_eq!(m.source_state(), HintSourceState::Detected);
         m.step(Input::Start, now);
+        assert_eq!(m.source_state(), HintSourceState::Connecting);
         for attempt in 1..=5 {
             let actions = m.step(
                 Input::AttemptFailed {
@@ -571,20 +594,30 @@ mod tests {
             );
             assert_eq!(retry(&actions), CAP, "attempt {attempt}");
             assert!(matches!(m.state(), State::Waiting { until, .. } if *until == now + CAP));
+            // A hint source says so: the runtime does not have it.
+            assert_eq!(m.source_state(), HintSourceState::Unsupported);
             now += CAP;
             m.step(Input::TimerFired, now);
         }
+        // Any other failure is an ordinary wait.
+        m.step(failed(6), now);
+        assert_eq!(m.source_state(), HintSourceState::Waiting);
+        m.step(Input::TimerFired, now);
+        let now = now + CAP;
         // Mid-stream too (a proxy in front of an older runtime).
-        m.step(Input::Opened { attempt: 6 }, now);
+        m.step(Input::Opened { attempt: 7 }, now);
+        assert_eq!(m.source_state(), HintSourceState::Streaming);
         let actions = m.step(
             Input::StreamError {
-                attempt: 6,
+                attempt: 7,
                 end: AttemptEnd::Unimplemented,
                 reason: "unknown service".into(),
             },
             now,
         );
         assert_eq!(retry(&actions), CAP);
+        m.step(Input::Stop, now);
+        assert_eq!(m.source_state(), HintSourceState::Stopped);
     }
 
     /// Fails attempts in a row at `now` until the backoff has grown.

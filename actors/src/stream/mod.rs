@@ -1,9 +1,7 @@
-//! The CRI event stream as a relist hint (KEP-3386): the watcher actor, the pure
-//! state machine of its connection, its reconnect policy, and what one event is worth.
+//! The CRI event stream's pieces that any hint source reuses: the pure state machine
+//! of a connection, its reconnect policy, and what one CRI event is worth. The actor
+//! that runs them is `hints::watcher`.
 
 pub(crate) mod hint;
 pub(crate) mod machine;
 pub(crate) mod reconnect;
-#[cfg(test)]
-mod tests;
-pub(crate) mod watcher;

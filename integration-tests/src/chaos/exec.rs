@@ -715,7 +715,11 @@ pub async fn run(schedule: Schedule) -> (Vec<String>, Stats) {
             relist_period: cfg.relist_period,
             queue_capacity: cfg.queue_capacity,
             status_concurrency: cfg.status_concurrency,
-            evented: cfg.evented,
+            hint_sources: if cfg.evented {
+                vec![plegd_actors::HintSourceName::CriEvents]
+            } else {
+                vec![]
+            },
             reconnect,
             gate_idle: cfg.gate_idle,
             ..PlegConfig::default()

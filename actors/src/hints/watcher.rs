@@ -1,14 +1,9 @@
-//! StreamWatcher: one long-lived CRI GetContainerEvents stream, used only as a hint
-//! (KEP-3386). Its connection is the pure state machine of machine.rs; this actor only
-//! performs the machine's actions (the RPC, the stream, the retry timer, metrics,
-//! spans, logs) and feeds back what happened, each stream item tagged with its attempt.
-//!
-//! For each event (hint.rs): require pod_sandbox_status, its metadata and a non-empty
-//! UID (else count it invalid, log rate-limited, ignore); record created_at-to-receipt
-//! latency; for CONTAINER_STOPPED_EVENT only — any exit code, with or without container
-//! statuses — request a relist of the pod (source evented_pleg). The payload is never
-//! stored. The stream is drained promptly: requests never wait (containerd 2.x blocks
-//! its dispatcher on a subscriber that stops reading).
+//! HintWatcher: the one actor that runs any [`HintSource`] (module docs: the
+//! contract). Its connection is the pure state machine of `stream/machine.rs`; this
+//! actor only performs the machine's actions (the source's open, its stream, the retry
+//! timer, the state gauge, logs) and feeds back what happened, each stream item
+//! tagged with its attempt. Items become relist requests through the router, never
+//! waiting: a source's stream is drained promptly.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,21 +11,16 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures::StreamExt as _;
-use opentelemetry::trace::Span as _;
-use opentelemetry::KeyValue;
-use plegd_runtime::cri::ContainerEventResponse;
 use plegd_telemetry::logging::RateLimiter;
-use plegd_telemetry::{Metrics, StreamEventType};
+use plegd_telemetry::{HintSourceState, Metrics};
 
-use crate::event::RelistSource;
+use crate::cache::PodCache;
+use crate::hints::{Connection, Hint, HintSource, ItemContext, SourceError};
 use crate::relist::router::RelistRouter;
-use crate::spans;
-use crate::stream::hint::{self, Hint};
 use crate::stream::machine::{Action, Input, LogLine, Machine};
-use crate::stream::reconnect::{AttemptEnd, ReconnectPolicy};
-use plegd_runtime::{now_ns, EventStream, RuntimeClient, RuntimeError};
+use crate::stream::reconnect::ReconnectPolicy;
 
-/// Counts the watcher's live futures (RPC, stream, retry timer): each holds a
+/// Counts the watcher's live futures (open, stream, retry timer): each holds a
 /// [`Live`] token, dropped with it, so a future cancelled but never dropped shows.
 #[derive(Clone, Default)]
 struct LiveFutures(Arc<AtomicUsize>);
@@ -58,67 +48,96 @@ impl Drop for Live {
 /// global relist now (events around a reconnect may be lost).
 pub type ReconnectHook = Box<dyn Fn() + 'static>;
 
-/// One item of the stream opened by `attempt`; `item` None marks its end (EOF or a
-/// clean close), so even the end says which stream it belongs to.
-pub struct StreamItem {
-    attempt: u64,
-    item: Option<Result<ContainerEventResponse, RuntimeError>>,
+/// What every watcher needs besides its source.
+pub struct WatcherDeps {
+    pub router: RelistRouter,
+    /// Maps a [`Hint::Container`] to its pod (read only).
+    pub cache: PodCache,
+    pub metrics: Arc<Metrics>,
+    pub policy: ReconnectPolicy,
+    pub on_reconnect: Option<ReconnectHook>,
 }
 
-pub struct StreamWatcher {
-    runtime: Arc<dyn RuntimeClient>,
-    router: RelistRouter,
-    metrics: Arc<Metrics>,
+/// One item of the stream opened by `attempt`; `item` None marks its end (EOF or a
+/// clean close), so even the end says which stream it belongs to.
+pub struct StreamItem<T> {
+    attempt: u64,
+    item: Option<Result<T, SourceError>>,
+}
+
+pub struct HintWatcher<S: HintSource> {
+    source: S,
+    deps: WatcherDeps,
     machine: Machine,
     /// The attempt, stream or retry timer the machine last started: what
     /// [`Action::Cancel`] cancels (the machine has at most one running).
     running: Option<SpawnHandle>,
-    on_reconnect: Option<ReconnectHook>,
     error_log: RateLimiter,
-    invalid_log: RateLimiter,
     open_log: RateLimiter,
     live: LiveFutures,
+    /// The state last exported, and the last one logged at info.
+    state: HintSourceState,
+    logged: HintSourceState,
 }
 
-impl StreamWatcher {
-    pub fn new(
-        runtime: Arc<dyn RuntimeClient>,
-        router: RelistRouter,
-        metrics: Arc<Metrics>,
-        policy: ReconnectPolicy,
-        on_reconnect: Option<ReconnectHook>,
-    ) -> Self {
-        StreamWatcher {
-            runtime,
-            router,
-            metrics,
-            machine: Machine::new(policy),
+impl<S: HintSource> HintWatcher<S> {
+    pub fn new(source: S, deps: WatcherDeps) -> Self {
+        HintWatcher {
+            machine: Machine::new(deps.policy),
+            source,
+            deps,
             running: None,
-            on_reconnect,
             error_log: RateLimiter::new(Duration::from_secs(30)),
-            invalid_log: RateLimiter::new(Duration::from_secs(30)),
             open_log: RateLimiter::new(Duration::from_secs(30)),
             live: LiveFutures::default(),
+            state: HintSourceState::Off,
+            logged: HintSourceState::Off,
         }
     }
 
-    /// Steps the machine and performs its actions; `stream` is the one an
-    /// [`Input::Opened`] brings (dropped unless the machine reads it).
-    fn input(&mut self, input: Input, stream: Option<EventStream>, ctx: &mut Context<Self>) {
+    /// Steps the machine, performs its actions and exports the new state; `stream` is
+    /// the one an [`Input::Opened`] brings (dropped unless the machine reads it).
+    fn input(
+        &mut self,
+        input: Input,
+        stream: Option<super::ItemStream<S::Item>>,
+        ctx: &mut Context<Self>,
+    ) {
         let now = Instant::now();
         let mut stream = stream;
         for action in self.machine.step(input, now) {
             self.perform(action, &mut stream, now, ctx);
         }
+        self.export_state();
+    }
+
+    /// Sets the state gauge on a change, and logs it: at info unless it is one more
+    /// round of an outage (connecting again after waiting, then waiting again).
+    fn export_state(&mut self) {
+        let state = self.machine.source_state();
+        if state == self.state {
+            return;
+        }
+        let source = self.source.name();
+        self.deps.metrics.set_hint_source_state(source, state);
+        let retry = state == HintSourceState::Connecting && self.machine.attempts() > 1;
+        if retry || state == self.logged {
+            tracing::debug!(%source, from = %self.state, to = %state, "hint source state");
+        } else {
+            tracing::info!(%source, from = %self.state, to = %state, "hint source state");
+            self.logged = state;
+        }
+        self.state = state;
     }
 
     fn perform(
         &mut self,
         action: Action,
-        stream: &mut Option<EventStream>,
+        stream: &mut Option<super::ItemStream<S::Item>>,
         now: Instant,
         ctx: &mut Context<Self>,
     ) {
+        let what = self.source.describe();
         match action {
             Action::OpenStream { attempt } => self.open(attempt, ctx),
             // Only an Opened input, which always brings its stream, leads here.
@@ -153,28 +172,31 @@ impl StreamWatcher {
                 }));
             }
             Action::BringGlobalRelistForward => {
-                if let Some(hook) = &self.on_reconnect {
+                if let Some(hook) = &self.deps.on_reconnect {
                     hook();
                 }
             }
-            Action::CountReconnectAttempt => self.metrics.reconnect_attempts.inc(),
-            Action::CountConnectionSuccess => self.metrics.connection_successes.inc(),
-            Action::CountConnectionError => self.metrics.connection_errors.inc(),
-            Action::SetConnected(up) => self.metrics.stream_connected.set(i64::from(up)),
+            Action::CountReconnectAttempt => self.source.connection(Connection::ReconnectAttempt),
+            Action::CountConnectionSuccess => self.source.connection(Connection::Opened),
+            Action::CountConnectionError => self.source.connection(Connection::Failed),
+            Action::SetConnected(up) => self.source.connection(Connection::Up(up)),
             Action::Log(LogLine::Opened { attempt }) => {
+                let source = self.source.name();
                 if let Some(suppressed) = self.open_log.allow(now) {
-                    tracing::info!(attempt, suppressed, "CRI event stream open");
+                    tracing::info!(%source, attempt, suppressed, "{what} open");
                 } else {
-                    tracing::debug!(attempt, "CRI event stream open");
+                    tracing::debug!(%source, attempt, "{what} open");
                 }
             }
             Action::Log(LogLine::Unavailable { reason, retry_in }) => {
                 if let Some(suppressed) = self.error_log.allow(now) {
+                    let source = self.source.name();
                     tracing::warn!(
+                        %source,
                         reason,
                         ?retry_in,
                         suppressed,
-                        "CRI event stream unavailable; global relists continue"
+                        "{what} unavailable; global relists continue"
                     );
                 }
             }
@@ -182,35 +204,17 @@ impl StreamWatcher {
         }
     }
 
-    /// Calls GetContainerEvents without a deadline (containerd sends no headers before
-    /// the first event); the attempt's span ends with its outcome, or when cancelled.
+    /// One attempt of the source's open, without a deadline.
     fn open(&mut self, attempt: u64, ctx: &mut Context<Self>) {
-        let mut span = spans::start(
-            spans::STREAM_CONNECT,
-            vec![KeyValue::new(
-                "attempt",
-                i64::try_from(attempt).unwrap_or(i64::MAX),
-            )],
-            None,
-        );
-        let runtime = self.runtime.clone();
         let live = self.live.token();
+        let call = self.source.open(attempt);
         let call = async move {
             let _live = live;
-            let res = runtime.container_events().await;
-            match &res {
-                Ok(_) => {
-                    span.set_attribute(KeyValue::new("outcome", "open"));
-                    span.end();
-                }
-                Err(e) => spans::end_error(span, e.to_string()),
-            }
-            res
+            call.await
         };
         let handle = ctx.spawn(call.into_actor(self).map(move |res, act, ctx| match res {
             Ok(stream) => act.input(Input::Opened { attempt }, Some(stream), ctx),
-            Err(e) => {
-                let (end, reason) = (end_of(&e), e.to_string());
+            Err(SourceError { end, reason }) => {
                 let failed = Input::AttemptFailed {
                     attempt,
                     end,
@@ -222,84 +226,57 @@ impl StreamWatcher {
         self.running = Some(handle);
     }
 
-    fn event(&mut self, ev: &ContainerEventResponse) {
-        let now = Instant::now();
-        let (uid, kind, relist) = match hint::read(ev) {
-            Hint::Invalid { deleted } => {
-                self.metrics.count_stream_event(StreamEventType::Invalid);
-                if deleted {
-                    tracing::debug!(container = %ev.container_id, "ignoring a DELETED event without pod sandbox status");
-                } else if let Some(suppressed) = self.invalid_log.allow(now) {
-                    tracing::info!(
-                        container = %ev.container_id,
-                        suppressed,
-                        "ignoring a CRI event without pod sandbox status, metadata or UID"
-                    );
-                }
-                return;
-            }
-            Hint::Valid { uid, kind, relist } => (uid, kind, relist),
+    /// One item: what it asks for becomes a relist request (never waiting).
+    fn item(&mut self, item: S::Item) {
+        let ctx = ItemContext {
+            attempt_started: self.machine.attempt_started(),
         };
-        if let Some(started) = self.machine.attempt_started() {
-            let age = now.saturating_duration_since(started);
-            if let Some(latency) = hint::latency(ev.created_at, now_ns(), age) {
-                self.metrics
-                    .connection_latency
-                    .observe(latency.as_secs_f64());
+        let source = self.source.relist_source();
+        match self.source.hint(item, ctx) {
+            None => {}
+            Some(Hint::Pod { uid, cause }) => {
+                self.deps.router.request(&uid, source, cause);
             }
-        }
-        self.metrics.count_stream_event(kind);
-        if relist {
-            let mut span = spans::start(
-                spans::STOP_EVENT,
-                vec![
-                    KeyValue::new("pod.uid", uid.to_string()),
-                    KeyValue::new("container.id", ev.container_id.clone()),
-                ],
-                None,
-            );
-            let cause = span.span_context().clone();
-            span.end();
-            self.router
-                .request(uid, RelistSource::EventedPleg, Some(cause));
+            Some(Hint::Container { id }) => {
+                if let Some(uid) = self.deps.cache.pod_of_container(&id) {
+                    self.deps.router.request(&uid, source, None);
+                }
+            }
+            Some(Hint::Global) => self.deps.router.bring_forward(),
         }
     }
 }
 
-/// Unimplemented waits the cap (the runtime may be upgraded later); anything else
-/// backs off. Transport failures arrive as Unknown as often as Unavailable.
-fn end_of(e: &RuntimeError) -> AttemptEnd {
-    if e.code() == tonic::Code::Unimplemented {
-        AttemptEnd::Unimplemented
-    } else {
-        AttemptEnd::Failed
-    }
-}
-
-impl Actor for StreamWatcher {
+impl<S: HintSource> Actor for HintWatcher<S> {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(16);
+        self.export_state();
         self.input(Input::Start, None, ctx);
     }
 
     /// However the actor stops (a [`Stop`], the system shutting down), the machine
-    /// stops too: the RPC, stream or timer is cancelled and the gauge reads 0.
+    /// stops too: the open, stream or timer is cancelled and the state reads stopped.
     fn stopped(&mut self, ctx: &mut Self::Context) {
         self.input(Input::Stop, None, ctx);
     }
 }
 
-impl StreamHandler<StreamItem> for StreamWatcher {
-    fn handle(&mut self, StreamItem { attempt, item }: StreamItem, ctx: &mut Self::Context) {
+impl<S: HintSource> StreamHandler<StreamItem<S::Item>> for HintWatcher<S> {
+    fn handle(
+        &mut self,
+        StreamItem { attempt, item }: StreamItem<S::Item>,
+        ctx: &mut Self::Context,
+    ) {
         let input = match item {
-            Some(Ok(ev)) => return self.event(&ev),
+            // Even an item of a stream already given up is a good hint.
+            Some(Ok(item)) => return self.item(item),
             // The machine counts only the first error or end of the current stream.
-            Some(Err(e)) => Input::StreamError {
+            Some(Err(SourceError { end, reason })) => Input::StreamError {
                 attempt,
-                end: end_of(&e),
-                reason: e.to_string(),
+                end,
+                reason,
             },
             None => Input::StreamEnded { attempt },
         };
@@ -313,12 +290,12 @@ impl StreamHandler<StreamItem> for StreamWatcher {
     fn finished(&mut self, _: &mut Self::Context) {}
 }
 
-/// Stops the watcher: cancels the RPC, the stream and any retry timer.
+/// Stops the watcher: cancels the open, the stream and any retry timer.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Stop;
 
-impl Handler<Stop> for StreamWatcher {
+impl<S: HintSource> Handler<Stop> for HintWatcher<S> {
     type Result = ();
 
     fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
@@ -343,7 +320,7 @@ pub struct WatcherState {
 #[rtype(result = "WatcherState")]
 pub struct GetState;
 
-impl Handler<GetState> for StreamWatcher {
+impl<S: HintSource> Handler<GetState> for HintWatcher<S> {
     type Result = MessageResult<GetState>;
 
     fn handle(&mut self, _: GetState, _: &mut Self::Context) -> Self::Result {

@@ -1,4 +1,4 @@
-//! The real StreamWatcher alone, over the fake runtime's event stream and a recording
+//! The real HintWatcher running the CRI event stream source alone, over the fake runtime's event stream and a recording
 //! mock in place of the dispatcher: exactly which relist hints a stream of good and
 //! bad events produces (KEP-3386: only a CONTAINER_STOPPED_EVENT asks for a relist),
 //! that a full queue never makes it wait (containerd 2.x blocks its dispatcher on a
@@ -15,15 +15,17 @@ use plegd_runtime::cri::{
     PodSandboxStatus,
 };
 use plegd_sim::{FakeRuntime, Op};
-use plegd_telemetry::{Metrics, RequestResult, StreamEventType};
+use plegd_telemetry::{HintSourceName, HintSourceState, Metrics, RequestResult, StreamEventType};
 
+use crate::cache::CacheOwner;
 use crate::event::RelistSource;
+use crate::hints::cri_events::CriEvents;
+use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
 use crate::mock::{Recorded, Recorder, RecorderConfig};
 use crate::relist::dispatcher::{BringForward, RequestRelist};
 use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
 use crate::stream::reconnect::ReconnectPolicy;
-use crate::stream::watcher::{GetState, Stop, StreamWatcher, WatcherState};
 use crate::sync::HeldPods;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -44,7 +46,7 @@ fn policy(cap: Duration) -> ReconnectPolicy {
 struct Harness {
     sim: FakeRuntime,
     metrics: Arc<Metrics>,
-    watcher: Addr<StreamWatcher>,
+    watcher: Addr<HintWatcher<CriEvents>>,
     requests: Recorded<RequestRelist>,
     soon: Recorded<BringForward>,
     soon_addr: Addr<Recorder<BringForward>>,
@@ -63,14 +65,15 @@ impl Harness {
             metrics.clone(),
         );
         let router = RelistRouter::new(queue.clone(), HeldPods::default(), metrics.clone());
-        let watcher = StreamWatcher::new(
-            Arc::new(sim.clone()),
+        let source = CriEvents::new(Arc::new(sim.clone()), metrics.clone());
+        let deps = WatcherDeps {
             router,
-            metrics.clone(),
+            cache: CacheOwner::new().1,
+            metrics: metrics.clone(),
             policy,
-            Some(Box::new(move || queue.bring_forward())),
-        )
-        .start();
+            on_reconnect: Some(Box::new(move || queue.bring_forward())),
+        };
+        let watcher = HintWatcher::new(source, deps).start();
         Harness {
             sim,
             metrics,
@@ -299,7 +302,11 @@ async fn unimplemented_waits_the_cap_and_every_attempt_brings_the_relist_forward
     let cap = Duration::from_millis(100);
     let start = Instant::now();
     let h = Harness::start(sim, RecorderConfig::default(), policy(cap));
+    let m = h.metrics.clone();
+    let state = move || m.hint_source_state(HintSourceName::CriEvents);
+    wait_until("unsupported", || state() == HintSourceState::Unsupported).await;
     h.wait_streaming(1).await;
+    assert_eq!(state(), HintSourceState::Streaming);
     assert!(start.elapsed() >= cap * 2, "{:?}", start.elapsed());
     let st = h.state().await;
     assert_eq!(
@@ -325,9 +332,38 @@ async fn stop_while_a_quiet_attempt_is_pending_cancels_it() {
     let st = h.state().await;
     assert_eq!((st.state, st.live_futures), ("connecting", 1));
     assert_eq!(h.metrics.stream_connected.get(), 0);
+    let state = || h.metrics.hint_source_state(HintSourceName::CriEvents);
+    assert_eq!(state(), HintSourceState::Connecting);
     h.watcher.try_send(Stop).expect("mailbox has room");
     let w = h.watcher.clone();
     wait_until("watcher stopped", || !w.connected()).await;
     wait_until("RPC cancelled", || sim.event_streams() == 0).await;
     assert_eq!(h.metrics.connection_errors.get(), 0);
+    assert_eq!(state(), HintSourceState::Stopped);
+}
+
+#[actix_rt::test]
+async fn a_source_this_build_lacks_is_exported_unsupported_not_silently_dropped() {
+    let metrics = Arc::new(Metrics::new());
+    let (requests_addr, _) = Recorder::<RequestRelist>::start(RecorderConfig::default());
+    let (soon_addr, _) = Recorder::<BringForward>::start(RecorderConfig::default());
+    let queue = RelistQueue::new(
+        requests_addr.recipient(),
+        soon_addr.recipient(),
+        metrics.clone(),
+    );
+    let deps = WatcherDeps {
+        router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
+        cache: CacheOwner::new().1,
+        metrics: metrics.clone(),
+        policy: policy(Duration::from_millis(200)),
+        on_reconnect: None,
+    };
+    let runtime: Arc<dyn plegd_runtime::RuntimeClient> = Arc::new(FakeRuntime::new());
+    let started = crate::hints::select::start_source(HintSourceName::Nri, &runtime, &metrics, deps);
+    assert!(started.is_none());
+    assert_eq!(
+        metrics.hint_source_state(HintSourceName::Nri),
+        HintSourceState::Unsupported
+    );
 }

@@ -1,0 +1,153 @@
+//! Relist hint sources: everything that may tell plegd "look at this pod now" — the
+//! CRI event stream, containerd's own event service, the NRI plugin — behind one
+//! seam, [`HintSource`]. A source is only a hint: polling stays the single source of
+//! truth, so a lost, late, duplicated or garbage hint costs latency, never
+//! correctness.
+//!
+//! # The contract (what a source implements, what it may rely on)
+//!
+//! A source is one file implementing [`HintSource`], plus its name in
+//! `plegd_telemetry::labels` ([`HintSourceName`], and a [`RelistSource`] for the
+//! events it finds) and one line in [`select`]'s builder. The generic actor
+//! [`watcher::HintWatcher`] runs it; the source never sees the actor, the router,
+//! the dispatcher or the cache writer.
+//!
+//! - **Connection.** [`HintSource::open`] makes one connection attempt and resolves
+//!   to a stream of items, or to a [`SourceError`]. It may resolve only with the
+//!   first item (containerd sends no response headers before it): the watcher puts
+//!   no deadline on it and counts a pending attempt as a healthy connection. The
+//!   stream's end (`None`), or any `Err` item, ends the connection. The watcher then
+//!   retries forever with the CRI stream's capped backoff (`stream/machine.rs`,
+//!   `stream/reconnect.rs`: first retry immediate, then exponential with jitter up
+//!   to `--reconnect-cap`, reset after `--reconnect-healthy-reset` of good
+//!   connection); [`SourceError::unsupported`] (the runtime does not have it:
+//!   gRPC Unimplemented, no socket) waits the cap every time and shows as
+//!   `unsupported`. Nothing a source does stops plegd or affects `/healthz`.
+//! - **Items.** Each item is passed to [`HintSource::hint`] on the actor's thread, in
+//!   order; it must return at once (containerd 2.x blocks its event queue on a
+//!   subscriber that stops reading; NRI disconnects a plugin that misses its hook
+//!   timeout — so a hook handler must answer the runtime itself, then yield the item).
+//!   It returns what the item asks for, a [`Hint`], or `None`:
+//!   [`Hint::Pod`] (a pod UID), [`Hint::Container`] (a container or sandbox ID,
+//!   mapped to its pod through the cache; an ID the cache does not know asks for
+//!   nothing), [`Hint::Global`] (bring the next global relist forward, honoured at
+//!   most once per relist period — a resynchronisation). The watcher turns a hint
+//!   into a targeted relist request, with the source's [`HintSource::relist_source`],
+//!   through the relist router: a held pod's request is coalesced into its sync
+//!   gate, anything else goes to the dispatcher's bounded queue, which drops (and
+//!   counts) when full. A source never writes state and never waits.
+//! - **Reconnects.** Events may be lost around a reconnect, so every attempt after a
+//!   failure (and the first open after one) brings the global relist forward.
+//! - **State.** The watcher exports the source's state as `plegd_hint_source_state
+//!   {source, state}` (`detected`, `connecting`, `streaming`, `waiting`,
+//!   `unsupported`, `stopped`; `off` when not selected), logs each change and shows
+//!   it on `/readyz`. Payloads are never stored; no pod UID, container ID or error
+//!   text goes into a label.
+//! - **Metrics of its own.** [`HintSource::connection`] sees each connection change
+//!   (the CRI source keeps the kubelet `kubelet_evented_pleg_*` metrics with it).
+//! - **Duplicates.** The same stop seen by several sources asks for several relists
+//!   of the pod; the dispatcher's rules (a request covered by a newer relist is
+//!   skipped, a pod whose status did not change publishes nothing) make them one
+//!   lifecycle event.
+
+pub(crate) mod cri_events;
+pub(crate) mod select;
+#[cfg(test)]
+mod tests;
+pub(crate) mod watcher;
+
+use std::time::Instant;
+
+use futures::future::LocalBoxFuture;
+use futures::stream::LocalBoxStream;
+use opentelemetry::trace::SpanContext;
+
+pub use crate::event::RelistSource;
+pub use crate::stream::reconnect::AttemptEnd;
+pub use plegd_telemetry::{HintSourceName, HintSourceState};
+
+/// What one item of a source asks for: at most one targeted relist, never state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Hint {
+    /// Relist this pod. `cause` is the span of what caused it (linked from the relist).
+    Pod {
+        uid: String,
+        cause: Option<SpanContext>,
+    },
+    /// Relist the pod this container or sandbox belongs to, as the cache knows it; an
+    /// ID the cache does not know asks for nothing (the next global relist finds it).
+    Container { id: String },
+    /// Bring the next global relist forward (honoured at most once per period).
+    Global,
+}
+
+/// Why a connection attempt failed or a connection ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceError {
+    pub end: AttemptEnd,
+    pub reason: String,
+}
+
+impl SourceError {
+    /// Any failure: retried with the capped exponential backoff.
+    pub fn failed(reason: impl Into<String>) -> Self {
+        SourceError {
+            end: AttemptEnd::Failed,
+            reason: reason.into(),
+        }
+    }
+
+    /// The runtime does not have this source: retried every backoff cap (the runtime
+    /// may be upgraded or reconfigured), shown as `unsupported`.
+    pub fn unsupported(reason: impl Into<String>) -> Self {
+        SourceError {
+            end: AttemptEnd::Unimplemented,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The items of one connection; an `Err` or the end closes it.
+pub type ItemStream<T> = LocalBoxStream<'static, Result<T, SourceError>>;
+
+/// What the watcher knows when it hands a source an item.
+#[derive(Clone, Copy, Debug)]
+pub struct ItemContext {
+    /// When the connection attempt that delivered the item began: items created
+    /// earlier were buffered by the runtime and say nothing about its latency.
+    pub attempt_started: Option<Instant>,
+}
+
+/// A change of a source's connection, for metrics the source keeps itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connection {
+    /// A reconnect attempt begins (not the first attempt).
+    ReconnectAttempt,
+    /// An attempt opened its stream.
+    Opened,
+    /// An attempt or its stream failed (the end of a stream included).
+    Failed,
+    /// Up (true) or down.
+    Up(bool),
+}
+
+/// One relist hint source. See the module docs for the contract.
+pub trait HintSource: Unpin + 'static {
+    /// What the source's connection yields.
+    type Item: 'static;
+    /// Its name: `--hint-sources` value, metric label, log field.
+    fn name(&self) -> HintSourceName;
+    /// The `relist_source` of the relists it asks for.
+    fn relist_source(&self) -> RelistSource;
+    /// How logs call its connection, e.g. "CRI event stream".
+    fn describe(&self) -> &'static str;
+    /// One connection attempt (`attempt` counts from 1). No deadline is put on it.
+    fn open(
+        &mut self,
+        attempt: u64,
+    ) -> LocalBoxFuture<'static, Result<ItemStream<Self::Item>, SourceError>>;
+    /// What one item asks for. Must return at once.
+    fn hint(&mut self, item: Self::Item, ctx: ItemContext) -> Option<Hint>;
+    /// A change of the connection (default: nothing).
+    fn connection(&mut self, _change: Connection) {}
+}

@@ -1,0 +1,152 @@
+//! Which hint sources run (`--hint-sources`), decided once at start from the
+//! selection and the runtime, and the one place each source's watcher is built.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use plegd_runtime::{RuntimeClient, RuntimeVersion};
+use plegd_telemetry::{HintSourceName, HintSourceState, Metrics};
+
+use crate::hints::cri_events::CriEvents;
+use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
+
+/// `--hint-sources` as given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HintSelection {
+    /// Every source the runtime supports, detected at start; `cri_events` false is
+    /// the old `--evented=false`.
+    Detect { cri_events: bool },
+    /// Exactly these (none: polling only, still correct).
+    Only(Vec<HintSourceName>),
+}
+
+impl Default for HintSelection {
+    fn default() -> Self {
+        HintSelection::Detect { cri_events: true }
+    }
+}
+
+/// Why a source cannot be selected in this build.
+pub fn unavailable(source: HintSourceName) -> Option<&'static str> {
+    match source {
+        HintSourceName::CriEvents => None,
+        HintSourceName::ContainerdEvents => {
+            Some("containerd's event service source is not part of this build yet")
+        }
+        HintSourceName::Nri => Some("the NRI plugin is not part of this build yet"),
+    }
+}
+
+impl HintSelection {
+    /// The sources to run against this runtime. Detection: the CRI event stream on
+    /// every runtime (one that lacks it shows `unsupported` and is retried), and
+    /// containerd's event service on containerd.
+    pub fn resolve(&self, runtime: &RuntimeVersion) -> Vec<HintSourceName> {
+        match self {
+            HintSelection::Only(list) => list.clone(),
+            HintSelection::Detect { cri_events } => {
+                let containerd = runtime.runtime_name == "containerd";
+                HintSourceName::ALL
+                    .iter()
+                    .copied()
+                    .filter(|&s| unavailable(s).is_none())
+                    .filter(|&s| match s {
+                        HintSourceName::CriEvents => *cri_events,
+                        HintSourceName::ContainerdEvents => containerd,
+                        HintSourceName::Nri => false,
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A running source's watcher, whatever its type.
+#[derive(Clone)]
+pub(crate) struct RunningSource {
+    pub name: HintSourceName,
+    pub stop: Recipient<Stop>,
+    pub state: Recipient<GetState>,
+}
+
+impl RunningSource {
+    fn start<S: crate::hints::HintSource>(source: S, deps: WatcherDeps) -> Self {
+        let name = source.name();
+        let addr = HintWatcher::new(source, deps).start();
+        RunningSource {
+            name,
+            stop: addr.clone().recipient(),
+            state: addr.recipient(),
+        }
+    }
+
+    pub async fn get_state(&self) -> Option<WatcherState> {
+        self.state.send(GetState).await.ok()
+    }
+}
+
+/// Starts the watcher of `name`; a source this build lacks is exported
+/// `unsupported` and logged, and nothing runs.
+pub(crate) fn start_source(
+    name: HintSourceName,
+    runtime: &Arc<dyn RuntimeClient>,
+    metrics: &Arc<Metrics>,
+    deps: WatcherDeps,
+) -> Option<RunningSource> {
+    match name {
+        HintSourceName::CriEvents => Some(RunningSource::start(
+            CriEvents::new(runtime.clone(), metrics.clone()),
+            deps,
+        )),
+        HintSourceName::ContainerdEvents | HintSourceName::Nri => {
+            let why = unavailable(name).unwrap_or("not part of this build");
+            tracing::warn!(source = %name, why, "hint source unavailable; polling covers it");
+            metrics.set_hint_source_state(name, HintSourceState::Unsupported);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(name: &str, version: &str) -> RuntimeVersion {
+        RuntimeVersion {
+            runtime_name: name.into(),
+            runtime_version: version.into(),
+            runtime_api_version: "v1".into(),
+        }
+    }
+
+    #[test]
+    fn detection_picks_what_the_runtime_supports_and_a_list_is_taken_as_is() {
+        use HintSourceName::*;
+        let containerd = runtime("containerd", "1.7.24~ds1");
+        let crio = runtime("cri-o", "1.31.0");
+        let detect = HintSelection::default();
+        let available = |s: &HintSourceName| unavailable(*s).is_none();
+        let want: Vec<_> = [CriEvents, ContainerdEvents]
+            .into_iter()
+            .filter(available)
+            .collect();
+        assert_eq!(detect.resolve(&containerd), want);
+        // containerd's event service only on containerd.
+        assert_eq!(detect.resolve(&crio), [CriEvents]);
+        // --evented=false: the same, without the CRI stream.
+        let no_cri = HintSelection::Detect { cri_events: false };
+        assert!(!no_cri.resolve(&containerd).contains(&CriEvents));
+        assert_eq!(no_cri.resolve(&crio), []);
+        // A list is exactly that, whatever the runtime; an empty one is polling only.
+        let only = HintSelection::Only(vec![ContainerdEvents]);
+        assert_eq!(only.resolve(&crio), [ContainerdEvents]);
+        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd), []);
+    }
+
+    #[test]
+    fn a_source_this_build_lacks_says_why() {
+        assert_eq!(unavailable(HintSourceName::CriEvents), None);
+        let why = unavailable(HintSourceName::Nri).unwrap_or_default();
+        assert!(why.contains("NRI"), "{why}");
+    }
+}
