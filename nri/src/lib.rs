@@ -26,6 +26,6 @@ pub mod mock_runtime;
 pub use handler::{event_mask, Counters, RuntimeInfo, EVENTS};
 pub use hint::{Change, HintSink, NriHint, PodRef};
 pub use plugin::{
-    ConfigError, Plugin, PluginConfig, SessionEnd, Status, DEFAULT_INDEX,
+    ConfigError, Established, Plugin, PluginConfig, SessionEnd, Status, DEFAULT_INDEX,
     DEFAULT_REGISTRATION_TIMEOUT, DEFAULT_SOCKET, PLUGIN_NAME,
 };

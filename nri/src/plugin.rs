@@ -18,7 +18,7 @@ use ttrpc::r#async::{Client, Server};
 use crate::api;
 use crate::handler::{Counters, PluginService, RuntimeInfo};
 use crate::hint::HintSink;
-use crate::mux::{multiplex, MuxEnd};
+use crate::mux::{multiplex, MuxEnd, MuxTask};
 
 /// NRI's default socket.
 pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
@@ -159,22 +159,30 @@ impl Plugin {
     /// One connection: returns when it ends. Dropping the future closes it.
     pub async fn run_session(&self) -> SessionEnd {
         self.status.send_replace(Status::Connecting);
-        let end = self.session().await;
+        let end = match self.establish().await {
+            Ok(established) => {
+                self.status
+                    .send_replace(Status::Connected(established.runtime().clone()));
+                established.ended().await
+            }
+            Err(end) => end,
+        };
         self.status.send_replace(Status::Disconnected {
             reason: end.to_string(),
         });
         end
     }
 
-    async fn session(&self) -> SessionEnd {
-        let trunk =
-            match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&self.config.socket))
-                .await
-            {
-                Err(_) => return SessionEnd::ConnectTimeout,
-                Ok(Err(e)) => return SessionEnd::Connect(e),
-                Ok(Ok(trunk)) => trunk,
-            };
+    /// Dials the runtime, registers and waits to be configured (within the
+    /// registration timeout). The returned connection serves hooks until the runtime
+    /// closes it or it is dropped.
+    pub async fn establish(&self) -> Result<Established, SessionEnd> {
+        let connect = UnixStream::connect(&self.config.socket);
+        let trunk = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Err(_) => return Err(SessionEnd::ConnectTimeout),
+            Ok(Err(e)) => return Err(SessionEnd::Connect(e)),
+            Ok(Ok(trunk)) => trunk,
+        };
         let mux = multiplex(trunk);
         let mut mux_task = mux.task;
 
@@ -185,12 +193,12 @@ impl Plugin {
             Arc::clone(&self.counters),
         );
         let incoming = futures::stream::iter([Ok::<_, io::Error>(mux.plugin_service)]);
-        // Kept until the session ends: dropping a ttrpc server closes its connections.
+        // Kept with the connection: dropping a ttrpc server closes its connections.
         let mut server = Server::new()
             .add_listener(Listener::new(incoming))
             .register_service(api::create_plugin(Arc::new(service)));
         if let Err(e) = server.start().await {
-            return SessionEnd::Serve(e);
+            return Err(SessionEnd::Serve(e));
         }
         let runtime = api::RuntimeClient::new(Client::new(Socket::new(mux.runtime_service)));
 
@@ -213,16 +221,40 @@ impl Plugin {
         };
         let info = tokio::select! {
             r = tokio::time::timeout(timeout, register_and_configure) => match r {
-                Err(_) => return SessionEnd::RegistrationTimeout(timeout),
-                Ok(Err(end)) => return end,
+                Err(_) => return Err(SessionEnd::RegistrationTimeout(timeout)),
+                Ok(Err(end)) => return Err(end),
                 Ok(Ok(info)) => info,
             },
-            end = mux_task.ended() => return SessionEnd::ClosedBeforeConfigured(end),
+            end = mux_task.ended() => return Err(SessionEnd::ClosedBeforeConfigured(end)),
         };
         tracing::info!(runtime = %info.name, version = %info.version, "NRI plugin registered and configured");
-        self.status.send_replace(Status::Connected(info));
-        let end = mux_task.ended().await;
-        drop(server);
-        SessionEnd::Closed(end)
+        Ok(Established {
+            info,
+            mux_task,
+            _server: server,
+            _runtime: runtime,
+        })
+    }
+}
+
+/// A registered, configured connection to the runtime. Dropping it closes it.
+pub struct Established {
+    info: RuntimeInfo,
+    mux_task: MuxTask,
+    _server: Server,
+    /// Kept too: dropping the client closes connection 2, and the multiplexer ends the
+    /// trunk with it.
+    _runtime: api::RuntimeClient,
+}
+
+impl Established {
+    /// What Configure said about the runtime.
+    pub fn runtime(&self) -> &RuntimeInfo {
+        &self.info
+    }
+
+    /// Serves hooks until the runtime closes the connection.
+    pub async fn ended(mut self) -> SessionEnd {
+        SessionEnd::Closed(self.mux_task.ended().await)
     }
 }
