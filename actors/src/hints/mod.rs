@@ -51,6 +51,7 @@
 //!   lifecycle event.
 
 pub(crate) mod cri_events;
+pub(crate) mod nri;
 pub(crate) mod select;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! Which hint sources run (`--hint-sources`), decided once at start from the
 //! selection and the runtime, and the one place each source's watcher is built.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -8,6 +9,7 @@ use plegd_runtime::{RuntimeClient, RuntimeVersion};
 use plegd_telemetry::{HintSourceName, HintSourceState, Metrics};
 
 use crate::hints::cri_events::CriEvents;
+use crate::hints::nri::Nri;
 use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
 
 /// `--hint-sources` as given.
@@ -33,15 +35,16 @@ pub fn unavailable(source: HintSourceName) -> Option<&'static str> {
         HintSourceName::ContainerdEvents => {
             Some("containerd's event service source is not part of this build yet")
         }
-        HintSourceName::Nri => Some("the NRI plugin is not part of this build yet"),
+        HintSourceName::Nri => None,
     }
 }
 
 impl HintSelection {
     /// The sources to run against this runtime. Detection: the CRI event stream on
-    /// every runtime (one that lacks it shows `unsupported` and is retried), and
-    /// containerd's event service on containerd.
-    pub fn resolve(&self, runtime: &RuntimeVersion) -> Vec<HintSourceName> {
+    /// every runtime (one that lacks it shows `unsupported` and is retried),
+    /// containerd's event service on containerd, and the NRI plugin when the runtime
+    /// listens on the NRI socket (`nri_socket`: it exists as a socket at start).
+    pub fn resolve(&self, runtime: &RuntimeVersion, nri_socket: bool) -> Vec<HintSourceName> {
         match self {
             HintSelection::Only(list) => list.clone(),
             HintSelection::Detect { cri_events } => {
@@ -53,7 +56,7 @@ impl HintSelection {
                     .filter(|&s| match s {
                         HintSourceName::CriEvents => *cri_events,
                         HintSourceName::ContainerdEvents => containerd,
-                        HintSourceName::Nri => false,
+                        HintSourceName::Nri => nri_socket,
                     })
                     .collect()
             }
@@ -90,6 +93,7 @@ impl RunningSource {
 pub(crate) fn start_source(
     name: HintSourceName,
     runtime: &Arc<dyn RuntimeClient>,
+    nri_socket: &Path,
     metrics: &Arc<Metrics>,
     deps: WatcherDeps,
 ) -> Option<RunningSource> {
@@ -98,7 +102,11 @@ pub(crate) fn start_source(
             CriEvents::new(runtime.clone(), metrics.clone()),
             deps,
         )),
-        HintSourceName::ContainerdEvents | HintSourceName::Nri => {
+        HintSourceName::Nri => Some(RunningSource::start(
+            Nri::new(plegd_nri::PluginConfig::new(nri_socket), metrics.clone()),
+            deps,
+        )),
+        HintSourceName::ContainerdEvents => {
             let why = unavailable(name).unwrap_or("not part of this build");
             tracing::warn!(source = %name, why, "hint source unavailable; polling covers it");
             metrics.set_hint_source_state(name, HintSourceState::Unsupported);
@@ -130,23 +138,29 @@ mod tests {
             .into_iter()
             .filter(available)
             .collect();
-        assert_eq!(detect.resolve(&containerd), want);
+        assert_eq!(detect.resolve(&containerd, false), want);
         // containerd's event service only on containerd.
-        assert_eq!(detect.resolve(&crio), [CriEvents]);
+        assert_eq!(detect.resolve(&crio, false), [CriEvents]);
+        // NRI wherever its socket is there, whatever the runtime.
+        assert_eq!(detect.resolve(&crio, true), [CriEvents, Nri]);
+        assert!(detect.resolve(&containerd, true).contains(&Nri));
         // --evented=false: the same, without the CRI stream.
         let no_cri = HintSelection::Detect { cri_events: false };
-        assert!(!no_cri.resolve(&containerd).contains(&CriEvents));
-        assert_eq!(no_cri.resolve(&crio), []);
+        assert!(!no_cri.resolve(&containerd, false).contains(&CriEvents));
+        assert_eq!(no_cri.resolve(&crio, false), []);
+        assert_eq!(no_cri.resolve(&crio, true), [Nri]);
         // A list is exactly that, whatever the runtime; an empty one is polling only.
         let only = HintSelection::Only(vec![ContainerdEvents]);
-        assert_eq!(only.resolve(&crio), [ContainerdEvents]);
-        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd), []);
+        assert_eq!(only.resolve(&crio, true), [ContainerdEvents]);
+        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd, true), []);
+        assert_eq!(HintSelection::Only(vec![Nri]).resolve(&crio, false), [Nri]);
     }
 
     #[test]
     fn a_source_this_build_lacks_says_why() {
         assert_eq!(unavailable(HintSourceName::CriEvents), None);
-        let why = unavailable(HintSourceName::Nri).unwrap_or_default();
-        assert!(why.contains("NRI"), "{why}");
+        assert_eq!(unavailable(HintSourceName::Nri), None);
+        let why = unavailable(HintSourceName::ContainerdEvents).unwrap_or_default();
+        assert!(why.contains("containerd"), "{why}");
     }
 }
