@@ -237,6 +237,7 @@ mod tests {
         let mut table: Vec<String> = settings.to_table().unwrap().keys().cloned().collect();
         // Optional keys with no value are not serialized.
         table.extend([
+            "hint-sources".into(),
             "node-name".into(),
             "otlp-endpoint".into(),
             "runtime-endpoint".into(),

@@ -360,10 +360,17 @@ async fn a_source_this_build_lacks_is_exported_unsupported_not_silently_dropped(
         on_reconnect: None,
     };
     let runtime: Arc<dyn plegd_runtime::RuntimeClient> = Arc::new(FakeRuntime::new());
-    let started = crate::hints::select::start_source(HintSourceName::Nri, &runtime, &metrics, deps);
+    let nri_socket = std::path::Path::new(plegd_nri::DEFAULT_SOCKET);
+    let started = crate::hints::select::start_source(
+        HintSourceName::ContainerdEvents,
+        &runtime,
+        nri_socket,
+        &metrics,
+        deps,
+    );
     assert!(started.is_none());
     assert_eq!(
-        metrics.hint_source_state(HintSourceName::Nri),
+        metrics.hint_source_state(HintSourceName::ContainerdEvents),
         HintSourceState::Unsupported
     );
 }
