@@ -13,7 +13,7 @@ use integration_tests::wait::*;
 use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, RelistSource};
 use plegd_nri::mock_runtime::{container, pod, MockRuntime, PluginConn, DEFAULT_REQUEST_TIMEOUT};
 use plegd_sim::FakeRuntime;
-use plegd_telemetry::Metrics;
+use plegd_telemetry::{Metrics, RequestResult};
 
 const LONG_PERIOD: Duration = Duration::from_secs(30);
 
@@ -171,4 +171,40 @@ async fn without_an_nri_socket_the_source_is_unsupported_until_the_runtime_enabl
         .await
         .expect("plegd hangs up");
     assert!(matches!(end, plegd_nri::mux::MuxEnd::PeerClosed), "{end:?}");
+}
+
+/// containerd 1.7 calls StopContainer before its CRI status says EXITED (the status
+/// flips after `runc delete`). A hook whose immediate relist still reads the container
+/// running must still be published through NRI, by a follow-up read — not 30 s later
+/// by the global relist. (Regression: the first real-containerd run published
+/// nothing.)
+#[actix_rt::test]
+async fn a_stop_hook_that_comes_before_the_status_flips_is_still_published_through_nri() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nri.sock");
+    let runtime = MockRuntime::bind(&socket, DEFAULT_REQUEST_TIMEOUT).unwrap();
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("uid-1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let pleg = start(&rt, &socket);
+    let sub = pleg.subscribe("test", 1000).await.expect("subscribe");
+    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    let conn = accept(&runtime).await;
+    wait_state(&pleg, HintSourceState::Streaming).await;
+
+    // The hook first; the runtime's status says exited only after plegd's immediate
+    // read of the pod.
+    conn.stop_container(&pod("uid-1", "web", "ns", &sb), &container(&c, &sb, "app"))
+        .await
+        .unwrap();
+    let m = pleg.metrics().clone();
+    wait_until("the hook's immediate relist", || {
+        m.requests(RequestResult::Done, RelistSource::Nri) >= 1
+    })
+    .await;
+    rt.exit_container(&c, 2);
+    let died = expect_event(&sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(died.event.relist_source, RelistSource::Nri);
+    assert_eq!(died.event.exit.as_ref().map(|e| e.code), Some(2));
+    pleg.stop();
 }

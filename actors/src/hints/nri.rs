@@ -7,6 +7,13 @@
 //! Synchronize — the runtime's whole state, sent after every (re)connection — brings
 //! the next global relist forward.
 //!
+//! A hook comes early: containerd 1.7 calls StopContainer from inside the task's
+//! deletion, before its CRI status says EXITED (measured: a ContainerStatus 3.5 ms
+//! after the hook still read RUNNING; the status flips once `runc delete` is done,
+//! tens of milliseconds later, up to about a second in a burst of exits). So a hook's
+//! pod is relisted at once and again after each of [`FOLLOW_UPS`]; a relist that finds
+//! nothing new publishes nothing, and one a newer global relist covered is skipped.
+//!
 //! One connection attempt is one NRI registration: dial the socket, RegisterPlugin,
 //! wait for Configure. No socket (NRI disabled in the runtime) is `unsupported`,
 //! retried every backoff cap. The runtime closing the connection (its restart, or
@@ -15,8 +22,11 @@
 
 use std::io;
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
+use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt as _};
 use plegd_nri::{NriHint, Plugin, PluginConfig, SessionEnd};
 use plegd_telemetry::{HintSourceName, Metrics, RequestResult};
@@ -27,6 +37,17 @@ use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
 
 /// Hints waiting between the plugin's hook handlers and the watcher.
 const HINT_QUEUE: usize = 1024;
+
+/// When a hook's pod is read again after the immediate read (since the hook): the
+/// runtime's status catches up with the hook within these in the usual case, and the
+/// global relist (default every second) covers the rest.
+pub(crate) const FOLLOW_UPS: [Duration; 5] = [
+    Duration::from_millis(25),
+    Duration::from_millis(75),
+    Duration::from_millis(150),
+    Duration::from_millis(300),
+    Duration::from_millis(600),
+];
 
 pub struct Nri {
     config: PluginConfig,
@@ -77,6 +98,39 @@ fn hint_of(item: NriHint) -> Option<Hint> {
     }
 }
 
+/// The hooks' hints as they come, each container or sandbox hint again after every
+/// [`FOLLOW_UPS`] delay, until the connection ends (its end is the last item).
+fn with_follow_ups(
+    mut hints: mpsc::Receiver<NriHint>,
+    end: LocalBoxFuture<'static, SessionEnd>,
+) -> ItemStream<NriHint> {
+    let mut later = FuturesUnordered::new();
+    let mut end = Some(end);
+    futures::stream::poll_fn(move |cx| {
+        if let Poll::Ready(Some(hint)) = hints.poll_recv(cx) {
+            if !matches!(hint, NriHint::Synchronized { .. }) {
+                for delay in FOLLOW_UPS {
+                    let again = hint.clone();
+                    later.push(tokio::time::sleep(delay).map(move |()| again));
+                }
+            }
+            return Poll::Ready(Some(Ok(hint)));
+        }
+        if let Poll::Ready(Some(hint)) = later.poll_next_unpin(cx) {
+            return Poll::Ready(Some(Ok(hint)));
+        }
+        match end.as_mut().map(|e| e.poll_unpin(cx)) {
+            Some(Poll::Ready(session_end)) => {
+                end = None;
+                Poll::Ready(Some(Err(SourceError::failed(session_end.to_string()))))
+            }
+            Some(Poll::Pending) => Poll::Pending,
+            None => Poll::Ready(None),
+        }
+    })
+    .boxed_local()
+}
+
 impl HintSource for Nri {
     type Item = NriHint;
 
@@ -111,13 +165,9 @@ impl HintSource for Nri {
                 .establish()
                 .await
                 .map_err(|end| source_error(&end, &config))?;
-            let hints = futures::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|hint| (Ok(hint), rx))
-            });
             // The connection lives in this stream: dropping the stream closes it.
-            let end = futures::stream::once(established.ended())
-                .map(|end| Err(SourceError::failed(end.to_string())));
-            Ok(futures::stream::select(hints, end).boxed_local())
+            let end = established.ended().boxed_local();
+            Ok(with_follow_ups(rx, end))
         }
         .boxed_local()
     }
@@ -175,6 +225,45 @@ mod tests {
             }),
             Some(Hint::Global)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hook_is_asked_again_after_each_follow_up_delay_and_the_end_comes_last() {
+        let (tx, rx) = mpsc::channel(8);
+        let (end_tx, end_rx) = tokio::sync::oneshot::channel::<()>();
+        let end = async move {
+            let _ = end_rx.await;
+            SessionEnd::Closed(plegd_nri::mux::MuxEnd::PeerClosed)
+        };
+        let mut items = with_follow_ups(rx, end.boxed_local());
+        let stop = NriHint::Sandbox {
+            change: Change::Stopped,
+            pod: pod("u1", "s1"),
+        };
+        let start = tokio::time::Instant::now();
+        tx.send(stop.clone()).await.unwrap();
+        tx.send(NriHint::Synchronized {
+            pods: 1,
+            containers: 0,
+        })
+        .await
+        .unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..2 + FOLLOW_UPS.len() {
+            let item = items.next().await.expect("an item").expect("not the end");
+            seen.push((start.elapsed(), item));
+        }
+        // The hook and the Synchronize at once; the hook again after each delay,
+        // the Synchronize never again.
+        assert_eq!(seen[0], (Duration::ZERO, stop.clone()));
+        assert!(matches!(seen[1].1, NriHint::Synchronized { .. }));
+        for (i, delay) in FOLLOW_UPS.iter().enumerate() {
+            assert_eq!(seen[2 + i], (*delay, stop.clone()));
+        }
+        // The connection's end is an error item, then the stream ends.
+        drop(end_tx);
+        assert!(items.next().await.expect("the end").is_err());
+        assert!(items.next().await.is_none());
     }
 
     #[test]
