@@ -126,7 +126,7 @@ impl CacheOwner {
         )
     }
 
-    fn apply(&self, update: CacheUpdate) {
+    pub(crate) fn apply(&self, update: CacheUpdate) {
         match update {
             CacheUpdate::Delete { uid } => {
                 self.shared.pods.remove(&uid);

@@ -11,8 +11,9 @@
 //! deletion, before its CRI status says EXITED (measured: a ContainerStatus 3.5 ms
 //! after the hook still read RUNNING; the status flips once `runc delete` is done,
 //! tens of milliseconds later, up to about a second in a burst of exits). So a hook's
-//! pod is relisted at once and again after each of [`FOLLOW_UPS`]; a relist that finds
-//! nothing new publishes nothing, and one a newer global relist covered is skipped.
+//! pod is relisted at once and again after each of [`FOLLOW_UPS`] — unless the cache
+//! already shows what the hook announced (the container exited or gone, the sandbox
+//! not ready or gone): a burst of exits does not multiply into a burst of reads.
 //!
 //! One connection attempt is one NRI registration: dial the socket, RegisterPlugin,
 //! wait for Configure. No socket (NRI disabled in the runtime) is `unsupported`,
@@ -20,44 +21,116 @@
 //! plegd missing a hook timeout — which the immediate answer rules out) ends the
 //! stream; the watcher reconnects with the usual backoff.
 
+use std::cell::Cell;
 use std::io;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::future::LocalBoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt as _, StreamExt as _};
-use plegd_nri::{NriHint, Plugin, PluginConfig, SessionEnd};
+use plegd_nri::{Change, NriHint, Plugin, PluginConfig, SessionEnd};
+use plegd_runtime::{ContainerState, SandboxState};
 use plegd_telemetry::{HintSourceName, Metrics, RequestResult};
 use tokio::sync::mpsc;
 
+use crate::cache::PodCache;
 use crate::event::RelistSource;
 use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
 
 /// Hints waiting between the plugin's hook handlers and the watcher.
 const HINT_QUEUE: usize = 1024;
 
-/// When a hook's pod is read again after the immediate read (since the hook): the
-/// runtime's status catches up with the hook within these in the usual case, and the
-/// global relist (default every second) covers the rest.
-pub(crate) const FOLLOW_UPS: [Duration; 5] = [
-    Duration::from_millis(25),
-    Duration::from_millis(75),
+/// When a hook's pod is read again after the immediate read (since the hook), until
+/// the cache shows what the hook announced: densely where the runtime's status
+/// usually catches up (measured on containerd 1.7: EXITED 55–200 ms after the hook),
+/// then sparser, for runtimes slowed by a burst of exits. The global relist (every
+/// second by default) covers whatever is left.
+pub(crate) const FOLLOW_UPS: [Duration; 13] = [
+    Duration::from_millis(20),
+    Duration::from_millis(40),
+    Duration::from_millis(60),
+    Duration::from_millis(80),
+    Duration::from_millis(100),
     Duration::from_millis(150),
+    Duration::from_millis(200),
     Duration::from_millis(300),
-    Duration::from_millis(600),
+    Duration::from_millis(500),
+    Duration::from_millis(800),
+    Duration::from_millis(1_200),
+    Duration::from_millis(2_000),
+    Duration::from_millis(3_000),
 ];
+
+/// One call of the runtime, or a later look at it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    hint: NriHint,
+    follow_up: bool,
+    /// Shared by a hook's follow-ups: the read time of the cache entry that first
+    /// showed what the hook announced.
+    settled_at: Rc<Cell<Option<SystemTime>>>,
+}
 
 pub struct Nri {
     config: PluginConfig,
     metrics: Arc<Metrics>,
+    /// Read only: whether a follow-up still has something to find.
+    cache: PodCache,
 }
 
 impl Nri {
-    pub fn new(config: PluginConfig, metrics: Arc<Metrics>) -> Self {
-        Nri { config, metrics }
+    pub fn new(config: PluginConfig, metrics: Arc<Metrics>, cache: PodCache) -> Self {
+        Nri {
+            config,
+            metrics,
+            cache,
+        }
     }
+}
+
+/// When the cache's entry that shows what `hint` announced was read; `None` while it
+/// does not (a pod or container the cache does not know is not settled: the pod may be
+/// newer than the last global relist).
+///
+/// Seeing it settled is not enough to stop: plegd's events come from the container
+/// list, its cache from ContainerStatus, and the runtime's status can flip between a
+/// relist's two calls — that relist caches EXITED and publishes nothing. Only a read
+/// that began after the one showing it settled is sure to have published the change.
+fn settled(cache: &PodCache, hint: &NriHint) -> Option<SystemTime> {
+    let uid = match hint {
+        NriHint::Synchronized { .. } => return None,
+        NriHint::Container {
+            pod, container_id, ..
+        } => pod
+            .as_ref()
+            .map(|p| p.uid.clone())
+            .filter(|u| !u.is_empty())
+            .or_else(|| cache.pod_of_container(container_id)),
+        NriHint::Sandbox { pod, .. } => Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+    };
+    let entry = uid.and_then(|uid| cache.get(&uid))?;
+    let status = entry.status?;
+    let settled = match hint {
+        NriHint::Container {
+            change,
+            container_id,
+            ..
+        } => match status.containers.iter().find(|c| c.id == *container_id) {
+            None => true,
+            Some(c) => *change == Change::Stopped && c.state == ContainerState::Exited,
+        },
+        NriHint::Sandbox { change, pod } => {
+            match status.sandboxes.iter().find(|s| s.id == pod.sandbox_id) {
+                None => true,
+                Some(s) => *change == Change::Stopped && s.state == SandboxState::NotReady,
+            }
+        }
+        NriHint::Synchronized { .. } => false,
+    };
+    settled.then_some(entry.modified)
 }
 
 /// How a failed registration counts: no socket, or nobody listening on it, means the
@@ -103,21 +176,31 @@ fn hint_of(item: NriHint) -> Option<Hint> {
 fn with_follow_ups(
     mut hints: mpsc::Receiver<NriHint>,
     end: LocalBoxFuture<'static, SessionEnd>,
-) -> ItemStream<NriHint> {
+) -> ItemStream<Call> {
     let mut later = FuturesUnordered::new();
     let mut end = Some(end);
     futures::stream::poll_fn(move |cx| {
         if let Poll::Ready(Some(hint)) = hints.poll_recv(cx) {
+            let settled_at = Rc::new(Cell::new(None));
             if !matches!(hint, NriHint::Synchronized { .. }) {
                 for delay in FOLLOW_UPS {
-                    let again = hint.clone();
+                    let again = Call {
+                        hint: hint.clone(),
+                        follow_up: true,
+                        settled_at: settled_at.clone(),
+                    };
                     later.push(tokio::time::sleep(delay).map(move |()| again));
                 }
             }
-            return Poll::Ready(Some(Ok(hint)));
+            let call = Call {
+                hint,
+                follow_up: false,
+                settled_at,
+            };
+            return Poll::Ready(Some(Ok(call)));
         }
-        if let Poll::Ready(Some(hint)) = later.poll_next_unpin(cx) {
-            return Poll::Ready(Some(Ok(hint)));
+        if let Poll::Ready(Some(call)) = later.poll_next_unpin(cx) {
+            return Poll::Ready(Some(Ok(call)));
         }
         match end.as_mut().map(|e| e.poll_unpin(cx)) {
             Some(Poll::Ready(session_end)) => {
@@ -132,7 +215,7 @@ fn with_follow_ups(
 }
 
 impl HintSource for Nri {
-    type Item = NriHint;
+    type Item = Call;
 
     fn name(&self) -> HintSourceName {
         HintSourceName::Nri
@@ -172,8 +255,18 @@ impl HintSource for Nri {
         .boxed_local()
     }
 
-    fn hint(&mut self, item: NriHint, _ctx: ItemContext) -> Option<Hint> {
-        hint_of(item)
+    fn hint(&mut self, call: Call, _ctx: ItemContext) -> Option<Hint> {
+        if call.follow_up {
+            if let Some(read_at) = settled(&self.cache, &call.hint) {
+                match call.settled_at.get() {
+                    // A read after the one that showed it: the change is published.
+                    Some(first) if read_at > first => return None,
+                    Some(_) => {}
+                    None => call.settled_at.set(Some(read_at)),
+                }
+            }
+        }
+        hint_of(call.hint)
     }
 }
 
@@ -255,15 +348,139 @@ mod tests {
         }
         // The hook and the Synchronize at once; the hook again after each delay,
         // the Synchronize never again.
-        assert_eq!(seen[0], (Duration::ZERO, stop.clone()));
-        assert!(matches!(seen[1].1, NriHint::Synchronized { .. }));
+        let what = |(at, call): &(Duration, Call)| (*at, call.hint.clone(), call.follow_up);
+        assert_eq!(what(&seen[0]), (Duration::ZERO, stop.clone(), false));
+        assert!(matches!(seen[1].1.hint, NriHint::Synchronized { .. }));
         for (i, delay) in FOLLOW_UPS.iter().enumerate() {
-            assert_eq!(seen[2 + i], (*delay, stop.clone()));
+            assert_eq!(what(&seen[2 + i]), (*delay, stop.clone(), true));
+            // One hook's follow-ups share what they saw.
+            assert!(Rc::ptr_eq(&seen[2 + i].1.settled_at, &seen[0].1.settled_at));
         }
         // The connection's end is an error item, then the stream ends.
         drop(end_tx);
         assert!(items.next().await.expect("the end").is_err());
         assert!(items.next().await.is_none());
+    }
+
+    /// A cache holding pod `u1`: container `c1` in `c1_state`, sandbox `s1` in
+    /// `s1_state`.
+    fn cache_with(c1_state: ContainerState, s1_state: SandboxState) -> PodCache {
+        let (owner, cache) = crate::cache::CacheOwner::new();
+        write(&owner, c1_state, s1_state);
+        cache
+    }
+
+    /// A read of pod `u1` (now) into the cache.
+    fn write(owner: &crate::cache::CacheOwner, c1_state: ContainerState, s1_state: SandboxState) {
+        let pod_ref = plegd_runtime::PodRef {
+            uid: "u1".into(),
+            name: "web".into(),
+            namespace: "ns".into(),
+        };
+        let status = crate::pleg::PodStatus {
+            pod: pod_ref.clone(),
+            sandboxes: vec![plegd_runtime::Sandbox {
+                id: "s1".into(),
+                pod: pod_ref,
+                attempt: 0,
+                state: s1_state,
+                created_at: 1,
+            }],
+            containers: vec![plegd_runtime::ContainerStatus {
+                id: "c1".into(),
+                sandbox_id: "s1".into(),
+                name: "app".into(),
+                attempt: 0,
+                state: c1_state,
+                created_at: 1,
+                started_at: 1,
+                finished_at: 0,
+                exit_code: 0,
+                reason: String::new(),
+                message: String::new(),
+                image: String::new(),
+            }],
+        };
+        owner.apply(crate::pleg::CacheUpdate::Set {
+            uid: "u1".into(),
+            status: Ok(status),
+            read_at: SystemTime::now(),
+        });
+    }
+
+    #[test]
+    fn a_follow_up_is_skipped_once_the_cache_shows_what_the_hook_announced() {
+        use ContainerState::*;
+        use SandboxState::*;
+        let ctr = |change, uid: &str, id: &str| NriHint::Container {
+            change,
+            pod: Some(pod(uid, "s1")),
+            container_id: id.into(),
+        };
+        let sandbox = |change, id: &str| NriHint::Sandbox {
+            change,
+            pod: pod("u1", id),
+        };
+        let running = cache_with(Running, Ready);
+        let exited = cache_with(Exited, NotReady);
+        // Stopped: settled once exited (or gone), not while running.
+        assert!(settled(&running, &ctr(Change::Stopped, "u1", "c1")).is_none());
+        assert!(settled(&exited, &ctr(Change::Stopped, "u1", "c1")).is_some());
+        assert!(settled(&running, &ctr(Change::Stopped, "u1", "gone")).is_some());
+        // Without a UID the cache maps the container.
+        assert!(settled(&exited, &ctr(Change::Stopped, "", "c1")).is_some());
+        // Removed: settled only once gone.
+        assert!(settled(&exited, &ctr(Change::Removed, "u1", "c1")).is_none());
+        assert!(settled(&exited, &ctr(Change::Removed, "u1", "gone")).is_some());
+        // Sandboxes alike.
+        assert!(settled(&running, &sandbox(Change::Stopped, "s1")).is_none());
+        assert!(settled(&exited, &sandbox(Change::Stopped, "s1")).is_some());
+        assert!(settled(&exited, &sandbox(Change::Removed, "s1")).is_none());
+        assert!(settled(&exited, &sandbox(Change::Removed, "s2")).is_some());
+        // A pod the cache does not know: keep looking.
+        assert!(settled(&exited, &ctr(Change::Stopped, "u9", "c9")).is_none());
+    }
+
+    #[test]
+    fn follow_ups_stop_once_a_read_after_the_one_showing_the_exit_is_in() {
+        use ContainerState::*;
+        use SandboxState::*;
+        let (owner, cache) = crate::cache::CacheOwner::new();
+        write(&owner, Running, Ready);
+        let mut source = Nri::new(
+            PluginConfig::new("/nonexistent"),
+            Arc::new(Metrics::new()),
+            cache,
+        );
+        let ctx = ItemContext {
+            attempt_started: None,
+        };
+        let settled_at = Rc::new(Cell::new(None));
+        let call = |follow_up| Call {
+            hint: NriHint::Container {
+                change: Change::Stopped,
+                pod: Some(pod("u1", "s1")),
+                container_id: "c1".into(),
+            },
+            follow_up,
+            settled_at: settled_at.clone(),
+        };
+        let asks = |h: Option<Hint>| matches!(h, Some(Hint::Pod { .. }));
+        // The hook always asks; a follow-up asks while the cache says running.
+        assert!(asks(source.hint(call(false), ctx)));
+        assert!(asks(source.hint(call(true), ctx)));
+        // A read cached EXITED (maybe one whose container list still said running:
+        // nothing published): the follow-ups still ask, until a later read is in.
+        std::thread::sleep(Duration::from_millis(2));
+        write(&owner, Exited, Ready);
+        assert!(asks(source.hint(call(true), ctx)));
+        assert!(asks(source.hint(call(true), ctx)));
+        std::thread::sleep(Duration::from_millis(2));
+        write(&owner, Exited, Ready);
+        assert_eq!(source.hint(call(true), ctx), None);
+        assert_eq!(source.hint(call(true), ctx), None);
+        // The hook itself always asks.
+        assert!(asks(source.hint(call(false), ctx)));
     }
 
     #[test]

@@ -103,7 +103,11 @@ pub(crate) fn start_source(
             deps,
         )),
         HintSourceName::Nri => Some(RunningSource::start(
-            Nri::new(plegd_nri::PluginConfig::new(nri_socket), metrics.clone()),
+            Nri::new(
+                plegd_nri::PluginConfig::new(nri_socket),
+                metrics.clone(),
+                deps.cache.clone(),
+            ),
             deps,
         )),
         HintSourceName::ContainerdEvents => {
