@@ -86,6 +86,19 @@ async fn nri_hooks_relist_their_pod_and_a_synchronize_relists_everything() {
     assert_eq!(died.event.pod.uid, "uid-1");
     assert_eq!(died.event.exit.as_ref().map(|e| e.code), Some(3));
 
+    // The same stop again, both ways (a runtime retrying, or the old and the new
+    // RPC): nothing new to publish.
+    conn.stop_container(&nri_pod, &container(&c, &sb, "app"))
+        .await
+        .unwrap();
+    conn.state_change(
+        plegd_nri::api::Event::StopContainer,
+        &nri_pod,
+        Some(&container(&c, &sb, "app")),
+    )
+    .await
+    .unwrap();
+
     // A hook that names no pod UID (the old StateChange path, here without one) is
     // mapped to the pod through the cache.
     rt.exit_container(&c2, 0);
@@ -97,8 +110,16 @@ async fn nri_hooks_relist_their_pod_and_a_synchronize_relists_everything() {
     )
     .await
     .unwrap();
-    let died = expect_event(&sub, EventKind::ContainerDied, &c2).await;
-    assert_eq!(died.event.relist_source, RelistSource::Nri);
+    let got = recv_until(&sub, "c2's death", |d| {
+        d.event.kind == EventKind::ContainerDied && d.event.container_id == c2
+    })
+    .await;
+    assert_eq!(
+        got.len(),
+        1,
+        "the duplicate stops published nothing: {got:?}"
+    );
+    assert_eq!(got[0].event.relist_source, RelistSource::Nri);
 
     // The sandbox's stop and removal.
     rt.stop_pod(&sb);
