@@ -4,7 +4,7 @@
 #
 # Usage:  scripts/containerd-down.sh [BASE] [--purge | --purge-all]
 #   BASE defaults to $PLEGD_CRI_BASE, else /var/lib/plegd-ci (with PLEGD_CRI_CONTAINERD=1.6
-#   the default gets a "-1.6" suffix, as in containerd-up.sh)
+#   or 2 the default gets a "-1.6" or "-2.1" suffix, as in containerd-up.sh)
 #
 #   1. if this BASE's containerd (PID from BASE/containerd.pid, cmdline checked) is up:
 #      kills and deletes every task and container in every namespace with ctr (CRI pods
@@ -23,6 +23,7 @@ set -uo pipefail
 
 case "${PLEGD_CRI_CONTAINERD:-1.7}" in
     1.6) BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}-1.6" ;;
+    2|2.*) BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}-2.1" ;;
     *) BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}" ;;
 esac
 PURGE=0
@@ -47,8 +48,12 @@ log() { printf '[containerd-down %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 CTR=""
 if [ -f "$BASE/flavor" ] && [ "$(cat "$BASE/flavor")" = 1.6 ] && [ -x "$BASE/bin-1.6/ctr" ]; then
     CTR="$BASE/bin-1.6/ctr"
+elif [ -f "$BASE/flavor" ] && [ "$(cat "$BASE/flavor")" = 2 ] && [ -x "$BASE/bin-2/ctr" ]; then
+    CTR="$BASE/bin-2/ctr"
 elif [ -x "$BASE/bin/ctr" ]; then
     CTR="$BASE/bin/ctr"
+elif [ -x "$BASE/bin-2/ctr" ]; then
+    CTR="$BASE/bin-2/ctr"
 elif [ -x "$BASE/bin-1.6/ctr" ]; then
     CTR="$BASE/bin-1.6/ctr"
 fi
@@ -57,11 +62,15 @@ ctr_() { [ -n "$CTR" ] && timeout 30 "$CTR" --address "$SOCK" "$@"; }
 # shellcheck source-path=SCRIPTDIR source=lib/containerd-pid.sh
 . "$(dirname "$(readlink -f "$0")")/lib/containerd-pid.sh"
 
-# shim sockets of this instance, read from the bundles' "address" files
+# shim sockets of this instance, read from the bundles' "address" files (1.x) or
+# "bootstrap.json" files (2.x: {"version":3,"address":"unix:///run/containerd/s/..",..})
 shim_sockets() {
     local f
     for f in "$BASE"/state/io.containerd.runtime.v2.task/*/*/address; do
         [ -f "$f" ] && { sed 's|^unix://||' "$f"; echo; }   # the files have no trailing newline
+    done
+    for f in "$BASE"/state/io.containerd.runtime.v2.task/*/*/bootstrap.json; do
+        [ -f "$f" ] && { sed -n 's|.*"address" *: *"unix://\([^"]*\)".*|\1|p' "$f"; echo; }
     done
 }
 SHIM_SOCKS="$(shim_sockets)"

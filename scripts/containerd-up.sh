@@ -5,7 +5,7 @@
 #
 # Usage:  scripts/containerd-up.sh [BASE]
 #   BASE     state directory (default: $PLEGD_CRI_BASE, else /var/lib/plegd-ci; with
-#            PLEGD_CRI_CONTAINERD=1.6 the default gets a "-1.6" suffix)
+#            PLEGD_CRI_CONTAINERD=1.6 or 2 the default gets a "-1.6" or "-2.1" suffix)
 #   stdout:  exactly one line, the CRI socket path (SOCK=$(scripts/containerd-up.sh) works;
 #            the plegd endpoint is unix://$SOCK)
 #   stderr:  progress log
@@ -23,6 +23,11 @@
 #        1.6 (PLEGD_CRI_CONTAINERD=1.6): bookworm's containerd 1.6.20 .deb from the
 #            system's sources -> BASE/bin-1.6 (its CRI answers GetContainerEvents with
 #            Unimplemented: used to test plegd against a runtime without the stream)
+#        2.1 (PLEGD_CRI_CONTAINERD=2): Debian sid's containerd 2.x .deb (2.1.9 when
+#            written; it needs only GLIBC_2.34), through a throw-away apt config under
+#            BASE/cache/sid -> BASE/bin-2. Config version 3: the CRI plugin split into
+#            io.containerd.cri.v1.runtime / .images, NRI on, and an unpack config for
+#            the transfer service (2.x's `ctr images import` unpacks through it).
 #   3. BASE/config.toml: private root/state/socket, CRI with restrict_oom_score_adj=true
 #      (root here lacks CAP_SYS_RESOURCE), runc via cgroupfs, overlayfs (native when BASE
 #      sits on overlayfs), empty CNI dirs (tests use host-network pods),
@@ -36,9 +41,10 @@
 #
 # Env knobs:
 #   PLEGD_CRI_BASE         base dir (the first argument wins)
-#   PLEGD_CRI_CONTAINERD   1.7 (default) | 1.6
+#   PLEGD_CRI_CONTAINERD   1.7 (default) | 1.6 | 2 (containerd 2.1)
 #   PLEGD_CRI_SNAPSHOTTER  overlayfs | native (default: auto)
-#   PLEGD_CRI_NRI=1        enable containerd 1.7's NRI plugin (socket BASE/nri.sock)
+#   PLEGD_CRI_NRI=1        enable containerd 1.7's NRI plugin (socket BASE/nri.sock); 2.x
+#                          has it on unless PLEGD_CRI_NRI=0
 #   PLEGD_CRI_LOG_LEVEL    containerd log level (default info)
 #   PLEGD_CRI_RUNC         runc binary (default: runc on PATH, i.e. bookworm's /usr/sbin/runc)
 #   PLEGD_CRI_TIMEOUT      seconds to wait for CRI (default 60)
@@ -52,10 +58,11 @@ FLAVOR="${PLEGD_CRI_CONTAINERD:-1.7}"
 case "$FLAVOR" in
     1.7) DEFAULT_BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}"; BIN_NAME=bin ;;
     1.6) DEFAULT_BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}-1.6"; BIN_NAME=bin-1.6 ;;
-    *) echo "[containerd-up] PLEGD_CRI_CONTAINERD must be 1.7 or 1.6, not '$FLAVOR'" >&2; exit 2 ;;
+    2|2.*) FLAVOR=2; DEFAULT_BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}-2.1"; BIN_NAME=bin-2 ;;
+    *) echo "[containerd-up] PLEGD_CRI_CONTAINERD must be 1.7, 1.6 or 2, not '$FLAVOR'" >&2; exit 2 ;;
 esac
 BASE="${1:-$DEFAULT_BASE}"
-case "$BASE" in -h|--help) sed -n '2,48p' "$0" >&2; exit 0 ;; esac
+case "$BASE" in -h|--help) sed -n '2,55p' "$0" >&2; exit 0 ;; esac
 
 log() { printf '[containerd-up %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -169,25 +176,34 @@ install_bins() {   # install_bins DEB: dpkg -x, then copy the three binaries to 
     done
     rm -rf "$x"
 }
+# debian_deb SUITE VERSION_PREFIX: SUITE's containerd .deb, downloaded once through a
+# throw-away apt config under $CACHE/SUITE (the system's sources are never changed)
+debian_deb() {
+    local suite="$1" ver="$2" dir="$CACHE/$1"
+    mkdir -p "$dir/lists/partial"
+    echo "deb http://deb.debian.org/debian $suite main" >"$dir/$suite.list"
+    local opts=(-o "Dir::Etc::sourcelist=$dir/$suite.list" -o "Dir::Etc::sourceparts=-"
+           -o "Dir::State::Lists=$dir/lists" -o "APT::Get::List-Cleanup=0"
+           -o "Dir::Cache::pkgcache=$dir/pkgcache.bin" -o "Dir::Cache::srcpkgcache=$dir/srcpkgcache.bin"
+           -o "APT::Sandbox::User=root")
+    if ! ls "$dir"/containerd_"$ver".*.deb >/dev/null 2>&1; then
+        log "apt-get update (temporary $suite config, not added to the system sources)"
+        apt-get "${opts[@]}" update -qq >&2
+        log "apt-get download containerd ($suite): $(apt-cache "${opts[@]}" policy containerd | awk '/Candidate/{print $2}')"
+        (cd "$dir" && apt-get "${opts[@]}" download -qq containerd >&2)
+    fi
+    last_match "$dir"/containerd_"$ver".*.deb
+}
 want_re=' 1\.7\.'
 [ "$FLAVOR" = 1.6 ] && want_re=' 1\.6\.'
+[ "$FLAVOR" = 2 ] && want_re=' 2\.'
 if ! { [ -x "$BIN/containerd" ] && "$BIN/containerd" --version 2>/dev/null | grep -q "$want_re"; }; then
     if [ "$FLAVOR" = 1.7 ]; then
-        TRX="$CACHE/trixie"
-        mkdir -p "$TRX/lists/partial"
-        echo "deb http://deb.debian.org/debian trixie main" >"$TRX/trixie.list"
-        TOPTS=(-o "Dir::Etc::sourcelist=$TRX/trixie.list" -o "Dir::Etc::sourceparts=-"
-               -o "Dir::State::Lists=$TRX/lists" -o "APT::Get::List-Cleanup=0"
-               -o "Dir::Cache::pkgcache=$TRX/pkgcache.bin" -o "Dir::Cache::srcpkgcache=$TRX/srcpkgcache.bin"
-               -o "APT::Sandbox::User=root")
-        if ! ls "$TRX"/containerd_1.7.*.deb >/dev/null 2>&1; then
-            log "apt-get update (temporary trixie config, not added to the system sources)"
-            apt-get "${TOPTS[@]}" update -qq >&2
-            log "apt-get download containerd (trixie): $(apt-cache "${TOPTS[@]}" policy containerd | awk '/Candidate/{print $2}')"
-            (cd "$TRX" && apt-get "${TOPTS[@]}" download -qq containerd >&2)
-        fi
-        deb="$(last_match "$TRX"/containerd_1.7.*.deb)"
+        deb="$(debian_deb trixie 1.7)"
         [ -n "$deb" ] || die "no containerd 1.7 .deb downloaded from trixie"
+    elif [ "$FLAVOR" = 2 ]; then
+        deb="$(debian_deb sid 2)"
+        [ -n "$deb" ] || die "no containerd 2.x .deb downloaded from sid"
     else
         BWM="$CACHE/bookworm"
         mkdir -p "$BWM"
@@ -214,9 +230,11 @@ if [ -z "$SNAP" ]; then
     esac
 fi
 NRI_SECTION=""
-if [ "$FLAVOR" = 1.7 ]; then
+if [ "$FLAVOR" != 1.6 ]; then
     NRI_DISABLE=true
     [ "${PLEGD_CRI_NRI:-0}" = 1 ] && NRI_DISABLE=false
+    # containerd 2.x has NRI on by default
+    [ "$FLAVOR" = 2 ] && [ "${PLEGD_CRI_NRI:-1}" != 0 ] && NRI_DISABLE=false
     mkdir -p "$BASE/nri/plugins" "$BASE/nri/conf.d"
     NRI_SECTION="[plugins.\"io.containerd.nri.v1.nri\"]
   disable = $NRI_DISABLE
@@ -224,6 +242,85 @@ if [ "$FLAVOR" = 1.7 ]; then
   plugin_path = \"$BASE/nri/plugins\"
   plugin_config_path = \"$BASE/nri/conf.d\""
 fi
+if [ "$FLAVOR" = 2 ]; then
+# containerd 2.x: config version 3. The 1.x CRI plugin is split in three: cri.v1.images
+# (snapshotter, sandbox image = pinned_images.sandbox), cri.v1.runtime (runtimes, CNI,
+# security settings) and grpc.v1.cri (only the streaming server is left in it).
+cat >"$BASE/config.toml" <<EOF
+# generated by plegd's scripts/containerd-up.sh - private containerd 2.x for CRI tests
+version = 3
+root = "$BASE/root"
+state = "$BASE/state"
+oom_score = 0
+# plugins that cannot work here or are not needed; they would only log load errors
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.differ.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "$SOCK"
+  uid = 0
+  gid = 0
+
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[debug]
+  level = "${PLEGD_CRI_LOG_LEVEL:-info}"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$BASE/opt"
+
+$NRI_SECTION
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "$SNAP"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  disable_apparmor = true
+  enable_selinux = false
+  # REQUIRED here, as for 1.7: root lacks CAP_SYS_RESOURCE
+  restrict_oom_score_adj = true
+  # CDI (on by default in 2.x) would watch /etc/cdi and /var/run/cdi
+  enable_cdi = false
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "$RUNC"
+        Root = "$BASE/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    # empty on purpose: host-network pods (NamespaceOption.network = NODE) need no CNI
+    bin_dirs = ["$BASE/cni/bin"]
+    conf_dir = "$BASE/cni/net.d"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+# 2.x imports (and pulls) through the transfer service, which unpacks only for these
+# platform/snapshotter pairs (default: overlayfs only; native would fail "no unpack
+# platforms defined")
+[[plugins."io.containerd.transfer.v1.local".unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "$SNAP"
+  differ = "walking"
+EOF
+else
 cat >"$BASE/config.toml" <<EOF
 # generated by plegd's scripts/containerd-up.sh - private containerd $FLAVOR for CRI tests
 version = 2
@@ -283,6 +380,7 @@ $NRI_SECTION
     bin_dir = "$BASE/cni/bin"
     conf_dir = "$BASE/cni/net.d"
 EOF
+fi
 
 # ---------------------------------------------------------------- 4a. build images (offline)
 build_images() {

@@ -4,11 +4,11 @@
 # cargo-deny, cargo-machete, the deployment files' validators), then every test (unit,
 # component, mock-CRI-server, deployment-file and real-runtime tests).
 #
-# The real-runtime tests (integration-tests/tests/containerd.rs) need root: a private
-# containerd 1.7 (and bookworm's 1.6.20 for the Unimplemented case) is started here in
-# the background while the linters run, and stopped and purged at the end, whatever
-# happens (docs/containerd.md). State lives under $PLEGD_CRI_BASE (default
-# /var/lib/plegd-ci) and $PLEGD_CRI_BASE-1.6.
+# The real-runtime tests (integration-tests/tests/containerd*.rs) need root: a private
+# containerd 1.7, Debian sid's 2.1 and bookworm's 1.6.20 (for the Unimplemented case)
+# are started here in the background while the linters run, and stopped and purged at
+# the end, whatever happens (docs/containerd.md). State lives under $PLEGD_CRI_BASE
+# (default /var/lib/plegd-ci), $PLEGD_CRI_BASE-2.1 and $PLEGD_CRI_BASE-1.6.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -22,14 +22,16 @@ stop_containerd() {
     if [ -n "$up_pid" ]; then wait "$up_pid" 2>/dev/null || true; fi
     echo "[test] stopping containerd" >&2
     bash scripts/containerd-down.sh "$PLEGD_CRI_BASE" --purge || true
+    PLEGD_CRI_CONTAINERD=2 bash scripts/containerd-down.sh "$PLEGD_CRI_BASE-2.1" --purge || true
     PLEGD_CRI_CONTAINERD=1.6 bash scripts/containerd-down.sh "$PLEGD_CRI_BASE-1.6" --purge || true
     rm -f "$up_log"
 }
 trap stop_containerd EXIT
-echo "[test] starting containerd 1.7 and 1.6 in the background (log: $up_log)" >&2
+echo "[test] starting containerd 1.7, 2.1 and 1.6 in the background (log: $up_log)" >&2
 (
     set -e
     PLEGD_CRI_NRI=1 bash scripts/containerd-up.sh "$PLEGD_CRI_BASE"
+    PLEGD_CRI_CONTAINERD=2 bash scripts/containerd-up.sh "$PLEGD_CRI_BASE-2.1"
     PLEGD_CRI_CONTAINERD=1.6 bash scripts/containerd-up.sh "$PLEGD_CRI_BASE-1.6"
 ) >"$up_log" 2>&1 &
 up_pid=$!

@@ -60,6 +60,17 @@ impl PodCache {
         })
     }
 
+    /// True when the cache has this container as exited (sandboxes: never).
+    pub fn container_exited(&self, id: &str) -> bool {
+        self.shared.pods.iter().any(|e| {
+            e.value().status.as_ref().is_some_and(|s| {
+                s.containers
+                    .iter()
+                    .any(|c| c.id == id && c.state == plegd_runtime::ContainerState::Exited)
+            })
+        })
+    }
+
     /// Number of pods cached.
     pub fn len(&self) -> usize {
         self.shared.pods.len()

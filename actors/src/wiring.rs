@@ -110,7 +110,7 @@ impl Pleg {
         let sources = cfg
             .hint_sources
             .iter()
-            .filter_map(|&name| {
+            .map(|&name| {
                 let queue = dispatcher.queue.clone();
                 let deps = WatcherDeps {
                     router: router.clone(),

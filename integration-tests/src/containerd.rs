@@ -51,6 +51,8 @@ pub enum Flavor {
     V1_7,
     /// Debian bookworm's containerd 1.6.20: GetContainerEvents is Unimplemented.
     V1_6,
+    /// Debian sid's containerd 2.1.x: CRI events go to every stream.
+    V2_1,
 }
 
 impl Flavor {
@@ -58,6 +60,7 @@ impl Flavor {
         match self {
             Flavor::V1_7 => "1.7",
             Flavor::V1_6 => "1.6",
+            Flavor::V2_1 => "2",
         }
     }
 }
@@ -75,16 +78,21 @@ fn workspace_root() -> PathBuf {
 }
 
 /// The state directory of `flavor`: `$PLEGD_CRI_BASE` or `/var/lib/plegd-ci`, with a
-/// `-1.6` suffix for 1.6 (the scripts' defaults; the two never share state).
+/// `-1.6` or `-2.1` suffix for 1.6 and 2.1 (the scripts' defaults; they never share
+/// state).
 pub fn base_dir(flavor: Flavor) -> PathBuf {
     let base = std::env::var_os("PLEGD_CRI_BASE")
         .filter(|b| !b.is_empty())
         .unwrap_or_else(|| "/var/lib/plegd-ci".into());
     match flavor {
         Flavor::V1_7 => PathBuf::from(base),
-        Flavor::V1_6 => {
+        Flavor::V1_6 | Flavor::V2_1 => {
             let mut b = base;
-            b.push("-1.6");
+            b.push(if flavor == Flavor::V1_6 {
+                "-1.6"
+            } else {
+                "-2.1"
+            });
             PathBuf::from(b)
         }
     }
@@ -104,8 +112,8 @@ pub fn run_up_script(flavor: Flavor, base: &Path) -> Result<PathBuf, String> {
         .arg(&script)
         .arg(base)
         .env("PLEGD_CRI_CONTAINERD", flavor.as_str())
-        // 1.7 always with NRI (no plugin registered changes nothing for the other
-        // tests): the NRI tests register one on BASE/nri.sock.
+        // NRI on (1.7 only with this; 2.x has it on anyway; a runtime with no plugin
+        // registered behaves as without): the NRI tests register one on BASE/nri.sock.
         .env("PLEGD_CRI_NRI", "1")
         .output()
         .map_err(|e| format!("cannot run bash {}: {e}", script.display()))?;
@@ -131,6 +139,7 @@ pub fn run_up_script(flavor: Flavor, base: &Path) -> Result<PathBuf, String> {
 
 static V1_7: OnceLock<Result<Containerd, String>> = OnceLock::new();
 static V1_6: OnceLock<Result<Containerd, String>> = OnceLock::new();
+static V2_1: OnceLock<Result<Containerd, String>> = OnceLock::new();
 
 /// The containerd of `flavor`, brought up once per process. Panics (the test fails)
 /// with the reason when it cannot be started.
@@ -151,6 +160,7 @@ pub fn try_containerd(flavor: Flavor) -> Result<&'static Containerd, String> {
     let cell = match flavor {
         Flavor::V1_7 => &V1_7,
         Flavor::V1_6 => &V1_6,
+        Flavor::V2_1 => &V2_1,
     };
     cell.get_or_init(|| {
         let base = base_dir(flavor);
@@ -178,7 +188,8 @@ impl Containerd {
         format!("unix://{}", self.socket.display())
     }
 
-    /// Its NRI socket (`scripts/containerd-up.sh` with `PLEGD_CRI_NRI=1`, 1.7 only).
+    /// Its NRI socket (`scripts/containerd-up.sh` with `PLEGD_CRI_NRI=1` on 1.7; on by
+    /// default on 2.x; none on 1.6).
     pub fn nri_socket(&self) -> PathBuf {
         self.base.join("nri.sock")
     }

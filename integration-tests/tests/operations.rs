@@ -73,6 +73,17 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
         "evented_pleg",
         "post_sync",
         "post_allocation",
+        "nri",
+        "containerd_events",
+        // Hint sources and their states.
+        "cri-events",
+        "containerd-events",
+        "off",
+        "detected",
+        "connecting",
+        "streaming",
+        "waiting",
+        "unsupported",
         "queued",
         "coalesced",
         "dropped",
@@ -96,7 +107,7 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
             let v = v.trim_matches('"');
             match k {
                 "le" => assert!(v == "+Inf" || v.parse::<f64>().is_ok(), "{series}"),
-                "relist_source" | "result" | "phase" | "type" => {
+                "relist_source" | "result" | "phase" | "type" | "source" | "state" => {
                     assert!(allowed_values.contains(&v), "label value {v:?} in {series}")
                 }
                 other => panic!("unexpected label {other} in {series}"),

@@ -1,7 +1,8 @@
 //! The CRI runtime client: tonic over a unix socket.
 //!
 //! Two channels to the same socket: one for unary calls, each bounded by the request
-//! timeout, and one for the event stream with no timeout at all — containerd sends no
+//! timeout, and one for the event streams (CRI's, and containerd's event service)
+//! with no timeout at all — containerd sends no
 //! response headers until the first event, so any deadline on the stream would kill an
 //! idle stream (and on containerd 1.7 each killed stream swallows a later event).
 //! Channels are lazy and must be built inside a long-lived tokio runtime (the actix
@@ -18,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use crate::containerd_events::{self, EventsClient, SubscribeRequest, TaskEventStream};
 use crate::convert;
 use crate::{
     Container, ContainerStatus, EventStream, RuntimeClient, RuntimeError, RuntimeVersion, Sandbox,
@@ -57,6 +59,8 @@ pub struct CriRuntime {
     socket: PathBuf,
     unary: RuntimeServiceClient<Channel>,
     stream: RuntimeServiceClient<Channel>,
+    /// containerd's event service, on the streams' channel.
+    events: EventsClient<Channel>,
     timeout: Duration,
     max_message_size: usize,
 }
@@ -86,12 +90,14 @@ impl CriRuntime {
     /// Must be called inside a tokio runtime that outlives the client.
     pub fn new(endpoint: &str, request_timeout: Duration) -> Result<Self, RuntimeError> {
         let socket = parse_unix_endpoint(endpoint)?;
+        let streams = unix_channel(&socket);
         Ok(CriRuntime {
             endpoint: endpoint.to_string(),
             unary: RuntimeServiceClient::new(unix_channel(&socket))
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
-            stream: RuntimeServiceClient::new(unix_channel(&socket))
+            stream: RuntimeServiceClient::new(streams.clone())
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
+            events: EventsClient::new(streams).max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
             socket,
             timeout: request_timeout,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
@@ -102,6 +108,7 @@ impl CriRuntime {
     pub fn with_max_message_size(mut self, bytes: usize) -> Self {
         self.unary = self.unary.max_decoding_message_size(bytes);
         self.stream = self.stream.max_decoding_message_size(bytes);
+        self.events = self.events.clone().max_decoding_message_size(bytes);
         self.max_message_size = bytes;
         self
     }
@@ -311,6 +318,23 @@ impl RuntimeClient for CriRuntime {
         Ok(resp
             .into_inner()
             .map(move |item| item.map_err(|s| status_error("GetContainerEvents", limit, s)))
+            .boxed())
+    }
+
+    async fn task_events(&self) -> Result<TaskEventStream, RuntimeError> {
+        const OP: &str = "Events/Subscribe";
+        let mut client = self.events.clone();
+        let req = SubscribeRequest {
+            filters: containerd_events::subscribe_filters(),
+        };
+        let resp = client
+            .subscribe(req)
+            .await
+            .map_err(|s| status_error(OP, self.max_message_size, s))?;
+        let limit = self.max_message_size;
+        Ok(resp
+            .into_inner()
+            .map(move |item| item.map_err(|s| status_error(OP, limit, s)))
             .boxed())
     }
 }

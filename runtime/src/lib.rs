@@ -7,6 +7,7 @@
 //! sandbox's metadata, never from `io.kubernetes.*` labels (pods made by crictl or
 //! other clients do not carry them).
 
+pub mod containerd_events;
 pub mod convert;
 mod cri_client;
 
@@ -172,4 +173,14 @@ pub trait RuntimeClient: Send + Sync + 'static {
     /// Opens GetContainerEvents. May resolve only when the first event arrives
     /// (containerd sends no headers before it): never put a deadline on it.
     async fn container_events(&self) -> Result<EventStream, RuntimeError>;
+    /// Subscribes to containerd's event service on the same socket (task exit, OOM
+    /// and delete of the CRI namespace; see [`containerd_events`]). Like
+    /// `container_events`, no deadline. Default: Unimplemented (not containerd).
+    async fn task_events(&self) -> Result<containerd_events::TaskEventStream, RuntimeError> {
+        Err(RuntimeError::Rpc {
+            op: "Events/Subscribe",
+            code: tonic::Code::Unimplemented,
+            message: "this runtime client has no containerd event service".into(),
+        })
+    }
 }

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use plegd_runtime::cri;
 use tokio::sync::broadcast;
 
+use plegd_runtime::containerd_events::{self, Envelope, TaskEventStream};
 use plegd_runtime::convert;
 use plegd_runtime::now_ns;
 use plegd_runtime::{
@@ -34,6 +35,8 @@ pub enum Op {
     SandboxStatus,
     ContainerStatus,
     Events,
+    /// containerd's event service (Events/Subscribe).
+    TaskEvents,
 }
 
 #[derive(Clone, Debug)]
@@ -52,10 +55,11 @@ struct InjectedFault {
 pub type EventFilter =
     Arc<dyn Fn(cri::ContainerEventResponse) -> Vec<cri::ContainerEventResponse> + Send + Sync>;
 
-/// What the fake runtime sends down its open event streams.
+/// What the fake runtime sends down its open event streams (CRI's, or containerd's
+/// task events).
 #[derive(Clone, Debug)]
-enum StreamSignal {
-    Event(Box<cri::ContainerEventResponse>),
+enum StreamSignal<T = cri::ContainerEventResponse> {
+    Event(Box<T>),
     /// End every open stream cleanly (EOF).
     Close,
     /// Fail every open stream with this code (then it ends).
@@ -80,6 +84,10 @@ struct State {
     sandbox_containers: HashMap<String, BTreeSet<String>>,
     /// See [`EventFilter`]; None: every event is sent as emitted.
     event_filter: Option<EventFilter>,
+    /// The filters of the last containerd event subscription.
+    task_filters: Vec<String>,
+    /// No task events on exits (a test sends its own with `inject_task_event`).
+    no_task_events: bool,
     /// Bytes of padding the CRI server adds to the first item of each list response
     /// (0: none), to make lists larger than a client accepts.
     list_padding: usize,
@@ -140,6 +148,8 @@ impl State {
 pub struct FakeRuntime {
     state: Arc<Mutex<State>>,
     events: broadcast::Sender<StreamSignal>,
+    /// containerd's task events (exit, OOM), to every subscriber.
+    task_events: broadcast::Sender<StreamSignal<Envelope>>,
     version: RuntimeVersion,
 }
 
@@ -152,9 +162,11 @@ impl Default for FakeRuntime {
 impl FakeRuntime {
     pub fn new() -> Self {
         let (events, _) = broadcast::channel(4096);
+        let (task_events, _) = broadcast::channel(4096);
         FakeRuntime {
             state: Arc::default(),
             events,
+            task_events,
             version: RuntimeVersion {
                 runtime_name: "plegd-sim".into(),
                 runtime_version: env!("CARGO_PKG_VERSION").into(),
@@ -278,6 +290,13 @@ impl FakeRuntime {
             c.reason = reason.into();
             c.message = message.into();
             self.emit(&st, id, cri::ContainerEventType::ContainerStoppedEvent);
+            // containerd's own events: an OOM first, then the task's exit.
+            if !st.no_task_events {
+                if reason == "OOMKilled" {
+                    self.inject_task_event(task_event(containerd_events::TOPIC_OOM, id));
+                }
+                self.inject_task_event(task_event(containerd_events::TOPIC_EXIT, id));
+            }
         }
     }
 
@@ -495,6 +514,41 @@ impl FakeRuntime {
         self.events.receiver_count()
     }
 
+    /// Sends a raw envelope to every containerd event subscriber (garbage, other
+    /// namespaces, duplicates). Returns how many it reached.
+    pub fn inject_task_event(&self, env: Envelope) -> usize {
+        self.task_events
+            .send(StreamSignal::Event(Box::new(env)))
+            .unwrap_or(0)
+    }
+
+    /// Ends every containerd event subscription cleanly (EOF). Returns how many.
+    pub fn close_task_streams(&self) -> usize {
+        self.task_events.send(StreamSignal::Close).unwrap_or(0)
+    }
+
+    /// Fails every containerd event subscription with `code`. Returns how many.
+    pub fn fail_task_streams(&self, code: tonic::Code) -> usize {
+        self.task_events.send(StreamSignal::Fail(code)).unwrap_or(0)
+    }
+
+    /// Number of open containerd event subscriptions.
+    pub fn task_event_streams(&self) -> usize {
+        self.task_events.receiver_count()
+    }
+
+    /// Stops (or resumes) the task events of exits, so a test can send its own at the
+    /// moment it chooses (real containerd publishes a task's exit before CRI records
+    /// it). CRI events are unaffected.
+    pub fn set_task_events(&self, on: bool) {
+        self.lock().no_task_events = !on;
+    }
+
+    /// The filters of the last containerd event subscription.
+    pub fn task_filters(&self) -> Vec<String> {
+        self.lock().task_filters.clone()
+    }
+
     /// A CRI event about `id` (a container or a sandbox) in the shape containerd sends.
     fn emit(&self, st: &State, id: &str, kind: cri::ContainerEventType) {
         let sandbox_id = match st.containers.get(id) {
@@ -579,7 +633,61 @@ fn op_name(op: Op) -> &'static str {
         Op::SandboxStatus => "PodSandboxStatus",
         Op::ContainerStatus => "ContainerStatus",
         Op::Events => "GetContainerEvents",
+        Op::TaskEvents => "Events/Subscribe",
     }
+}
+
+/// A task event of the CRI namespace, as containerd sends it.
+fn task_event(topic: &str, container_id: &str) -> Envelope {
+    let mut env =
+        containerd_events::envelope(containerd_events::CRI_NAMESPACE, topic, container_id);
+    let now = now_ns();
+    env.timestamp = Some(prost_types::Timestamp {
+        seconds: now / 1_000_000_000,
+        nanos: (now % 1_000_000_000) as i32,
+    });
+    env
+}
+
+/// The items of one event subscription, from `rx`: quiet (like containerd) until the
+/// first event when `quiet`; a `Close` ends it, a `Fail` fails it.
+async fn subscription<T: Clone + Send + 'static>(
+    mut rx: broadcast::Receiver<StreamSignal<T>>,
+    quiet: bool,
+    op: Op,
+) -> Result<futures::stream::BoxStream<'static, Result<T, RuntimeError>>, RuntimeError> {
+    let mut first = None;
+    if quiet {
+        loop {
+            match rx.recv().await {
+                Ok(StreamSignal::Event(ev)) => {
+                    first = Some(Ok(*ev));
+                    break;
+                }
+                Ok(StreamSignal::Close) | Err(broadcast::error::RecvError::Closed) => {
+                    return Ok(futures::stream::empty().boxed())
+                }
+                Ok(StreamSignal::Fail(code)) => return Err(injected(op, code)),
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            }
+        }
+    }
+    let rest = futures::stream::unfold(Some(rx), move |rx| async move {
+        let mut rx = rx?;
+        loop {
+            match rx.recv().await {
+                Ok(StreamSignal::Event(ev)) => return Some((Ok(*ev), Some(rx))),
+                Ok(StreamSignal::Close) => return None,
+                Ok(StreamSignal::Fail(code)) => {
+                    return Some((Err(injected(op, code)), None));
+                }
+                // A slow reader loses events, as with a real runtime's buffer.
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok(futures::stream::iter(first).chain(rest).boxed())
 }
 
 fn injected(op: Op, code: tonic::Code) -> RuntimeError {
@@ -668,39 +776,22 @@ impl RuntimeClient for FakeRuntime {
 
     async fn container_events(&self) -> Result<EventStream, RuntimeError> {
         self.enter(Op::Events, None).await?;
-        let mut rx = self.events.subscribe();
-        let mut first = None;
-        if self.lock().quiet_until_first_event {
-            loop {
-                match rx.recv().await {
-                    Ok(StreamSignal::Event(ev)) => {
-                        first = Some(Ok(*ev));
-                        break;
-                    }
-                    Ok(StreamSignal::Close) | Err(broadcast::error::RecvError::Closed) => {
-                        return Ok(futures::stream::empty().boxed())
-                    }
-                    Ok(StreamSignal::Fail(code)) => return Err(injected(Op::Events, code)),
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                }
-            }
-        }
-        let rest = futures::stream::unfold(Some(rx), |rx| async move {
-            let mut rx = rx?;
-            loop {
-                match rx.recv().await {
-                    Ok(StreamSignal::Event(ev)) => return Some((Ok(*ev), Some(rx))),
-                    Ok(StreamSignal::Close) => return None,
-                    Ok(StreamSignal::Fail(code)) => {
-                        return Some((Err(injected(Op::Events, code)), None));
-                    }
-                    // A slow reader loses events, as with a real runtime's buffer.
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                }
-            }
-        });
-        Ok(futures::stream::iter(first).chain(rest).boxed())
+        let rx = self.events.subscribe();
+        let quiet = self.lock().quiet_until_first_event;
+        subscription(rx, quiet, Op::Events).await
+    }
+
+    /// Every subscriber gets every task event (containerd's event service), whatever
+    /// its filters (recorded: [`FakeRuntime::task_filters`]).
+    async fn task_events(&self) -> Result<TaskEventStream, RuntimeError> {
+        self.enter(Op::TaskEvents, None).await?;
+        let rx = self.task_events.subscribe();
+        let quiet = {
+            let mut st = self.lock();
+            st.task_filters = containerd_events::subscribe_filters();
+            st.quiet_until_first_event
+        };
+        subscription(rx, quiet, Op::TaskEvents).await
     }
 }
 

@@ -4,6 +4,7 @@
 //! calls then never repeat the pass-through of the others.
 
 use async_trait::async_trait;
+use plegd_runtime::containerd_events::TaskEventStream;
 use plegd_runtime::{
     Container, ContainerStatus, EventStream, RuntimeClient, RuntimeError, RuntimeVersion, Sandbox,
 };
@@ -33,6 +34,9 @@ pub trait Intercept: Send + Sync + 'static {
     }
     async fn container_events(&self) -> Result<EventStream, RuntimeError> {
         self.inner().container_events().await
+    }
+    async fn task_events(&self) -> Result<TaskEventStream, RuntimeError> {
+        self.inner().task_events().await
     }
 }
 
@@ -66,5 +70,8 @@ impl<T: Intercept> RuntimeClient for Intercepted<T> {
     }
     async fn container_events(&self) -> Result<EventStream, RuntimeError> {
         Intercept::container_events(&self.0).await
+    }
+    async fn task_events(&self) -> Result<TaskEventStream, RuntimeError> {
+        Intercept::task_events(&self.0).await
     }
 }

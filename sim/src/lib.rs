@@ -4,7 +4,8 @@
 //! tonic client against scripted state, faults, latency, event streams and runtime
 //! restarts — with no containerd on the machine.
 //!
-//! - [`server`]: the `RuntimeService` implementation ([`CriServer`]).
+//! - [`server`]: the `RuntimeService` implementation ([`CriServer`]);
+//!   [`events_server`]: containerd's event service beside it, as containerd serves it.
 //! - [`socket`]: serving it on a unix socket, in the caller's tokio runtime
 //!   ([`serve_unix`]) or on a thread of its own ([`spawn_in_thread`]).
 //! - [`churn`]: a seeded workload of pods and containers coming and going, for
@@ -14,6 +15,7 @@
 pub mod churn;
 mod cri_writes;
 mod error;
+pub mod events_server;
 mod fake;
 mod filter;
 mod intercept;

@@ -65,14 +65,11 @@ fn pad(annotations: &mut std::collections::HashMap<String, String>, bytes: usize
     }
 }
 
-type EventStream = BoxStream<'static, Result<cri::ContainerEventResponse, Status>>;
-
 /// Runtime events until the client goes or the server stops.
-fn until_stopped(
-    events: plegd_runtime::EventStream,
+pub(crate) fn until_stopped<T: Send + 'static>(
+    events: BoxStream<'static, Result<T, Status>>,
     stopping: Option<watch::Receiver<bool>>,
-) -> EventStream {
-    let events = events.map(|item| item.map_err(to_status));
+) -> BoxStream<'static, Result<T, Status>> {
     let Some(stopping) = stopping else {
         return events.boxed();
     };
@@ -326,13 +323,14 @@ impl RuntimeService for CriServer {
         unimplemented("CheckpointContainer")
     }
 
-    type GetContainerEventsStream = EventStream;
+    type GetContainerEventsStream = BoxStream<'static, Result<cri::ContainerEventResponse, Status>>;
 
     async fn get_container_events(
         &self,
         _: Request<cri::GetEventsRequest>,
     ) -> Reply<Self::GetContainerEventsStream> {
         let events = self.runtime.container_events().await.map_err(to_status)?;
+        let events = events.map(|item| item.map_err(to_status)).boxed();
         Ok(Response::new(until_stopped(events, self.stopping.clone())))
     }
 

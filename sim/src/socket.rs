@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::error::SimError;
+use crate::events_server::{EventsServer, SimEvents};
 use crate::server::CriServer;
 
 /// How long [`SimServer::shutdown`] waits for connections to drain (a unary call
@@ -112,11 +113,16 @@ pub async fn serve_unix(path: &Path, runtime: FakeRuntime) -> Result<SimServer, 
     })?;
     let bound = file_id(path);
     let (stopping, stopping_rx) = watch::channel(false);
-    let service = RuntimeServiceServer::new(CriServer::with_shutdown(runtime, stopping_rx.clone()));
+    let service = RuntimeServiceServer::new(CriServer::with_shutdown(
+        runtime.clone(),
+        stopping_rx.clone(),
+    ));
+    let events = EventsServer::new(SimEvents::new(runtime, Some(stopping_rx.clone())));
     let mut signal = stopping_rx;
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(service)
+            .add_service(events)
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
                 // Err: the handle is gone, which is a shutdown too.
                 let _ = signal.wait_for(|s| *s).await;

@@ -97,7 +97,7 @@ impl HintSource for CriEvents {
         .boxed_local()
     }
 
-    fn hint(&mut self, ev: ContainerEventResponse, ctx: ItemContext) -> Option<Hint> {
+    fn hint(&mut self, ev: ContainerEventResponse, ctx: ItemContext) -> Vec<Hint> {
         let now = Instant::now();
         let (uid, kind, relist) = match hint::read(&ev) {
             CriHint::Invalid { deleted } => {
@@ -111,7 +111,7 @@ impl HintSource for CriEvents {
                         "ignoring a CRI event without pod sandbox status, metadata or UID"
                     );
                 }
-                return None;
+                return vec![];
             }
             CriHint::Valid { uid, kind, relist } => (uid, kind, relist),
         };
@@ -125,7 +125,7 @@ impl HintSource for CriEvents {
         }
         self.metrics.count_stream_event(kind);
         if !relist {
-            return None;
+            return vec![];
         }
         let mut span = spans::start(
             spans::STOP_EVENT,
@@ -137,10 +137,10 @@ impl HintSource for CriEvents {
         );
         let cause = span.span_context().clone();
         span.end();
-        Some(Hint::Pod {
+        vec![Hint::Pod {
             uid: uid.to_string(),
             cause: Some(cause),
-        })
+        }]
     }
 
     /// The kubelet `kubelet_evented_pleg_*` metrics and plegd's stream gauges.

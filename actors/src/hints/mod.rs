@@ -1,5 +1,6 @@
 //! Relist hint sources: everything that may tell plegd "look at this pod now" — the
-//! CRI event stream, containerd's own event service, the NRI plugin — behind one
+//! CRI event stream (`cri_events.rs`), containerd's own event service
+//! (`containerd_events.rs`), the NRI plugin — behind one
 //! seam, [`HintSource`]. A source is only a hint: polling stays the single source of
 //! truth, so a lost, late, duplicated or garbage hint costs latency, never
 //! correctness.
@@ -27,11 +28,15 @@
 //!   order; it must return at once (containerd 2.x blocks its event queue on a
 //!   subscriber that stops reading; NRI disconnects a plugin that misses its hook
 //!   timeout — so a hook handler must answer the runtime itself, then yield the item).
-//!   It returns what the item asks for, a [`Hint`], or `None`:
+//!   It returns what the item asks for, [`Hint`]s (usually one, or none):
 //!   [`Hint::Pod`] (a pod UID), [`Hint::Container`] (a container or sandbox ID,
 //!   mapped to its pod through the cache; an ID the cache does not know asks for
 //!   nothing), [`Hint::Global`] (bring the next global relist forward, honoured at
-//!   most once per relist period — a resynchronisation). The watcher turns a hint
+//!   most once per relist period — a resynchronisation), [`Hint::After`] (a hint
+//!   later, on the watcher's timer) and [`Hint::Recheck`] (a `Container` hint
+//!   skipped once the cache has the container exited): containerd publishes a task's
+//!   exit before CRI has recorded it, so a read at once may still find the container
+//!   running. The watcher turns a hint
 //!   into a targeted relist request, with the source's [`HintSource::relist_source`],
 //!   through the relist router: a held pod's request is coalesced into its sync
 //!   gate, anything else goes to the dispatcher's bounded queue, which drops (and
@@ -50,6 +55,7 @@
 //!   skipped, a pod whose status did not change publishes nothing) make them one
 //!   lifecycle event.
 
+pub(crate) mod containerd_events;
 pub(crate) mod cri_events;
 pub(crate) mod nri;
 pub(crate) mod select;
@@ -57,7 +63,7 @@ pub(crate) mod select;
 mod tests;
 pub(crate) mod watcher;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::LocalBoxFuture;
 use futures::stream::LocalBoxStream;
@@ -78,8 +84,14 @@ pub enum Hint {
     /// Relist the pod this container or sandbox belongs to, as the cache knows it; an
     /// ID the cache does not know asks for nothing (the next global relist finds it).
     Container { id: String },
+    /// As `Container`, unless the cache already has the container exited: a recheck
+    /// after an event that may come before the runtime's status says so.
+    Recheck { id: String },
     /// Bring the next global relist forward (honoured at most once per period).
     Global,
+    /// `hint`, `delay` from now (the watcher's timer; dropped if it stops first): for
+    /// a source whose event may come before the runtime's status says so.
+    After { delay: Duration, hint: Box<Hint> },
 }
 
 /// Why a connection attempt failed or a connection ended.
@@ -147,8 +159,8 @@ pub trait HintSource: Unpin + 'static {
         &mut self,
         attempt: u64,
     ) -> LocalBoxFuture<'static, Result<ItemStream<Self::Item>, SourceError>>;
-    /// What one item asks for. Must return at once.
-    fn hint(&mut self, item: Self::Item, ctx: ItemContext) -> Option<Hint>;
+    /// What one item asks for (usually one hint or none). Must return at once.
+    fn hint(&mut self, item: Self::Item, ctx: ItemContext) -> Vec<Hint>;
     /// A change of the connection (default: nothing).
     fn connection(&mut self, _change: Connection) {}
 }

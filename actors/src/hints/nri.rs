@@ -255,18 +255,18 @@ impl HintSource for Nri {
         .boxed_local()
     }
 
-    fn hint(&mut self, call: Call, _ctx: ItemContext) -> Option<Hint> {
+    fn hint(&mut self, call: Call, _ctx: ItemContext) -> Vec<Hint> {
         if call.follow_up {
             if let Some(read_at) = settled(&self.cache, &call.hint) {
                 match call.settled_at.get() {
                     // A read after the one that showed it: the change is published.
-                    Some(first) if read_at > first => return None,
+                    Some(first) if read_at > first => return Vec::new(),
                     Some(_) => {}
                     None => call.settled_at.set(Some(read_at)),
                 }
             }
         }
-        hint_of(call.hint)
+        hint_of(call.hint).into_iter().collect()
     }
 }
 
@@ -465,7 +465,7 @@ mod tests {
             follow_up,
             settled_at: settled_at.clone(),
         };
-        let asks = |h: Option<Hint>| matches!(h, Some(Hint::Pod { .. }));
+        let asks = |h: Vec<Hint>| matches!(h.as_slice(), [Hint::Pod { .. }]);
         // The hook always asks; a follow-up asks while the cache says running.
         assert!(asks(source.hint(call(false), ctx)));
         assert!(asks(source.hint(call(true), ctx)));
@@ -477,8 +477,8 @@ mod tests {
         assert!(asks(source.hint(call(true), ctx)));
         std::thread::sleep(Duration::from_millis(2));
         write(&owner, Exited, Ready);
-        assert_eq!(source.hint(call(true), ctx), None);
-        assert_eq!(source.hint(call(true), ctx), None);
+        assert!(source.hint(call(true), ctx).is_empty());
+        assert!(source.hint(call(true), ctx).is_empty());
         // The hook itself always asks.
         assert!(asks(source.hint(call(false), ctx)));
     }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use plegd_runtime::{RuntimeClient, RuntimeVersion};
-use plegd_telemetry::{HintSourceName, HintSourceState, Metrics};
+use plegd_telemetry::{HintSourceName, Metrics};
 
+use crate::hints::containerd_events::ContainerdEvents;
 use crate::hints::cri_events::CriEvents;
 use crate::hints::nri::Nri;
 use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
@@ -31,11 +32,7 @@ impl Default for HintSelection {
 /// Why a source cannot be selected in this build.
 pub fn unavailable(source: HintSourceName) -> Option<&'static str> {
     match source {
-        HintSourceName::CriEvents => None,
-        HintSourceName::ContainerdEvents => {
-            Some("containerd's event service source is not part of this build yet")
-        }
-        HintSourceName::Nri => None,
+        HintSourceName::CriEvents | HintSourceName::ContainerdEvents | HintSourceName::Nri => None,
     }
 }
 
@@ -88,33 +85,28 @@ impl RunningSource {
     }
 }
 
-/// Starts the watcher of `name`; a source this build lacks is exported
-/// `unsupported` and logged, and nothing runs.
+/// Starts the watcher of `name`.
 pub(crate) fn start_source(
     name: HintSourceName,
     runtime: &Arc<dyn RuntimeClient>,
     nri_socket: &Path,
     metrics: &Arc<Metrics>,
     deps: WatcherDeps,
-) -> Option<RunningSource> {
+) -> RunningSource {
     match name {
-        HintSourceName::CriEvents => Some(RunningSource::start(
-            CriEvents::new(runtime.clone(), metrics.clone()),
-            deps,
-        )),
-        HintSourceName::Nri => Some(RunningSource::start(
+        HintSourceName::CriEvents => {
+            RunningSource::start(CriEvents::new(runtime.clone(), metrics.clone()), deps)
+        }
+        HintSourceName::Nri => RunningSource::start(
             Nri::new(
                 plegd_nri::PluginConfig::new(nri_socket),
                 metrics.clone(),
                 deps.cache.clone(),
             ),
             deps,
-        )),
+        ),
         HintSourceName::ContainerdEvents => {
-            let why = unavailable(name).unwrap_or("not part of this build");
-            tracing::warn!(source = %name, why, "hint source unavailable; polling covers it");
-            metrics.set_hint_source_state(name, HintSourceState::Unsupported);
-            None
+            RunningSource::start(ContainerdEvents::new(runtime.clone()), deps)
         }
     }
 }
@@ -161,10 +153,9 @@ mod tests {
     }
 
     #[test]
-    fn a_source_this_build_lacks_says_why() {
-        assert_eq!(unavailable(HintSourceName::CriEvents), None);
-        assert_eq!(unavailable(HintSourceName::Nri), None);
-        let why = unavailable(HintSourceName::ContainerdEvents).unwrap_or_default();
-        assert!(why.contains("containerd"), "{why}");
+    fn every_source_is_part_of_this_build() {
+        for &source in HintSourceName::ALL {
+            assert_eq!(unavailable(source), None, "{source}");
+        }
     }
 }

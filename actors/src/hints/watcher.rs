@@ -75,9 +75,12 @@ pub struct HintWatcher<S: HintSource> {
     error_log: RateLimiter,
     open_log: RateLimiter,
     live: LiveFutures,
-    /// The state last exported, and the last one logged at info.
+    /// The state last exported.
     state: HintSourceState,
-    logged: HintSourceState,
+    /// States already logged at info; a state seen before is logged at info only when
+    /// `state_log` allows (a flapping runtime must not flood the log).
+    logged: Vec<HintSourceState>,
+    state_log: RateLimiter,
 }
 
 impl<S: HintSource> HintWatcher<S> {
@@ -91,7 +94,8 @@ impl<S: HintSource> HintWatcher<S> {
             open_log: RateLimiter::new(Duration::from_secs(30)),
             live: LiveFutures::default(),
             state: HintSourceState::Off,
-            logged: HintSourceState::Off,
+            logged: vec![],
+            state_log: RateLimiter::new(Duration::from_secs(30)),
         }
     }
 
@@ -111,8 +115,9 @@ impl<S: HintSource> HintWatcher<S> {
         self.export_state();
     }
 
-    /// Sets the state gauge on a change, and logs it: at info unless it is one more
-    /// round of an outage (connecting again after waiting, then waiting again).
+    /// Sets the state gauge on a change, and logs it: at info the first time the
+    /// source reaches a state, then at most once per 30 s (with the count of changes
+    /// left at debug), so a flapping runtime cannot flood the log.
     fn export_state(&mut self) {
         let state = self.machine.source_state();
         if state == self.state {
@@ -120,12 +125,14 @@ impl<S: HintSource> HintWatcher<S> {
         }
         let source = self.source.name();
         self.deps.metrics.set_hint_source_state(source, state);
-        let retry = state == HintSourceState::Connecting && self.machine.attempts() > 1;
-        if retry || state == self.logged {
-            tracing::debug!(%source, from = %self.state, to = %state, "hint source state");
+        let (from, now) = (self.state, Instant::now());
+        if !self.logged.contains(&state) {
+            self.logged.push(state);
+            tracing::info!(%source, %from, to = %state, "hint source state");
+        } else if let Some(suppressed) = self.state_log.allow(now) {
+            tracing::info!(%source, %from, to = %state, suppressed, "hint source state");
         } else {
-            tracing::info!(%source, from = %self.state, to = %state, "hint source state");
-            self.logged = state;
+            tracing::debug!(%source, %from, to = %state, "hint source state");
         }
         self.state = state;
     }
@@ -226,23 +233,39 @@ impl<S: HintSource> HintWatcher<S> {
         self.running = Some(handle);
     }
 
-    /// One item: what it asks for becomes a relist request (never waiting).
-    fn item(&mut self, item: S::Item) {
-        let ctx = ItemContext {
+    /// One item: what it asks for becomes relist requests (never waiting).
+    fn item(&mut self, item: S::Item, ctx: &mut Context<Self>) {
+        let item_ctx = ItemContext {
             attempt_started: self.machine.attempt_started(),
         };
+        for hint in self.source.hint(item, item_ctx) {
+            self.request(hint, ctx);
+        }
+    }
+
+    fn request(&mut self, hint: Hint, ctx: &mut Context<Self>) {
         let source = self.source.relist_source();
-        match self.source.hint(item, ctx) {
-            None => {}
-            Some(Hint::Pod { uid, cause }) => {
+        match hint {
+            Hint::Pod { uid, cause } => {
                 self.deps.router.request(&uid, source, cause);
             }
-            Some(Hint::Container { id }) => {
+            Hint::Container { id } => {
                 if let Some(uid) = self.deps.cache.pod_of_container(&id) {
                     self.deps.router.request(&uid, source, None);
                 }
             }
-            Some(Hint::Global) => self.deps.router.bring_forward(),
+            Hint::Recheck { id } => {
+                if self.deps.cache.container_exited(&id) {
+                    return;
+                }
+                if let Some(uid) = self.deps.cache.pod_of_container(&id) {
+                    self.deps.router.request(&uid, source, None);
+                }
+            }
+            Hint::Global => self.deps.router.bring_forward(),
+            Hint::After { delay, hint } => {
+                ctx.run_later(delay, move |act, ctx| act.request(*hint, ctx));
+            }
         }
     }
 }
@@ -271,7 +294,7 @@ impl<S: HintSource> StreamHandler<StreamItem<S::Item>> for HintWatcher<S> {
     ) {
         let input = match item {
             // Even an item of a stream already given up is a good hint.
-            Some(Ok(item)) => return self.item(item),
+            Some(Ok(item)) => return self.item(item, ctx),
             // The machine counts only the first error or end of the current stream.
             Some(Err(SourceError { end, reason })) => Input::StreamError {
                 attempt,

@@ -1,0 +1,323 @@
+//! The relist hint sources through the real tonic client against the simulated
+//! runtime, which serves containerd's event service beside CRI on one socket:
+//! containerd's task events alone bring a death (and an OOM kill) to plegd; garbage,
+//! other namespaces, unknown IDs and duplicates ask for nothing more; the
+//! subscription survives stream errors, EOF, Unimplemented and a runtime restart; the
+//! same stop seen by two sources is one ContainerDied; with no source, the global
+//! relist still publishes it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use integration_tests::wait::*;
+use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, RelistSource};
+use plegd_actors::{ReconnectPolicy, Subscription};
+use plegd_runtime::containerd_events::{self, CRI_NAMESPACE, TOPIC_EXIT};
+use plegd_runtime::CriRuntime;
+use plegd_sim::{spawn_in_thread, FakeRuntime, Op, ThreadedSimServer};
+use plegd_telemetry::{Metrics, RequestResult};
+use tempfile::TempDir;
+
+struct Env {
+    dir: TempDir,
+    sim: FakeRuntime,
+    server: Option<ThreadedSimServer>,
+    pleg: Pleg,
+    sub: Subscription,
+}
+
+/// Global relists so rare that only a hint (or the first relist) finds anything.
+const RARE: Duration = Duration::from_secs(3600);
+
+async fn env(sources: &[HintSourceName], period: Duration, sim: FakeRuntime) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let server = spawn_in_thread(&dir.path().join("cri.sock"), sim.clone()).unwrap();
+    let cri = CriRuntime::new(&server.endpoint(), Duration::from_secs(2)).unwrap();
+    let cfg = PlegConfig {
+        relist_period: period,
+        hint_sources: sources.to_vec(),
+        reconnect: ReconnectPolicy::new(
+            Duration::from_millis(10),
+            Duration::from_millis(200),
+            Duration::from_secs(1),
+        )
+        .unwrap(),
+        ..PlegConfig::default()
+    };
+    let pleg = Pleg::start(Arc::new(cri), &cfg, Arc::new(Metrics::new()));
+    let sub = pleg.subscribe("test", 4096).await.unwrap();
+    let health = pleg.health().clone();
+    wait_until("first global relist", || health.ready()).await;
+    Env {
+        dir,
+        sim,
+        server: Some(server),
+        pleg,
+        sub,
+    }
+}
+
+impl Env {
+    fn state(&self, s: HintSourceName) -> HintSourceState {
+        self.pleg.metrics().hint_source_state(s)
+    }
+
+    async fn wait_state(&self, s: HintSourceName, want: HintSourceState) {
+        let m = self.pleg.metrics().clone();
+        wait_until(&format!("{s} {want}"), || m.hint_source_state(s) == want).await;
+    }
+
+    /// containerd-events streaming at both ends.
+    async fn wait_subscribed(&self) {
+        self.wait_state(HintSourceName::ContainerdEvents, HintSourceState::Streaming)
+            .await;
+        let sim = self.sim.clone();
+        wait_until("server subscription", || sim.task_event_streams() >= 1).await;
+    }
+
+    /// A pod with one running container, in plegd's cache.
+    async fn running_pod(&self, uid: &str) -> String {
+        let sb = self.sim.run_pod(uid, uid, "ns");
+        let c = self.sim.run_container(&sb, "app");
+        self.pleg.request_relist(uid, RelistSource::PostAllocation);
+        expect_event(&self.sub, EventKind::ContainerStarted, &c).await;
+        let (cache, c2) = (self.pleg.cache().clone(), c.clone());
+        wait_until("cached", || cache.pod_of_container(&c2).is_some()).await;
+        c
+    }
+
+    fn queued(&self, s: RelistSource) -> u64 {
+        self.pleg.metrics().requests(RequestResult::Queued, s)
+    }
+
+    fn restart_runtime(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.kill();
+        }
+        let socket = self.dir.path().join("cri.sock");
+        self.server = Some(spawn_in_thread(&socket, self.sim.clone()).unwrap());
+    }
+}
+
+#[actix_rt::test]
+async fn containerd_events_alone_bring_a_death_and_an_oom_kill() {
+    let e = env(
+        &[HintSourceName::ContainerdEvents],
+        RARE,
+        FakeRuntime::new(),
+    )
+    .await;
+    e.wait_subscribed().await;
+    assert_eq!(e.state(HintSourceName::CriEvents), HintSourceState::Off);
+    // The client asked for the task topics of the CRI namespace only.
+    assert_eq!(e.sim.task_filters(), containerd_events::subscribe_filters());
+    let c = e.running_pod("u1").await;
+    e.sim.exit_container(&c, 3);
+    let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
+    assert_eq!(d.event.exit.as_ref().map(|x| x.code), Some(3));
+    // An OOM kill: its /tasks/oom asks too, and the read reports OOMKilled.
+    let c2 = e.running_pod("u2").await;
+    e.sim.oom_kill_container(&c2);
+    let d = expect_event(&e.sub, EventKind::ContainerDied, &c2).await;
+    assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
+    let reason = d.event.exit.as_ref().and_then(|x| x.reason.clone());
+    assert_eq!(reason.as_deref(), Some("OOMKilled"));
+    e.pleg.stop();
+    e.wait_state(HintSourceName::ContainerdEvents, HintSourceState::Stopped)
+        .await;
+}
+
+#[actix_rt::test]
+async fn garbage_unknown_ids_and_duplicates_ask_for_nothing_more() {
+    let e = env(
+        &[HintSourceName::ContainerdEvents],
+        RARE,
+        FakeRuntime::new(),
+    )
+    .await;
+    e.wait_subscribed().await;
+    let c = e.running_pod("u1").await;
+    let mut no_payload = containerd_events::envelope(CRI_NAMESPACE, TOPIC_EXIT, &c);
+    no_payload.event = None;
+    let mut garbage = containerd_events::envelope(CRI_NAMESPACE, TOPIC_EXIT, &c);
+    if let Some(any) = garbage.event.as_mut() {
+        any.value = vec![0xff; 9];
+    }
+    for env in [
+        no_payload,
+        garbage,
+        containerd_events::envelope(CRI_NAMESPACE, TOPIC_EXIT, ""),
+        // Another namespace (not CRI's), another topic, an ID plegd never saw.
+        containerd_events::envelope("moby", TOPIC_EXIT, &c),
+        containerd_events::envelope(CRI_NAMESPACE, "/tasks/start", &c),
+        containerd_events::envelope(CRI_NAMESPACE, TOPIC_EXIT, "no-such-container"),
+    ] {
+        assert_eq!(e.sim.inject_task_event(env), 1);
+    }
+    // Bad items are no stream failures: the subscription stays, and the next death
+    // still comes through it.
+    assert_eq!(
+        e.state(HintSourceName::ContainerdEvents),
+        HintSourceState::Streaming
+    );
+    assert_eq!(e.sim.calls(Op::TaskEvents), 1);
+    // The same exit three times (containerd's exit, delete and a replay): one death.
+    e.sim.exit_container(&c, 0);
+    for _ in 0..2 {
+        e.sim
+            .inject_task_event(containerd_events::envelope(CRI_NAMESPACE, TOPIC_EXIT, &c));
+    }
+    let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
+    wait_until("every duplicate handled", || {
+        let m = e.pleg.metrics();
+        let settled = m.requests(RequestResult::Done, RelistSource::ContainerdEvents)
+            + m.requests(RequestResult::Skipped, RelistSource::ContainerdEvents);
+        settled == e.queued(RelistSource::ContainerdEvents)
+    })
+    .await;
+    let died = drain(&e.sub)
+        .iter()
+        .filter(|d| d.event.kind == EventKind::ContainerDied)
+        .count();
+    assert_eq!(died, 0, "one ContainerDied only");
+    assert_eq!(e.sim.calls(Op::TaskEvents), 1, "never resubscribed");
+}
+
+/// Regression (issue 12): containerd publishes a task's exit before CRI records the
+/// container as exited, so the relist the event asks for at once finds it running;
+/// the source's rechecks find the death (without them: only the next global relist).
+#[actix_rt::test]
+async fn a_task_exit_published_before_the_runtime_records_it_is_found_by_a_recheck() {
+    let sim = FakeRuntime::new();
+    sim.set_task_events(false);
+    let e = env(&[HintSourceName::ContainerdEvents], RARE, sim).await;
+    e.wait_subscribed().await;
+    let c = e.running_pod("u1").await;
+    let m = e.pleg.metrics().clone();
+    let done = move || m.requests(RequestResult::Done, RelistSource::ContainerdEvents);
+    e.sim
+        .inject_task_event(containerd_events::envelope(CRI_NAMESPACE, TOPIC_EXIT, &c));
+    // The read the event asked for at once ran while the container still ran.
+    wait_until("the first relist", || done() >= 1).await;
+    assert!(drain(&e.sub).is_empty());
+    // Now the runtime records the exit (no event of any kind).
+    e.sim.exit_container(&c, 9);
+    let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
+    assert_eq!(d.event.exit.as_ref().map(|x| x.code), Some(9));
+}
+
+/// A new pod's container dies; containerd's event service brings it.
+async fn death_through_containerd_events(e: &Env, uid: &str) {
+    let c = e.running_pod(uid).await;
+    e.sim.exit_container(&c, 1);
+    let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
+}
+
+#[actix_rt::test]
+async fn the_subscription_survives_errors_eof_unimplemented_and_a_runtime_restart() {
+    let sim = FakeRuntime::new();
+    // A runtime without the service at first (say, upgraded later): unsupported.
+    sim.fail(Op::TaskEvents, tonic::Code::Unimplemented, Some(2));
+    let mut e = env(&[HintSourceName::ContainerdEvents], RARE, sim).await;
+    e.wait_state(
+        HintSourceName::ContainerdEvents,
+        HintSourceState::Unsupported,
+    )
+    .await;
+    e.wait_subscribed().await;
+    death_through_containerd_events(&e, "u1").await;
+    // A stream error mid-stream, then EOF: each reconnects.
+    assert_eq!(e.sim.fail_task_streams(tonic::Code::Internal), 1);
+    let sim = e.sim.clone();
+    wait_until("resubscribed", || sim.calls(Op::TaskEvents) >= 4).await;
+    e.wait_subscribed().await;
+    death_through_containerd_events(&e, "u2").await;
+    assert_eq!(e.sim.close_task_streams(), 1);
+    wait_until("resubscribed", || sim.calls(Op::TaskEvents) >= 5).await;
+    e.wait_subscribed().await;
+    death_through_containerd_events(&e, "u3").await;
+    // The runtime crashes and comes back on the same socket.
+    e.restart_runtime();
+    wait_until("resubscribed", || sim.calls(Op::TaskEvents) >= 6).await;
+    e.wait_subscribed().await;
+    death_through_containerd_events(&e, "u4").await;
+    // The CRI event stream was never opened.
+    assert_eq!(e.sim.calls(Op::Events), 0);
+}
+
+/// Issue 12 #4: the same stops seen through the CRI stream and containerd's event
+/// service give one ContainerDied each. Prints the figures.
+#[actix_rt::test]
+async fn the_same_stop_through_two_sources_is_one_container_died() {
+    let sources = [HintSourceName::CriEvents, HintSourceName::ContainerdEvents];
+    let e = env(&sources, RARE, FakeRuntime::new()).await;
+    e.wait_subscribed().await;
+    e.wait_state(HintSourceName::CriEvents, HintSourceState::Streaming)
+        .await;
+    const EXITS: usize = 20;
+    let mut containers = vec![];
+    for i in 0..EXITS {
+        containers.push(e.running_pod(&format!("u{i}")).await);
+    }
+    let started = Instant::now();
+    for c in &containers {
+        e.sim.exit_container(c, 1);
+    }
+    let mut died: HashMap<String, usize> = HashMap::new();
+    let mut by_source: HashMap<RelistSource, usize> = HashMap::new();
+    recv_until(&e.sub, "every death", |d| {
+        if d.event.kind == EventKind::ContainerDied {
+            *died.entry(d.event.container_id.clone()).or_default() += 1;
+            *by_source.entry(d.event.relist_source).or_default() += 1;
+        }
+        died.len() == EXITS
+    })
+    .await;
+    let took = started.elapsed();
+    // Every request of both sources settled: no later relist may publish again.
+    let m = e.pleg.metrics().clone();
+    wait_until("every request settled", || {
+        [RelistSource::EventedPleg, RelistSource::ContainerdEvents]
+            .iter()
+            .all(|&s| {
+                m.requests(RequestResult::Done, s) + m.requests(RequestResult::Skipped, s)
+                    == m.requests(RequestResult::Queued, s)
+            })
+    })
+    .await;
+    for d in drain(&e.sub) {
+        if d.event.kind == EventKind::ContainerDied {
+            *died.entry(d.event.container_id.clone()).or_default() += 1;
+        }
+    }
+    let duplicates: usize = died.values().map(|n| n - 1).sum();
+    let q = |s| m.requests(RequestResult::Queued, s);
+    println!(
+        "two sources, {EXITS} stops: {} ContainerDied, {duplicates} duplicates, first by \
+         {by_source:?}; requests: cri-events {} + containerd-events {}; all published in {took:?}",
+        died.len(),
+        q(RelistSource::EventedPleg),
+        q(RelistSource::ContainerdEvents)
+    );
+    assert_eq!(duplicates, 0);
+    assert!(q(RelistSource::EventedPleg) >= EXITS as u64);
+    assert!(q(RelistSource::ContainerdEvents) >= EXITS as u64);
+}
+
+#[actix_rt::test]
+async fn with_no_source_the_global_relist_still_publishes_a_death() {
+    let e = env(&[], Duration::from_millis(200), FakeRuntime::new()).await;
+    for s in HintSourceName::ALL {
+        assert_eq!(e.state(*s), HintSourceState::Off);
+    }
+    let c = e.running_pod("u1").await;
+    e.sim.exit_container(&c, 2);
+    let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::Global);
+    assert_eq!(e.sim.calls(Op::Events) + e.sim.calls(Op::TaskEvents), 0);
+}
