@@ -22,12 +22,52 @@ struct Setup {
     runtime: MockRuntime,
     plugin: Arc<Plugin>,
     hints: mpsc::UnboundedReceiver<NriHint>,
-    task: tokio::task::JoinHandle<()>,
+    process: PluginProcess,
 }
 
-impl Drop for Setup {
+/// The plugin on its own thread and tokio runtime, as if in its own process: a sink
+/// that blocks (the slow plugin) cannot hold up the mock runtime's timers.
+struct PluginProcess {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PluginProcess {
+    fn start(plugin: Arc<Plugin>) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                tokio::select! {
+                    () = plugin.run(|_, _| RETRY) => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        PluginProcess {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the plugin (its connection closes) and waits for its thread.
+    fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for PluginProcess {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
     }
 }
 
@@ -47,16 +87,13 @@ fn setup_with(
         let _ = tx.send(hint);
     };
     let plugin = Arc::new(Plugin::new(config(PluginConfig::new(&path)), sink));
-    let task = tokio::spawn({
-        let plugin = Arc::clone(&plugin);
-        async move { plugin.run(|_, _| RETRY).await }
-    });
+    let process = PluginProcess::start(Arc::clone(&plugin));
     Setup {
         _dir: dir,
         runtime,
         plugin,
         hints,
-        task,
+        process,
     }
 }
 
@@ -362,10 +399,10 @@ async fn a_missing_socket_is_retried_until_the_runtime_appears() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_the_plugin_closes_its_connection() {
-    let s = setup();
+    let mut s = setup();
     let conn = accept(&s.runtime).await;
     conn.configure().await.unwrap();
-    s.task.abort();
+    tokio::task::block_in_place(|| s.process.stop());
     let end = tokio::time::timeout(WAIT, conn.closed()).await.unwrap();
     assert!(matches!(end, plegd_nri::mux::MuxEnd::PeerClosed), "{end:?}");
 }
