@@ -1,5 +1,6 @@
 //! plegd's NRI plugin against a real containerd 1.7 with NRI enabled
-//! (`scripts/containerd-up.sh` with `PLEGD_CRI_NRI=1`, socket BASE/nri.sock): the
+//! (`scripts/containerd-up.sh` with `PLEGD_CRI_NRI=1`, socket BASE/nri.sock) and 2.1
+//! (NRI on by default, same socket): the
 //! plugin alone registers, is configured and synchronized, and is told of a
 //! container's death, its removal and its pod's stop and removal, each naming the
 //! pod's UID; and plegd with NRI as its only hint source (no CRI event stream, the
@@ -55,7 +56,17 @@ fn nri_socket(s: &Session) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
 async fn nri_plugin_registers_and_hears_a_container_die_on_containerd_1_7() {
-    let s = Session::begin(Flavor::V1_7).await;
+    plugin_hears_a_container_die(Flavor::V1_7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
+async fn nri_plugin_registers_and_hears_a_container_die_on_containerd_2_1() {
+    plugin_hears_a_container_die(Flavor::V2_1).await;
+}
+
+async fn plugin_hears_a_container_die(flavor: Flavor) {
+    let s = Session::begin(flavor).await;
     let socket = nri_socket(&s);
     let (tx, mut hints) = mpsc::unbounded_channel();
     let plugin = Arc::new(Plugin::new(PluginConfig::new(&socket), move |h| {
@@ -72,7 +83,7 @@ async fn nri_plugin_registers_and_hears_a_container_die_on_containerd_1_7() {
             .expect("plegd registers with containerd's NRI and is configured")
             .map(|s| s.clone())
             .expect("status");
-    eprintln!("[nri] {connected:?}");
+    eprintln!("[nri] containerd {}: {connected:?}", flavor.as_str());
     next_matching(&mut hints, "the first Synchronize", |h| {
         matches!(h, NriHint::Synchronized { .. })
     })
@@ -126,7 +137,17 @@ const EXITS: usize = 20;
 #[actix_rt::test]
 #[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
 async fn a_death_reaches_plegd_through_nri_alone_on_containerd_1_7() {
-    let s = Session::begin(Flavor::V1_7).await;
+    death_through_nri_alone(Flavor::V1_7).await;
+}
+
+#[actix_rt::test]
+#[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
+async fn a_death_reaches_plegd_through_nri_alone_on_containerd_2_1() {
+    death_through_nri_alone(Flavor::V2_1).await;
+}
+
+async fn death_through_nri_alone(flavor: Flavor) {
+    let s = Session::begin(flavor).await;
     let socket = nri_socket(&s);
     let runtime = CriRuntime::new(&s.containerd.endpoint(), Duration::from_secs(10))
         .expect("CRI client for containerd's socket");
@@ -175,8 +196,9 @@ async fn a_death_reaches_plegd_through_nri_alone_on_containerd_1_7() {
     latencies_ms.sort_by(f64::total_cmp);
     let pct = |q: f64| latencies_ms[((latencies_ms.len() - 1) as f64 * q).round() as usize];
     eprintln!(
-        "[nri] containerd 1.7, NRI alone: exit (finished_at) -> ContainerDied, {EXITS} exits: \
+        "[nri] containerd {}, NRI alone: exit (finished_at) -> ContainerDied, {EXITS} exits: \
          min {:.1} ms, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        flavor.as_str(),
         latencies_ms[0],
         pct(0.5),
         pct(0.99),
