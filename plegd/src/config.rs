@@ -247,6 +247,23 @@ mod tests {
     }
 
     #[test]
+    fn hint_sources_from_a_file_a_flag_or_the_old_evented_spelling() {
+        use plegd_actors::{HintSelection, HintSourceName::*};
+        let selection = |s: Settings| s.service_config().unwrap().hint_selection;
+        let s = with_file(&["plegd"], "hint-sources = \"none\"\n").unwrap();
+        assert_eq!(selection(s), HintSelection::Only(vec![]));
+        let (s, _) = parse(&["plegd", "--hint-sources", "containerd-events,cri-events"]);
+        assert_eq!(
+            selection(s),
+            HintSelection::Only(vec![ContainerdEvents, CriEvents])
+        );
+        let (s, _) = parse(&["plegd", "--evented=false"]);
+        assert_eq!(selection(s), HintSelection::Detect { cri_events: false });
+        let (s, _) = parse(&["plegd"]);
+        assert_eq!(selection(s), HintSelection::default());
+    }
+
+    #[test]
     fn the_file_fills_in_defaults_only() {
         let s = with_file(
             &["plegd", "--relist-period", "2s"],

@@ -1,16 +1,16 @@
 //! Relist hint sources: everything that may tell plegd "look at this pod now" — the
 //! CRI event stream (`cri_events.rs`), containerd's own event service
-//! (`containerd_events.rs`), the NRI plugin — behind one
-//! seam, [`HintSource`]. A source is only a hint: polling stays the single source of
-//! truth, so a lost, late, duplicated or garbage hint costs latency, never
-//! correctness.
+//! (`containerd_events.rs`), the NRI plugin — behind one seam, [`HintSource`]. A
+//! source is only a hint: polling stays the single source of truth, so a lost, late,
+//! duplicated or garbage hint costs latency, never correctness.
 //!
 //! # The contract (what a source implements, what it may rely on)
 //!
 //! A source is one file implementing [`HintSource`], plus its name in
 //! `plegd_telemetry::labels` ([`HintSourceName`], and a [`RelistSource`] for the
-//! events it finds) and one line in [`select`]'s builder. The generic actor
-//! [`watcher::HintWatcher`] runs it; the source never sees the actor, the router,
+//! events it finds) and its arms in `select.rs` (`unavailable`, `resolve`'s detection,
+//! `start_source`). The generic actor
+//! `watcher::HintWatcher` runs it; the source never sees the actor, the router,
 //! the dispatcher or the cache writer.
 //!
 //! - **Connection.** [`HintSource::open`] makes one connection attempt and resolves
@@ -36,11 +36,11 @@
 //!   later, on the watcher's timer) and [`Hint::Recheck`] (a `Container` hint
 //!   skipped once the cache has the container exited): containerd publishes a task's
 //!   exit before CRI has recorded it, so a read at once may still find the container
-//!   running. The watcher turns a hint
-//!   into a targeted relist request, with the source's [`HintSource::relist_source`],
-//!   through the relist router: a held pod's request is coalesced into its sync
-//!   gate, anything else goes to the dispatcher's bounded queue, which drops (and
-//!   counts) when full. A source never writes state and never waits.
+//!   running. The watcher turns a hint into a targeted relist request, with the
+//!   source's [`HintSource::relist_source`], through the relist router: a held pod's
+//!   request is coalesced into its sync gate, anything else goes to the dispatcher's
+//!   bounded queue, which drops (and counts) when full. A source never writes state
+//!   and never waits.
 //! - **Reconnects.** Events may be lost around a reconnect, so every attempt after a
 //!   failure (and the first open after one) brings the global relist forward.
 //! - **State.** The watcher exports the source's state as `plegd_hint_source_state
