@@ -30,7 +30,7 @@ trap stop_containerd EXIT
 echo "[test] starting containerd 1.7, 2.1 and 1.6 in the background (log: $up_log)" >&2
 (
     set -e
-    bash scripts/containerd-up.sh "$PLEGD_CRI_BASE"
+    PLEGD_CRI_NRI=1 bash scripts/containerd-up.sh "$PLEGD_CRI_BASE"
     PLEGD_CRI_CONTAINERD=2 bash scripts/containerd-up.sh "$PLEGD_CRI_BASE-2.1"
     PLEGD_CRI_CONTAINERD=1.6 bash scripts/containerd-up.sh "$PLEGD_CRI_BASE-1.6"
 ) >"$up_log" 2>&1 &

@@ -246,7 +246,7 @@ impl CacheOwner {
         )
     }
 
-    fn apply(&mut self, update: CacheUpdate) {
+    pub(crate) fn apply(&mut self, update: CacheUpdate) {
         match update {
             CacheUpdate::Delete { uid, read_at } => {
                 if let Some((uid, last)) = self.shared.pods.remove(&uid) {

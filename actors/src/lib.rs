@@ -43,6 +43,8 @@ pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};
 pub use hints::watcher::WatcherState;
 pub use hints::{HintSourceName, HintSourceState};
 pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
+/// NRI's default socket (`--nri-socket`).
+pub use plegd_nri::DEFAULT_SOCKET as DEFAULT_NRI_SOCKET;
 pub use publisher::SubscribeError;
 pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
 pub use subscription::{Delivery, Subscription};

@@ -1,6 +1,7 @@
 //! Starts the Generic PLEG's actors on the current arbiter and wires them together.
 //! The binary and the component tests both start plegd through this one function.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -36,6 +37,8 @@ pub struct PlegConfig {
     /// The relist hint sources to run (`--hint-sources`, resolved at start); none:
     /// polling only.
     pub hint_sources: Vec<HintSourceName>,
+    /// The runtime's NRI socket (`--nri-socket`), for the `nri` hint source.
+    pub nri_socket: PathBuf,
     pub reconnect: ReconnectPolicy,
     /// A released PodSyncGate stops after this long unused.
     pub gate_idle: Duration,
@@ -55,6 +58,7 @@ impl Default for PlegConfig {
             queue_capacity: 1024,
             status_concurrency: 8,
             hint_sources: vec![HintSourceName::CriEvents],
+            nri_socket: PathBuf::from(plegd_nri::DEFAULT_SOCKET),
             reconnect: ReconnectPolicy::default(),
             gate_idle: Duration::from_secs(5),
             history_events: 65_536,
@@ -122,7 +126,7 @@ impl Pleg {
         let sources = cfg
             .hint_sources
             .iter()
-            .filter_map(|&name| {
+            .map(|&name| {
                 let queue = dispatcher.queue.clone();
                 let deps = WatcherDeps {
                     router: router.clone(),
@@ -131,7 +135,7 @@ impl Pleg {
                     policy: cfg.reconnect,
                     on_reconnect: Some(Box::new(move || queue.bring_forward())),
                 };
-                start_source(name, &runtime, &metrics, deps)
+                start_source(name, &runtime, &cfg.nri_socket, &metrics, deps)
             })
             .collect();
         Pleg {

@@ -112,6 +112,9 @@ pub fn run_up_script(flavor: Flavor, base: &Path) -> Result<PathBuf, String> {
         .arg(&script)
         .arg(base)
         .env("PLEGD_CRI_CONTAINERD", flavor.as_str())
+        // NRI on (1.7 only with this; 2.x has it on anyway; a runtime with no plugin
+        // registered behaves as without): the NRI tests register one on BASE/nri.sock.
+        .env("PLEGD_CRI_NRI", "1")
         .output()
         .map_err(|e| format!("cannot run bash {}: {e}", script.display()))?;
     if !out.status.success() {
@@ -183,6 +186,12 @@ impl Containerd {
     /// plegd's `--runtime-endpoint`.
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
+    }
+
+    /// Its NRI socket (`scripts/containerd-up.sh` with `PLEGD_CRI_NRI=1` on 1.7; on by
+    /// default on 2.x; none on 1.6).
+    pub fn nri_socket(&self) -> PathBuf {
+        self.base.join("nri.sock")
     }
 
     /// containerd's PID, from BASE/containerd.pid.

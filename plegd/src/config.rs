@@ -62,6 +62,11 @@ pub struct Settings {
     /// one is retried with the reconnect backoff below and never stops plegd.
     #[arg(long, env = "PLEGD_HINT_SOURCES", value_name = "SOURCES")]
     pub hint_sources: Option<HintSources>,
+    /// The runtime's NRI socket, for the nri hint source (an absolute path). The
+    /// source is detected when a socket is there at start; containerd 1.7 enables NRI
+    /// with [plugins."io.containerd.nri.v1.nri"] disable = false, 2.x has it on.
+    #[arg(long, env = "PLEGD_NRI_SOCKET", value_name = "PATH", default_value = plegd_actors::DEFAULT_NRI_SOCKET)]
+    pub nri_socket: PathBuf,
     /// Event stream: delay of the second reconnect attempt (the first is immediate);
     /// later ones grow exponentially, with jitter (at most 1h).
     #[arg(long, env = "PLEGD_RECONNECT_BASE", default_value = "500ms")]

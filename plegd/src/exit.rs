@@ -79,6 +79,8 @@ pub enum ConfigError {
     NoRuntimeEndpoint,
     #[error("--runtime-endpoint (runtime-endpoint in the config file)")]
     RuntimeEndpoint(#[source] RuntimeError),
+    #[error("--nri-socket {}: must be an absolute path", path.display())]
+    NriSocket { path: PathBuf },
     #[error("--hint-sources: {source_name}: {reason}")]
     HintSource {
         source_name: &'static str,

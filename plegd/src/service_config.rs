@@ -62,7 +62,9 @@ impl ServiceConfig {
     /// `--hint-sources` selects (or detects) on it.
     pub fn for_runtime(&self, runtime: &RuntimeVersion) -> ServiceConfig {
         let mut config = self.clone();
-        config.pleg.hint_sources = self.hint_selection.resolve(runtime);
+        let nri_socket = std::fs::metadata(&self.pleg.nri_socket)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        config.pleg.hint_sources = self.hint_selection.resolve(runtime, nri_socket);
         config
     }
 }
@@ -127,6 +129,11 @@ impl Settings {
         )
         .map_err(ConfigError::Reconnect)?;
         let hint_selection = self.hint_selection()?;
+        if !self.nri_socket.is_absolute() {
+            return Err(ConfigError::NriSocket {
+                path: self.nri_socket.clone(),
+            });
+        }
         Ok(ServiceConfig {
             hint_selection,
             pleg: PlegConfig {
@@ -137,6 +144,7 @@ impl Settings {
                 reconnect,
                 history_events: self.history_events.get(),
                 tombstone_ttl: self.tombstone_ttl.0,
+                nri_socket: self.nri_socket.clone(),
                 ..PlegConfig::default()
             },
             runtime_request_timeout: self.runtime_request_timeout.0,

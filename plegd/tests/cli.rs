@@ -531,8 +531,12 @@ fn a_bad_value_exits_2_naming_the_flag() {
             "--hint-sources",
         ),
         (&[], &[("PLEGD_HINT_SOURCES", "")], "--hint-sources"),
-        // Not a silent no-op: a source this build lacks is refused by name.
-        (&["--hint-sources", "nri"], &[], "--hint-sources: nri"),
+        // The NRI socket: a relative path would depend on the working directory.
+        (
+            &["--nri-socket", "nri.sock"],
+            &[],
+            "--nri-socket nri.sock: must be an absolute path",
+        ),
         (
             &["--evented=false", "--hint-sources", "cri-events"],
             &[],

@@ -1,6 +1,6 @@
 //! Relist hint sources: everything that may tell plegd "look at this pod now" — the
 //! CRI event stream (`cri_events.rs`), containerd's own event service
-//! (`containerd_events.rs`), the NRI plugin — behind one seam, [`HintSource`]. A
+//! (`containerd_events.rs`), the NRI plugin (`nri.rs`) — behind one seam, [`HintSource`]. A
 //! source is only a hint: polling stays the single source of truth, so a lost, late,
 //! duplicated or garbage hint costs latency, never correctness.
 //!
@@ -59,6 +59,7 @@
 
 pub(crate) mod containerd_events;
 pub(crate) mod cri_events;
+pub(crate) mod nri;
 pub(crate) mod select;
 #[cfg(test)]
 mod tests;

@@ -1,14 +1,16 @@
 //! Which hint sources run (`--hint-sources`), decided once at start from the
 //! selection and the runtime, and the one place each source's watcher is built.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use actix::prelude::*;
 use plegd_runtime::{RuntimeClient, RuntimeVersion};
-use plegd_telemetry::{HintSourceName, HintSourceState, Metrics};
+use plegd_telemetry::{HintSourceName, Metrics};
 
 use crate::hints::containerd_events::ContainerdEvents;
 use crate::hints::cri_events::CriEvents;
+use crate::hints::nri::Nri;
 use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
 
 /// `--hint-sources` as given.
@@ -30,16 +32,16 @@ impl Default for HintSelection {
 /// Why a source cannot be selected in this build.
 pub fn unavailable(source: HintSourceName) -> Option<&'static str> {
     match source {
-        HintSourceName::CriEvents | HintSourceName::ContainerdEvents => None,
-        HintSourceName::Nri => Some("the NRI plugin is not part of this build yet"),
+        HintSourceName::CriEvents | HintSourceName::ContainerdEvents | HintSourceName::Nri => None,
     }
 }
 
 impl HintSelection {
     /// The sources to run against this runtime. Detection: the CRI event stream on
-    /// every runtime (one that lacks it shows `unsupported` and is retried), and
-    /// containerd's event service on containerd.
-    pub fn resolve(&self, runtime: &RuntimeVersion) -> Vec<HintSourceName> {
+    /// every runtime (one that lacks it shows `unsupported` and is retried),
+    /// containerd's event service on containerd, and the NRI plugin when the runtime
+    /// listens on the NRI socket (`nri_socket`: it exists as a socket at start).
+    pub fn resolve(&self, runtime: &RuntimeVersion, nri_socket: bool) -> Vec<HintSourceName> {
         match self {
             HintSelection::Only(list) => list.clone(),
             HintSelection::Detect { cri_events } => {
@@ -51,7 +53,7 @@ impl HintSelection {
                     .filter(|&s| match s {
                         HintSourceName::CriEvents => *cri_events,
                         HintSourceName::ContainerdEvents => containerd,
-                        HintSourceName::Nri => false,
+                        HintSourceName::Nri => nri_socket,
                     })
                     .collect()
             }
@@ -83,28 +85,28 @@ impl RunningSource {
     }
 }
 
-/// Starts the watcher of `name`; a source this build lacks is exported
-/// `unsupported` and logged, and nothing runs.
+/// Starts the watcher of `name`.
 pub(crate) fn start_source(
     name: HintSourceName,
     runtime: &Arc<dyn RuntimeClient>,
+    nri_socket: &Path,
     metrics: &Arc<Metrics>,
     deps: WatcherDeps,
-) -> Option<RunningSource> {
+) -> RunningSource {
     match name {
-        HintSourceName::CriEvents => Some(RunningSource::start(
-            CriEvents::new(runtime.clone(), metrics.clone()),
+        HintSourceName::CriEvents => {
+            RunningSource::start(CriEvents::new(runtime.clone(), metrics.clone()), deps)
+        }
+        HintSourceName::Nri => RunningSource::start(
+            Nri::new(
+                plegd_nri::PluginConfig::new(nri_socket),
+                metrics.clone(),
+                deps.cache.clone(),
+            ),
             deps,
-        )),
-        HintSourceName::ContainerdEvents => Some(RunningSource::start(
-            ContainerdEvents::new(runtime.clone()),
-            deps,
-        )),
-        HintSourceName::Nri => {
-            let why = unavailable(name).unwrap_or("not part of this build");
-            tracing::warn!(source = %name, why, "hint source unavailable; polling covers it");
-            metrics.set_hint_source_state(name, HintSourceState::Unsupported);
-            None
+        ),
+        HintSourceName::ContainerdEvents => {
+            RunningSource::start(ContainerdEvents::new(runtime.clone()), deps)
         }
     }
 }
@@ -132,23 +134,28 @@ mod tests {
             .into_iter()
             .filter(available)
             .collect();
-        assert_eq!(detect.resolve(&containerd), want);
+        assert_eq!(detect.resolve(&containerd, false), want);
         // containerd's event service only on containerd.
-        assert_eq!(detect.resolve(&crio), [CriEvents]);
+        assert_eq!(detect.resolve(&crio, false), [CriEvents]);
+        // NRI wherever its socket is there, whatever the runtime.
+        assert_eq!(detect.resolve(&crio, true), [CriEvents, Nri]);
+        assert!(detect.resolve(&containerd, true).contains(&Nri));
         // --evented=false: the same, without the CRI stream.
         let no_cri = HintSelection::Detect { cri_events: false };
-        assert!(!no_cri.resolve(&containerd).contains(&CriEvents));
-        assert_eq!(no_cri.resolve(&crio), []);
+        assert!(!no_cri.resolve(&containerd, false).contains(&CriEvents));
+        assert_eq!(no_cri.resolve(&crio, false), []);
+        assert_eq!(no_cri.resolve(&crio, true), [Nri]);
         // A list is exactly that, whatever the runtime; an empty one is polling only.
         let only = HintSelection::Only(vec![ContainerdEvents]);
-        assert_eq!(only.resolve(&crio), [ContainerdEvents]);
-        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd), []);
+        assert_eq!(only.resolve(&crio, true), [ContainerdEvents]);
+        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd, true), []);
+        assert_eq!(HintSelection::Only(vec![Nri]).resolve(&crio, false), [Nri]);
     }
 
     #[test]
-    fn a_source_this_build_lacks_says_why() {
-        assert_eq!(unavailable(HintSourceName::CriEvents), None);
-        let why = unavailable(HintSourceName::Nri).unwrap_or_default();
-        assert!(why.contains("NRI"), "{why}");
+    fn every_source_is_part_of_this_build() {
+        for &source in HintSourceName::ALL {
+            assert_eq!(unavailable(source), None, "{source}");
+        }
     }
 }

@@ -341,29 +341,3 @@ async fn stop_while_a_quiet_attempt_is_pending_cancels_it() {
     assert_eq!(h.metrics.connection_errors.get(), 0);
     assert_eq!(state(), HintSourceState::Stopped);
 }
-
-#[actix_rt::test]
-async fn a_source_this_build_lacks_is_exported_unsupported_not_silently_dropped() {
-    let metrics = Arc::new(Metrics::new());
-    let (requests_addr, _) = Recorder::<RequestRelist>::start(RecorderConfig::default());
-    let (soon_addr, _) = Recorder::<BringForward>::start(RecorderConfig::default());
-    let queue = RelistQueue::new(
-        requests_addr.recipient(),
-        soon_addr.recipient(),
-        metrics.clone(),
-    );
-    let deps = WatcherDeps {
-        router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
-        cache: CacheOwner::new(std::time::Duration::from_secs(300)).1,
-        metrics: metrics.clone(),
-        policy: policy(Duration::from_millis(200)),
-        on_reconnect: None,
-    };
-    let runtime: Arc<dyn plegd_runtime::RuntimeClient> = Arc::new(FakeRuntime::new());
-    let started = crate::hints::select::start_source(HintSourceName::Nri, &runtime, &metrics, deps);
-    assert!(started.is_none());
-    assert_eq!(
-        metrics.hint_source_state(HintSourceName::Nri),
-        HintSourceState::Unsupported
-    );
-}
