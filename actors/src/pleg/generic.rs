@@ -15,6 +15,7 @@ use std::time::SystemTime;
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 
+use super::changes;
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{read_pod_status, PodStatus};
@@ -138,16 +139,46 @@ impl GenericPleg {
     ) -> Result<Vec<Work>, RuntimeError> {
         let sandboxes = self.runtime.list_sandboxes(None).await?;
         let containers = self.runtime.list_containers(None).await?;
-        let mut current = group(&sandboxes, &containers, &self.records);
-        // Pods known only from a failed first read are visited too, so that one that
-        // is gone gets its cache entry deleted.
-        let uids: BTreeSet<String> = self
-            .records
-            .keys()
-            .chain(current.keys())
-            .chain(self.reinspect.iter())
-            .cloned()
-            .collect();
+        let changed: Option<BTreeSet<String>> =
+            changes::changed_pods(&sandboxes, &containers, &self.records)
+                .map(|c| c.into_iter().map(String::from).collect());
+        let (mut current, uids) = match changed {
+            // Only the pods that changed are rebuilt; every container listed has its
+            // sandbox listed (else `changed_pods` says None), so the records are not
+            // needed to place it.
+            Some(mut changed) => {
+                // A pod to reinspect is rebuilt too: its record was kept, unchanged or
+                // not, and it is diffed against what the lists say now.
+                changed.extend(self.reinspect.iter().cloned());
+                let sandboxes: Vec<_> = sandboxes
+                    .into_iter()
+                    .filter(|s| changed.contains(&s.pod.uid))
+                    .collect();
+                let ids: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+                let containers: Vec<_> = containers
+                    .into_iter()
+                    .filter(|c| ids.contains(c.sandbox_id.as_str()))
+                    .collect();
+                let current = group(&sandboxes, &containers, &HashMap::new());
+                // Held pods are reported whether they changed or not.
+                let mut uids = changed;
+                uids.extend(self.records.keys().filter(|uid| held(uid)).cloned());
+                (current, uids)
+            }
+            None => {
+                let current = group(&sandboxes, &containers, &self.records);
+                // Pods known only from a failed first read are visited too, so that one
+                // that is gone gets its cache entry deleted.
+                let uids: BTreeSet<String> = self
+                    .records
+                    .keys()
+                    .chain(current.keys())
+                    .chain(self.reinspect.iter())
+                    .cloned()
+                    .collect();
+                (current, uids)
+            }
+        };
         let mut work = Vec::new();
         for uid in uids {
             if held(&uid) {
