@@ -12,7 +12,9 @@
 //! is empty. Anything this cannot decide cheaply (an ID listed twice, a container
 //! whose sandbox is not listed) answers `None`: rebuild everything, as before.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
+
+use foldhash::{HashMap as FastMap, HashSet as FastSet};
 
 use super::record::{PlegState, PodRecord};
 use plegd_runtime::{Container, Sandbox};
@@ -25,16 +27,21 @@ pub fn changed_pods<'a>(
     records: &'a HashMap<String, PodRecord>,
 ) -> Option<BTreeSet<&'a str>> {
     let mut changed = BTreeSet::new();
-    // Sandbox ID → its pod, from this list; and per pod, entries found unchanged.
-    let mut owner: HashMap<&str, &str> = HashMap::with_capacity(sandboxes.len());
-    let mut unchanged: HashMap<&str, (usize, usize)> = HashMap::with_capacity(records.len());
+    // Sandbox ID → its pod and the pod's record, from this list; per pod (by record),
+    // the entries found unchanged. Per-relist maps, with a fast hasher: IDs are
+    // hashed once per entry.
+    let mut owner: FastMap<&str, (&str, Option<&PodRecord>)> =
+        FastMap::with_capacity_and_hasher(sandboxes.len(), Default::default());
+    let mut unchanged: FastMap<&str, (usize, usize)> =
+        FastMap::with_capacity_and_hasher(records.len(), Default::default());
     for sb in sandboxes {
         let uid = sb.pod.uid.as_str();
-        if owner.insert(&sb.id, uid).is_some() {
+        let rec = records.get(uid);
+        if owner.insert(&sb.id, (uid, rec)).is_some() {
             return None;
         }
-        let same = records.get(uid).is_some_and(|rec| {
-            rec.pod == sb.pod && rec.sandboxes.get(&sb.id) == Some(&PlegState::from(sb.state))
+        let same = rec.is_some_and(|rec| {
+            rec.sandboxes.get(&sb.id) == Some(&PlegState::from(sb.state)) && rec.pod == sb.pod
         });
         if same {
             unchanged.entry(uid).or_default().0 += 1;
@@ -42,17 +49,18 @@ pub fn changed_pods<'a>(
             changed.insert(uid);
         }
     }
-    let mut listed: HashSet<&str> = HashSet::with_capacity(containers.len());
+    let mut listed: FastSet<&str> =
+        FastSet::with_capacity_and_hasher(containers.len(), Default::default());
     for c in containers {
         if !listed.insert(&c.id) {
             return None;
         }
         // A container whose sandbox is not listed belongs to whatever pod the records
         // knew that sandbox in: rare (a sandbox going away), and left to `group`.
-        let uid = *owner.get(c.sandbox_id.as_str())?;
-        let same = records.get(uid).is_some_and(|rec| {
+        let (uid, rec) = *owner.get(c.sandbox_id.as_str())?;
+        let same = rec.is_some_and(|rec| {
             rec.containers.get(&c.id).is_some_and(|(sb, state)| {
-                *sb == c.sandbox_id && *state == PlegState::from(c.state)
+                *state == PlegState::from(c.state) && *sb == c.sandbox_id
             })
         });
         if same {
@@ -74,6 +82,8 @@ pub fn changed_pods<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
+
     use crate::pleg::diff::pod_events;
     use crate::pleg::record::group;
     use plegd_runtime::{ContainerState, PodRef, SandboxState};
