@@ -75,6 +75,8 @@ pub struct GenericPleg {
 
 struct Work {
     uid: String,
+    /// Which relist asked: the events' `relist_source`.
+    source: RelistSource,
     new: Option<PodRecord>,
     changes: Vec<(String, EventKind)>,
     reinspect: bool,
@@ -123,13 +125,51 @@ impl GenericPleg {
                     left_held.push(uid.clone());
                     Vec::new()
                 } else {
-                    self.pod_work(uid).await?
+                    self.pod_work(uid, source).await?
                 }
             }
         };
-        let mut out = self.process(work, source, held).await;
+        let mut out = self.process(work, held).await;
         out.held.extend(left_held);
         Ok(out)
+    }
+
+    /// Targeted relists of several pods as one (the dispatcher's batch): each pod is
+    /// read as [`Self::relist`] of its scope would, `concurrency` pods' lists at once
+    /// and one bound on status calls for all. A pod whose lists fail changes nothing
+    /// and is returned with its error; the others go on. Each pod's events carry its
+    /// request's source. `pods` holds each UID once.
+    pub async fn relist_pods(
+        &mut self,
+        pods: &[(String, RelistSource)],
+        held: &dyn Fn(&str) -> bool,
+    ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
+        let mut left_held = Vec::new();
+        let mut failed = Vec::new();
+        let mut asked = Vec::new();
+        for (uid, source) in pods {
+            if held(uid) {
+                left_held.push(uid.clone());
+            } else {
+                asked.push((uid, *source));
+            }
+        }
+        let this = &*self;
+        let reads = futures::stream::iter(asked)
+            .map(|(uid, source)| async move { (uid, this.pod_work(uid, source).await) })
+            .buffered(self.concurrency)
+            .collect::<Vec<_>>()
+            .await;
+        let mut work = Vec::new();
+        for (uid, read) in reads {
+            match read {
+                Ok(w) => work.extend(w),
+                Err(e) => failed.push((uid.clone(), e)),
+            }
+        }
+        let mut out = self.process(work, held).await;
+        out.held.extend(left_held);
+        (out, failed)
     }
 
     async fn global_work(
@@ -193,6 +233,7 @@ impl GenericPleg {
             }
             work.push(Work {
                 uid,
+                source: RelistSource::Global,
                 new,
                 changes,
                 reinspect,
@@ -206,7 +247,7 @@ impl GenericPleg {
     /// has not seen yet can only be found in the whole list. Always re-reads the status
     /// (that is what was asked for); a pod that is gone and unknown is a no-op. A new
     /// sandbox of a known pod (a recreated sandbox) is found by the next global relist.
-    async fn pod_work(&mut self, uid: &str) -> Result<Vec<Work>, RuntimeError> {
+    async fn pod_work(&self, uid: &str, source: RelistSource) -> Result<Vec<Work>, RuntimeError> {
         let known: Vec<String> = self
             .records
             .get(uid)
@@ -253,18 +294,14 @@ impl GenericPleg {
         let changes = pod_events(self.records.get(uid), new.as_ref());
         Ok(vec![Work {
             uid: uid.to_string(),
+            source,
             new,
             changes,
             reinspect: self.reinspect.contains(uid),
         }])
     }
 
-    async fn process(
-        &mut self,
-        work: Vec<Work>,
-        source: RelistSource,
-        held: &dyn Fn(&str) -> bool,
-    ) -> RelistOutput {
+    async fn process(&mut self, work: Vec<Work>, held: &dyn Fn(&str) -> bool) -> RelistOutput {
         let runtime = self.runtime.clone();
         // One bound for the whole relist: `concurrency` status calls in flight, however
         // the pods and their containers are spread.
@@ -349,6 +386,7 @@ impl GenericPleg {
             }
             // The event's time is when this relist read the pod (the read's start).
             let now = read_at;
+            let source = w.source;
             let published: Vec<_> = w
                 .changes
                 .iter()
