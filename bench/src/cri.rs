@@ -45,8 +45,8 @@ impl Cri {
                 .push((name, c.id));
         }
         Ok(by_sandbox
-            .into_iter()
-            .map(|(_, mut cs)| {
+            .into_values()
+            .map(|mut cs| {
                 cs.sort();
                 Pod {
                     containers: cs.into_iter().map(|(_, id)| id).collect(),
