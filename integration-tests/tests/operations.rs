@@ -75,6 +75,7 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
         "post_allocation",
         "queued",
         "coalesced",
+        "merged",
         "dropped",
         "skipped",
         "done",
