@@ -88,6 +88,9 @@ impl Args {
 }
 
 const CONTAINERS: usize = 2;
+/// plegd's default `--relist-period`, which the steady window is cut to (do not
+/// change it with --plegd-arg).
+const PERIOD: Duration = Duration::from_secs(1);
 const BURST: usize = 20;
 
 /// What one node size measured.
@@ -137,7 +140,7 @@ fn run_size(
         first_relist: workloads::first_relist(&plegd)?,
         ..SizeRun::default()
     };
-    run.steady = Some(workloads::steady(&plegd, args.steady_window)?);
+    run.steady = Some(workloads::steady(&plegd, args.steady_window, PERIOD)?);
     run.rss_kib = plegd.rss_kib()?;
     if pods == 0 {
         return Ok(run);

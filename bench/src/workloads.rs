@@ -47,8 +47,11 @@ pub struct Steady {
     pub cpu: Duration,
 }
 
-pub fn steady(plegd: &Plegd, window: Duration) -> Result<Steady> {
-    // Start right after a relist, so the window holds whole ones.
+/// Measured between two relists: after one completes (found by polling, before the
+/// window), half a period on, for a whole number of periods, with no scrape inside
+/// the window (a scrape costs plegd CPU too): the window holds exactly that many
+/// relists, and the CPU in it is theirs plus plegd's idle cost.
+pub fn steady(plegd: &Plegd, window: Duration, period: Duration) -> Result<Steady> {
     let count =
         |p: &Plegd| -> Result<f64> { Ok(p.metrics()?.sum(&format!("{GLOBAL}_count"), &[])) };
     let c0 = count(plegd)?;
@@ -57,19 +60,15 @@ pub fn steady(plegd: &Plegd, window: Duration) -> Result<Steady> {
         if Instant::now() > deadline {
             bail!("no global relist for {PATIENCE:?}");
         }
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(10));
     }
+    std::thread::sleep(period / 2);
+    let periods = (window.as_secs_f64() / period.as_secs_f64())
+        .round()
+        .max(1.0);
     let (m0, cpu0) = (plegd.metrics()?, plegd.cpu()?);
-    std::thread::sleep(window);
-    let c1 = count(plegd)?;
-    // End right after a relist too.
-    while count(plegd)? == c1 {
-        if Instant::now() > deadline + window {
-            bail!("no global relist for {PATIENCE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let (m1, cpu1) = (plegd.metrics()?, plegd.cpu()?);
+    std::thread::sleep(period.mul_f64(periods));
+    let (cpu1, m1) = (plegd.cpu()?, plegd.metrics()?);
     let n = m1.sum(&format!("{GLOBAL}_count"), &[]) - m0.sum(&format!("{GLOBAL}_count"), &[]);
     let wall = m1.sum(&format!("{GLOBAL}_sum"), &[]) - m0.sum(&format!("{GLOBAL}_sum"), &[]);
     let n = n.max(1.0);

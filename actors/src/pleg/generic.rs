@@ -179,9 +179,13 @@ impl GenericPleg {
     ) -> Result<Vec<Work>, RuntimeError> {
         let sandboxes = self.runtime.list_sandboxes(None).await?;
         let containers = self.runtime.list_containers(None).await?;
-        let changed: Option<BTreeSet<String>> =
+        // The first relist (no records: every pod is new) groups everything at once.
+        let changed: Option<BTreeSet<String>> = if self.records.is_empty() {
+            None
+        } else {
             changes::changed_pods(&sandboxes, &containers, &self.records)
-                .map(|c| c.into_iter().map(String::from).collect());
+                .map(|c| c.into_iter().map(String::from).collect())
+        };
         let (mut current, uids) = match changed {
             // Only the pods that changed are rebuilt; every container listed has its
             // sandbox listed (else `changed_pods` says None), so the records are not
