@@ -288,8 +288,8 @@ impl RelistDispatcher {
         core
     }
 
-    /// The global relist of a unit of work; the pending requests follow (once the
-    /// mailbox is drained: requests that came during the relist join them).
+    /// The global relist of a unit of work; the pending requests follow in the same
+    /// unit (requests that came during the relist wait in the mailbox for the next).
     fn global(&mut self, ctx: &mut Context<Self>) {
         let Some(mut core) = self.take_core() else {
             return;
@@ -317,7 +317,14 @@ impl RelistDispatcher {
                             }
                         }
                     }
-                    act.unit_done(ctx);
+                    // The pending requests run in the same unit: a global relist due
+                    // at every unit (relists slower than their period) must not starve
+                    // them. Those it covers are skipped when the batch starts.
+                    if act.pending.is_empty() || act.stop_if_asked(ctx) {
+                        act.unit_done(ctx);
+                    } else {
+                        act.batch(ctx);
+                    }
                 }),
         );
     }
