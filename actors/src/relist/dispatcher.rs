@@ -9,8 +9,10 @@
 //!   sender handle, which that message parks.)
 //! - Order of work: shutdown, then a due global relist, then targeted relists: a
 //!   relist runs inside `ctx.wait`, which holds the mailbox, and every unit of work
-//!   first runs a due global relist, so a storm of targeted requests delays a global
-//!   relist by at most one batch.
+//!   first runs a due global relist — unless the last unit was one and requests wait:
+//!   then they get this unit — so a storm of targeted requests delays a global relist
+//!   by at most one batch, and global relists slower than their period never starve
+//!   the requests.
 //! - Batches (issue 11: a storm of 5,000 stops overflowed the queue when requests ran
 //!   one at a time): between two units of work the whole mailbox is drained into the
 //!   pending requests, one per pod (a newer request for a pod already waiting takes
@@ -89,6 +91,10 @@ pub struct RelistDispatcher {
     pending_index: HashMap<String, usize>,
     /// A batch is scheduled to start once the mailbox is drained.
     batch_scheduled: bool,
+    /// The pending requests are owed the next unit: a global relist ran in the last
+    /// one. Alternating, a due global relist waits for at most one batch and a batch
+    /// for at most one global relist.
+    batch_next: bool,
     /// Rate limit of the per-batch debug line.
     batch_log: RateLimiter,
 }
@@ -172,6 +178,7 @@ impl RelistDispatcher {
             pending: Vec::new(),
             pending_index: HashMap::new(),
             batch_scheduled: false,
+            batch_next: false,
             batch_log: RateLimiter::new(Duration::from_millis(100)),
         };
         let addr = ctx.run(actor);
@@ -222,7 +229,9 @@ impl RelistDispatcher {
         if self.core.is_none() {
             return;
         }
-        if self.schedule.due(Instant::now()) {
+        let owed = self.batch_next && !self.pending.is_empty();
+        self.batch_next = false;
+        if self.schedule.due(Instant::now()) && !owed {
             self.global(ctx);
         } else if !self.pending.is_empty() {
             self.batch(ctx);
@@ -288,8 +297,8 @@ impl RelistDispatcher {
         core
     }
 
-    /// The global relist of a unit of work; the pending requests follow in the same
-    /// unit (requests that came during the relist wait in the mailbox for the next).
+    /// The global relist of a unit of work; the pending requests get the next unit
+    /// (after the mailbox is drained: requests that came during the relist join them).
     fn global(&mut self, ctx: &mut Context<Self>) {
         let Some(mut core) = self.take_core() else {
             return;
@@ -317,14 +326,11 @@ impl RelistDispatcher {
                             }
                         }
                     }
-                    // The pending requests run in the same unit: a global relist due
-                    // at every unit (relists slower than their period) must not starve
-                    // them. Those it covers are skipped when the batch starts.
-                    if act.pending.is_empty() || act.stop_if_asked(ctx) {
-                        act.unit_done(ctx);
-                    } else {
-                        act.batch(ctx);
-                    }
+                    // The pending requests are owed the next unit, even if another
+                    // global relist is due by then (relists slower than their period
+                    // must not starve them); those this one covers are skipped then.
+                    act.batch_next = !act.pending.is_empty();
+                    act.unit_done(ctx);
                 }),
         );
     }
