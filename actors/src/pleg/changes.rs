@@ -14,10 +14,28 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use foldhash::{HashMap as FastMap, HashSet as FastSet};
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
 
 use super::record::{PlegState, PodRecord};
 use plegd_runtime::{Container, Sandbox};
+
+/// The change check's hash tables, kept from one relist to the next (cleared, never
+/// freed): allocating and freeing tables of a few hundred KB every relist made glibc
+/// raise its mmap threshold and fragment the heap (issue 11: RSS per pod grew by
+/// 1–3 KiB). They hold list indices, so they borrow nothing.
+#[derive(Default)]
+pub struct Scratch {
+    state: foldhash::fast::RandomState,
+    /// Listed sandboxes by ID (index into the sandbox list).
+    owner: HashTable<u32>,
+    /// Listed containers by ID (index into the container list).
+    listed: HashTable<u32>,
+    /// Per pod UID (the index of one of its listed sandboxes): sandboxes and
+    /// containers found unchanged.
+    unchanged: HashTable<(u32, usize, usize)>,
+}
 
 /// The pods whose lists differ from their records (new, changed or gone), or `None`
 /// when every pod must be rebuilt.
@@ -25,53 +43,88 @@ pub fn changed_pods<'a>(
     sandboxes: &'a [Sandbox],
     containers: &'a [Container],
     records: &'a HashMap<String, PodRecord>,
+    scratch: &mut Scratch,
 ) -> Option<BTreeSet<&'a str>> {
+    let Scratch {
+        state,
+        owner,
+        listed,
+        unchanged,
+    } = scratch;
+    owner.clear();
+    listed.clear();
+    unchanged.clear();
+    let hash = |s: &str| state.hash_one(s);
+    let uid_at = |i: u32| sandboxes[i as usize].pod.uid.as_str();
+    // Counts one unchanged entry (sandbox or container) of the pod of sandbox `i`.
+    let mut count = |i: u32, sandbox: bool| {
+        let uid = uid_at(i);
+        let h = hash(uid);
+        let entry = match unchanged.find_mut(h, |e| uid_at(e.0) == uid) {
+            Some(e) => e,
+            None => unchanged
+                .insert_unique(h, (i, 0, 0), |e| hash(uid_at(e.0)))
+                .into_mut(),
+        };
+        if sandbox {
+            entry.1 += 1;
+        } else {
+            entry.2 += 1;
+        }
+    };
     let mut changed = BTreeSet::new();
-    // Sandbox ID → its pod and the pod's record, from this list; per pod (by record),
-    // the entries found unchanged. Per-relist maps, with a fast hasher: IDs are
-    // hashed once per entry.
-    let mut owner: FastMap<&str, (&str, Option<&PodRecord>)> =
-        FastMap::with_capacity_and_hasher(sandboxes.len(), Default::default());
-    let mut unchanged: FastMap<&str, (usize, usize)> =
-        FastMap::with_capacity_and_hasher(records.len(), Default::default());
-    for sb in sandboxes {
-        let uid = sb.pod.uid.as_str();
-        let rec = records.get(uid);
-        if owner.insert(&sb.id, (uid, rec)).is_some() {
+    for (i, sb) in sandboxes.iter().enumerate() {
+        let i = u32::try_from(i).ok()?;
+        let h = hash(&sb.id);
+        if owner
+            .find(h, |&j| sandboxes[j as usize].id == sb.id)
+            .is_some()
+        {
             return None;
         }
-        let same = rec.is_some_and(|rec| {
+        owner.insert_unique(h, i, |&j| hash(&sandboxes[j as usize].id));
+        let uid = sb.pod.uid.as_str();
+        let same = records.get(uid).is_some_and(|rec| {
             rec.sandboxes.get(&sb.id) == Some(&PlegState::from(sb.state)) && rec.pod == sb.pod
         });
         if same {
-            unchanged.entry(uid).or_default().0 += 1;
+            count(i, true);
         } else {
             changed.insert(uid);
         }
     }
-    let mut listed: FastSet<&str> =
-        FastSet::with_capacity_and_hasher(containers.len(), Default::default());
-    for c in containers {
-        if !listed.insert(&c.id) {
+    for (i, c) in containers.iter().enumerate() {
+        let i = u32::try_from(i).ok()?;
+        let h = hash(&c.id);
+        if listed
+            .find(h, |&j| containers[j as usize].id == c.id)
+            .is_some()
+        {
             return None;
         }
+        listed.insert_unique(h, i, |&j| hash(&containers[j as usize].id));
         // A container whose sandbox is not listed belongs to whatever pod the records
         // knew that sandbox in: rare (a sandbox going away), and left to `group`.
-        let (uid, rec) = *owner.get(c.sandbox_id.as_str())?;
-        let same = rec.is_some_and(|rec| {
+        let sb = *owner.find(hash(&c.sandbox_id), |&j| {
+            sandboxes[j as usize].id == c.sandbox_id
+        })?;
+        let uid = uid_at(sb);
+        let same = records.get(uid).is_some_and(|rec| {
             rec.containers.get(&c.id).is_some_and(|(sb, state)| {
                 *state == PlegState::from(c.state) && *sb == c.sandbox_id
             })
         });
         if same {
-            unchanged.entry(uid).or_default().1 += 1;
+            count(sb, false);
         } else {
             changed.insert(uid);
         }
     }
     // A pod with fewer unchanged entries than its record lost some (or all).
     for (uid, rec) in records {
-        let (s, c) = unchanged.get(uid.as_str()).copied().unwrap_or_default();
+        let (s, c) = unchanged
+            .find(hash(uid), |e| uid_at(e.0) == uid)
+            .map_or((0, 0), |e| (e.1, e.2));
         if s != rec.sandboxes.len() || c != rec.containers.len() {
             changed.insert(uid);
         }
@@ -131,20 +184,23 @@ mod tests {
         let (sandboxes, mut containers) = node();
         let records = group(&sandboxes, &containers, &HashMap::new());
         let none: BTreeSet<&str> = BTreeSet::new();
-        assert_eq!(changed_pods(&sandboxes, &containers, &records), Some(none));
+        assert_eq!(
+            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
+            Some(none)
+        );
         // Created and Unknown are the same PLEG state: no change.
         containers[0].state = ContainerState::Unknown;
         let records = group(&sandboxes, &containers, &HashMap::new());
         containers[0].state = ContainerState::Created;
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records)
+            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default())
                 .unwrap()
                 .len(),
             0
         );
         containers[1].state = ContainerState::Exited;
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records),
+            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
             Some(BTreeSet::from(["u2"]))
         );
         // One gone, one new pod.
@@ -153,12 +209,17 @@ mod tests {
         sandboxes.push(sandbox("s9", "u9", SandboxState::Ready));
         let records = group(&node().0, &node().1, &HashMap::new());
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records),
+            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
             Some(BTreeSet::from(["u2", "u9"]))
         );
         // A pod gone altogether.
         assert_eq!(
-            changed_pods(&sandboxes[..1], &containers[..1], &records),
+            changed_pods(
+                &sandboxes[..1],
+                &containers[..1],
+                &records,
+                &mut Scratch::default()
+            ),
             Some(BTreeSet::from(["u2"]))
         );
     }
@@ -168,12 +229,26 @@ mod tests {
         let (sandboxes, containers) = node();
         let records = group(&sandboxes, &containers, &HashMap::new());
         // A container whose sandbox is not listed.
-        assert_eq!(changed_pods(&sandboxes[..1], &containers, &records), None);
+        assert_eq!(
+            changed_pods(
+                &sandboxes[..1],
+                &containers,
+                &records,
+                &mut Scratch::default()
+            ),
+            None
+        );
         // An ID listed twice.
         let twice = [sandboxes.clone(), sandboxes[..1].to_vec()].concat();
-        assert_eq!(changed_pods(&twice, &containers, &records), None);
+        assert_eq!(
+            changed_pods(&twice, &containers, &records, &mut Scratch::default()),
+            None
+        );
         let twice = [containers.clone(), containers[..1].to_vec()].concat();
-        assert_eq!(changed_pods(&sandboxes, &twice, &records), None);
+        assert_eq!(
+            changed_pods(&sandboxes, &twice, &records, &mut Scratch::default()),
+            None
+        );
     }
 
     /// Small xorshift: the same lists on every run, no dependency.
@@ -221,12 +296,14 @@ mod tests {
     fn agrees_with_grouping_everything() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         let mut decided = 0;
+        // One scratch for every draw, as a GenericPleg keeps one.
+        let mut scratch = Scratch::default();
         for _ in 0..20_000 {
             let (s0, c0) = lists(&mut rng);
             let records = group(&s0, &c0, &HashMap::new());
             let (s1, c1) = lists(&mut rng);
             let whole = group(&s1, &c1, &records);
-            let Some(changed) = changed_pods(&s1, &c1, &records) else {
+            let Some(changed) = changed_pods(&s1, &c1, &records, &mut scratch) else {
                 continue;
             };
             decided += 1;

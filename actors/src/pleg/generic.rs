@@ -71,6 +71,8 @@ pub struct GenericPleg {
     records: HashMap<String, PodRecord>,
     reinspect: HashSet<String>,
     concurrency: usize,
+    /// The global relist's change check's tables, reused.
+    scratch: changes::Scratch,
 }
 
 struct Work {
@@ -91,6 +93,7 @@ impl GenericPleg {
             records: HashMap::new(),
             reinspect: HashSet::new(),
             concurrency: concurrency.max(1),
+            scratch: changes::Scratch::default(),
         }
     }
 
@@ -183,7 +186,7 @@ impl GenericPleg {
         let changed: Option<BTreeSet<String>> = if self.records.is_empty() {
             None
         } else {
-            changes::changed_pods(&sandboxes, &containers, &self.records)
+            changes::changed_pods(&sandboxes, &containers, &self.records, &mut self.scratch)
                 .map(|c| c.into_iter().map(String::from).collect())
         };
         let (mut current, uids) = match changed {
