@@ -52,3 +52,9 @@ echo "[test] cargo test" >&2
 # --include-ignored: the real-containerd tests are ignored for a plain `cargo test`
 # (they need root and containerd, which this script provides).
 cargo test --locked --workspace --all-targets -- --include-ignored
+
+echo "[test] benchmark harness smoke run (plegd-bench --smoke; checks the harness, not plegd's speed)" >&2
+# Debug binaries, already built by cargo test: the figures mean nothing, the run
+# proves that every workload still runs end to end (BENCHMARKS.md).
+cargo build --locked -p plegd -p plegd-sim -p plegd-bench
+target/debug/plegd-bench --smoke

@@ -125,6 +125,7 @@ async fn wait_evented_relists(m: &Metrics, queued_before: u64, n: u64) {
             RequestResult::Done,
             RequestResult::Skipped,
             RequestResult::Coalesced,
+            RequestResult::Merged,
         ]
         .into_iter()
         .map(|r| m.requests(r, RelistSource::EventedPleg))
@@ -134,7 +135,8 @@ async fn wait_evented_relists(m: &Metrics, queued_before: u64, n: u64) {
     .await;
 }
 
-/// Post-allocation requests that reached an end: done, skipped, coalesced or dropped.
+/// Post-allocation requests that reached an end: done, skipped, coalesced, merged or
+/// dropped.
 fn post_allocation_settled(e: &Env) -> u64 {
     post_allocation_settled_in(e.pleg.metrics())
 }
@@ -144,6 +146,7 @@ fn post_allocation_settled_in(m: &Metrics) -> u64 {
         RequestResult::Done,
         RequestResult::Skipped,
         RequestResult::Coalesced,
+        RequestResult::Merged,
         RequestResult::Dropped,
     ]
     .into_iter()

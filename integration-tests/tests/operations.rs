@@ -86,6 +86,7 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
         "unsupported",
         "queued",
         "coalesced",
+        "merged",
         "dropped",
         "skipped",
         "done",

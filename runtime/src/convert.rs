@@ -112,6 +112,48 @@ pub fn sandbox_from_wire(s: &cri::PodSandbox) -> Result<Sandbox, RuntimeError> {
     )
 }
 
+/// [`sandbox_from_wire`] taking the listed message, so its strings are moved, not
+/// copied (a global relist converts every sandbox on the node).
+pub fn sandbox_from_listed(s: cri::PodSandbox) -> Result<Sandbox, RuntimeError> {
+    let op = "ListPodSandbox";
+    let valid = !s.id.is_empty() && s.metadata.as_ref().is_some_and(|m| !m.uid.is_empty());
+    match s.metadata {
+        Some(meta) if valid => Ok(Sandbox {
+            id: s.id,
+            pod: PodRef {
+                uid: meta.uid,
+                name: meta.name,
+                namespace: meta.namespace,
+            },
+            attempt: meta.attempt,
+            state: sandbox_state_from_wire(s.state),
+            created_at: s.created_at,
+            labels: s.labels.into_iter().collect(),
+        }),
+        // The same errors as the borrowing conversion.
+        meta => sandbox(op, &s.id, meta.as_ref(), s.state, s.created_at, &s.labels),
+    }
+}
+
+/// [`container_from_wire`] taking the listed message: its strings are moved.
+pub fn container_from_listed(c: cri::Container) -> Result<Container, RuntimeError> {
+    if c.id.is_empty() || c.pod_sandbox_id.is_empty() {
+        return Err(RuntimeError::Invalid {
+            op: "ListContainers",
+            reason: format!("container {:?} without id or sandbox id", c.id),
+        });
+    }
+    let (name, attempt) = c.metadata.map(|m| (m.name, m.attempt)).unwrap_or_default();
+    Ok(Container {
+        id: c.id,
+        sandbox_id: c.pod_sandbox_id,
+        name,
+        attempt,
+        state: container_state_from_wire(c.state),
+        created_at: c.created_at,
+    })
+}
+
 pub fn container_from_wire(c: &cri::Container) -> Result<Container, RuntimeError> {
     if c.id.is_empty() || c.pod_sandbox_id.is_empty() {
         return Err(RuntimeError::Invalid {
@@ -371,5 +413,69 @@ mod tests {
         })
         .unwrap();
         assert!(bare.labels.is_empty());
+    }
+
+    /// The moving conversions of the list path agree with the borrowing ones, errors
+    /// included.
+    #[test]
+    fn listed_conversions_move_what_the_borrowing_ones_copy() {
+        let meta = |uid: &str| {
+            Some(cri::PodSandboxMetadata {
+                uid: uid.into(),
+                name: "n".into(),
+                namespace: "ns".into(),
+                attempt: 2,
+            })
+        };
+        for s in [
+            cri::PodSandbox {
+                id: "s1".into(),
+                metadata: meta("u1"),
+                state: 1,
+                created_at: 5,
+                ..Default::default()
+            },
+            cri::PodSandbox {
+                id: "s1".into(),
+                metadata: meta(""),
+                ..Default::default()
+            },
+            cri::PodSandbox {
+                metadata: meta("u1"),
+                ..Default::default()
+            },
+            cri::PodSandbox {
+                id: "s1".into(),
+                ..Default::default()
+            },
+        ] {
+            let (a, b) = (sandbox_from_wire(&s), sandbox_from_listed(s));
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
+        for c in [
+            cri::Container {
+                id: "c1".into(),
+                pod_sandbox_id: "s1".into(),
+                metadata: Some(cri::ContainerMetadata {
+                    name: "app".into(),
+                    attempt: 3,
+                }),
+                state: 2,
+                created_at: 7,
+                ..Default::default()
+            },
+            cri::Container {
+                id: "c1".into(),
+                pod_sandbox_id: "s1".into(),
+                ..Default::default()
+            },
+            cri::Container {
+                id: "c1".into(),
+                ..Default::default()
+            },
+        ] {
+            let (a, b) = (container_from_wire(&c), container_from_listed(c));
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
     }
 }

@@ -231,9 +231,9 @@ impl RuntimeClient for CriRuntime {
         // relist; its containers are left out with it.
         Ok(resp
             .items
-            .iter()
+            .into_iter()
             .filter_map(|s| {
-                convert::sandbox_from_wire(s)
+                convert::sandbox_from_listed(s)
                     .map_err(|e| tracing::debug!(error = %e, "ignoring a listed sandbox"))
                     .ok()
             })
@@ -256,9 +256,9 @@ impl RuntimeClient for CriRuntime {
             .await?;
         Ok(resp
             .containers
-            .iter()
+            .into_iter()
             .filter_map(|c| {
-                convert::container_from_wire(c)
+                convert::container_from_listed(c)
                     .map_err(|e| tracing::debug!(error = %e, "ignoring a listed container"))
                     .ok()
             })

@@ -86,6 +86,9 @@ label_enum! {
         Queued => "queued",
         /// Merged into a held pod's one pending relist.
         Coalesced => "coalesced",
+        /// Replaced by a newer request for the same pod waiting in the dispatcher's
+        /// next batch.
+        Merged => "merged",
         /// The queue was full (the next global relist reconciles).
         Dropped => "dropped",
         /// A global relist that started after it was enqueued already covered the pod.

@@ -15,6 +15,7 @@ use std::time::SystemTime;
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 
+use super::changes;
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{read_pod_status, PodStatus};
@@ -70,10 +71,14 @@ pub struct GenericPleg {
     records: HashMap<String, PodRecord>,
     reinspect: HashSet<String>,
     concurrency: usize,
+    /// The global relist's change check's tables, reused.
+    scratch: changes::Scratch,
 }
 
 struct Work {
     uid: String,
+    /// Which relist asked: the events' `relist_source`.
+    source: RelistSource,
     new: Option<PodRecord>,
     changes: Vec<(String, EventKind)>,
     reinspect: bool,
@@ -88,6 +93,7 @@ impl GenericPleg {
             records: HashMap::new(),
             reinspect: HashSet::new(),
             concurrency: concurrency.max(1),
+            scratch: changes::Scratch::default(),
         }
     }
 
@@ -122,13 +128,51 @@ impl GenericPleg {
                     left_held.push(uid.clone());
                     Vec::new()
                 } else {
-                    self.pod_work(uid).await?
+                    self.pod_work(uid, source).await?
                 }
             }
         };
-        let mut out = self.process(work, source, held).await;
+        let mut out = self.process(work, held).await;
         out.held.extend(left_held);
         Ok(out)
+    }
+
+    /// Targeted relists of several pods as one (the dispatcher's batch): each pod is
+    /// read as [`Self::relist`] of its scope would, `concurrency` pods' lists at once
+    /// and one bound on status calls for all. A pod whose lists fail changes nothing
+    /// and is returned with its error; the others go on. Each pod's events carry its
+    /// request's source. `pods` holds each UID once.
+    pub async fn relist_pods(
+        &mut self,
+        pods: &[(String, RelistSource)],
+        held: &dyn Fn(&str) -> bool,
+    ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
+        let mut left_held = Vec::new();
+        let mut failed = Vec::new();
+        let mut asked = Vec::new();
+        for (uid, source) in pods {
+            if held(uid) {
+                left_held.push(uid.clone());
+            } else {
+                asked.push((uid, *source));
+            }
+        }
+        let this = &*self;
+        let reads = futures::stream::iter(asked)
+            .map(|(uid, source)| async move { (uid, this.pod_work(uid, source).await) })
+            .buffered(self.concurrency)
+            .collect::<Vec<_>>()
+            .await;
+        let mut work = Vec::new();
+        for (uid, read) in reads {
+            match read {
+                Ok(w) => work.extend(w),
+                Err(e) => failed.push((uid.clone(), e)),
+            }
+        }
+        let mut out = self.process(work, held).await;
+        out.held.extend(left_held);
+        (out, failed)
     }
 
     async fn global_work(
@@ -138,16 +182,50 @@ impl GenericPleg {
     ) -> Result<Vec<Work>, RuntimeError> {
         let sandboxes = self.runtime.list_sandboxes(None).await?;
         let containers = self.runtime.list_containers(None).await?;
-        let mut current = group(&sandboxes, &containers, &self.records);
-        // Pods known only from a failed first read are visited too, so that one that
-        // is gone gets its cache entry deleted.
-        let uids: BTreeSet<String> = self
-            .records
-            .keys()
-            .chain(current.keys())
-            .chain(self.reinspect.iter())
-            .cloned()
-            .collect();
+        // The first relist (no records: every pod is new) groups everything at once.
+        let changed: Option<BTreeSet<String>> = if self.records.is_empty() {
+            None
+        } else {
+            changes::changed_pods(&sandboxes, &containers, &self.records, &mut self.scratch)
+                .map(|c| c.into_iter().map(String::from).collect())
+        };
+        let (mut current, uids) = match changed {
+            // Only the pods that changed are rebuilt; every container listed has its
+            // sandbox listed (else `changed_pods` says None), so the records are not
+            // needed to place it.
+            Some(mut changed) => {
+                // A pod to reinspect is rebuilt too: its record was kept, unchanged or
+                // not, and it is diffed against what the lists say now.
+                changed.extend(self.reinspect.iter().cloned());
+                let sandboxes: Vec<_> = sandboxes
+                    .into_iter()
+                    .filter(|s| changed.contains(&s.pod.uid))
+                    .collect();
+                let ids: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+                let containers: Vec<_> = containers
+                    .into_iter()
+                    .filter(|c| ids.contains(c.sandbox_id.as_str()))
+                    .collect();
+                let current = group(&sandboxes, &containers, &HashMap::new());
+                // Held pods are reported whether they changed or not.
+                let mut uids = changed;
+                uids.extend(self.records.keys().filter(|uid| held(uid)).cloned());
+                (current, uids)
+            }
+            None => {
+                let current = group(&sandboxes, &containers, &self.records);
+                // Pods known only from a failed first read are visited too, so that one
+                // that is gone gets its cache entry deleted.
+                let uids: BTreeSet<String> = self
+                    .records
+                    .keys()
+                    .chain(current.keys())
+                    .chain(self.reinspect.iter())
+                    .cloned()
+                    .collect();
+                (current, uids)
+            }
+        };
         let mut work = Vec::new();
         for uid in uids {
             if held(&uid) {
@@ -162,6 +240,7 @@ impl GenericPleg {
             }
             work.push(Work {
                 uid,
+                source: RelistSource::Global,
                 new,
                 changes,
                 reinspect,
@@ -175,7 +254,7 @@ impl GenericPleg {
     /// has not seen yet can only be found in the whole list. Always re-reads the status
     /// (that is what was asked for); a pod that is gone and unknown is a no-op. A new
     /// sandbox of a known pod (a recreated sandbox) is found by the next global relist.
-    async fn pod_work(&mut self, uid: &str) -> Result<Vec<Work>, RuntimeError> {
+    async fn pod_work(&self, uid: &str, source: RelistSource) -> Result<Vec<Work>, RuntimeError> {
         let known: Vec<String> = self
             .records
             .get(uid)
@@ -222,18 +301,14 @@ impl GenericPleg {
         let changes = pod_events(self.records.get(uid), new.as_ref());
         Ok(vec![Work {
             uid: uid.to_string(),
+            source,
             new,
             changes,
             reinspect: self.reinspect.contains(uid),
         }])
     }
 
-    async fn process(
-        &mut self,
-        work: Vec<Work>,
-        source: RelistSource,
-        held: &dyn Fn(&str) -> bool,
-    ) -> RelistOutput {
+    async fn process(&mut self, work: Vec<Work>, held: &dyn Fn(&str) -> bool) -> RelistOutput {
         let runtime = self.runtime.clone();
         // One bound for the whole relist: `concurrency` status calls in flight, however
         // the pods and their containers are spread.
@@ -324,6 +399,7 @@ impl GenericPleg {
             }
             // The event's time is when this relist read the pod (the read's start).
             let now = read_at;
+            let source = w.source;
             let published: Vec<_> = w
                 .changes
                 .iter()

@@ -2,6 +2,7 @@
 //! yields lifecycle events, and one relist (global or of one pod). The
 //! RelistDispatcher actor drives it; tests can drive it directly.
 
+mod changes;
 mod diff;
 mod generic;
 mod record;

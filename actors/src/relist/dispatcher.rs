@@ -9,8 +9,16 @@
 //!   sender handle, which that message parks.)
 //! - Order of work: shutdown, then a due global relist, then targeted relists: a
 //!   relist runs inside `ctx.wait`, which holds the mailbox, and every unit of work
-//!   first runs a due global relist, so a storm of targeted requests delays a global
-//!   relist by at most one targeted relist.
+//!   first runs a due global relist — unless the last unit was one and requests wait:
+//!   then they get this unit — so a storm of targeted requests delays a global relist
+//!   by at most one batch, and global relists slower than their period never starve
+//!   the requests.
+//! - Batches (issue 11: a storm of 5,000 stops overflowed the queue when requests ran
+//!   one at a time): between two units of work the whole mailbox is drained into the
+//!   pending requests, one per pod (a newer request for a pod already waiting takes
+//!   its place; the older is counted `merged`); the next unit relists them together
+//!   (at most [`MAX_BATCH`] pods), their lists read `--status-concurrency` pods at a
+//!   time and their status reads under the same bound.
 //! - A targeted request enqueued before the start of a global relist that has since
 //!   completed is skipped (that relist already saw the pod) — unless that relist left
 //!   the pod alone (a sync held it) or failed to read it; one for a pod a sync
@@ -24,7 +32,7 @@
 //!   EventPublisher that stops answering stalls every relist and shutdown with it
 //!   (neither blocks in these handlers today).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -80,12 +88,25 @@ pub struct RelistDispatcher {
     stopping: Arc<AtomicBool>,
     timer: Option<SpawnHandle>,
     list_errors: RateLimiter,
-    /// Requests whose turn came while a unit of work held the core: they run, in
-    /// order, when it ends. (actix may run the relist timer in the same poll in which
-    /// a handler started a unit, before that unit's `ctx.wait` takes effect, and the
-    /// reverse; the soak saw it twice an hour. Without this the request was lost.)
-    backlog: std::collections::VecDeque<RequestRelist>,
+    /// Requests waiting for the next batch, one per pod, in arrival order. A request
+    /// whose turn comes while a unit of work holds the core waits here too (actix may
+    /// run the relist timer in the same poll in which a handler started a unit; the
+    /// soak saw it twice an hour, and such a request was once lost).
+    pending: Vec<RequestRelist>,
+    /// Pod UID → its index in `pending`.
+    pending_index: HashMap<String, usize>,
+    /// A batch is scheduled to start once the mailbox is drained.
+    batch_scheduled: bool,
+    /// The pending requests are owed the next unit: a global relist ran in the last
+    /// one. Alternating, a due global relist waits for at most one batch and a batch
+    /// for at most one global relist.
+    batch_next: bool,
+    /// Rate limit of the per-batch debug line.
+    batch_log: RateLimiter,
 }
+
+/// The most pods one batch relists, so that a due global relist never waits for more.
+pub const MAX_BATCH: usize = 256;
 
 /// Ask for a relist of one pod. Build with [`RelistQueue::request`], which stamps the
 /// enqueue time and never blocks.
@@ -160,7 +181,11 @@ impl RelistDispatcher {
             stopping: stopping.clone(),
             timer: None,
             list_errors: RateLimiter::new(Duration::from_secs(30)),
-            backlog: std::collections::VecDeque::new(),
+            pending: Vec::new(),
+            pending_index: HashMap::new(),
+            batch_scheduled: false,
+            batch_next: false,
+            batch_log: RateLimiter::new(Duration::from_millis(100)),
         };
         let addr = ctx.run(actor);
         DispatcherHandle {
@@ -187,7 +212,7 @@ impl RelistDispatcher {
                 return;
             }
             if act.schedule.due(Instant::now()) {
-                act.run(ctx, None);
+                act.run(ctx);
             } else {
                 act.schedule_tick(ctx);
             }
@@ -203,37 +228,70 @@ impl RelistDispatcher {
         }
     }
 
-    /// One unit of work: a due global relist, then the targeted request if any. Each
-    /// relist runs under `ctx.wait` (the mailbox waits) and the targeted one is chained
-    /// from the global one, so no message is handled in between.
-    fn run(&mut self, ctx: &mut Context<Self>, targeted: Option<RequestRelist>) {
+    /// One unit of work: a due global relist, else a batch of the pending requests.
+    /// While a unit holds the core, nothing starts: its end looks at what is pending
+    /// (a timer tick is dropped: the unit re-arms the timer when it ends).
+    fn run(&mut self, ctx: &mut Context<Self>) {
         if self.core.is_none() {
-            // A unit of work is in progress: a request waits for it to end; a timer
-            // tick is dropped (the unit re-arms the timer when it ends).
-            if let Some(req) = targeted {
-                self.backlog.push_back(req);
-            }
             return;
         }
-        if self.schedule.due(Instant::now()) {
-            self.global(ctx, targeted);
-        } else if let Some(req) = targeted {
-            self.targeted(ctx, req);
+        let owed = self.batch_next && !self.pending.is_empty();
+        self.batch_next = false;
+        if self.schedule.due(Instant::now()) && !owed {
+            self.global(ctx);
+        } else if !self.pending.is_empty() {
+            self.batch(ctx);
         } else {
-            self.unit_done(ctx);
+            self.schedule_tick(ctx);
         }
     }
 
-    /// Ends a unit of work: stop if asked, else run a request that waited for it, else
-    /// wait for the next due global relist.
+    /// Ends a unit of work: stop if asked, else run the pending requests once the
+    /// mailbox is drained, else wait for the next due global relist.
     fn unit_done(&mut self, ctx: &mut Context<Self>) {
         if self.stop_if_asked(ctx) {
             return;
         }
-        match self.backlog.pop_front() {
-            Some(req) => self.run(ctx, Some(req)),
-            None => self.schedule_tick(ctx),
+        if self.pending.is_empty() {
+            self.schedule_tick(ctx);
+        } else {
+            self.schedule_batch(ctx);
         }
+    }
+
+    /// Runs the next unit after every message now in the mailbox is handled (actix
+    /// drains the mailbox before it polls the context's spawned futures), so that
+    /// they join the batch.
+    fn schedule_batch(&mut self, ctx: &mut Context<Self>) {
+        if self.batch_scheduled {
+            return;
+        }
+        self.batch_scheduled = true;
+        ctx.spawn(fut::ready(()).map(|(), act: &mut Self, ctx| {
+            act.batch_scheduled = false;
+            if !act.stop_if_asked(ctx) {
+                act.run(ctx);
+            }
+        }));
+    }
+
+    /// A request that must wait for its turn: one per pod. The newer of two requests
+    /// for a pod is kept (a global relist that covers it covers the older too).
+    fn enqueue(&mut self, req: RequestRelist) {
+        let Some(&i) = self.pending_index.get(&req.uid) else {
+            self.pending_index
+                .insert(req.uid.clone(), self.pending.len());
+            self.pending.push(req);
+            return;
+        };
+        let merged = if req.enqueued_at >= self.pending[i].enqueued_at {
+            std::mem::replace(&mut self.pending[i], req)
+        } else {
+            req
+        };
+        self.deps
+            .metrics
+            .count_request(RequestResult::Merged, merged.source);
     }
 
     fn take_core(&mut self) -> Option<GenericPleg> {
@@ -245,8 +303,9 @@ impl RelistDispatcher {
         core
     }
 
-    /// The global relist of a unit of work, then `then` (the unit's targeted request).
-    fn global(&mut self, ctx: &mut Context<Self>, then: Option<RequestRelist>) {
+    /// The global relist of a unit of work; the pending requests get the next unit
+    /// (after the mailbox is drained: requests that came during the relist join them).
+    fn global(&mut self, ctx: &mut Context<Self>) {
         let Some(mut core) = self.take_core() else {
             return;
         };
@@ -273,29 +332,53 @@ impl RelistDispatcher {
                             }
                         }
                     }
-                    match then {
-                        Some(req) => act.targeted(ctx, req),
-                        None => act.unit_done(ctx),
-                    }
+                    // The pending requests are owed the next unit, even if another
+                    // global relist is due by then (relists slower than their period
+                    // must not starve them); those this one covers are skipped then.
+                    act.batch_next = !act.pending.is_empty();
+                    act.unit_done(ctx);
                 }),
         );
     }
 
-    /// The targeted relist of a unit of work, if the request still needs one.
-    fn targeted(&mut self, ctx: &mut Context<Self>, req: RequestRelist) {
-        let Some(req) = self.settle(req) else {
+    /// A batch of pending requests as one unit of work: each settled first (a global
+    /// relist may have covered it since it came), the rest relisted together.
+    fn batch(&mut self, ctx: &mut Context<Self>) {
+        let rest = self.pending.split_off(self.pending.len().min(MAX_BATCH));
+        let taken = std::mem::replace(&mut self.pending, rest);
+        self.pending_index = self
+            .pending
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.uid.clone(), i))
+            .collect();
+        let reqs: Vec<RequestRelist> = taken.into_iter().filter_map(|r| self.settle(r)).collect();
+        if reqs.is_empty() {
             return self.unit_done(ctx);
-        };
+        }
         let Some(mut core) = self.take_core() else {
+            // Cannot happen (run checked); the requests are not lost.
+            self.pending.extend(reqs);
             return;
         };
         let deps = self.deps.clone();
         let fut = async move {
-            targeted_relist(&mut core, &deps, &req).await;
-            core
+            let summary = targeted_relists(&mut core, &deps, &reqs).await;
+            (core, summary)
         };
-        ctx.wait(fut.into_actor(self).map(|core, act, ctx| {
+        ctx.wait(fut.into_actor(self).map(|(core, summary), act, ctx| {
             act.core = Some(core);
+            if let Some(suppressed) = act.batch_log.allow(Instant::now()) {
+                tracing::debug!(
+                    pods = summary.pods,
+                    events = summary.events,
+                    failed = summary.failed,
+                    took_ms = summary.took.as_secs_f64() * 1e3,
+                    still_pending = act.pending.len(),
+                    suppressed,
+                    "targeted relist batch"
+                );
+            }
             act.unit_done(ctx);
         }));
     }
@@ -407,38 +490,73 @@ async fn global_relist(
     (start, result)
 }
 
-/// A relist of one pod the dispatcher has settled must run.
-async fn targeted_relist(core: &mut GenericPleg, deps: &DispatcherDeps, req: &RequestRelist) {
+/// What a batch did, for its debug line.
+struct BatchSummary {
+    pods: usize,
+    events: usize,
+    failed: usize,
+    took: Duration,
+}
+
+/// The relists of a batch of pods the dispatcher has settled must run: one span per
+/// request (linked to its cause), one read of all, one application of the result.
+async fn targeted_relists(
+    core: &mut GenericPleg,
+    deps: &DispatcherDeps,
+    reqs: &[RequestRelist],
+) -> BatchSummary {
     let start = Instant::now();
-    let mut span = spans::start(
-        spans::TARGETED_RELIST,
-        vec![
-            KeyValue::new("relist_source", req.source.as_str()),
-            KeyValue::new("pod.uid", req.uid.clone()),
-        ],
-        req.cause.as_ref(),
-    );
+    let mut spans: Vec<_> = reqs
+        .iter()
+        .map(|req| {
+            spans::start(
+                spans::TARGETED_RELIST,
+                vec![
+                    KeyValue::new("relist_source", req.source.as_str()),
+                    KeyValue::new("pod.uid", req.uid.clone()),
+                    KeyValue::new("batch", reqs.len() as i64),
+                ],
+                req.cause.as_ref(),
+            )
+        })
+        .collect();
     let held = deps.held.clone();
-    let scope = RelistScope::Pod {
-        uid: req.uid.clone(),
-        source: req.source,
-    };
-    // A sync that takes the pod meanwhile gets this request as its pending relist.
-    match core.relist(&scope, &|uid| held.coalesce(uid)).await {
-        Ok(out) => {
-            span.set_attribute(KeyValue::new("events", out.events.len() as i64));
-            span.end();
-            apply(deps, out, None).await
-        }
-        Err(e) => {
-            deps.metrics.count_relist_errors(RelistPhase::List, 1);
-            tracing::debug!(pod = %req.uid, error = %e, "targeted relist failed");
-            spans::end_error(span, e.to_string());
-        }
+    let pods: Vec<(String, RelistSource)> =
+        reqs.iter().map(|r| (r.uid.clone(), r.source)).collect();
+    // A sync that takes a pod meanwhile gets its request as its pending relist.
+    let (out, failed) = core.relist_pods(&pods, &|uid| held.coalesce(uid)).await;
+    let failed: HashMap<String, plegd_runtime::RuntimeError> = failed.into_iter().collect();
+    if !failed.is_empty() {
+        deps.metrics
+            .count_relist_errors(RelistPhase::List, failed.len() as u64);
     }
-    deps.metrics
-        .observe_pod_relist(req.source, start.elapsed().as_secs_f64());
-    deps.metrics.count_request(RequestResult::Done, req.source);
+    for (req, span) in reqs.iter().zip(spans.iter_mut()) {
+        match failed.get(&req.uid) {
+            Some(e) => {
+                tracing::debug!(pod = %req.uid, error = %e, "targeted relist failed");
+                span.set_status(opentelemetry::trace::Status::error(e.to_string()));
+            }
+            None => span.set_attribute(KeyValue::new(
+                "events",
+                out.events.iter().filter(|ev| ev.pod.uid == req.uid).count() as i64,
+            )),
+        }
+        span.end();
+    }
+    let summary = BatchSummary {
+        pods: reqs.len(),
+        events: out.events.len(),
+        failed: failed.len(),
+        took: Duration::ZERO,
+    };
+    apply(deps, out, None).await;
+    let took = start.elapsed();
+    for req in reqs {
+        deps.metrics
+            .observe_pod_relist(req.source, took.as_secs_f64());
+        deps.metrics.count_request(RequestResult::Done, req.source);
+    }
+    BatchSummary { took, ..summary }
 }
 
 impl Actor for RelistDispatcher {
@@ -463,14 +581,17 @@ impl Handler<RequestRelist> for RelistDispatcher {
             return;
         }
         // A request a completed global relist already covers is settled at once; any
-        // other waits for its turn, after a due global relist.
+        // other waits for its turn in the next batch, after a due global relist.
         let pending = if self.schedule.covers(msg.enqueued_at) {
             self.settle(msg)
         } else {
             Some(msg)
         };
         if let Some(req) = pending {
-            self.run(ctx, Some(req));
+            self.enqueue(req);
+            if self.core.is_some() {
+                self.schedule_batch(ctx);
+            }
         }
     }
 }
@@ -495,8 +616,10 @@ impl Handler<TwoUnitsAtOnce> for RelistDispatcher {
     type Result = ();
 
     fn handle(&mut self, msg: TwoUnitsAtOnce, ctx: &mut Self::Context) {
-        self.run(ctx, Some(msg.0));
-        self.run(ctx, Some(msg.1));
+        self.enqueue(msg.0);
+        self.run(ctx);
+        self.enqueue(msg.1);
+        self.run(ctx);
     }
 }
 

@@ -131,6 +131,7 @@ impl Bench {
             RequestResult::Done,
             RequestResult::Skipped,
             RequestResult::Coalesced,
+            RequestResult::Merged,
         ]
         .into_iter()
         .map(|r| self.requests(r))
@@ -312,7 +313,11 @@ async fn a_stalled_publisher_stalls_the_relist_schedule_until_released() {
         vec![(EventKind::ContainerStarted, sb, RelistSource::Global)]
     );
     wait_until("queued requests settled", || b.settled() == accepted).await;
-    assert_eq!(b.requests(RequestResult::Skipped), accepted);
+    // All for one pod: merged into one while they waited (batches, issue 11), and that
+    // one skipped.
+    assert_eq!(b.requests(RequestResult::Skipped), 1);
+    assert_eq!(b.requests(RequestResult::Merged), accepted - 1);
+    assert_eq!(b.requests(RequestResult::Done), 0);
     wait_until("healthy again", || b.health.check().is_ok()).await;
     let relists = b.global_relists();
     wait_until("global relists on schedule again", || {
@@ -391,14 +396,17 @@ async fn a_burst_beyond_the_mailbox_bound_is_dropped_and_counted() {
     .await;
     assert_eq!(b.settled(), accepted as u64);
     assert_eq!(b.metrics.queue_depth.get(), 0);
-    // Drained, the parked senders take requests again.
+    // Drained, the parked senders take requests again; the three, for one pod and
+    // handled in one drain of the mailbox, are one relist.
     for q in &queues {
         assert!(q.request("p0", RelistSource::EventedPleg, None));
     }
-    wait_until("the new requests done", || {
-        b.requests(RequestResult::Done) == (accepted + SENDERS) as u64
+    wait_until("the new requests settled", || {
+        b.settled() == (accepted + SENDERS) as u64
     })
     .await;
+    assert_eq!(b.requests(RequestResult::Done), accepted as u64 + 1);
+    assert_eq!(b.requests(RequestResult::Merged), SENDERS as u64 - 1);
 }
 
 #[actix_rt::test]
@@ -423,10 +431,12 @@ async fn covered_requests_are_skipped_and_held_pods_coalesced() {
             .request("u2", RelistSource::EventedPleg, None));
     }
     wait_until("five requests settled", || b.settled() == 5).await;
-    assert_eq!(b.requests(RequestResult::Skipped), 3);
-    // The global relist skipped the held pod, so it does not cover it: its requests
-    // become the gate's pending relist.
-    assert_eq!(b.requests(RequestResult::Coalesced), 2);
+    // One request per pod waits for its turn (the others merged into it).
+    assert_eq!(b.requests(RequestResult::Merged), 3);
+    assert_eq!(b.requests(RequestResult::Skipped), 1);
+    // The global relist skipped the held pod, so it does not cover it: its request
+    // becomes the gate's pending relist.
+    assert_eq!(b.requests(RequestResult::Coalesced), 1);
     assert_eq!(b.requests(RequestResult::Done), 0);
     assert_eq!(b.global_relists(), 1);
     let cached = b.cache.all();
@@ -456,7 +466,7 @@ async fn covered_requests_are_skipped_and_held_pods_coalesced() {
         .dispatcher
         .queue
         .request("u1", RelistSource::EventedPleg, None));
-    wait_until("u1 coalesced", || b.requests(RequestResult::Coalesced) == 3).await;
+    wait_until("u1 coalesced", || b.requests(RequestResult::Coalesced) == 2).await;
     assert!(b.held.release("u1"));
     assert_eq!(b.requests(RequestResult::Done), 0);
     assert_eq!(b.metrics.queue_depth.get(), 0);
@@ -553,4 +563,85 @@ async fn each_relist_numbers_its_events_and_applies_the_last_revision_with_the_c
     let applied: Vec<u64> = b.cache.all().iter().map(|a| a.revision).collect();
     assert_eq!(applied, [2, 3, 3]);
     assert_eq!(b.published.len(), 2);
+}
+
+/// Issue 11: requests that wait together run as one batch — one read of all their
+/// pods, one cache update, one publication — each pod's events with its request's
+/// source; a pod whose lists fail in the batch changes nothing, is counted, and does
+/// not stop the others.
+#[actix_rt::test]
+async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
+    const PODS: usize = 20;
+    let rt = FakeRuntime::new();
+    let containers: Vec<(String, String)> = (0..PODS)
+        .map(|i| {
+            let uid = format!("u{i}");
+            let sb = rt.run_pod(&uid, "p", "ns");
+            (uid, rt.run_container(&sb, "app"))
+        })
+        .collect();
+    let b = start(&rt, Setup::default());
+    wait_until("first global relist", || b.global_relists() == 1).await;
+    let applied = b.cache.len();
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    for (_, c) in &containers {
+        rt.exit_container(c, 1);
+    }
+    // The first pod's lists fail once.
+    rt.fail(Op::ListContainers, tonic::Code::Unavailable, Some(1));
+    // Sent without yielding: the dispatcher sees them all in one drain.
+    for (i, (uid, _)) in containers.iter().enumerate() {
+        let source = if i % 2 == 0 {
+            RelistSource::EventedPleg
+        } else {
+            RelistSource::PostSync
+        };
+        assert!(b.dispatcher.queue.request(uid, source, None));
+    }
+    wait_until("every request done", || {
+        b.metrics
+            .requests(RequestResult::Done, RelistSource::EventedPleg)
+            + b.metrics
+                .requests(RequestResult::Done, RelistSource::PostSync)
+            == PODS as u64
+    })
+    .await;
+    assert_eq!(b.cache.len(), applied + 1, "one cache update for the batch");
+    wait_until("published", || b.published.len() == 2).await;
+    let published = events(&b.published.all()[1]);
+    assert_eq!(
+        published.len(),
+        PODS - 1,
+        "every pod but the failed one: {published:?}"
+    );
+    let mut failed = Vec::new();
+    for (i, (uid, c)) in containers.iter().enumerate() {
+        let source = if i % 2 == 0 {
+            RelistSource::EventedPleg
+        } else {
+            RelistSource::PostSync
+        };
+        if !published.contains(&(EventKind::ContainerDied, c.clone(), source)) {
+            failed.push((uid.clone(), c.clone()));
+        }
+    }
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(
+        b.metrics.relist_errors(plegd_telemetry::RelistPhase::List),
+        1
+    );
+    // The failed pod is found by the next relist of it.
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&failed[0].0, RelistSource::EventedPleg, None));
+    wait_until("the failed pod's exit published", || b.published.len() == 3).await;
+    assert_eq!(
+        events(&b.published.all()[2]),
+        vec![(
+            EventKind::ContainerDied,
+            failed[0].1.clone(),
+            RelistSource::EventedPleg
+        )]
+    );
 }

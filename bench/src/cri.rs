@@ -1,0 +1,130 @@
+//! The harness's side of CRI: the simulated runtime is scripted with the same calls
+//! a kubelet makes (StopContainer, RunPodSandbox, ...), each stamped when it returns
+//! — the moment the runtime emitted its event.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+use plegd_runtime::cri;
+use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
+
+#[derive(Clone)]
+pub struct Cri(RuntimeServiceClient<Channel>);
+
+/// A pod's containers, ordered by name (`app-0`, `app-1`, ...).
+pub struct Pod {
+    pub containers: Vec<String>,
+}
+
+impl Cri {
+    pub fn new(socket: &Path) -> Self {
+        Cri(
+            RuntimeServiceClient::new(plegd_runtime::unix_channel(socket))
+                .max_decoding_message_size(256 << 20),
+        )
+    }
+
+    /// Every pod on the node with its containers.
+    pub async fn pods(&self) -> Result<Vec<Pod>> {
+        let list = self
+            .0
+            .clone()
+            .list_containers(cri::ListContainersRequest::default())
+            .await
+            .context("ListContainers")?
+            .into_inner();
+        let mut by_sandbox: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for c in list.containers {
+            let name = c.metadata.map(|m| m.name).unwrap_or_default();
+            by_sandbox
+                .entry(c.pod_sandbox_id)
+                .or_default()
+                .push((name, c.id));
+        }
+        Ok(by_sandbox
+            .into_values()
+            .map(|mut cs| {
+                cs.sort();
+                Pod {
+                    containers: cs.into_iter().map(|(_, id)| id).collect(),
+                }
+            })
+            .collect())
+    }
+
+    /// StopContainer; returns when the runtime has stopped it (and sent its event).
+    pub async fn stop(&self, id: &str) -> Result<Instant> {
+        self.0
+            .clone()
+            .stop_container(cri::StopContainerRequest {
+                container_id: id.to_string(),
+                timeout: 0,
+            })
+            .await
+            .with_context(|| format!("StopContainer {id}"))?;
+        Ok(Instant::now())
+    }
+
+    /// A pod with one running container; returns its sandbox.
+    pub async fn run_pod(&self, uid: &str) -> Result<String> {
+        let mut c = self.0.clone();
+        let sandbox = c
+            .run_pod_sandbox(cri::RunPodSandboxRequest {
+                config: Some(cri::PodSandboxConfig {
+                    metadata: Some(cri::PodSandboxMetadata {
+                        name: format!("churn-{uid}"),
+                        uid: uid.to_string(),
+                        namespace: "churn".into(),
+                        attempt: 0,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .context("RunPodSandbox")?
+            .into_inner()
+            .pod_sandbox_id;
+        let container = c
+            .create_container(cri::CreateContainerRequest {
+                pod_sandbox_id: sandbox.clone(),
+                config: Some(cri::ContainerConfig {
+                    metadata: Some(cri::ContainerMetadata {
+                        name: "app".into(),
+                        attempt: 0,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .context("CreateContainer")?
+            .into_inner()
+            .container_id;
+        c.start_container(cri::StartContainerRequest {
+            container_id: container,
+        })
+        .await
+        .context("StartContainer")?;
+        Ok(sandbox)
+    }
+
+    /// StopPodSandbox then RemovePodSandbox (its containers go with it).
+    pub async fn remove_pod(&self, sandbox: &str) -> Result<()> {
+        let mut c = self.0.clone();
+        c.stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: sandbox.to_string(),
+        })
+        .await
+        .context("StopPodSandbox")?;
+        c.remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: sandbox.to_string(),
+        })
+        .await
+        .context("RemovePodSandbox")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,135 @@
+//! Issue 11's regression guard: the instructions of a no-change global relist at
+//! 1,000 pods (2 containers each), counted by valgrind's callgrind — instruction
+//! counts, unlike times, hardly move on a loaded 2-core machine. Fails when they grow
+//! by more than 10 % over the committed baseline (`relist_instructions.baseline`).
+//!
+//! The relists run in-process against the fake runtime on one thread, so the count is
+//! plegd's relist logic (lists compared with the records, grouping, diffing) plus the
+//! fake runtime's copies of its lists — not tonic's decoding (plegd-bench measures
+//! that end to end). Callgrind counts only inside `measured_relists`.
+//!
+//! After an intended change: `PLEGD_UPDATE_BASELINE=1 cargo test -p plegd-bench --test
+//! relist_instructions` rewrites the baseline (commit it with the change's reason).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use plegd_actors::{GenericPleg, RelistScope};
+use plegd_sim::FakeRuntime;
+
+const PODS: usize = 1000;
+const RELISTS: u64 = 5;
+const BASELINE: &str = "relist_instructions.baseline";
+/// Set in the child run under callgrind.
+const CHILD: &str = "PLEGD_RELIST_INSTRUCTIONS_CHILD";
+
+fn node() -> FakeRuntime {
+    let rt = FakeRuntime::new();
+    for i in 0..PODS {
+        let sb = rt.run_pod(
+            &format!("{i:08x}-0000-4000-8000-{i:012x}"),
+            &format!("bench-{i}"),
+            "bench",
+        );
+        rt.run_container(&sb, "app-0");
+        rt.run_container(&sb, "app-1");
+    }
+    rt
+}
+
+/// The measured part: `RELISTS` global relists of a node where nothing changes.
+#[inline(never)]
+fn measured_relists(rt: &tokio::runtime::Runtime, pleg: &mut GenericPleg) -> usize {
+    let mut events = 0;
+    for _ in 0..RELISTS {
+        let out = rt
+            .block_on(pleg.relist(&RelistScope::Global, &|_| false))
+            .expect("the fake runtime lists");
+        events += out.events.len() + out.cache.len();
+    }
+    events
+}
+
+/// The workload (also a plain test: a no-change relist publishes and updates nothing).
+#[test]
+fn no_change_relists_at_1k_pods() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a tokio runtime");
+    let fake = node();
+    let mut pleg = GenericPleg::new(Arc::new(fake), 8);
+    let first = rt
+        .block_on(pleg.relist(&RelistScope::Global, &|_| false))
+        .expect("the fake runtime lists");
+    assert_eq!(first.events.len(), PODS * 3);
+    assert_eq!(measured_relists(&rt, &mut pleg), 0);
+}
+
+/// The `totals:` (or `summary:`) line of a callgrind output file.
+fn instructions(out: &Path) -> u64 {
+    let text = std::fs::read_to_string(out).expect("callgrind's output file");
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("totals:")
+                .or_else(|| l.strip_prefix("summary:"))
+        })
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("an instruction total in callgrind's output")
+}
+
+#[test]
+fn no_change_relist_instructions_stay_within_10_percent_of_the_baseline() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let out = dir.path().join("callgrind.out");
+    let me = std::env::current_exe().expect("this test binary's path");
+    let status = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg("--toggle-collect=*measured_relists*")
+        .arg(&me)
+        .args([
+            "--exact",
+            "no_change_relists_at_1k_pods",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("valgrind cannot run ({e}): install it (scripts/setup.sh does)")
+        });
+    assert!(
+        status.status.success(),
+        "the relists under callgrind failed: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let per_relist = instructions(&out) / RELISTS;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(BASELINE);
+    if std::env::var_os("PLEGD_UPDATE_BASELINE").is_some() {
+        std::fs::write(&path, format!("{per_relist}\n")).expect("writing the baseline");
+        eprintln!(
+            "baseline written: {per_relist} instructions per no-change relist of {PODS} pods"
+        );
+        return;
+    }
+    let baseline: u64 = std::fs::read_to_string(&path)
+        .expect("the committed baseline")
+        .trim()
+        .parse()
+        .expect("the baseline is a number");
+    let ratio = per_relist as f64 / baseline as f64;
+    eprintln!(
+        "no-change global relist of {PODS} pods: {per_relist} instructions (baseline {baseline}, {:+.1} %)",
+        (ratio - 1.0) * 100.0
+    );
+    assert!(
+        ratio <= 1.10,
+        "a no-change global relist of {PODS} pods costs {per_relist} instructions, {:.1} % over the baseline {baseline}: \
+         find the cause (callgrind_annotate), or if intended update the baseline (see this file's header)",
+        (ratio - 1.0) * 100.0
+    );
+}
