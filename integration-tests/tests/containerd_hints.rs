@@ -132,7 +132,9 @@ async fn settle(pleg: &Pleg, sub: &Subscription, deaths: &mut Deaths) {
     let m = pleg.metrics().clone();
     wait_until("every request settled", || {
         RelistSource::ALL.iter().all(|&s| {
-            m.requests(RequestResult::Done, s) + m.requests(RequestResult::Skipped, s)
+            m.requests(RequestResult::Done, s)
+                + m.requests(RequestResult::Skipped, s)
+                + m.requests(RequestResult::Merged, s)
                 >= m.requests(RequestResult::Queued, s)
         })
     })

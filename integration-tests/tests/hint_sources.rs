@@ -376,7 +376,9 @@ async fn the_same_stop_through_two_sources_is_one_container_died() {
         [RelistSource::EventedPleg, RelistSource::ContainerdEvents]
             .iter()
             .all(|&s| {
-                m.requests(RequestResult::Done, s) + m.requests(RequestResult::Skipped, s)
+                m.requests(RequestResult::Done, s)
+                    + m.requests(RequestResult::Skipped, s)
+                    + m.requests(RequestResult::Merged, s)
                     == m.requests(RequestResult::Queued, s)
             })
     })
