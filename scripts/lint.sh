@@ -45,5 +45,5 @@ else
     cargo deny --offline check licenses bans sources
 fi
 step "cargo machete (unused dependencies)"
-cargo machete runtime actors telemetry sim protocol api plegd integration-tests workload otlp-events nri
+cargo machete runtime actors telemetry sim protocol api plegd integration-tests workload otlp-events nri bench
 step "all clean"
