@@ -1,6 +1,7 @@
 //! `plegd status UID [--newer-than RFC3339] [--json]`: one pod, as the cache holds it
 //! (with `--newer-than`: once the cache read it after that time), the node it is on,
-//! and when it went away if it did.
+//! and when it went away if it did; and plegd's relist hint sources with their states
+//! (as the `plegd_hint_source_state` gauge has them).
 
 use std::time::{Duration, SystemTime};
 
@@ -25,7 +26,7 @@ pub struct StatusArgs {
     #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
     pub newer_than: Option<SystemTime>,
     /// One JSON object (node_name, pod_uid, pod_name, pod_namespace, containers,
-    /// read_at, removed_at when the pod went away).
+    /// read_at, removed_at when the pod went away, hint_sources: [{name, state}]).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -49,6 +50,25 @@ struct JsonStatus<'a> {
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     removed_at: Option<String>,
+    hint_sources: Vec<JsonHintSource<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonHintSource<'a> {
+    name: &'a str,
+    state: &'a str,
+}
+
+/// `cri-events=streaming nri=off containerd-events=streaming` (as on /readyz).
+fn hint_source_summary(sources: &[v1::HintSource]) -> String {
+    if sources.is_empty() {
+        return "(not reported by this plegd)".to_string();
+    }
+    sources
+        .iter()
+        .map(|s| format!("{}={}", s.name, s.state))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
@@ -80,6 +100,14 @@ pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
             read_at: rfc3339(pod.read_at_unix_nano),
             error: pod.error.as_deref(),
             removed_at: answer.removed_at_unix_nano.map(rfc3339),
+            hint_sources: answer
+                .hint_sources
+                .iter()
+                .map(|s| JsonHintSource {
+                    name: &s.name,
+                    state: &s.state,
+                })
+                .collect(),
         })
         .map_err(ExitError::runtime("encoding the pod"))?;
         return print_line(&line);
@@ -112,5 +140,9 @@ pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
     if pod.containers.is_empty() {
         print_line(&format!("containers: {}", container_summary(pod)))?;
     }
+    print_line(&format!(
+        "hint sources: {}",
+        hint_source_summary(&answer.hint_sources)
+    ))?;
     Ok(())
 }
