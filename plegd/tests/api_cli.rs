@@ -257,17 +257,25 @@ fn status_shows_the_hint_sources_and_their_states() {
     let _server = demo_with(
         &socket,
         &events,
-        &["--hint-sources", "cri-events", "--nri-socket", "/nonexistent/nri.sock"],
+        &[
+            "--hint-sources",
+            "cri-events",
+            "--nri-socket",
+            "/nonexistent/nri.sock",
+        ],
     );
     let mut uid = String::new();
     wait_until("a pod of the demo", || {
         let out = client(&["pods", "--json"], &socket);
-        let first = String::from_utf8_lossy(&out.stdout).lines().next().map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["pod_uid"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        });
+        let first = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["pod_uid"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            });
         uid = first.unwrap_or_default();
         !uid.is_empty()
     });
