@@ -307,6 +307,27 @@ fn status_shows_the_hint_sources_and_their_states() {
             .any(|l| l == "hint sources: cri-events=streaming nri=off containerd-events=off"),
         "{text}"
     );
+
+    // Without a UID: plegd itself.
+    let out = client(&["status", "--json"], &socket);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["node_name"], "cli-node");
+    assert_eq!(status["instance_id"].as_str().map(str::len), Some(32));
+    assert!(status["latest_revision"].as_u64().unwrap() > 0);
+    assert_eq!(status["hint_sources"], expected);
+    let out = client(&["status"], &socket);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("node:         cli-node"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l == "hint sources: cri-events=streaming nri=off containerd-events=off"),
+        "{text}"
+    );
+    // --newer-than is about a pod: refused without a UID (bad flags: exit 2).
+    let out = client(&["status", "--newer-than", "2020-01-01T00:00:00Z"], &socket);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
 #[test]
