@@ -3,7 +3,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use plegd_actors::{CachedPod, EventKind, Exit, LifecycleEvent, RelistSource};
+use plegd_actors::{
+    CachedPod, EventKind, Exit, HintSourceName, LifecycleEvent, Pleg, RelistSource,
+};
 use plegd_protocol::v1;
 use plegd_runtime::{ContainerState, ContainerStatus, PodRef, Sandbox, SandboxState};
 
@@ -48,6 +50,19 @@ pub fn event_kind(t: v1::EventType) -> Option<EventKind> {
         v1::EventType::PodSync => Some(EventKind::PodSync),
         v1::EventType::Unspecified => None,
     }
+}
+
+/// Every hint source with its state now, as the `plegd_hint_source_state` gauge
+/// has them (source and state label values).
+pub fn hint_sources(pleg: &Pleg) -> Vec<v1::HintSource> {
+    let metrics = pleg.metrics();
+    HintSourceName::ALL
+        .iter()
+        .map(|&name| v1::HintSource {
+            name: name.to_string(),
+            state: metrics.hint_source_state(name).to_string(),
+        })
+        .collect()
 }
 
 pub fn relist_source(s: RelistSource) -> v1::RelistSource {

@@ -127,6 +127,7 @@ impl v1::plegd_server::Plegd for PlegdService {
             node_name: self.ctx.node_name.clone(),
             pod: Some(convert::pod(&req.pod_uid, &pod)),
             removed_at_unix_nano: removed_at,
+            hint_sources: convert::hint_sources(&self.ctx.pleg),
         }))
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use integration_tests::api::*;
 use integration_tests::wait::{recv_until, wait_until, TIMEOUT};
-use plegd_actors::{Delivery, EventKind, PlegConfig, Subscription};
+use plegd_actors::{Delivery, EventKind, HintSourceState, PlegConfig, Subscription};
 use plegd_api::v1::{self, watch_response::Kind};
 use plegd_runtime::ContainerState;
 
@@ -89,6 +89,20 @@ async fn every_watcher_gets_every_event_its_filters_select_with_the_same_revisio
     .await;
     assert_eq!(all[0].hello.node_name, NODE);
     assert_eq!(all[0].hello.instance_id, served.pleg.instance_id());
+    // Every hint source, named and in the states of plegd_hint_source_state.
+    let names: Vec<&str> = all[0]
+        .hello
+        .hint_sources
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(names, ["cri-events", "nri", "containerd-events"]);
+    for s in &all[0].hello.hint_sources {
+        assert!(
+            HintSourceState::ALL.iter().any(|st| st.as_str() == s.state),
+            "{s:?}"
+        );
+    }
 
     let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
         pairs

@@ -30,9 +30,19 @@ const EXITS: usize = 20;
 async fn start(s: &Session, sources: &[HintSourceName], period: Duration) -> (Pleg, Subscription) {
     let runtime = CriRuntime::new(&s.containerd.endpoint(), Duration::from_secs(10))
         .expect("CRI client for containerd's socket");
+    if sources.contains(&HintSourceName::Nri) {
+        let socket = s.containerd.nri_socket();
+        assert!(
+            socket.exists(),
+            "{} is missing: this containerd runs without NRI (containerd-up.sh with \
+             PLEGD_CRI_NRI=1)",
+            socket.display()
+        );
+    }
     let cfg = PlegConfig {
         relist_period: period,
         hint_sources: sources.to_vec(),
+        nri_socket: s.containerd.nri_socket(),
         reconnect: policy(100, 2_000),
         ..PlegConfig::default()
     };
@@ -152,6 +162,21 @@ async fn wait_source(pleg: &Pleg, source: HintSourceName, state: HintSourceState
         m.hint_source_state(source) == state
     })
     .await;
+}
+
+/// Every source in `sources` is connected: streaming, or for containerd-events
+/// (whose stream stays pending until its first item) at least connecting.
+async fn wait_sources_up(pleg: &Pleg, sources: &[HintSourceName]) {
+    let m = pleg.metrics().clone();
+    for &source in sources {
+        wait_until(&format!("{source} up"), || {
+            let state = m.hint_source_state(source);
+            state == HintSourceState::Streaming
+                || (source == HintSourceName::ContainerdEvents
+                    && state == HintSourceState::Connecting)
+        })
+        .await;
+    }
 }
 
 /// containerd-events alone, while a raw CRI subscriber is attached (on 1.7 it takes a
@@ -285,6 +310,103 @@ async fn containerd_1_7_both_sources_give_one_container_died_per_death() {
 #[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
 async fn containerd_2_1_both_sources_give_one_container_died_per_death() {
     both_sources_one_death_each(Flavor::V2_1).await;
+}
+
+/// All three sources on: each of [`EXITS`] deaths is exactly one ContainerDied, with
+/// no loss and no duplicate; prints which source was first and how many requests
+/// each made.
+async fn all_three_sources_one_death_each(flavor: Flavor) {
+    let s = Session::begin(flavor).await;
+    let sources = [
+        HintSourceName::CriEvents,
+        HintSourceName::ContainerdEvents,
+        HintSourceName::Nri,
+    ];
+    let (pleg, sub) = start(&s, &sources, LONG_PERIOD).await;
+    let pod = s.cri.run_pod("three").await;
+    let m = pleg.metrics().clone();
+    s.cri
+        .make_sole_receiver(&pod, move || stream_events_received(&m))
+        .await;
+    wait_sources_up(&pleg, &sources).await;
+    let containers = running(&s, &pleg, &sub, EXITS).await;
+    let mut deaths = kill_each(&s, &sub, &containers).await;
+    settle(&pleg, &sub, &mut deaths).await;
+    let m = pleg.metrics();
+    let requests = |src| m.requests(RequestResult::Queued, src);
+    deaths.report(&format!(
+        "containerd {} cri-events + containerd-events + nri (requests: {} + {} + {})",
+        flavor.as_str(),
+        requests(RelistSource::EventedPleg),
+        requests(RelistSource::ContainerdEvents),
+        requests(RelistSource::Nri)
+    ));
+    assert_eq!(deaths.died.len(), EXITS, "a death was lost: {deaths:?}");
+    assert!(containers.iter().all(|c| deaths.died.contains_key(c)));
+    assert_eq!(deaths.duplicates(), 0, "{deaths:?}");
+    for source in [RelistSource::ContainerdEvents, RelistSource::Nri] {
+        assert!(
+            requests(source) >= EXITS as u64,
+            "{source:?} asked for {} relists",
+            requests(source)
+        );
+    }
+    assert_eq!(pleg.metrics().events(RelistSource::Global), 0);
+    pleg.stop();
+    s.cri.remove_all_pods().await;
+}
+
+#[actix_rt::test]
+#[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
+async fn containerd_1_7_all_three_sources_give_one_container_died_per_death() {
+    all_three_sources_one_death_each(Flavor::V1_7).await;
+}
+
+#[actix_rt::test]
+#[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
+async fn containerd_2_1_all_three_sources_give_one_container_died_per_death() {
+    all_three_sources_one_death_each(Flavor::V2_1).await;
+}
+
+/// containerd 1.7 with a raw CRI subscriber attached (it takes a share of the CRI
+/// events) and only containerd-events + nri as sources: plegd still publishes every
+/// death at hint latency, once each.
+#[actix_rt::test]
+#[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
+async fn containerd_1_7_containerd_events_and_nri_beside_a_cri_subscriber_see_every_death() {
+    let s = Session::begin(Flavor::V1_7).await;
+    let raw = s.cri.raw_events();
+    let sources = [HintSourceName::ContainerdEvents, HintSourceName::Nri];
+    let (pleg, sub) = start(&s, &sources, LONG_PERIOD).await;
+    wait_sources_up(&pleg, &sources).await;
+    let containers = running(&s, &pleg, &sub, EXITS).await;
+    wait_until("raw CRI subscriber attached", || raw.received() > 0).await;
+    let mut deaths = kill_each(&s, &sub, &containers).await;
+    settle(&pleg, &sub, &mut deaths).await;
+    let m = pleg.metrics();
+    let requests = |src| m.requests(RequestResult::Queued, src);
+    deaths.report(&format!(
+        "containerd 1.7 containerd-events + nri (CRI stream off, a raw CRI subscriber \
+         attached; requests: {} + {})",
+        requests(RelistSource::ContainerdEvents),
+        requests(RelistSource::Nri)
+    ));
+    assert_eq!(deaths.died.len(), EXITS, "a death was lost: {deaths:?}");
+    assert_eq!(deaths.duplicates(), 0, "{deaths:?}");
+    let hinted = deaths
+        .sources
+        .iter()
+        .filter(|(s, _)| matches!(s, RelistSource::ContainerdEvents | RelistSource::Nri))
+        .map(|(_, n)| n)
+        .sum::<u32>();
+    assert_eq!(hinted, EXITS as u32, "{deaths:?}");
+    assert_eq!(
+        pleg.metrics().hint_source_state(HintSourceName::CriEvents),
+        HintSourceState::Off
+    );
+    pleg.stop();
+    drop(raw);
+    s.cri.remove_all_pods().await;
 }
 
 /// A burst: every container SIGKILLed at once, containerd-events alone. CRI records

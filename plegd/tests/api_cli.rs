@@ -20,8 +20,14 @@ fn plegd() -> std::process::Command {
 
 /// `plegd demo` serving its API at `socket`, its events (JSON) in `events`.
 fn demo(socket: &Path, events: &Path) -> Reaped {
+    demo_with(socket, events, &[])
+}
+
+/// [`demo`] with more flags.
+fn demo_with(socket: &Path, events: &Path, extra: &[&str]) -> Reaped {
     let child = plegd()
         .args(["demo", "--metrics-addr", "off", "--node-name", "cli-node"])
+        .args(extra)
         .args([
             "--relist-period",
             "100ms",
@@ -240,6 +246,88 @@ fn initial_events_then_the_bookmark_then_live_events() {
     let live = w.next_json();
     assert!(live["revision"].as_u64().unwrap() > revision);
     assert!(live.get("snapshot").is_none());
+}
+
+/// `plegd status` shows every hint source with its state, as the
+/// `plegd_hint_source_state` gauge has them: the selected CRI stream streaming, the
+/// others off.
+#[test]
+fn status_shows_the_hint_sources_and_their_states() {
+    let (_dir, socket, events) = temp();
+    let _server = demo_with(
+        &socket,
+        &events,
+        &[
+            "--hint-sources",
+            "cri-events",
+            "--nri-socket",
+            "/nonexistent/nri.sock",
+        ],
+    );
+    let mut uid = String::new();
+    wait_until("a pod of the demo", || {
+        let out = client(&["pods", "--json"], &socket);
+        let first = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["pod_uid"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            });
+        uid = first.unwrap_or_default();
+        !uid.is_empty()
+    });
+    let expected = serde_json::json!([
+        {"name": "cri-events", "state": "streaming"},
+        {"name": "nri", "state": "off"},
+        {"name": "containerd-events", "state": "off"},
+    ]);
+    let mut last = Value::Null;
+    wait_until("cri-events streaming in plegd status --json", || {
+        let out = client(&["status", &uid, "--json"], &socket);
+        // The demo's churn may remove the pod; a missing pod is asked again.
+        if out.status.code() != Some(0) {
+            return false;
+        }
+        let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+        last = status["hint_sources"].clone();
+        last == expected
+    });
+    assert_eq!(last, expected);
+    let mut text = String::new();
+    wait_until("plegd status (text) with the hint sources", || {
+        let out = client(&["status", &uid], &socket);
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.status.code() == Some(0)
+    });
+    assert!(
+        text.lines()
+            .any(|l| l == "hint sources: cri-events=streaming nri=off containerd-events=off"),
+        "{text}"
+    );
+
+    // Without a UID: plegd itself.
+    let out = client(&["status", "--json"], &socket);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["node_name"], "cli-node");
+    assert_eq!(status["instance_id"].as_str().map(str::len), Some(32));
+    assert!(status["latest_revision"].as_u64().unwrap() > 0);
+    assert_eq!(status["hint_sources"], expected);
+    let out = client(&["status"], &socket);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("node:         cli-node"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l == "hint sources: cri-events=streaming nri=off containerd-events=off"),
+        "{text}"
+    );
+    // --newer-than is about a pod: refused without a UID (bad flags: exit 2).
+    let out = client(&["status", "--newer-than", "2020-01-01T00:00:00Z"], &socket);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
 #[test]

@@ -37,7 +37,8 @@ pub enum ClientCommand {
     /// List the pods in a running plegd's cache.
     Pods(PodsArgs),
     /// Show one pod as a running plegd's cache holds it (also after it went away,
-    /// for plegd's --tombstone-ttl).
+    /// for plegd's --tombstone-ttl); without a UID, plegd itself. Both list the
+    /// hint sources and their states.
     Status(StatusArgs),
 }
 

@@ -1,6 +1,9 @@
-//! `plegd status UID [--newer-than RFC3339] [--json]`: one pod, as the cache holds it
+//! `plegd status [UID [--newer-than RFC3339]] [--json]`: without a UID, plegd itself
+//! (node, instance, latest revision and its hint sources, from a Watch's `Hello`);
+//! with one, one pod, as the cache holds it
 //! (with `--newer-than`: once the cache read it after that time), the node it is on,
-//! and when it went away if it did.
+//! and when it went away if it did; and plegd's relist hint sources with their states
+//! (as the `plegd_hint_source_state` gauge has them).
 
 use std::time::{Duration, SystemTime};
 
@@ -18,14 +21,16 @@ const NEWER_THAN_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// The pod's UID.
-    pub uid: String,
+    /// The pod's UID; without it, plegd's own status (node, instance, latest
+    /// revision, hint sources and their states).
+    pub uid: Option<String>,
     /// Answer only once plegd has read the pod after this time (RFC 3339, e.g.
-    /// 2026-11-30T05:21:00Z); waits up to 30s.
-    #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
+    /// 2026-11-30T05:21:00Z); waits up to 30s. Needs a UID.
+    #[arg(long, value_name = "RFC3339", value_parser = parse_time, requires = "uid")]
     pub newer_than: Option<SystemTime>,
     /// One JSON object (node_name, pod_uid, pod_name, pod_namespace, containers,
-    /// read_at, removed_at when the pod went away).
+    /// read_at, removed_at when the pod went away, hint_sources: [{name, state}];
+    /// without a UID: node_name, instance_id, latest_revision, hint_sources).
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -49,13 +54,93 @@ struct JsonStatus<'a> {
     error: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     removed_at: Option<String>,
+    hint_sources: Vec<JsonHintSource<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonHintSource<'a> {
+    name: &'a str,
+    state: &'a str,
+}
+
+/// `cri-events=streaming nri=off containerd-events=streaming` (as on /readyz).
+fn hint_source_summary(sources: &[v1::HintSource]) -> String {
+    if sources.is_empty() {
+        return "(not reported by this plegd)".to_string();
+    }
+    sources
+        .iter()
+        .map(|s| format!("{}={}", s.name, s.state))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[derive(Serialize)]
+struct JsonPlegd<'a> {
+    node_name: &'a str,
+    instance_id: &'a str,
+    latest_revision: u64,
+    hint_sources: Vec<JsonHintSource<'a>>,
+}
+
+fn json_hint_sources(sources: &[v1::HintSource]) -> Vec<JsonHintSource<'_>> {
+    sources
+        .iter()
+        .map(|s| JsonHintSource {
+            name: &s.name,
+            state: &s.state,
+        })
+        .collect()
+}
+
+/// plegd itself: the `Hello` of a Watch, which is then closed.
+async fn run_plegd(args: &StatusArgs) -> Result<(), ExitError> {
+    let socket = &args.socket.api_socket;
+    let mut client = connect(socket).await?;
+    let mut stream = client
+        .watch(v1::WatchRequest::default())
+        .await
+        .map_err(|s| call_failed(socket, &s))?
+        .into_inner();
+    let hello = match stream.message().await {
+        Ok(Some(v1::WatchResponse {
+            kind: Some(v1::watch_response::Kind::Hello(h)),
+        })) => h,
+        Ok(_) => {
+            return Err(ExitError::Runtime(anyhow::anyhow!(
+                "plegd at {} did not start its answer with a Hello",
+                socket.display()
+            )))
+        }
+        Err(s) => return Err(call_failed(socket, &s)),
+    };
+    if args.json {
+        let line = serde_json::to_string(&JsonPlegd {
+            node_name: &hello.node_name,
+            instance_id: &hello.instance_id,
+            latest_revision: hello.latest_revision,
+            hint_sources: json_hint_sources(&hello.hint_sources),
+        })
+        .map_err(ExitError::runtime("encoding plegd's status"))?;
+        return print_line(&line);
+    }
+    print_line(&format!("node:         {}", hello.node_name))?;
+    print_line(&format!("instance:     {}", hello.instance_id))?;
+    print_line(&format!("revision:     {}", hello.latest_revision))?;
+    print_line(&format!(
+        "hint sources: {}",
+        hint_source_summary(&hello.hint_sources)
+    ))
 }
 
 pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
+    let Some(uid) = &args.uid else {
+        return run_plegd(&args).await;
+    };
     let socket = &args.socket.api_socket;
     let mut client = connect(socket).await?;
     let mut request = tonic::Request::new(v1::GetPodStatusRequest {
-        pod_uid: args.uid.clone(),
+        pod_uid: uid.clone(),
         newer_than_unix_nano: args.newer_than.map(unix_nanos),
     });
     request.set_timeout(NEWER_THAN_WAIT);
@@ -80,6 +165,7 @@ pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
             read_at: rfc3339(pod.read_at_unix_nano),
             error: pod.error.as_deref(),
             removed_at: answer.removed_at_unix_nano.map(rfc3339),
+            hint_sources: json_hint_sources(&answer.hint_sources),
         })
         .map_err(ExitError::runtime("encoding the pod"))?;
         return print_line(&line);
@@ -112,5 +198,9 @@ pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
     if pod.containers.is_empty() {
         print_line(&format!("containers: {}", container_summary(pod)))?;
     }
+    print_line(&format!(
+        "hint sources: {}",
+        hint_source_summary(&answer.hint_sources)
+    ))?;
     Ok(())
 }
