@@ -149,6 +149,10 @@ impl Plegd {
             .arg(format!("unix://{}", sim.socket().display()))
             .args(["--events-json", "-"])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            // The subscriber API serves as in production, on a socket of this run's
+            // own: never the default /run/plegd/plegd.sock, which another plegd may hold.
+            .arg("--api-socket")
+            .arg(sim.socket().with_file_name("plegd-api.sock"))
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
