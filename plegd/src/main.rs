@@ -6,6 +6,7 @@ mod client;
 mod config;
 mod demo;
 mod exit;
+mod malloc;
 mod output;
 mod serve;
 mod service_config;
@@ -107,6 +108,8 @@ fn fail(e: ExitError) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // First, while plegd has one thread (see malloc.rs).
+    let malloc_fixed = malloc::fix_thresholds();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Client(command) = cli.command {
@@ -121,6 +124,11 @@ fn main() -> ExitCode {
         Err(e) => return fail(e),
     };
     start_logging(checked.log_format, checked.endpoint_ignored);
+    if !malloc_fixed {
+        tracing::warn!(
+            "glibc refused the fixed mmap/trim thresholds; memory may grow with its defaults"
+        );
+    }
     let job = checked.job;
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
