@@ -111,10 +111,19 @@ fn a_half_sent_request_does_not_hold_up_sigterm() {
     stop_within_bound(child, "half-sent request");
     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut rest = Vec::new();
-    assert!(
-        conn.read_to_end(&mut rest).is_ok(),
-        "the connection is closed, not left hanging"
-    );
+    // Closed, not left hanging: EOF, or a reset when plegd exited before it had read
+    // the half-sent bytes (the kernel answers unread data at close with RST). Only a
+    // read that times out means the connection outlived plegd.
+    match conn.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "the connection is closed, not left hanging: {e}"
+        ),
+    }
 }
 
 #[test]
