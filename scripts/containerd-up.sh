@@ -242,6 +242,29 @@ if [ "$FLAVOR" != 1.6 ]; then
   plugin_path = \"$BASE/nri/plugins\"
   plugin_config_path = \"$BASE/nri/conf.d\""
 fi
+# The sections both config versions share: socket, debug level, metrics off, opt
+# plugin path and NRI.
+COMMON_SECTIONS=$(cat <<EOF
+[grpc]
+  address = "$SOCK"
+  uid = 0
+  gid = 0
+
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[debug]
+  level = "${PLEGD_CRI_LOG_LEVEL:-info}"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$BASE/opt"
+
+$NRI_SECTION
+EOF
+)
 if [ "$FLAVOR" = 2 ]; then
 # containerd 2.x: config version 3. The 1.x CRI plugin is split in three: cri.v1.images
 # (snapshotter, sandbox image = pinned_images.sandbox), cri.v1.runtime (runtimes, CNI,
@@ -264,24 +287,7 @@ disabled_plugins = [
   "io.containerd.internal.v1.tracing",
 ]
 
-[grpc]
-  address = "$SOCK"
-  uid = 0
-  gid = 0
-
-[ttrpc]
-  address = "$SOCK.ttrpc"
-
-[debug]
-  level = "${PLEGD_CRI_LOG_LEVEL:-info}"
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$BASE/opt"
-
-$NRI_SECTION
+$COMMON_SECTIONS
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "$SNAP"
@@ -337,24 +343,7 @@ disabled_plugins = [
   "io.containerd.internal.v1.tracing",
 ]
 
-[grpc]
-  address = "$SOCK"
-  uid = 0
-  gid = 0
-
-[ttrpc]
-  address = "$SOCK.ttrpc"
-
-[debug]
-  level = "${PLEGD_CRI_LOG_LEVEL:-info}"
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$BASE/opt"
-
-$NRI_SECTION
+$COMMON_SECTIONS
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
