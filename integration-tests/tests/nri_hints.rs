@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use integration_tests::pleg::{global_relists, policy};
 use integration_tests::wait::*;
-use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, RelistSource};
+use plegd_actors::{
+    EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, RelistSource, Subscription,
+};
 use plegd_nri::mock_runtime::{container, pod, MockRuntime, PluginConn, DEFAULT_REQUEST_TIMEOUT};
 use plegd_sim::FakeRuntime;
 use plegd_telemetry::{Metrics, RequestResult};
@@ -46,8 +48,21 @@ async fn wait_state(pleg: &Pleg, state: HintSourceState) {
     .await;
 }
 
-#[actix_rt::test]
-async fn nri_hooks_relist_their_pod_and_a_synchronize_relists_everything() {
+/// One pod (`uid-1`, sandbox `sb`, container `app` = `c`) in the simulated runtime,
+/// plegd with only the NRI source, its plugin registered and configured with the
+/// mock runtime and streaming, and a subscriber that has seen `c` start.
+struct Node {
+    _dir: tempfile::TempDir,
+    runtime: MockRuntime,
+    rt: FakeRuntime,
+    sb: String,
+    c: String,
+    pleg: Pleg,
+    sub: Subscription,
+    conn: PluginConn,
+}
+
+async fn streaming_node() -> Node {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("nri.sock");
     let runtime = MockRuntime::bind(&socket, DEFAULT_REQUEST_TIMEOUT).unwrap();
@@ -57,9 +72,32 @@ async fn nri_hooks_relist_their_pod_and_a_synchronize_relists_everything() {
     let pleg = start(&rt, &socket);
     let sub = pleg.subscribe("test", 1000).await.expect("subscribe");
     expect_event(&sub, EventKind::ContainerStarted, &c).await;
-
     let conn = accept(&runtime).await;
     wait_state(&pleg, HintSourceState::Streaming).await;
+    Node {
+        _dir: dir,
+        runtime,
+        rt,
+        sb,
+        c,
+        pleg,
+        sub,
+        conn,
+    }
+}
+
+#[actix_rt::test]
+async fn nri_hooks_relist_their_pod_and_a_synchronize_relists_everything() {
+    let Node {
+        _dir,
+        runtime,
+        rt,
+        sb,
+        c,
+        pleg,
+        sub,
+        conn,
+    } = streaming_node().await;
 
     // Synchronize (in pages): one global relist, brought forward.
     let before = global_relists(&pleg);
@@ -201,17 +239,16 @@ async fn without_an_nri_socket_the_source_is_unsupported_until_the_runtime_enabl
 /// nothing.)
 #[actix_rt::test]
 async fn a_stop_hook_that_comes_before_the_status_flips_is_still_published_through_nri() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("nri.sock");
-    let runtime = MockRuntime::bind(&socket, DEFAULT_REQUEST_TIMEOUT).unwrap();
-    let rt = FakeRuntime::new();
-    let sb = rt.run_pod("uid-1", "web", "ns");
-    let c = rt.run_container(&sb, "app");
-    let pleg = start(&rt, &socket);
-    let sub = pleg.subscribe("test", 1000).await.expect("subscribe");
-    expect_event(&sub, EventKind::ContainerStarted, &c).await;
-    let conn = accept(&runtime).await;
-    wait_state(&pleg, HintSourceState::Streaming).await;
+    let Node {
+        _dir,
+        runtime: _runtime,
+        rt,
+        sb,
+        c,
+        pleg,
+        sub,
+        conn,
+    } = streaming_node().await;
 
     // The hook first; the runtime's status says exited only after plegd's immediate
     // read of the pod.
