@@ -26,6 +26,17 @@ fn start(rt: &FakeRuntime, cfg: PlegConfig) -> Pleg {
     Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()))
 }
 
+/// [`start`] with global relists every `period` and the rest default.
+fn start_every(rt: &FakeRuntime, period: Duration) -> Pleg {
+    start(
+        rt,
+        PlegConfig {
+            relist_period: period,
+            ..PlegConfig::default()
+        },
+    )
+}
+
 async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + TIMEOUT;
     while !cond() {
@@ -219,13 +230,7 @@ async fn churn(rt: &FakeRuntime, p: &Pleg, steps: usize) {
 #[actix_rt::test]
 async fn a_snapshot_then_the_events_after_its_revision_rebuild_the_cache_under_racing_changes() {
     let rt = FakeRuntime::new();
-    let p = start(
-        &rt,
-        PlegConfig {
-            relist_period: Duration::from_millis(5),
-            ..PlegConfig::default()
-        },
-    );
+    let p = start_every(&rt, Duration::from_millis(5));
     let watchers = async {
         let mut out: Vec<(CacheSnapshot, Subscription)> = Vec::new();
         for i in 0..60 {
@@ -378,13 +383,7 @@ async fn known_pod(rt: &FakeRuntime, p: &Pleg, uid: &str) -> String {
 #[actix_rt::test]
 async fn newer_than_is_released_by_a_targeted_relist_that_reads_the_pod_or_finds_it_gone() {
     let rt = FakeRuntime::new();
-    let p = start(
-        &rt,
-        PlegConfig {
-            relist_period: Duration::from_secs(3600),
-            ..PlegConfig::default()
-        },
-    );
+    let p = start_every(&rt, Duration::from_secs(3600));
     let sb = known_pod(&rt, &p, "a").await;
     let t = SystemTime::now();
     let (got, ()) = futures::join!(p.pod_status("a", Some(t), TIMEOUT), async {
@@ -421,13 +420,7 @@ async fn newer_than_is_released_by_a_targeted_relist_that_reads_the_pod_or_finds
 #[actix_rt::test]
 async fn newer_than_is_released_by_a_global_relist_even_for_a_pod_never_seen() {
     let rt = FakeRuntime::new();
-    let p = start(
-        &rt,
-        PlegConfig {
-            relist_period: Duration::from_millis(100),
-            ..PlegConfig::default()
-        },
-    );
+    let p = start_every(&rt, Duration::from_millis(100));
     known_pod(&rt, &p, "a").await;
     let t = SystemTime::now();
     let (a, nobody) = futures::join!(
@@ -443,13 +436,7 @@ async fn newer_than_is_released_by_a_global_relist_even_for_a_pod_never_seen() {
 #[actix_rt::test]
 async fn newer_than_gives_up_at_the_timeout_with_what_the_cache_has() {
     let rt = FakeRuntime::new();
-    let p = start(
-        &rt,
-        PlegConfig {
-            relist_period: Duration::from_secs(3600),
-            ..PlegConfig::default()
-        },
-    );
+    let p = start_every(&rt, Duration::from_secs(3600));
     known_pod(&rt, &p, "a").await;
     let t = SystemTime::now();
     let short = Duration::from_millis(50);
@@ -510,13 +497,7 @@ async fn a_removed_pod_is_forgotten_after_its_ttl_and_present_again_if_it_comes_
 #[actix_rt::test]
 async fn the_pods_labels_reach_the_cache_from_its_sandbox() {
     let rt = FakeRuntime::new();
-    let p = start(
-        &rt,
-        PlegConfig {
-            relist_period: Duration::from_secs(3600),
-            ..PlegConfig::default()
-        },
-    );
+    let p = start_every(&rt, Duration::from_secs(3600));
     let labels: BTreeMap<String, String> = [("app".to_string(), "web".to_string())].into();
     let sb = rt.run_pod_with_labels("a", "web", "ns", labels.clone());
     p.request_relist("a", RelistSource::PostSync);
