@@ -1,0 +1,325 @@
+//! `--containerd ENDPOINT`: plegd against a real containerd (issue 11, goal 5). plegd
+//! runs as its own process with its default hint sources (plus `--nri-socket` when the
+//! containerd of `scripts/containerd-up.sh` has one next to its socket); the harness
+//! makes host-network busybox pods and stops their containers (StopContainer with
+//! timeout 0: SIGKILL), one at a time and 20 at once.
+//!
+//! For each exit it measures when plegd's ContainerDied reached its stdout and:
+//! - on containerd 2.x, which broadcasts CRI events to every subscriber: when a raw
+//!   GetContainerEvents subscriber in this process received the same container's
+//!   CONTAINER_STOPPED_EVENT (the runtime's own speed), so plegd − raw is what plegd
+//!   adds;
+//! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
+//!   subscriber would take events from plegd's stream): no raw subscriber; the exit
+//!   (the container's `finished_at`, set by the runtime) → plegd's ContainerDied, and
+//!   StopContainer's call → ContainerDied.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use futures::future::join_all;
+use futures::StreamExt as _;
+
+use crate::fanout_row::percentile;
+use crate::procs::{epoch_ns, Plegd, Seen};
+use crate::real_cri::{Pod, RawStopped, RealCri};
+use crate::workloads;
+
+const BURST: usize = 20;
+/// Warm-up exits at most, until plegd reports one through a hint (not the global relist).
+const WARMUP: usize = 10;
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One exit as the harness saw it.
+struct Sample {
+    called: Instant,
+    returned: Instant,
+    /// The container's finished_at, ns since the epoch.
+    finished_ns: i64,
+    plegd: Option<Seen>,
+    raw: Option<Instant>,
+}
+
+fn ms_between(a: Instant, b: Instant) -> f64 {
+    (epoch_ns(a) - epoch_ns(b)) as f64 / 1e6
+}
+
+/// What the harness needs from the command line.
+pub struct Options<'a> {
+    pub endpoint: &'a str,
+    pub plegd: &'a Path,
+    pub plegd_args: &'a [String],
+    pub singles: usize,
+    pub bursts: usize,
+}
+
+pub fn run(
+    o: &Options<'_>,
+    rt: &tokio::runtime::Runtime,
+    watch_rt: &tokio::runtime::Runtime,
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cri = RealCri::new(o.endpoint, &dir.path().join("logs"))?;
+    let (name, version) = rt.block_on(cri.version()).map_err(|e| {
+        anyhow!(
+            "no containerd answers CRI at {}: {e:#}\n\
+             Start one (as root) with scripts/containerd-up.sh (PLEGD_CRI_CONTAINERD=2 for 2.1) \
+             and pass the socket it prints: --containerd unix://SOCKET",
+            o.endpoint
+        )
+    })?;
+    let major: u32 = version
+        .trim_start_matches('v')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| anyhow!("{name} reports version {version:?}: not MAJOR.MINOR..."))?;
+    let broadcast = major >= 2;
+    let mut args: Vec<String> = o.plegd_args.to_vec();
+    let socket = plegd_runtime::parse_unix_endpoint(o.endpoint)
+        .map_err(|e| anyhow!("--containerd {:?}: {e}", o.endpoint))?;
+    let nri = socket.with_file_name("nri.sock");
+    if nri.exists() && !args.iter().any(|a| a.starts_with("--nri-socket")) {
+        args.push(format!("--nri-socket={}", nri.display()));
+    }
+    let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
+    let plegd = Plegd::start(o.plegd, o.endpoint, dir.path(), &args_ref)?;
+    let raw = broadcast.then(|| cri.raw_stopped_events(watch_rt));
+    let mut pods = Vec::new();
+    let out = measure(o, rt, &cri, &plegd, raw.as_ref(), &mut pods);
+    drop(raw);
+    eprintln!("plegd-bench: removing the {} pods made", pods.len());
+    for p in &pods {
+        if let Err(e) = rt.block_on(cri.remove_pod(&p.id)) {
+            eprintln!("plegd-bench: {e:#}");
+        }
+    }
+    let (singles, bursts, warmup) = out?;
+    let hints = plegd
+        .metrics()
+        .map(|m| m.labels_at_one("plegd_hint_source_state").join(", "))
+        .unwrap_or_default();
+    println!(
+        "plegd-bench --containerd: {name} {version} at {}; plegd {}; {}",
+        o.endpoint,
+        o.plegd.display(),
+        crate::machine()
+    );
+    println!("plegd's hint sources at the end: {hints}");
+    println!(
+        "raw CRI subscriber: {}; {warmup} warm-up exit(s) before the first one plegd found through a hint",
+        if broadcast {
+            "yes (containerd 2.x broadcasts CRI events to every subscriber)"
+        } else {
+            "none (containerd 1.x splits CRI events between subscribers: one would take events from plegd's stream); \
+             measured from the exit (finished_at) and from the StopContainer call instead"
+        }
+    );
+    print_rows(&singles, &bursts, broadcast);
+    println!("at the end: {}", crate::machine());
+    Ok(())
+}
+
+type Measured = (Vec<Sample>, Vec<Vec<Sample>>, usize);
+
+fn measure(
+    o: &Options<'_>,
+    rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    plegd: &Plegd,
+    raw: Option<&RawStopped>,
+    pods: &mut Vec<Pod>,
+) -> Result<Measured> {
+    eprintln!("plegd-bench: making containers");
+    let warm = group(rt, cri, pods, "warmup", WARMUP)?;
+    let mut singles_ids = Vec::new();
+    for (i, chunk) in (0..o.singles).collect::<Vec<_>>().chunks(BURST).enumerate() {
+        singles_ids.extend(group(rt, cri, pods, &format!("single-{i}"), chunk.len())?);
+    }
+    let mut burst_ids = Vec::new();
+    for i in 0..o.bursts {
+        burst_ids.push(group(rt, cri, pods, &format!("burst-{i}"), BURST)?);
+    }
+    // plegd has seen every container running.
+    workloads::relists(plegd, 2)?;
+    eprintln!("plegd-bench: warm-up");
+    let mut warmup = 0;
+    for id in &warm {
+        warmup += 1;
+        let s = exits(rt, cri, plegd, raw, std::slice::from_ref(id))?;
+        let hinted = s[0].plegd.as_ref().is_some_and(|p| p.source != "global");
+        if hinted && (raw.is_none() || s[0].raw.is_some()) {
+            break;
+        }
+    }
+    eprintln!("plegd-bench: {} single exits", singles_ids.len());
+    let mut singles = Vec::new();
+    for id in &singles_ids {
+        singles.extend(exits(rt, cri, plegd, raw, std::slice::from_ref(id))?);
+    }
+    eprintln!("plegd-bench: {} bursts of {BURST}", burst_ids.len());
+    let mut bursts = Vec::new();
+    for ids in &burst_ids {
+        bursts.push(exits(rt, cri, plegd, raw, ids)?);
+    }
+    Ok((singles, bursts, warmup))
+}
+
+/// A pod with `n` running containers (4 made at a time); returns their IDs.
+fn group(
+    rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    pods: &mut Vec<Pod>,
+    name: &str,
+    n: usize,
+) -> Result<Vec<String>> {
+    let pod = rt.block_on(cri.run_pod(name))?;
+    let ids = rt.block_on(
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let pod = &pod;
+                async move { cri.run_container(pod, &format!("c{i}")).await }
+            })
+            .buffered(4)
+            .collect::<Vec<_>>(),
+    );
+    pods.push(pod);
+    ids.into_iter().collect()
+}
+
+/// Stops `ids` at once and waits for plegd's ContainerDied (and the raw event) of each.
+fn exits(
+    rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    plegd: &Plegd,
+    raw: Option<&RawStopped>,
+    ids: &[String],
+) -> Result<Vec<Sample>> {
+    let stopped: Vec<(Instant, Instant)> = rt
+        .block_on(join_all(ids.iter().map(|id| cri.stop(id))))
+        .into_iter()
+        .collect::<Result<_>>()?;
+    let seen = plegd.events.wait_died(ids, PATIENCE);
+    let raw_at = match raw {
+        Some(r) => r.wait(ids, PATIENCE)?,
+        None => vec![None; ids.len()],
+    };
+    let mut out = Vec::with_capacity(ids.len());
+    for (((id, (called, returned)), seen), raw) in ids.iter().zip(stopped).zip(seen).zip(raw_at)
+    {
+        let finished_ns = rt.block_on(cri.finished_at(id))?;
+        if finished_ns == 0 {
+            bail!("{id} was stopped but has no finished_at");
+        }
+        out.push(Sample {
+            called,
+            returned,
+            finished_ns,
+            plegd: seen.into_iter().next(),
+            raw,
+        });
+    }
+    Ok(out)
+}
+
+fn cell(v: &[f64]) -> String {
+    if v.is_empty() {
+        return "–".into();
+    }
+    let p = |q| percentile(v, q).map_or("–".into(), |x: f64| format!("{x:.2}"));
+    format!(
+        "p50 {} p99 {} min {} max {} ms (n {})",
+        p(0.5),
+        p(0.99),
+        p(0.0),
+        p(1.0),
+        v.len()
+    )
+}
+
+fn sources(samples: &[&Sample]) -> String {
+    let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut missing = 0;
+    for s in samples {
+        match &s.plegd {
+            Some(p) => *by.entry(p.source.as_str()).or_default() += 1,
+            None => missing += 1,
+        }
+    }
+    let mut parts: Vec<String> = by.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    if missing > 0 {
+        parts.push(format!("NOT REPORTED {missing}"));
+    }
+    parts.join(", ")
+}
+
+fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
+    println!("| measure | figure |");
+    println!("|---|---|");
+    let all_bursts: Vec<&Sample> = bursts.iter().flatten().collect();
+    let singles: Vec<&Sample> = singles.iter().collect();
+    for (what, set) in [("single exit", &singles), ("20 exits at once", &all_bursts)] {
+        let plegd_minus_raw: Vec<f64> = set
+            .iter()
+            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.raw?)))
+            .collect();
+        let exit_to = |at: Instant, finished_ns: i64| (epoch_ns(at) - finished_ns) as f64 / 1e6;
+        let exit_plegd: Vec<f64> = set
+            .iter()
+            .filter_map(|s| Some(exit_to(s.plegd.as_ref()?.at, s.finished_ns)))
+            .collect();
+        let exit_raw: Vec<f64> = set
+            .iter()
+            .filter_map(|s| Some(exit_to(s.raw?, s.finished_ns)))
+            .collect();
+        let call_plegd: Vec<f64> = set
+            .iter()
+            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.called)))
+            .collect();
+        let return_plegd: Vec<f64> = set
+            .iter()
+            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.returned)))
+            .collect();
+        if broadcast {
+            println!(
+                "| {what}: plegd's ContainerDied − the raw CONTAINER_STOPPED_EVENT (arrival) | {} |",
+                cell(&plegd_minus_raw)
+            );
+            println!(
+                "| {what}: exit (finished_at) → raw CONTAINER_STOPPED_EVENT | {} |",
+                cell(&exit_raw)
+            );
+        }
+        println!(
+            "| {what}: exit (finished_at) → plegd's ContainerDied | {} |",
+            cell(&exit_plegd)
+        );
+        println!(
+            "| {what}: StopContainer called → plegd's ContainerDied; its return → ContainerDied | {}; {} |",
+            cell(&call_plegd),
+            cell(&return_plegd)
+        );
+        println!(
+            "| {what}: found by (plegd's relist_source) | {} |",
+            sources(set)
+        );
+    }
+    for (i, b) in bursts.iter().enumerate() {
+        let last_plegd = b.iter().filter_map(|s| s.plegd.as_ref().map(|p| p.at)).max();
+        let last_raw = b.iter().filter_map(|s| s.raw).max();
+        let last_exit = b.iter().map(|s| s.finished_ns).max().unwrap_or(0);
+        let mut cells = Vec::new();
+        if let Some(p) = last_plegd {
+            cells.push(format!("{:.2} ms", (epoch_ns(p) - last_exit) as f64 / 1e6));
+            if let Some(r) = last_raw {
+                cells.push(format!("{:.2} ms", ms_between(p, r)));
+            }
+        }
+        println!(
+            "| {BURST} exits at once, burst {}: last exit → last ContainerDied; last raw event → last ContainerDied | {} |",
+            i + 1,
+            cells.join("; ")
+        );
+    }
+}

@@ -1,0 +1,294 @@
+//! The harness's CRI client for a real containerd, made the way the integration tests
+//! make theirs (`integration-tests/src/containerd.rs`): host-network pods (no CNI),
+//! busybox containers from the local image `scripts/containerd-up.sh` imports (no
+//! registry), and a raw GetContainerEvents subscriber stamping each event on receipt.
+//! Every call returns an error (never panics): the runtime is outside the process.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _, Result};
+use plegd_runtime::cri;
+use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::Channel;
+
+/// The busybox image `scripts/containerd-up.sh` builds and imports.
+pub const BUSYBOX: &str = "localhost/pleg/busybox:1.0";
+/// Label on every pod made here.
+const LABEL: &str = "plegd-bench";
+/// Deadline of each unary call (a loaded 2-core machine).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Runs until stopped (StopContainer: SIGTERM exits 0; with timeout 0, SIGKILL).
+const SLEEP_SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
+
+fn req<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(CALL_TIMEOUT);
+    r
+}
+
+fn host_namespaces() -> Option<cri::NamespaceOption> {
+    Some(cri::NamespaceOption {
+        network: cri::NamespaceMode::Node as i32,
+        pid: cri::NamespaceMode::Pod as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    })
+}
+
+/// A pod sandbox made by [`RealCri::run_pod`].
+pub struct Pod {
+    pub id: String,
+    config: cri::PodSandboxConfig,
+}
+
+#[derive(Clone)]
+pub struct RealCri {
+    client: RuntimeServiceClient<Channel>,
+    logs: PathBuf,
+}
+
+impl RealCri {
+    /// A client of `endpoint` (`unix:///path`); pod logs go under `logs`. Build it
+    /// inside the runtime that uses it.
+    pub fn new(endpoint: &str, logs: &Path) -> Result<RealCri> {
+        let socket = plegd_runtime::parse_unix_endpoint(endpoint)
+            .map_err(|e| anyhow!("--containerd {endpoint:?}: {e}"))?;
+        Ok(RealCri {
+            client: RuntimeServiceClient::new(plegd_runtime::unix_channel(&socket)),
+            logs: logs.to_path_buf(),
+        })
+    }
+
+    fn c(&self) -> RuntimeServiceClient<Channel> {
+        self.client.clone()
+    }
+
+    /// The runtime's name and version ("containerd", "v2.1.9").
+    pub async fn version(&self) -> Result<(String, String)> {
+        let mut r = tonic::Request::new(cri::VersionRequest::default());
+        r.set_timeout(Duration::from_secs(5));
+        let v = self.c().version(r).await?.into_inner();
+        Ok((v.runtime_name, v.runtime_version))
+    }
+
+    /// Runs a host-network pod named `name`.
+    pub async fn run_pod(&self, name: &str) -> Result<Pod> {
+        let uid = format!(
+            "plegd-bench-{}-{name}-{}",
+            std::process::id(),
+            plegd_runtime::now_ns() % 1_000_000_000
+        );
+        let log_dir = self.logs.join(&uid);
+        std::fs::create_dir_all(&log_dir)
+            .with_context(|| format!("creating {}", log_dir.display()))?;
+        let config = cri::PodSandboxConfig {
+            metadata: Some(cri::PodSandboxMetadata {
+                name: name.to_string(),
+                uid,
+                namespace: "plegd-bench".into(),
+                attempt: 0,
+            }),
+            log_directory: log_dir.display().to_string(),
+            labels: [(LABEL.to_string(), "true".to_string())].into(),
+            linux: Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: host_namespaces(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let id = self
+            .c()
+            .run_pod_sandbox(req(cri::RunPodSandboxRequest {
+                config: Some(config.clone()),
+                ..Default::default()
+            }))
+            .await
+            .with_context(|| format!("RunPodSandbox {name}"))?
+            .into_inner()
+            .pod_sandbox_id;
+        Ok(Pod { id, config })
+    }
+
+    /// Creates and starts a busybox container that runs until stopped; returns its ID.
+    pub async fn run_container(&self, pod: &Pod, name: &str) -> Result<String> {
+        let config = cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: name.to_string(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: BUSYBOX.to_string(),
+                ..Default::default()
+            }),
+            command: vec!["sh".into(), "-c".into(), SLEEP_SCRIPT.into()],
+            log_path: format!("{name}.log"),
+            labels: [(LABEL.to_string(), "true".to_string())].into(),
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    namespace_options: host_namespaces(),
+                    ..Default::default()
+                }),
+                resources: None,
+            }),
+            ..Default::default()
+        };
+        let id = self
+            .c()
+            .create_container(req(cri::CreateContainerRequest {
+                pod_sandbox_id: pod.id.clone(),
+                config: Some(config),
+                sandbox_config: Some(pod.config.clone()),
+            }))
+            .await
+            .with_context(|| format!("CreateContainer {name} (image {BUSYBOX}: imported by scripts/containerd-up.sh)"))?
+            .into_inner()
+            .container_id;
+        self.c()
+            .start_container(req(cri::StartContainerRequest {
+                container_id: id.clone(),
+            }))
+            .await
+            .with_context(|| format!("StartContainer {name}"))?;
+        Ok(id)
+    }
+
+    /// StopContainer with timeout 0 (SIGKILL at once); returns when the call was made
+    /// and when it returned.
+    pub async fn stop(&self, id: &str) -> Result<(Instant, Instant)> {
+        let called = Instant::now();
+        self.c()
+            .stop_container(req(cri::StopContainerRequest {
+                container_id: id.to_string(),
+                timeout: 0,
+            }))
+            .await
+            .with_context(|| format!("StopContainer {id}"))?;
+        Ok((called, Instant::now()))
+    }
+
+    /// The container's `finished_at` (ns since the epoch; 0 while it runs).
+    pub async fn finished_at(&self, id: &str) -> Result<i64> {
+        let st = self
+            .c()
+            .container_status(req(cri::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: false,
+            }))
+            .await
+            .with_context(|| format!("ContainerStatus {id}"))?
+            .into_inner()
+            .status
+            .with_context(|| format!("ContainerStatus {id}: no status"))?;
+        Ok(st.finished_at)
+    }
+
+    /// StopPodSandbox then RemovePodSandbox (its containers go with it).
+    pub async fn remove_pod(&self, id: &str) -> Result<()> {
+        self.c()
+            .stop_pod_sandbox(req(cri::StopPodSandboxRequest {
+                pod_sandbox_id: id.to_string(),
+            }))
+            .await
+            .with_context(|| format!("StopPodSandbox {id}"))?;
+        self.c()
+            .remove_pod_sandbox(req(cri::RemovePodSandboxRequest {
+                pod_sandbox_id: id.to_string(),
+            }))
+            .await
+            .with_context(|| format!("RemovePodSandbox {id}"))?;
+        Ok(())
+    }
+
+    /// Opens a raw GetContainerEvents stream on `rt`, stamping every
+    /// CONTAINER_STOPPED_EVENT when it arrives.
+    pub fn raw_stopped_events(&self, rt: &tokio::runtime::Runtime) -> RawStopped {
+        let seen = Arc::new(RawSeen::default());
+        let (mut client, sink) = (self.c(), seen.clone());
+        let task = rt.spawn(async move {
+            let why = match async {
+                // containerd sends no headers before the first event: this resolves then.
+                let mut stream = client
+                    .get_container_events(cri::GetEventsRequest::default())
+                    .await?
+                    .into_inner();
+                while let Some(ev) = stream.message().await? {
+                    let at = Instant::now();
+                    let mut s = sink.lock();
+                    if ev.container_event_type == cri::ContainerEventType::ContainerStoppedEvent as i32 {
+                        s.stopped.entry(ev.container_id).or_insert(at);
+                    }
+                    sink.changed.notify_all();
+                }
+                Ok::<_, tonic::Status>(())
+            }
+            .await
+            {
+                Ok(()) => "the stream ended".to_string(),
+                Err(e) => e.to_string(),
+            };
+            sink.lock().ended = Some(why);
+            sink.changed.notify_all();
+        });
+        RawStopped { seen, task }
+    }
+}
+
+#[derive(Default)]
+struct RawState {
+    stopped: HashMap<String, Instant>,
+    ended: Option<String>,
+}
+
+#[derive(Default)]
+struct RawSeen {
+    state: Mutex<RawState>,
+    changed: Condvar,
+}
+
+impl RawSeen {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RawState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A raw CRI event subscriber (no plegd), closed on drop.
+pub struct RawStopped {
+    seen: Arc<RawSeen>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RawStopped {
+    /// Waits for the CONTAINER_STOPPED_EVENT of each of `ids` (or `patience`); returns
+    /// when each arrived, in the order of `ids`.
+    pub fn wait(&self, ids: &[String], patience: Duration) -> Result<Vec<Option<Instant>>> {
+        let deadline = Instant::now() + patience;
+        let mut s = self.seen.lock();
+        loop {
+            if let Some(why) = &s.ended {
+                return Err(anyhow!("the raw GetContainerEvents stream failed: {why}"));
+            }
+            let now = Instant::now();
+            if ids.iter().all(|id| s.stopped.contains_key(id)) || now >= deadline {
+                return Ok(ids.iter().map(|id| s.stopped.get(id).copied()).collect());
+            }
+            s = self
+                .seen
+                .changed
+                .wait_timeout(s, deadline - now)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
+    }
+}
+
+impl Drop for RawStopped {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
