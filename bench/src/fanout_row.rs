@@ -63,6 +63,8 @@ pub struct Plan<'a> {
     /// Containers stopped at once, per burst.
     pub bursts: Vec<&'a [String]>,
     pub period: Duration,
+    /// Single exits start this far apart (so the run spans several relist periods).
+    pub pace: Duration,
 }
 
 pub fn run(
@@ -80,8 +82,12 @@ pub fn run(
             let mut single_stdout = Vec::new();
             let mut over_stdout = Vec::new();
             let mut lost = 0;
-            for id in plan.singles {
+            let start = Instant::now();
+            for (i, id) in plan.singles.iter().enumerate() {
                 let ids = std::slice::from_ref(id);
+                // Pacing the workload (not waiting for a condition).
+                let at = start + plan.pace.mul_f64(i as f64);
+                std::thread::sleep(at.saturating_duration_since(Instant::now()));
                 let t0 = rt.block_on(cri.stop(id))?;
                 let got = w.wait_died(ids, Duration::from_secs(10));
                 let line = plegd.events.wait_died(ids, Duration::from_secs(1));

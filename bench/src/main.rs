@@ -100,6 +100,10 @@ struct Args {
     /// Pods of the fan-out node: at least --singles + 20 × --bursts.
     #[arg(long, default_value_t = 100)]
     fanout_pods: usize,
+    /// The fan-out's single exits start this far apart, so its run spans several
+    /// global relist periods (the bursts follow, each after the last one's events).
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    fanout_pace: Duration,
     /// Client connections the watchers share (round robin; plegd serves at most 256
     /// connections at once, up to 2,048 streams on each).
     #[arg(long, default_value_t = 8)]
@@ -130,6 +134,7 @@ impl Args {
         self.fanout = vec![3];
         self.fanout_pods = 60;
         self.fanout_connections = 2;
+        self.fanout_pace = Duration::from_millis(50);
         self
     }
 }
@@ -302,6 +307,7 @@ fn run_fanout(
         singles: &first[..args.singles],
         bursts: first[args.singles..need].chunks_exact(BURST).collect(),
         period: PERIOD,
+        pace: args.fanout_pace,
     };
     fanout_row::run(rts.0, rts.1, &plegd, &cri, pods, &plan)
 }
@@ -576,10 +582,20 @@ fn main() -> Result<()> {
     let mut fanouts = Vec::new();
     for &w in args.fanout.iter().filter(|&&w| w > 0) {
         eprintln!("plegd-bench: fan-out to {w} watchers");
-        fanouts.push(
-            run_fanout(&args, &bins, (&rt, &watch_rt), w)
-                .with_context(|| format!("fan-out to {w} watchers"))?,
-        );
+        let f = run_fanout(&args, &bins, (&rt, &watch_rt), w)
+            .with_context(|| format!("fan-out to {w} watchers"))?;
+        // The smoke run checks the harness: every watcher must get every event.
+        if args.smoke && f.all_missed() > 0 {
+            bail!(
+                "fan-out to {w} watchers: {} events missed (not received {}, missed {}, seq gaps {}, streams ended {})",
+                f.all_missed(),
+                f.lost,
+                f.missed,
+                f.gaps,
+                f.failed
+            );
+        }
+        fanouts.push(f);
     }
     print_table(&runs, polled.as_ref(), &churns, &fanouts);
     println!("at the end: {}", machine());

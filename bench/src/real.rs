@@ -1,8 +1,10 @@
 //! `--containerd ENDPOINT`: plegd against a real containerd (issue 11, goal 5). plegd
 //! runs as its own process with its default hint sources (plus `--nri-socket` when the
 //! containerd of `scripts/containerd-up.sh` has one next to its socket); the harness
-//! makes host-network busybox pods and stops their containers (StopContainer with
-//! timeout 0: SIGKILL), one at a time and 20 at once.
+//! makes host-network busybox pods whose container process is `sleep`, and kills
+//! those processes (SIGKILL, one `kill` for all the processes of a burst, as a crash:
+//! not through CRI, whose StopContainer calls containerd serialises), one at a time
+//! and 20 at once.
 //!
 //! For each exit it measures when plegd's ContainerDied reached its stdout and:
 //! - on containerd 2.x, which broadcasts CRI events to every subscriber: when a raw
@@ -12,7 +14,7 @@
 //! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
 //!   subscriber would take events from plegd's stream): no raw subscriber; the exit
 //!   (the container's `finished_at`, set by the runtime) → plegd's ContainerDied, and
-//!   StopContainer's call → ContainerDied.
+//!   the kill → ContainerDied.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -23,7 +25,7 @@ use futures::StreamExt as _;
 
 use crate::fanout_row::percentile;
 use crate::procs::{epoch_ns, Plegd, Seen};
-use crate::real_cri::{Pod, RawStopped, RealCri};
+use crate::real_cri::{kill, Pod, RawStopped, RealCri};
 use crate::workloads;
 
 const BURST: usize = 20;
@@ -33,8 +35,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 /// One exit as the harness saw it.
 struct Sample {
-    called: Instant,
-    returned: Instant,
+    killed: Instant,
     /// The container's finished_at, ns since the epoch.
     finished_ns: i64,
     plegd: Option<Seen>,
@@ -113,7 +114,7 @@ pub fn run(
             "yes (containerd 2.x broadcasts CRI events to every subscriber)"
         } else {
             "none (containerd 1.x splits CRI events between subscribers: one would take events from plegd's stream); \
-             measured from the exit (finished_at) and from the StopContainer call instead"
+             measured from the exit (finished_at) and from the kill instead"
         }
     );
     print_rows(&singles, &bursts, broadcast);
@@ -188,7 +189,8 @@ fn group(
     ids.into_iter().collect()
 }
 
-/// Stops `ids` at once and waits for plegd's ContainerDied (and the raw event) of each.
+/// Kills the processes of `ids` at once and waits for plegd's ContainerDied (and the
+/// raw event) of each.
 fn exits(
     rt: &tokio::runtime::Runtime,
     cri: &RealCri,
@@ -196,25 +198,24 @@ fn exits(
     raw: Option<&RawStopped>,
     ids: &[String],
 ) -> Result<Vec<Sample>> {
-    let stopped: Vec<(Instant, Instant)> = rt
-        .block_on(join_all(ids.iter().map(|id| cri.stop(id))))
+    let pids: Vec<u32> = rt
+        .block_on(join_all(ids.iter().map(|id| cri.pid(id))))
         .into_iter()
         .collect::<Result<_>>()?;
+    let killed = kill(&pids)?;
     let seen = plegd.events.wait_died(ids, PATIENCE);
     let raw_at = match raw {
         Some(r) => r.wait(ids, PATIENCE)?,
         None => vec![None; ids.len()],
     };
     let mut out = Vec::with_capacity(ids.len());
-    for (((id, (called, returned)), seen), raw) in ids.iter().zip(stopped).zip(seen).zip(raw_at)
-    {
+    for ((id, seen), raw) in ids.iter().zip(seen).zip(raw_at) {
         let finished_ns = rt.block_on(cri.finished_at(id))?;
         if finished_ns == 0 {
-            bail!("{id} was stopped but has no finished_at");
+            bail!("{id} was killed but has no finished_at");
         }
         out.push(Sample {
-            called,
-            returned,
+            killed,
             finished_ns,
             plegd: seen.into_iter().next(),
             raw,
@@ -273,13 +274,9 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
             .iter()
             .filter_map(|s| Some(exit_to(s.raw?, s.finished_ns)))
             .collect();
-        let call_plegd: Vec<f64> = set
+        let kill_plegd: Vec<f64> = set
             .iter()
-            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.called)))
-            .collect();
-        let return_plegd: Vec<f64> = set
-            .iter()
-            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.returned)))
+            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.killed)))
             .collect();
         if broadcast {
             println!(
@@ -296,9 +293,8 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
             cell(&exit_plegd)
         );
         println!(
-            "| {what}: StopContainer called → plegd's ContainerDied; its return → ContainerDied | {}; {} |",
-            cell(&call_plegd),
-            cell(&return_plegd)
+            "| {what}: kill → plegd's ContainerDied | {} |",
+            cell(&kill_plegd)
         );
         println!(
             "| {what}: found by (plegd's relist_source) | {} |",

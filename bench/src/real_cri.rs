@@ -20,8 +20,9 @@ pub const BUSYBOX: &str = "localhost/pleg/busybox:1.0";
 const LABEL: &str = "plegd-bench";
 /// Deadline of each unary call (a loaded 2-core machine).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
-/// Runs until stopped (StopContainer: SIGTERM exits 0; with timeout 0, SIGKILL).
-const SLEEP_SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
+/// Runs until killed: the container's process is the sleep itself, so a SIGKILL of
+/// it is the container's exit (nothing left behind in the pod's PID namespace).
+const SLEEP_SCRIPT: &str = "exec sleep 3600";
 
 fn req<T>(msg: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(msg);
@@ -158,18 +159,23 @@ impl RealCri {
         Ok(id)
     }
 
-    /// StopContainer with timeout 0 (SIGKILL at once); returns when the call was made
-    /// and when it returned.
-    pub async fn stop(&self, id: &str) -> Result<(Instant, Instant)> {
-        let called = Instant::now();
-        self.c()
-            .stop_container(req(cri::StopContainerRequest {
+    /// The host PID of the container's process (verbose ContainerStatus: the JSON in
+    /// info["info"] has "pid").
+    pub async fn pid(&self, id: &str) -> Result<u32> {
+        let resp = self
+            .c()
+            .container_status(req(cri::ContainerStatusRequest {
                 container_id: id.to_string(),
-                timeout: 0,
+                verbose: true,
             }))
             .await
-            .with_context(|| format!("StopContainer {id}"))?;
-        Ok((called, Instant::now()))
+            .with_context(|| format!("ContainerStatus {id}"))?
+            .into_inner();
+        let info = resp
+            .info
+            .get("info")
+            .with_context(|| format!("ContainerStatus {id}: no verbose info"))?;
+        pid_of(info).with_context(|| format!("ContainerStatus {id}: no pid in {info}"))
     }
 
     /// The container's `finished_at` (ns since the epoch; 0 while it runs).
@@ -239,6 +245,27 @@ impl RealCri {
     }
 }
 
+/// `pid` of containerd's verbose container info (a JSON object).
+fn pid_of(info: &str) -> Option<u32> {
+    let v: serde_json::Value = serde_json::from_str(info).ok()?;
+    v["pid"].as_u64().and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0)
+}
+
+/// SIGKILLs `pids` with one `kill` (one process sends every signal, so a burst's
+/// processes die within microseconds of each other); returns when it was started.
+pub fn kill(pids: &[u32]) -> Result<Instant> {
+    let at = Instant::now();
+    let status = std::process::Command::new("kill")
+        .arg("-KILL")
+        .args(pids.iter().map(|p| p.to_string()))
+        .status()
+        .context("running kill")?;
+    if !status.success() {
+        return Err(anyhow!("kill -KILL {pids:?}: {status}"));
+    }
+    Ok(at)
+}
+
 #[derive(Default)]
 struct RawState {
     stopped: HashMap<String, Instant>,
@@ -290,5 +317,17 @@ impl RawStopped {
 impl Drop for RawStopped {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_pid_is_read_from_containerds_verbose_info() {
+        use super::pid_of;
+        assert_eq!(pid_of(r#"{"sandboxID":"ab","pid":4242,"removing":false}"#), Some(4242));
+        assert_eq!(pid_of(r#"{"pid":0}"#), None);
+        assert_eq!(pid_of("{}"), None);
+        assert_eq!(pid_of("not json"), None);
     }
 }
