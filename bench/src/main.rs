@@ -55,6 +55,10 @@ struct Args {
     /// A seconds-long run of every workload at small sizes: checks the harness, not plegd.
     #[arg(long)]
     smoke: bool,
+    /// Which groups of rows to run: sizes (per node size: relists, memory, exits,
+    /// storm; and the polled exits), churn, fanout.
+    #[arg(long, value_delimiter = ',', default_value = "sizes,churn,fanout")]
+    only: Vec<Rows>,
     /// Node sizes (pods, 2 containers each); 0 measures the empty node's memory.
     #[arg(long, value_delimiter = ',', default_value = "0,100,1000,5000,10000")]
     sizes: Vec<usize>,
@@ -118,6 +122,13 @@ struct Args {
     /// More arguments for plegd (e.g. `--plegd-arg=--status-concurrency=16`).
     #[arg(long = "plegd-arg", allow_hyphen_values = true)]
     plegd_args: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Rows {
+    Sizes,
+    Churn,
+    Fanout,
 }
 
 impl Args {
@@ -558,16 +569,24 @@ fn main() -> Result<()> {
     println!("plegd-bench: {}; {}", bins.0.display(), machine());
     let mut runs = Vec::new();
     let mut polled = None;
-    for &pods in &args.sizes {
+    let sizes = if args.only.contains(&Rows::Sizes) {
+        args.sizes.clone()
+    } else {
+        Vec::new()
+    };
+    for &pods in &sizes {
         eprintln!("plegd-bench: {pods} pods");
         runs.push(
             run_size(&args, &bins, &rt, pods, &mut polled)
                 .with_context(|| format!("at {pods} pods"))?,
         );
     }
-    eprintln!("plegd-bench: churn");
-    let mut churns = vec![run_churn(&args, &bins, &rt, &[]).context("churn")?];
-    if args.churn_bounded {
+    let mut churns = Vec::new();
+    if args.only.contains(&Rows::Churn) {
+        eprintln!("plegd-bench: churn");
+        churns.push(run_churn(&args, &bins, &rt, &[]).context("churn")?);
+    }
+    if args.churn_bounded && args.only.contains(&Rows::Churn) {
         eprintln!("plegd-bench: churn, history and tombstones bounded");
         let history = format!("--history-events={}", args.bounded_history_events);
         let ttl = format!(
@@ -580,7 +599,12 @@ fn main() -> Result<()> {
         );
     }
     let mut fanouts = Vec::new();
-    for &w in args.fanout.iter().filter(|&&w| w > 0) {
+    let fanout = if args.only.contains(&Rows::Fanout) {
+        args.fanout.clone()
+    } else {
+        Vec::new()
+    };
+    for &w in fanout.iter().filter(|&&w| w > 0) {
         eprintln!("plegd-bench: fan-out to {w} watchers");
         let f = run_fanout(&args, &bins, (&rt, &watch_rt), w)
             .with_context(|| format!("fan-out to {w} watchers"))?;

@@ -1,7 +1,8 @@
 //! `--containerd ENDPOINT`: plegd against a real containerd (issue 11, goal 5). plegd
 //! runs as its own process with its default hint sources (plus `--nri-socket` when the
 //! containerd of `scripts/containerd-up.sh` has one next to its socket); the harness
-//! makes host-network busybox pods whose container process is `sleep`, and kills
+//! makes host-network busybox pods (single exits: 20 containers a pod; a burst: 20
+//! pods of one container) whose container process is `sleep`, and kills
 //! those processes (SIGKILL, one `kill` for all the processes of a burst, as a crash:
 //! not through CRI, whose StopContainer calls containerd serialises), one at a time
 //! and 20 at once.
@@ -139,8 +140,14 @@ fn measure(
         singles_ids.extend(group(rt, cri, pods, &format!("single-{i}"), chunk.len())?);
     }
     let mut burst_ids = Vec::new();
+    // A burst's containers are in 20 pods: each pod has its own shim (containerd 2.x
+    // has one per pod), so the runtime handles the 20 exits side by side.
     for i in 0..o.bursts {
-        burst_ids.push(group(rt, cri, pods, &format!("burst-{i}"), BURST)?);
+        let mut ids = Vec::with_capacity(BURST);
+        for j in 0..BURST {
+            ids.extend(group(rt, cri, pods, &format!("burst-{i}-{j}"), 1)?);
+        }
+        burst_ids.push(ids);
     }
     // plegd has seen every container running.
     workloads::relists(plegd, 2)?;
