@@ -319,8 +319,13 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
                 cells.push(format!("{:.2} ms", ms_between(p, r)));
             }
         }
+        let raw_cell = if broadcast {
+            "; last raw event → last ContainerDied"
+        } else {
+            ""
+        };
         println!(
-            "| {BURST} exits at once, burst {}: last exit → last ContainerDied; last raw event → last ContainerDied | {} |",
+            "| {BURST} exits at once, burst {}: last exit → last ContainerDied{raw_cell} | {} |",
             i + 1,
             cells.join("; ")
         );
