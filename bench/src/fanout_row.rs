@@ -11,7 +11,7 @@ use futures::future::join_all;
 
 use crate::cri::Cri;
 use crate::fanout::Watchers;
-use crate::procs::{Plegd, PATIENCE};
+use crate::procs::{own_threads_cpu, Plegd, PATIENCE};
 use crate::schedule::{self, Schedule};
 
 /// What one watcher count measured.
@@ -38,7 +38,37 @@ pub struct FanoutRun {
     pub gaps: u64,
     pub failed: usize,
     pub schedule: Schedule,
+    /// CPU over the run: plegd's (all threads), its API thread's, the bench's watchers'.
+    pub cpu: Cpu,
 }
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu {
+    pub plegd: Duration,
+    pub plegd_api: Duration,
+    pub watchers: Duration,
+}
+
+impl Cpu {
+    fn now(plegd: &Plegd) -> Result<Cpu> {
+        Ok(Cpu {
+            plegd: plegd.cpu()?,
+            plegd_api: plegd.thread_cpu(API_THREAD)?,
+            watchers: own_threads_cpu(crate::WATCHERS_THREAD)?,
+        })
+    }
+
+    fn since(self, before: Cpu) -> Cpu {
+        Cpu {
+            plegd: self.plegd.saturating_sub(before.plegd),
+            plegd_api: self.plegd_api.saturating_sub(before.plegd_api),
+            watchers: self.watchers.saturating_sub(before.watchers),
+        }
+    }
+}
+
+/// The thread plegd serves its subscriber API on (`api/src/server.rs`).
+const API_THREAD: &str = "plegd-api";
 
 impl FanoutRun {
     pub fn all_missed(&self) -> u64 {
@@ -76,6 +106,7 @@ pub fn run(
     plan: &Plan<'_>,
 ) -> Result<FanoutRun> {
     let w = Watchers::start(watch_rt, plegd.api_socket(), plan.watchers, plan.connections)?;
+    let cpu0 = Cpu::now(plegd)?;
     let ((single, single_stdout, over_stdout, burst, burst_last, lost), schedule) =
         schedule::during(plegd, plan.period, || {
             let mut single = Vec::new();
@@ -123,6 +154,7 @@ pub fn run(
             }
             Ok((single, single_stdout, over_stdout, burst, burst_last, lost))
         })?;
+    let cpu = Cpu::now(plegd)?.since(cpu0);
     let (missed, gaps, failed) = w.losses();
     Ok(FanoutRun {
         pods,
@@ -140,6 +172,7 @@ pub fn run(
         gaps,
         failed,
         schedule,
+        cpu,
     })
 }
 

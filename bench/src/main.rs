@@ -155,6 +155,8 @@ const CONTAINERS: usize = 2;
 /// change it with --plegd-arg).
 const PERIOD: Duration = Duration::from_secs(1);
 const BURST: usize = 20;
+/// The name of the bench's watcher thread (its CPU time is shown in the fan-out rows).
+const WATCHERS_THREAD: &str = "watchers";
 
 /// What one node size measured.
 #[derive(Default)]
@@ -515,6 +517,13 @@ fn print_fanout(f: &fanout_row::FanoutRun) {
         opt_ms(s.mean_interval),
         opt_ms(s.longest_gap),
     );
+    println!(
+        "| {who}: CPU over the run: plegd (all threads); its API thread; the bench's watcher thread | {p} | {}; {}; {} in {:.1} s |",
+        ms(f.cpu.plegd),
+        ms(f.cpu.plegd_api),
+        ms(f.cpu.watchers),
+        s.window.as_secs_f64(),
+    );
 }
 
 fn main() -> Result<()> {
@@ -552,7 +561,7 @@ fn main() -> Result<()> {
     // they never compete with the harness's CRI calls (which run on `rt`).
     let watch_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
-        .thread_name("watchers")
+        .thread_name(WATCHERS_THREAD)
         .enable_all()
         .build()
         .context("the watchers' async runtime")?;

@@ -250,6 +250,11 @@ impl Plegd {
         cpu_of(self.pid())
     }
 
+    /// CPU time so far of plegd's threads named `name` (e.g. `plegd-api`).
+    pub fn thread_cpu(&self, name: &str) -> Result<Duration> {
+        threads_cpu(&format!("/proc/{}/task", self.pid()), Some(name))
+    }
+
     /// Resident memory, KiB.
     pub fn rss_kib(&self) -> Result<u64> {
         rss_kib_of(self.pid())
@@ -322,9 +327,27 @@ pub fn epoch_ns(at: Instant) -> i64 {
 /// CPU time of every thread of `pid`, from `/proc/PID/task/*/schedstat` (nanoseconds;
 /// `/proc/PID/stat` counts in 10 ms ticks, too coarse for a relist of a few ms).
 fn cpu_of(pid: u32) -> Result<Duration> {
+    threads_cpu(&format!("/proc/{pid}/task"), None)
+}
+
+/// CPU time of the threads named `name` of this process (the bench's own watchers).
+pub fn own_threads_cpu(name: &str) -> Result<Duration> {
+    threads_cpu("/proc/self/task", Some(name))
+}
+
+/// CPU time of the threads under `tasks` (a `/proc/PID/task`), only those named
+/// `name` (their `comm`) if given.
+fn threads_cpu(tasks: &str, name: Option<&str>) -> Result<Duration> {
     let mut ns = 0u64;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let path = task?.path().join("schedstat");
+    for task in std::fs::read_dir(tasks)? {
+        let task = task?.path();
+        if let Some(name) = name {
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if comm.trim_end() != name {
+                continue;
+            }
+        }
+        let path = task.join("schedstat");
         // A thread that ended between the listing and the read counts no more.
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;
