@@ -105,7 +105,12 @@ pub fn run(
     pods: usize,
     plan: &Plan<'_>,
 ) -> Result<FanoutRun> {
-    let w = Watchers::start(watch_rt, plegd.api_socket(), plan.watchers, plan.connections)?;
+    let w = Watchers::start(
+        watch_rt,
+        plegd.api_socket(),
+        plan.watchers,
+        plan.connections,
+    )?;
     let cpu0 = Cpu::now(plegd)?;
     let ((single, single_stdout, over_stdout, burst, burst_last, lost), schedule) =
         schedule::during(plegd, plan.period, || {

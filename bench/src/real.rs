@@ -309,7 +309,10 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
         );
     }
     for (i, b) in bursts.iter().enumerate() {
-        let last_plegd = b.iter().filter_map(|s| s.plegd.as_ref().map(|p| p.at)).max();
+        let last_plegd = b
+            .iter()
+            .filter_map(|s| s.plegd.as_ref().map(|p| p.at))
+            .max();
         let last_raw = b.iter().filter_map(|s| s.raw).max();
         let last_exit = b.iter().map(|s| s.finished_ns).max().unwrap_or(0);
         let mut cells = Vec::new();

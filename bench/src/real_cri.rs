@@ -226,7 +226,9 @@ impl RealCri {
                 while let Some(ev) = stream.message().await? {
                     let at = Instant::now();
                     let mut s = sink.lock();
-                    if ev.container_event_type == cri::ContainerEventType::ContainerStoppedEvent as i32 {
+                    if ev.container_event_type
+                        == cri::ContainerEventType::ContainerStoppedEvent as i32
+                    {
                         s.stopped.entry(ev.container_id).or_insert(at);
                     }
                     sink.changed.notify_all();
@@ -248,7 +250,10 @@ impl RealCri {
 /// `pid` of containerd's verbose container info (a JSON object).
 fn pid_of(info: &str) -> Option<u32> {
     let v: serde_json::Value = serde_json::from_str(info).ok()?;
-    v["pid"].as_u64().and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0)
+    v["pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|p| *p > 0)
 }
 
 /// SIGKILLs `pids` with one `kill` (one process sends every signal, so a burst's
@@ -325,7 +330,10 @@ mod tests {
     #[test]
     fn the_pid_is_read_from_containerds_verbose_info() {
         use super::pid_of;
-        assert_eq!(pid_of(r#"{"sandboxID":"ab","pid":4242,"removing":false}"#), Some(4242));
+        assert_eq!(
+            pid_of(r#"{"sandboxID":"ab","pid":4242,"removing":false}"#),
+            Some(4242)
+        );
         assert_eq!(pid_of(r#"{"pid":0}"#), None);
         assert_eq!(pid_of("{}"), None);
         assert_eq!(pid_of("not json"), None);

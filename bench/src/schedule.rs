@@ -71,7 +71,13 @@ pub fn during<T>(
     Ok((out, schedule(&m0, &m1, &seen, window, period)))
 }
 
-fn schedule(m0: &Metrics, m1: &Metrics, seen: &[f64], window: Duration, period: Duration) -> Schedule {
+fn schedule(
+    m0: &Metrics,
+    m1: &Metrics,
+    seen: &[f64],
+    window: Duration,
+    period: Duration,
+) -> Schedule {
     let delta = |name: &str| m1.sum(name, &[]) - m0.sum(name, &[]);
     let n = delta(&format!("{INTERVAL}_count"));
     let sum = delta(&format!("{INTERVAL}_sum"));
@@ -96,9 +102,7 @@ mod tests {
     #[test]
     fn the_longest_gap_is_between_two_successive_relists() {
         let m = |count: f64, sum: f64| {
-            Metrics::from_text(format!(
-                "{INTERVAL}_count {count}\n{INTERVAL}_sum {sum}\n"
-            ))
+            Metrics::from_text(format!("{INTERVAL}_count {count}\n{INTERVAL}_sum {sum}\n"))
         };
         let s = schedule(
             &m(10.0, 10.0),
