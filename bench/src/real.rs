@@ -13,8 +13,10 @@
 //!   CONTAINER_STOPPED_EVENT (the runtime's own speed), so plegd − raw is what plegd
 //!   adds;
 //! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
-//!   subscriber would take events from plegd's stream): no raw subscriber; the exit
-//!   (the container's `finished_at`, set by the runtime) → plegd's ContainerDied, and
+//!   subscriber would take events from plegd's stream): no raw CRI subscriber;
+//! - on both: when a raw subscriber of containerd's own event service (which publishes
+//!   to every subscriber, on 1.7 too) received the container's /tasks/exit; the exit
+//!   (the container's `finished_at`, set by the runtime) → plegd's ContainerDied; and
 //!   the kill → ContainerDied.
 
 use std::path::Path;
@@ -26,7 +28,7 @@ use futures::StreamExt as _;
 
 use crate::fanout_row::percentile;
 use crate::procs::{epoch_ns, Plegd, Seen};
-use crate::real_cri::{kill, Pod, RawStopped, RealCri};
+use crate::real_cri::{kill, Pod, RawExits, RealCri};
 use crate::workloads;
 
 const BURST: usize = 20;
@@ -40,7 +42,16 @@ struct Sample {
     /// The container's finished_at, ns since the epoch.
     finished_ns: i64,
     plegd: Option<Seen>,
-    raw: Option<Instant>,
+    /// The raw CRI CONTAINER_STOPPED_EVENT's arrival (containerd 2.x only).
+    raw_cri: Option<Instant>,
+    /// The raw /tasks/exit's arrival (containerd's event service).
+    raw_task: Option<Instant>,
+}
+
+/// The raw subscribers.
+struct Raws {
+    cri: Option<RawExits>,
+    task: RawExits,
 }
 
 fn ms_between(a: Instant, b: Instant) -> f64 {
@@ -87,10 +98,13 @@ pub fn run(
     }
     let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
     let plegd = Plegd::start(o.plegd, o.endpoint, dir.path(), &args_ref)?;
-    let raw = broadcast.then(|| cri.raw_stopped_events(watch_rt));
+    let raws = Raws {
+        cri: broadcast.then(|| cri.raw_stopped_events(watch_rt)),
+        task: cri.raw_task_exits(watch_rt),
+    };
     let mut pods = Vec::new();
-    let out = measure(o, rt, &cri, &plegd, raw.as_ref(), &mut pods);
-    drop(raw);
+    let out = measure(o, rt, &cri, &plegd, &raws, &mut pods);
+    drop(raws);
     eprintln!("plegd-bench: removing the {} pods made", pods.len());
     for p in &pods {
         if let Err(e) = rt.block_on(cri.remove_pod(&p.id)) {
@@ -110,12 +124,13 @@ pub fn run(
     );
     println!("plegd's hint sources at the end: {hints}");
     println!(
-        "raw CRI subscriber: {}; {warmup} warm-up exit(s) before the first one plegd found through a hint",
+        "raw CRI subscriber: {}; raw subscriber of containerd's event service (/tasks/exit): yes; \
+         {warmup} warm-up exit(s) before the first one plegd found through a hint",
         if broadcast {
             "yes (containerd 2.x broadcasts CRI events to every subscriber)"
         } else {
             "none (containerd 1.x splits CRI events between subscribers: one would take events from plegd's stream); \
-             measured from the exit (finished_at) and from the kill instead"
+             measured against containerd's own event service, the exit (finished_at) and the kill instead"
         }
     );
     print_rows(&singles, &bursts, broadcast);
@@ -130,7 +145,7 @@ fn measure(
     rt: &tokio::runtime::Runtime,
     cri: &RealCri,
     plegd: &Plegd,
-    raw: Option<&RawStopped>,
+    raws: &Raws,
     pods: &mut Vec<Pod>,
 ) -> Result<Measured> {
     eprintln!("plegd-bench: making containers");
@@ -155,21 +170,21 @@ fn measure(
     let mut warmup = 0;
     for id in &warm {
         warmup += 1;
-        let s = exits(rt, cri, plegd, raw, std::slice::from_ref(id))?;
+        let s = exits(rt, cri, plegd, raws, std::slice::from_ref(id))?;
         let hinted = s[0].plegd.as_ref().is_some_and(|p| p.source != "global");
-        if hinted && (raw.is_none() || s[0].raw.is_some()) {
+        if hinted && (raws.cri.is_none() || s[0].raw_cri.is_some()) && s[0].raw_task.is_some() {
             break;
         }
     }
     eprintln!("plegd-bench: {} single exits", singles_ids.len());
     let mut singles = Vec::new();
     for id in &singles_ids {
-        singles.extend(exits(rt, cri, plegd, raw, std::slice::from_ref(id))?);
+        singles.extend(exits(rt, cri, plegd, raws, std::slice::from_ref(id))?);
     }
     eprintln!("plegd-bench: {} bursts of {BURST}", burst_ids.len());
     let mut bursts = Vec::new();
     for ids in &burst_ids {
-        bursts.push(exits(rt, cri, plegd, raw, ids)?);
+        bursts.push(exits(rt, cri, plegd, raws, ids)?);
     }
     Ok((singles, bursts, warmup))
 }
@@ -202,7 +217,7 @@ fn exits(
     rt: &tokio::runtime::Runtime,
     cri: &RealCri,
     plegd: &Plegd,
-    raw: Option<&RawStopped>,
+    raws: &Raws,
     ids: &[String],
 ) -> Result<Vec<Sample>> {
     let pids: Vec<u32> = rt
@@ -211,12 +226,13 @@ fn exits(
         .collect::<Result<_>>()?;
     let killed = kill(&pids)?;
     let seen = plegd.events.wait_died(ids, PATIENCE);
-    let raw_at = match raw {
+    let raw_cri = match &raws.cri {
         Some(r) => r.wait(ids, PATIENCE)?,
         None => vec![None; ids.len()],
     };
+    let raw_task = raws.task.wait(ids, PATIENCE)?;
     let mut out = Vec::with_capacity(ids.len());
-    for ((id, seen), raw) in ids.iter().zip(seen).zip(raw_at) {
+    for (((id, seen), raw_cri), raw_task) in ids.iter().zip(seen).zip(raw_cri).zip(raw_task) {
         let finished_ns = rt.block_on(cri.finished_at(id))?;
         if finished_ns == 0 {
             bail!("{id} was killed but has no finished_at");
@@ -225,7 +241,8 @@ fn exits(
             killed,
             finished_ns,
             plegd: seen.into_iter().next(),
-            raw,
+            raw_cri,
+            raw_task,
         });
     }
     Ok(out)
@@ -268,18 +285,20 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
     let all_bursts: Vec<&Sample> = bursts.iter().flatten().collect();
     let singles: Vec<&Sample> = singles.iter().collect();
     for (what, set) in [("single exit", &singles), ("20 exits at once", &all_bursts)] {
-        let plegd_minus_raw: Vec<f64> = set
-            .iter()
-            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.raw?)))
-            .collect();
         let exit_to = |at: Instant, finished_ns: i64| (epoch_ns(at) - finished_ns) as f64 / 1e6;
+        let minus = |raw: fn(&Sample) -> Option<Instant>| -> Vec<f64> {
+            set.iter()
+                .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, raw(s)?)))
+                .collect()
+        };
+        let from_exit = |raw: fn(&Sample) -> Option<Instant>| -> Vec<f64> {
+            set.iter()
+                .filter_map(|s| Some(exit_to(raw(s)?, s.finished_ns)))
+                .collect()
+        };
         let exit_plegd: Vec<f64> = set
             .iter()
             .filter_map(|s| Some(exit_to(s.plegd.as_ref()?.at, s.finished_ns)))
-            .collect();
-        let exit_raw: Vec<f64> = set
-            .iter()
-            .filter_map(|s| Some(exit_to(s.raw?, s.finished_ns)))
             .collect();
         let kill_plegd: Vec<f64> = set
             .iter()
@@ -287,14 +306,24 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
             .collect();
         if broadcast {
             println!(
-                "| {what}: plegd's ContainerDied − the raw CONTAINER_STOPPED_EVENT (arrival) | {} |",
-                cell(&plegd_minus_raw)
-            );
-            println!(
-                "| {what}: exit (finished_at) → raw CONTAINER_STOPPED_EVENT | {} |",
-                cell(&exit_raw)
+                "| {what}: plegd's ContainerDied − the raw CRI CONTAINER_STOPPED_EVENT (arrival) | {} |",
+                cell(&minus(|s| s.raw_cri))
             );
         }
+        println!(
+            "| {what}: plegd's ContainerDied − the raw /tasks/exit of containerd's event service (arrival) | {} |",
+            cell(&minus(|s| s.raw_task))
+        );
+        if broadcast {
+            println!(
+                "| {what}: exit (finished_at) → raw CRI CONTAINER_STOPPED_EVENT | {} |",
+                cell(&from_exit(|s| s.raw_cri))
+            );
+        }
+        println!(
+            "| {what}: exit (finished_at) → raw /tasks/exit | {} |",
+            cell(&from_exit(|s| s.raw_task))
+        );
         println!(
             "| {what}: exit (finished_at) → plegd's ContainerDied | {} |",
             cell(&exit_plegd)
@@ -313,24 +342,29 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
             .iter()
             .filter_map(|s| s.plegd.as_ref().map(|p| p.at))
             .max();
-        let last_raw = b.iter().filter_map(|s| s.raw).max();
         let last_exit = b.iter().map(|s| s.finished_ns).max().unwrap_or(0);
-        let mut cells = Vec::new();
-        if let Some(p) = last_plegd {
-            cells.push(format!("{:.2} ms", (epoch_ns(p) - last_exit) as f64 / 1e6));
-            if let Some(r) = last_raw {
-                cells.push(format!("{:.2} ms", ms_between(p, r)));
+        let last = |raw: fn(&Sample) -> Option<Instant>| {
+            let last_raw = b.iter().filter_map(raw).max();
+            match (last_plegd, last_raw) {
+                (Some(p), Some(r)) => format!("{:.2} ms", ms_between(p, r)),
+                _ => "–".into(),
             }
-        }
-        let raw_cell = if broadcast {
-            "; last raw event → last ContainerDied"
+        };
+        let exit_cell = last_plegd.map_or("–".into(), |p| {
+            format!("{:.2} ms", (epoch_ns(p) - last_exit) as f64 / 1e6)
+        });
+        let (cri_head, cri_cell) = if broadcast {
+            (
+                "; last raw CRI event → last ContainerDied",
+                format!("; {}", last(|s| s.raw_cri)),
+            )
         } else {
-            ""
+            ("", String::new())
         };
         println!(
-            "| {BURST} exits at once, burst {}: last exit → last ContainerDied{raw_cell} | {} |",
+            "| {BURST} exits at once, burst {}: last exit → last ContainerDied; last /tasks/exit → last ContainerDied{cri_head} | {exit_cell}; {}{cri_cell} |",
             i + 1,
-            cells.join("; ")
+            last(|s| s.raw_task),
         );
     }
 }

@@ -10,6 +10,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _, Result};
+use plegd_runtime::containerd_events::{
+    self, EventsClient, SubscribeRequest, TaskEvent, TaskTopic,
+};
 use plegd_runtime::cri;
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
 use tonic::transport::Channel;
@@ -48,6 +51,7 @@ pub struct Pod {
 #[derive(Clone)]
 pub struct RealCri {
     client: RuntimeServiceClient<Channel>,
+    channel: Channel,
     logs: PathBuf,
 }
 
@@ -57,8 +61,10 @@ impl RealCri {
     pub fn new(endpoint: &str, logs: &Path) -> Result<RealCri> {
         let socket = plegd_runtime::parse_unix_endpoint(endpoint)
             .map_err(|e| anyhow!("--containerd {endpoint:?}: {e}"))?;
+        let channel = plegd_runtime::unix_channel(&socket);
         Ok(RealCri {
-            client: RuntimeServiceClient::new(plegd_runtime::unix_channel(&socket)),
+            client: RuntimeServiceClient::new(channel.clone()),
+            channel,
             logs: logs.to_path_buf(),
         })
     }
@@ -71,7 +77,12 @@ impl RealCri {
     pub async fn version(&self) -> Result<(String, String)> {
         let mut r = tonic::Request::new(cri::VersionRequest::default());
         r.set_timeout(Duration::from_secs(5));
-        let v = self.c().version(r).await?.into_inner();
+        let v = self
+            .c()
+            .version(r)
+            .await
+            .map_err(|s| anyhow!("{:?}: {}", s.code(), s.message()))?
+            .into_inner();
         Ok((v.runtime_name, v.runtime_version))
     }
 
@@ -213,37 +224,50 @@ impl RealCri {
 
     /// Opens a raw GetContainerEvents stream on `rt`, stamping every
     /// CONTAINER_STOPPED_EVENT when it arrives.
-    pub fn raw_stopped_events(&self, rt: &tokio::runtime::Runtime) -> RawStopped {
-        let seen = Arc::new(RawSeen::default());
-        let (mut client, sink) = (self.c(), seen.clone());
-        let task = rt.spawn(async move {
-            let why = match async {
-                // containerd sends no headers before the first event: this resolves then.
-                let mut stream = client
-                    .get_container_events(cri::GetEventsRequest::default())
-                    .await?
-                    .into_inner();
-                while let Some(ev) = stream.message().await? {
-                    let at = Instant::now();
-                    let mut s = sink.lock();
-                    if ev.container_event_type
-                        == cri::ContainerEventType::ContainerStoppedEvent as i32
-                    {
-                        s.stopped.entry(ev.container_id).or_insert(at);
-                    }
-                    sink.changed.notify_all();
+    pub fn raw_stopped_events(&self, rt: &tokio::runtime::Runtime) -> RawExits {
+        let mut client = self.c();
+        RawExits::spawn(rt, move |sink| async move {
+            // containerd sends no headers before the first event: this resolves then.
+            let mut stream = client
+                .get_container_events(cri::GetEventsRequest::default())
+                .await?
+                .into_inner();
+            while let Some(ev) = stream.message().await? {
+                let at = Instant::now();
+                if ev.container_event_type == cri::ContainerEventType::ContainerStoppedEvent as i32
+                {
+                    sink.record(ev.container_id, at);
                 }
-                Ok::<_, tonic::Status>(())
             }
-            .await
-            {
-                Ok(()) => "the stream ended".to_string(),
-                Err(e) => e.to_string(),
-            };
-            sink.lock().ended = Some(why);
-            sink.changed.notify_all();
-        });
-        RawStopped { seen, task }
+            Ok(())
+        })
+    }
+
+    /// Subscribes on `rt` to containerd's own event service (the task exit, OOM and
+    /// delete topics of the CRI namespace, as plegd's containerd-events source does),
+    /// stamping every /tasks/exit when it arrives. containerd publishes these to every
+    /// subscriber, on 1.7 as on 2.x.
+    pub fn raw_task_exits(&self, rt: &tokio::runtime::Runtime) -> RawExits {
+        let mut client = EventsClient::new(self.channel.clone());
+        RawExits::spawn(rt, move |sink| async move {
+            let mut stream = client
+                .subscribe(SubscribeRequest {
+                    filters: containerd_events::subscribe_filters(),
+                })
+                .await?
+                .into_inner();
+            while let Some(env) = stream.message().await? {
+                let at = Instant::now();
+                if let TaskEvent::Task {
+                    topic: TaskTopic::Exit,
+                    container_id,
+                } = containerd_events::read(&env)
+                {
+                    sink.record(container_id, at);
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -287,15 +311,42 @@ impl RawSeen {
     fn lock(&self) -> std::sync::MutexGuard<'_, RawState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The first exit event of `id` arrived `at`.
+    fn record(&self, id: String, at: Instant) {
+        self.lock().stopped.entry(id).or_insert(at);
+        self.changed.notify_all();
+    }
 }
 
-/// A raw CRI event subscriber (no plegd), closed on drop.
-pub struct RawStopped {
+/// A raw event subscriber (no plegd) recording when each container's exit event
+/// arrived; closed on drop.
+pub struct RawExits {
     seen: Arc<RawSeen>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl RawStopped {
+impl RawExits {
+    /// Runs `stream` (which records into the sink it is given) on `rt`; its end or
+    /// error is kept and reported by [`Self::wait`].
+    fn spawn<F, Fut>(rt: &tokio::runtime::Runtime, stream: F) -> RawExits
+    where
+        F: FnOnce(Arc<RawSeen>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
+    {
+        let seen = Arc::new(RawSeen::default());
+        let (sink, fut) = (seen.clone(), stream(seen.clone()));
+        let task = rt.spawn(async move {
+            let why = match fut.await {
+                Ok(()) => "the stream ended".to_string(),
+                Err(e) => format!("{:?}: {}", e.code(), e.message()),
+            };
+            sink.lock().ended = Some(why);
+            sink.changed.notify_all();
+        });
+        RawExits { seen, task }
+    }
+
     /// Waits for the CONTAINER_STOPPED_EVENT of each of `ids` (or `patience`); returns
     /// when each arrived, in the order of `ids`.
     pub fn wait(&self, ids: &[String], patience: Duration) -> Result<Vec<Option<Instant>>> {
@@ -303,7 +354,7 @@ impl RawStopped {
         let mut s = self.seen.lock();
         loop {
             if let Some(why) = &s.ended {
-                return Err(anyhow!("the raw GetContainerEvents stream failed: {why}"));
+                return Err(anyhow!("a raw event stream failed: {why}"));
             }
             let now = Instant::now();
             if ids.iter().all(|id| s.stopped.contains_key(id)) || now >= deadline {
@@ -319,7 +370,7 @@ impl RawStopped {
     }
 }
 
-impl Drop for RawStopped {
+impl Drop for RawExits {
     fn drop(&mut self) {
         self.task.abort();
     }
