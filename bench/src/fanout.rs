@@ -197,3 +197,89 @@ async fn stream(mut client: PlegdClient<Channel>, shared: &Shared) -> Result<()>
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use integration_tests::api::Served;
+    use plegd_sim::FakeRuntime;
+
+    use super::*;
+
+    /// plegd's core and its API server over the fake runtime, on an actix system of
+    /// their own thread (the test thread blocks in the watchers' waits). Sending on
+    /// the returned channel stops the API server: every stream ends.
+    fn serve() -> (
+        FakeRuntime,
+        PathBuf,
+        tokio::sync::oneshot::Sender<()>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                let mut served = Served::start(Duration::from_millis(50), 64);
+                tx.send((served.rt.clone(), served.socket.clone()))
+                    .expect("the test waits");
+                let _ = stopped.await;
+                assert!(served.stop_server().await, "the API server stops");
+            });
+        });
+        let (fake, socket) = rx.recv().expect("the server starts");
+        (fake, socket, stop, thread)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+
+    #[test]
+    fn every_watcher_gets_each_death_and_every_ended_stream_is_counted() {
+        let (fake, socket, stop, thread) = serve();
+        let rt = runtime();
+        let w = Watchers::start(&rt, &socket, 3, 2).expect("3 watchers");
+        assert_eq!((w.count, w.connections), (3, 2));
+        let sb = fake.run_pod("u1", "web", "ns");
+        let c = fake.run_container(&sb, "app");
+        fake.exit_container(&c, 1);
+        let got = w.wait_died(std::slice::from_ref(&c), Duration::from_secs(60));
+        assert_eq!(
+            got[0].len(),
+            3,
+            "each of the 3 watchers got the ContainerDied"
+        );
+        assert_eq!(w.losses(), (0, 0, 0));
+        stop.send(()).expect("the server thread waits");
+        let r = w
+            .shared
+            .wait(Duration::from_secs(60), |r| r.failed.len() == 3);
+        assert_eq!(
+            r.failed.len(),
+            3,
+            "every stream's end is counted: {:?}",
+            r.failed
+        );
+        drop(r);
+        assert_eq!(w.losses().2, 3);
+        thread.join().expect("the server thread");
+    }
+
+    #[test]
+    fn no_plegd_at_the_socket_is_a_clear_error() {
+        let rt = runtime();
+        let dir = tempfile::tempdir().expect("a directory");
+        let err = Watchers::start(&rt, &dir.path().join("none.sock"), 1, 1)
+            .err()
+            .expect("nothing answers there");
+        assert!(
+            format!("{err:#}").contains("no plegd answers at"),
+            "{err:#}"
+        );
+    }
+}
