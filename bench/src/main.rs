@@ -112,11 +112,14 @@ struct Args {
     /// connections at once, up to 2,048 streams on each).
     #[arg(long, default_value_t = 8)]
     fanout_connections: usize,
-    /// Measure against this real containerd (unix:///path/to/containerd.sock, e.g. from
-    /// scripts/containerd-up.sh; root needed) instead of the simulated runtime: plegd's
-    /// ContainerDied against a raw CRI event subscriber (containerd 2.x) or against the
-    /// exit (1.7: it splits events between subscribers), for --singles exits and
-    /// --bursts bursts of 20.
+    /// Measure against this real containerd (unix:///path/to/containerd.sock, as
+    /// scripts/containerd-up.sh prints it; root needed) instead of the simulated
+    /// runtime: --singles container exits (SIGKILL of the container's process) one at
+    /// a time and --bursts bursts of 20 at once; plegd's ContainerDied against a raw
+    /// CRI GetContainerEvents subscriber (containerd 2.x only: 1.x splits CRI events
+    /// between subscribers), a raw subscriber of containerd's event service
+    /// (/tasks/exit), the exit (finished_at) and the kill. Fails at once when no
+    /// containerd answers there.
     #[arg(long, value_name = "ENDPOINT")]
     containerd: Option<String>,
     /// More arguments for plegd (e.g. `--plegd-arg=--status-concurrency=16`).
