@@ -97,13 +97,21 @@ pub fn run(
         args.push(format!("--nri-socket={}", nri.display()));
     }
     let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut pods = Vec::new();
+    // On 1.x, containerd's own floor first, with no plegd running: the CRI event stream
+    // is then the raw subscriber's alone.
+    let floor = if broadcast {
+        Ok(Vec::new())
+    } else {
+        containerd_floor(o, rt, watch_rt, &cri, &mut pods)
+    };
     let plegd = Plegd::start(o.plegd, o.endpoint, dir.path(), &args_ref)?;
     let raws = Raws {
         cri: broadcast.then(|| cri.raw_stopped_events(watch_rt)),
         task: cri.raw_task_exits(watch_rt),
     };
-    let mut pods = Vec::new();
-    let out = measure(o, rt, &cri, &plegd, &raws, &mut pods);
+    let out =
+        floor.and_then(|floor| measure(o, rt, &cri, &plegd, &raws, &mut pods).map(|m| (m, floor)));
     drop(raws);
     eprintln!("plegd-bench: removing the {} pods made", pods.len());
     for p in &pods {
@@ -111,7 +119,7 @@ pub fn run(
             eprintln!("plegd-bench: {e:#}");
         }
     }
-    let (singles, bursts, warmup) = out?;
+    let ((singles, bursts, warmup), floor) = out?;
     let hints = plegd
         .metrics()
         .map(|m| m.labels_at_one("plegd_hint_source_state").join(", "))
@@ -133,12 +141,60 @@ pub fn run(
              measured against containerd's own event service, the exit (finished_at) and the kill instead"
         }
     );
+    if !broadcast {
+        println!(
+            "| floor, before plegd started: single exit (finished_at) → a raw CRI CONTAINER_STOPPED_EVENT, the stream's only subscriber | {} |",
+            cell(&floor)
+        );
+    }
     print_rows(&singles, &bursts, broadcast);
     println!("at the end: {}", crate::machine());
     Ok(())
 }
 
 type Measured = (Vec<Sample>, Vec<Vec<Sample>>, usize);
+
+/// containerd 1.x's own speed with no plegd running: --singles exits one at a time,
+/// exit (finished_at) → a raw CRI CONTAINER_STOPPED_EVENT, ms. Warm-up exits first
+/// until the raw stream gets one (a stream an earlier client cancelled leaves a
+/// receiver behind in containerd 1.7 that takes one later event).
+fn containerd_floor(
+    o: &Options<'_>,
+    rt: &tokio::runtime::Runtime,
+    watch_rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    pods: &mut Vec<Pod>,
+) -> Result<Vec<f64>> {
+    eprintln!(
+        "plegd-bench: containerd's floor, no plegd: {} single exits",
+        o.singles
+    );
+    let raw = cri.raw_stopped_events(watch_rt);
+    let warm = group(rt, cri, pods, "floor-warmup", WARMUP)?;
+    let mut ids = Vec::new();
+    for (i, chunk) in (0..o.singles).collect::<Vec<_>>().chunks(BURST).enumerate() {
+        ids.extend(group(rt, cri, pods, &format!("floor-{i}"), chunk.len())?);
+    }
+    let one = |id: &String, patience: Duration| -> Result<Option<f64>> {
+        kill(&[rt.block_on(cri.pid(id))?])?;
+        let at = raw.wait(std::slice::from_ref(id), patience)?[0];
+        let finished_ns = rt.block_on(cri.finished_at(id))?;
+        Ok(at.map(|at| (epoch_ns(at) - finished_ns) as f64 / 1e6))
+    };
+    for id in &warm {
+        if one(id, Duration::from_secs(2))?.is_some() {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    for id in &ids {
+        match one(id, PATIENCE)? {
+            Some(ms) => out.push(ms),
+            None => bail!("the raw CRI event stream did not get the exit of {id} in {PATIENCE:?}"),
+        }
+    }
+    Ok(out)
+}
 
 fn measure(
     o: &Options<'_>,
