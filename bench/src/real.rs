@@ -141,13 +141,7 @@ pub fn run(
              measured against containerd's own event service, the exit (finished_at) and the kill instead"
         }
     );
-    if !broadcast {
-        println!(
-            "| floor, before plegd started: single exit (finished_at) → a raw CRI CONTAINER_STOPPED_EVENT, the stream's only subscriber | {} |",
-            cell(&floor)
-        );
-    }
-    print_rows(&singles, &bursts, broadcast);
+    print_rows(&singles, &bursts, broadcast, &floor);
     println!("at the end: {}", crate::machine());
     Ok(())
 }
@@ -335,9 +329,15 @@ fn sources(samples: &[&Sample]) -> String {
     parts.join(", ")
 }
 
-fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool) {
+fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor: &[f64]) {
     println!("| measure | figure |");
     println!("|---|---|");
+    if !broadcast {
+        println!(
+            "| floor, before plegd started: single exit (finished_at) → a raw CRI CONTAINER_STOPPED_EVENT, the stream's only subscriber | {} |",
+            cell(floor)
+        );
+    }
     let all_bursts: Vec<&Sample> = bursts.iter().flatten().collect();
     let singles: Vec<&Sample> = singles.iter().collect();
     for (what, set) in [("single exit", &singles), ("20 exits at once", &all_bursts)] {
