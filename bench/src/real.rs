@@ -105,7 +105,13 @@ pub fn run(
     } else {
         containerd_floor(o, rt, watch_rt, &cri, &mut pods)
     };
-    let plegd = Plegd::start(o.plegd, o.endpoint, dir.path(), &args_ref)?;
+    let plegd = match Plegd::start(o.plegd, o.endpoint, dir.path(), &args_ref) {
+        Ok(p) => p,
+        Err(e) => {
+            remove_pods(rt, &cri, &pods);
+            return Err(e);
+        }
+    };
     let raws = Raws {
         cri: broadcast.then(|| cri.raw_stopped_events(watch_rt)),
         task: cri.raw_task_exits(watch_rt),
@@ -113,12 +119,7 @@ pub fn run(
     let out =
         floor.and_then(|floor| measure(o, rt, &cri, &plegd, &raws, &mut pods).map(|m| (m, floor)));
     drop(raws);
-    eprintln!("plegd-bench: removing the {} pods made", pods.len());
-    for p in &pods {
-        if let Err(e) = rt.block_on(cri.remove_pod(&p.id)) {
-            eprintln!("plegd-bench: {e:#}");
-        }
-    }
+    remove_pods(rt, &cri, &pods);
     let ((singles, bursts, warmup), floor) = out?;
     let hints = plegd
         .metrics()
@@ -144,6 +145,16 @@ pub fn run(
     print_rows(&singles, &bursts, broadcast, &floor);
     println!("at the end: {}", crate::machine());
     Ok(())
+}
+
+/// Removes the pods the harness made (errors are told, not fatal: the figures stand).
+fn remove_pods(rt: &tokio::runtime::Runtime, cri: &RealCri, pods: &[Pod]) {
+    eprintln!("plegd-bench: removing the {} pods made", pods.len());
+    for p in pods {
+        if let Err(e) = rt.block_on(cri.remove_pod(&p.id)) {
+            eprintln!("plegd-bench: {e:#}");
+        }
+    }
 }
 
 type Measured = (Vec<Sample>, Vec<Vec<Sample>>, usize);
