@@ -6,13 +6,22 @@
 //!   time and plegd's CPU), resident memory, single exits (latency, the targeted
 //!   relist's duration), bursts of 20 exits, and on large nodes a storm of stops;
 //! - single-exit latency with `--evented=false`, and memory after a churn of
-//!   short-lived pods.
+//!   short-lived pods (with plegd's defaults, and with its event history and
+//!   tombstones bounded small, so a leak shows apart from what they hold by design);
+//! - fan-out: single exits and bursts while 1, 100 and 1,000 watchers of the
+//!   subscriber API receive every event, and whether the global relist kept its period.
 //!
 //! `--smoke` runs a seconds-long version of everything (scripts/test.sh), so the
-//! harness cannot rot.
+//! harness cannot rot. `--containerd ENDPOINT` measures against a real containerd
+//! instead (module `real`).
 
 mod cri;
+mod fanout;
+mod fanout_row;
 mod procs;
+mod real;
+mod real_cri;
+mod schedule;
 mod workloads;
 
 use std::path::{Path, PathBuf};
@@ -28,7 +37,13 @@ use workloads::Exits;
 #[derive(Parser)]
 #[command(
     name = "plegd-bench",
-    about = "plegd's benchmark suite against the simulated CRI runtime"
+    about = "plegd's benchmark suite: the release plegd against the simulated CRI runtime (or a real containerd), one table",
+    long_about = "plegd's benchmark suite (issue 11, BENCHMARKS.md). Starts the simulated runtime \
+(plegd-sim) and the release plegd as two processes and prints one table: per node size the \
+first and the no-change global relist, memory, single exits, bursts of 20 exits, storms; \
+polled exits (--evented=false); memory over a churn of short-lived pods (plegd's defaults, \
+then history and tombstones bounded); fan-out to 1, 100, 1,000 watchers of the subscriber API. \
+With --containerd, measures plegd against a real containerd instead. --smoke: seconds."
 )]
 struct Args {
     /// The plegd binary (default: `plegd` next to this one; build it with --release).
@@ -40,6 +55,10 @@ struct Args {
     /// A seconds-long run of every workload at small sizes: checks the harness, not plegd.
     #[arg(long)]
     smoke: bool,
+    /// Which groups of rows to run: sizes (per node size: relists, memory, exits,
+    /// storm; and the polled exits), churn, fanout.
+    #[arg(long, value_delimiter = ',', default_value = "sizes,churn,fanout")]
+    only: Vec<Rows>,
     /// Node sizes (pods, 2 containers each); 0 measures the empty node's memory.
     #[arg(long, value_delimiter = ',', default_value = "0,100,1000,5000,10000")]
     sizes: Vec<usize>,
@@ -67,9 +86,52 @@ struct Args {
     /// Exits measured with `--evented=false` (on the smallest non-empty node).
     #[arg(long, default_value_t = 10)]
     polled_singles: usize,
+    /// Also run the churn with plegd's event history and tombstones bounded small
+    /// (--bounded-history-events, --bounded-tombstone-ttl): what remains of the growth
+    /// then is not what they hold by design.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    churn_bounded: bool,
+    /// plegd's --history-events in the bounded churn.
+    #[arg(long, default_value_t = 1024)]
+    bounded_history_events: usize,
+    /// plegd's --tombstone-ttl in the bounded churn (the churn's RSS "after" is read
+    /// 3 global relists after the last pod went, so keep it under 3 s).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    bounded_tombstone_ttl: Duration,
+    /// Watcher counts of the fan-out rows (0: none). Each gets a fresh node and plegd.
+    #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
+    fanout: Vec<usize>,
+    /// Pods of the fan-out node: at least --singles + 20 × --bursts.
+    #[arg(long, default_value_t = 100)]
+    fanout_pods: usize,
+    /// The fan-out's single exits start this far apart, so its run spans several
+    /// global relist periods (the bursts follow, each after the last one's events).
+    #[arg(long, default_value = "250ms", value_parser = humantime::parse_duration)]
+    fanout_pace: Duration,
+    /// Client connections the watchers share (round robin; plegd serves at most 256
+    /// connections at once, up to 2,048 streams on each).
+    #[arg(long, default_value_t = 8)]
+    fanout_connections: usize,
+    /// Measure against this real containerd (unix:///path/to/containerd.sock, as
+    /// scripts/containerd-up.sh prints it; root needed) instead of the simulated
+    /// runtime: --singles container exits (SIGKILL of the container's process) one at
+    /// a time and --bursts bursts of 20 at once; plegd's ContainerDied against a raw
+    /// CRI GetContainerEvents subscriber (containerd 2.x only: 1.x splits CRI events
+    /// between subscribers), a raw subscriber of containerd's event service
+    /// (/tasks/exit), the exit (finished_at) and the kill. Fails at once when no
+    /// containerd answers there.
+    #[arg(long, value_name = "ENDPOINT")]
+    containerd: Option<String>,
     /// More arguments for plegd (e.g. `--plegd-arg=--status-concurrency=16`).
     #[arg(long = "plegd-arg", allow_hyphen_values = true)]
     plegd_args: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Rows {
+    Sizes,
+    Churn,
+    Fanout,
 }
 
 impl Args {
@@ -83,6 +145,10 @@ impl Args {
         self.churn_pods = 200;
         self.churn_live = 50;
         self.polled_singles = 2;
+        self.fanout = vec![3];
+        self.fanout_pods = 60;
+        self.fanout_connections = 2;
+        self.fanout_pace = Duration::from_millis(50);
         self
     }
 }
@@ -92,6 +158,8 @@ const CONTAINERS: usize = 2;
 /// change it with --plegd-arg).
 const PERIOD: Duration = Duration::from_secs(1);
 const BURST: usize = 20;
+/// The name of the bench's watcher thread (its CPU time is shown in the fan-out rows).
+const WATCHERS_THREAD: &str = "watchers";
 
 /// What one node size measured.
 #[derive(Default)]
@@ -122,7 +190,7 @@ fn plegd_args(args: &Args, more: &[&str]) -> Vec<String> {
 
 fn start_plegd(bin: &Path, sim: &Sim, args: &[String]) -> Result<Plegd> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Plegd::start(bin, sim, &args)
+    Plegd::start(bin, &sim.endpoint(), sim.dir(), &args)
 }
 
 fn run_size(
@@ -181,6 +249,8 @@ fn run_size(
 }
 
 struct Churn {
+    /// What plegd ran with besides its defaults ("" for none).
+    settings: String,
     live: usize,
     pods: usize,
     took: Duration,
@@ -193,9 +263,10 @@ fn run_churn(
     args: &Args,
     bins: &(PathBuf, PathBuf),
     rt: &tokio::runtime::Runtime,
+    settings: &[&str],
 ) -> Result<Churn> {
     let sim = Sim::start(&bins.1, args.churn_live, CONTAINERS)?;
-    let plegd = start_plegd(&bins.0, &sim, &plegd_args(args, &[]))?;
+    let plegd = start_plegd(&bins.0, &sim, &plegd_args(args, settings))?;
     workloads::relists(&plegd, 3)?;
     let before_kib = plegd.rss_kib()?;
     let cri = Cri::new(sim.socket());
@@ -216,6 +287,7 @@ fn run_churn(
     let took = took?;
     workloads::relists(&plegd, 3)?;
     Ok(Churn {
+        settings: settings.join(" "),
         live: args.churn_live,
         pods: args.churn_pods,
         took,
@@ -223,6 +295,37 @@ fn run_churn(
         peak_kib,
         after_kib: plegd.rss_kib()?,
     })
+}
+
+/// One fan-out row: a fresh node of --fanout-pods pods and plegd, `watchers` watchers.
+fn run_fanout(
+    args: &Args,
+    bins: &(PathBuf, PathBuf),
+    rts: (&tokio::runtime::Runtime, &tokio::runtime::Runtime),
+    watchers: usize,
+) -> Result<fanout_row::FanoutRun> {
+    let pods = args.fanout_pods;
+    let need = args.singles + BURST * args.bursts;
+    if pods < need {
+        bail!("--fanout-pods {pods} is too few for --singles and --bursts: at least {need}");
+    }
+    let sim = Sim::start(&bins.1, pods, CONTAINERS)?;
+    let plegd = start_plegd(&bins.0, &sim, &plegd_args(args, &[]))?;
+    let cri = Cri::new(sim.socket());
+    let node = rts.0.block_on(cri.pods())?;
+    let first: Vec<String> = node.iter().map(|p| p.containers[0].clone()).collect();
+    if first.len() < need {
+        bail!("the simulated node has {} pods, not {pods}", first.len());
+    }
+    let plan = fanout_row::Plan {
+        watchers,
+        connections: args.fanout_connections,
+        singles: &first[..args.singles],
+        bursts: first[args.singles..need].chunks_exact(BURST).collect(),
+        period: PERIOD,
+        pace: args.fanout_pace,
+    };
+    fanout_row::run(rts.0, rts.1, &plegd, &cri, pods, &plan)
 }
 
 fn ms(d: Duration) -> String {
@@ -282,7 +385,12 @@ fn machine() -> String {
     format!("{cpus} CPUs ({model}), load average {}", load.join(" "))
 }
 
-fn print_table(runs: &[SizeRun], polled: Option<&Exits>, churn: &Churn) {
+fn print_table(
+    runs: &[SizeRun],
+    polled: Option<&Exits>,
+    churns: &[Churn],
+    fanouts: &[fanout_row::FanoutRun],
+) {
     let empty = runs.iter().find(|r| r.pods == 0).map(|r| r.rss_kib);
     println!("| measure | pods | figure |");
     println!("|---|---|---|");
@@ -339,15 +447,85 @@ fn print_table(runs: &[SizeRun], polled: Option<&Exits>, churn: &Churn) {
             exits_cell(e)
         );
     }
+    for churn in churns {
+        let settings = if churn.settings.is_empty() {
+            String::new()
+        } else {
+            format!(", plegd {}", churn.settings)
+        };
+        println!(
+            "| churn: {} short-lived pods ({} live) in {:.0} s{settings}: RSS before; peak; after | {} | {}; {}; {} |",
+            churn.pods,
+            churn.live,
+            churn.took.as_secs_f64(),
+            churn.live,
+            mib(churn.before_kib),
+            mib(churn.peak_kib),
+            mib(churn.after_kib)
+        );
+    }
+    for f in fanouts {
+        print_fanout(f);
+    }
+}
+
+fn lat_cell(v: &[Duration]) -> String {
+    use fanout_row::percentile;
+    format!(
+        "p50 {} p99 {} max {}",
+        opt_ms(percentile(v, 0.5)),
+        opt_ms(percentile(v, 0.99)),
+        opt_ms(percentile(v, 1.0))
+    )
+}
+
+fn print_fanout(f: &fanout_row::FanoutRun) {
+    use fanout_row::percentile;
+    let (w, p) = (f.watchers, f.pods);
+    let who = format!(
+        "fan-out, {w} watcher{} on {} connection{}",
+        if w == 1 { "" } else { "s" },
+        f.connections,
+        if f.connections == 1 { "" } else { "s" }
+    );
+    let signed = |v: Option<f64>| v.map_or("–".to_string(), |ms| format!("{ms:+.2} ms"));
     println!(
-        "| churn: {} short-lived pods ({} live) in {:.0} s: RSS before; peak; after | {} | {}; {}; {} |",
-        churn.pods,
-        churn.live,
-        churn.took.as_secs_f64(),
-        churn.live,
-        mib(churn.before_kib),
-        mib(churn.peak_kib),
-        mib(churn.after_kib)
+        "| {who}: single exit, stop → each watcher's ContainerDied ({} exits × {w}); stop → plegd's stdout line; watcher − stdout line | {p} | {}; p50 {}; p50 {} p99 {} |",
+        f.singles,
+        lat_cell(&f.single),
+        opt_ms(percentile(&f.single_stdout, 0.5)),
+        signed(percentile(&f.over_stdout, 0.5)),
+        signed(percentile(&f.over_stdout, 0.99)),
+    );
+    if f.bursts > 0 {
+        let last: Vec<String> = f.burst_last.iter().map(|d| ms(*d)).collect();
+        println!(
+            "| {who}: {BURST} exits at once ({} bursts), stop → each watcher's ContainerDied; last stop → last receipt | {p} | {}; {} |",
+            f.bursts,
+            lat_cell(&f.burst),
+            last.join(", ")
+        );
+    }
+    let s = &f.schedule;
+    println!(
+        "| {who}: events missed (not received, `missed`, seq gaps, streams ended); global relists during the run: count (expected at the period), mean interval, longest gap | {p} | {} ({}, {}, {}, {}); {} in {:.1} s ({:.1}), {}, {} |",
+        f.all_missed(),
+        f.lost,
+        f.missed,
+        f.gaps,
+        f.failed,
+        s.relists,
+        s.window.as_secs_f64(),
+        s.expected(),
+        opt_ms(s.mean_interval),
+        opt_ms(s.longest_gap),
+    );
+    println!(
+        "| {who}: CPU over the run: plegd (all threads); its API thread; the bench's watcher thread | {p} | {}; {}; {} in {:.1} s |",
+        ms(f.cpu.plegd),
+        ms(f.cpu.plegd_api),
+        ms(f.cpu.watchers),
+        s.window.as_secs_f64(),
     );
 }
 
@@ -362,7 +540,12 @@ fn main() -> Result<()> {
             .clone()
             .map_or_else(|| beside_me("plegd-sim"), Ok)?,
     );
-    for b in [&bins.0, &bins.1] {
+    let needed: &[&PathBuf] = if args.containerd.is_some() {
+        &[&bins.0]
+    } else {
+        &[&bins.0, &bins.1]
+    };
+    for b in needed {
         if !b.is_file() {
             bail!(
                 "{} not found: build it (cargo build --release -p plegd -p plegd-sim)",
@@ -377,19 +560,80 @@ fn main() -> Result<()> {
         .context("the async runtime")?;
     // The CRI channel is made outside the runtime's futures.
     let _entered = rt.enter();
+    // The watchers' (and the raw CRI subscriber's) own runtime: one worker thread, so
+    // they never compete with the harness's CRI calls (which run on `rt`).
+    let watch_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(WATCHERS_THREAD)
+        .enable_all()
+        .build()
+        .context("the watchers' async runtime")?;
+    if let Some(endpoint) = &args.containerd {
+        let o = real::Options {
+            endpoint,
+            plegd: &bins.0,
+            plegd_args: &args.plegd_args,
+            singles: args.singles,
+            bursts: args.bursts,
+        };
+        return real::run(&o, &rt, &watch_rt);
+    }
     println!("plegd-bench: {}; {}", bins.0.display(), machine());
     let mut runs = Vec::new();
     let mut polled = None;
-    for &pods in &args.sizes {
+    let sizes = if args.only.contains(&Rows::Sizes) {
+        args.sizes.clone()
+    } else {
+        Vec::new()
+    };
+    for &pods in &sizes {
         eprintln!("plegd-bench: {pods} pods");
         runs.push(
             run_size(&args, &bins, &rt, pods, &mut polled)
                 .with_context(|| format!("at {pods} pods"))?,
         );
     }
-    eprintln!("plegd-bench: churn");
-    let churn = run_churn(&args, &bins, &rt).context("churn")?;
-    print_table(&runs, polled.as_ref(), &churn);
+    let mut churns = Vec::new();
+    if args.only.contains(&Rows::Churn) {
+        eprintln!("plegd-bench: churn");
+        churns.push(run_churn(&args, &bins, &rt, &[]).context("churn")?);
+    }
+    if args.churn_bounded && args.only.contains(&Rows::Churn) {
+        eprintln!("plegd-bench: churn, history and tombstones bounded");
+        let history = format!("--history-events={}", args.bounded_history_events);
+        let ttl = format!(
+            "--tombstone-ttl={}",
+            humantime::format_duration(args.bounded_tombstone_ttl)
+        );
+        churns.push(
+            run_churn(&args, &bins, &rt, &[history.as_str(), ttl.as_str()])
+                .context("churn, bounded")?,
+        );
+    }
+    let mut fanouts = Vec::new();
+    let fanout = if args.only.contains(&Rows::Fanout) {
+        args.fanout.clone()
+    } else {
+        Vec::new()
+    };
+    for &w in fanout.iter().filter(|&&w| w > 0) {
+        eprintln!("plegd-bench: fan-out to {w} watchers");
+        let f = run_fanout(&args, &bins, (&rt, &watch_rt), w)
+            .with_context(|| format!("fan-out to {w} watchers"))?;
+        // The smoke run checks the harness: every watcher must get every event.
+        if args.smoke && f.all_missed() > 0 {
+            bail!(
+                "fan-out to {w} watchers: {} events missed (not received {}, missed {}, seq gaps {}, streams ended {})",
+                f.all_missed(),
+                f.lost,
+                f.missed,
+                f.gaps,
+                f.failed
+            );
+        }
+        fanouts.push(f);
+    }
+    print_table(&runs, polled.as_ref(), &churns, &fanouts);
     println!("at the end: {}", machine());
     Ok(())
 }

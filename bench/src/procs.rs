@@ -66,13 +66,26 @@ impl Sim {
     pub fn socket(&self) -> &Path {
         &self.socket
     }
+
+    /// plegd's `--runtime-endpoint` for this runtime.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// The run's temporary directory (plegd's API socket goes there too).
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
 }
 
 /// A ContainerDied as plegd published it, stamped when the harness read it.
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub at: Instant,
+    /// Found by a relist the CRI event stream asked for (`relist_source` evented_pleg).
     pub evented: bool,
+    /// The event's `relist_source` (global, evented_pleg, containerd_events, nri...).
+    pub source: String,
 }
 
 #[derive(Default)]
@@ -96,9 +109,11 @@ impl Events {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if v["type"] == "ContainerDied" {
             if let Some(id) = v["container_id"].as_str() {
+                let source = v["relist_source"].as_str().unwrap_or("").to_string();
                 seen.died.entry(id.to_string()).or_default().push(Seen {
                     at,
-                    evented: v["relist_source"] == "evented_pleg",
+                    evented: source == "evented_pleg",
+                    source,
                 });
             }
         }
@@ -128,16 +143,20 @@ impl Events {
     }
 }
 
-/// plegd as its own process against the simulated runtime.
+/// plegd as its own process against a runtime (the simulated one, or containerd).
 pub struct Plegd {
     child: Reaped,
     port: u16,
+    api_socket: PathBuf,
     pub events: Arc<Events>,
     pub started: Instant,
 }
 
 impl Plegd {
-    pub fn start(bin: &Path, sim: &Sim, extra: &[&str]) -> Result<Plegd> {
+    /// Starts plegd against `endpoint` (`unix://...`), its API socket in `dir`, and
+    /// waits until `/readyz` says its first global relist is done.
+    pub fn start(bin: &Path, endpoint: &str, dir: &Path, extra: &[&str]) -> Result<Plegd> {
+        let api_socket = dir.join("plegd-api.sock");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .context("a free port")?
@@ -145,14 +164,13 @@ impl Plegd {
         let started = Instant::now();
         let mut child = Command::new(bin)
             .arg("run")
-            .arg("--runtime-endpoint")
-            .arg(format!("unix://{}", sim.socket().display()))
+            .args(["--runtime-endpoint", endpoint])
             .args(["--events-json", "-"])
             .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
             // The subscriber API serves as in production, on a socket of this run's
             // own: never the default /run/plegd/plegd.sock, which another plegd may hold.
             .arg("--api-socket")
-            .arg(sim.socket().with_file_name("plegd-api.sock"))
+            .arg(&api_socket)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -174,6 +192,7 @@ impl Plegd {
         let mut plegd = Plegd {
             child: Reaped(child),
             port,
+            api_socket,
             events,
             started,
         };
@@ -190,6 +209,11 @@ impl Plegd {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// The subscriber API's socket (plegd.v1).
+    pub fn api_socket(&self) -> &Path {
+        &self.api_socket
     }
 
     pub fn pid(&self) -> u32 {
@@ -226,6 +250,11 @@ impl Plegd {
         cpu_of(self.pid())
     }
 
+    /// CPU time so far of plegd's threads named `name` (e.g. `plegd-api`).
+    pub fn thread_cpu(&self, name: &str) -> Result<Duration> {
+        threads_cpu(&format!("/proc/{}/task", self.pid()), Some(name))
+    }
+
     /// Resident memory, KiB.
     pub fn rss_kib(&self) -> Result<u64> {
         rss_kib_of(self.pid())
@@ -236,6 +265,12 @@ impl Plegd {
 pub struct Metrics(String);
 
 impl Metrics {
+    /// A scrape's text, as `/metrics` answered it.
+    #[cfg(test)]
+    pub fn from_text(text: String) -> Metrics {
+        Metrics(text)
+    }
+
     /// The sum of the samples of `name` whose labels contain every one of `labels`
     /// (`key="value"` strings).
     pub fn sum(&self, name: &str, labels: &[&str]) -> f64 {
@@ -256,12 +291,63 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// The labels (`{...}`) of every sample of `name` whose value is 1: e.g. the state
+    /// of each hint source in `plegd_hint_source_state`.
+    pub fn labels_at_one(&self, name: &str) -> Vec<String> {
+        self.0
+            .lines()
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                let rest = series.strip_prefix(name)?.strip_prefix('{')?;
+                (value == "1").then(|| rest.trim_end_matches('}').to_string())
+            })
+            .collect()
+    }
+}
+
+/// An instant as nanoseconds since the Unix epoch (to compare with times a runtime
+/// reports, e.g. a container's `finished_at`): converted through one reading of both
+/// clocks, taken at the first call.
+pub fn epoch_ns(at: Instant) -> i64 {
+    static ANCHOR: std::sync::OnceLock<(Instant, i64)> = std::sync::OnceLock::new();
+    let (i0, ns0) = *ANCHOR.get_or_init(|| {
+        let ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        (Instant::now(), ns)
+    });
+    if at >= i0 {
+        ns0 + (at - i0).as_nanos() as i64
+    } else {
+        ns0 - (i0 - at).as_nanos() as i64
+    }
+}
+
 /// CPU time of every thread of `pid`, from `/proc/PID/task/*/schedstat` (nanoseconds;
 /// `/proc/PID/stat` counts in 10 ms ticks, too coarse for a relist of a few ms).
 fn cpu_of(pid: u32) -> Result<Duration> {
+    threads_cpu(&format!("/proc/{pid}/task"), None)
+}
+
+/// CPU time of the threads named `name` of this process (the bench's own watchers).
+pub fn own_threads_cpu(name: &str) -> Result<Duration> {
+    threads_cpu("/proc/self/task", Some(name))
+}
+
+/// CPU time of the threads under `tasks` (a `/proc/PID/task`), only those named
+/// `name` (their `comm`) if given.
+fn threads_cpu(tasks: &str, name: Option<&str>) -> Result<Duration> {
     let mut ns = 0u64;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let path = task?.path().join("schedstat");
+    for task in std::fs::read_dir(tasks)? {
+        let task = task?.path();
+        if let Some(name) = name {
+            let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+            if comm.trim_end() != name {
+                continue;
+            }
+        }
+        let path = task.join("schedstat");
         // A thread that ended between the listing and the read counts no more.
         let Ok(text) = std::fs::read_to_string(&path) else {
             continue;

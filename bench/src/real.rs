@@ -1,0 +1,437 @@
+//! `--containerd ENDPOINT`: plegd against a real containerd (issue 11, goal 5). plegd
+//! runs as its own process with its default hint sources (plus `--nri-socket` when the
+//! containerd of `scripts/containerd-up.sh` has one next to its socket); the harness
+//! makes host-network busybox pods (single exits: 20 containers a pod; a burst: 20
+//! pods of one container) whose container process is `sleep`, and kills
+//! those processes (SIGKILL, one `kill` for all the processes of a burst, as a crash:
+//! not through CRI, whose StopContainer calls containerd serialises), one at a time
+//! and 20 at once.
+//!
+//! For each exit it measures when plegd's ContainerDied reached its stdout and:
+//! - on containerd 2.x, which broadcasts CRI events to every subscriber: when a raw
+//!   GetContainerEvents subscriber in this process received the same container's
+//!   CONTAINER_STOPPED_EVENT (the runtime's own speed), so plegd − raw is what plegd
+//!   adds;
+//! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
+//!   subscriber would take events from plegd's stream): no raw CRI subscriber;
+//! - on both: when a raw subscriber of containerd's own event service (which publishes
+//!   to every subscriber, on 1.7 too) received the container's /tasks/exit; the exit
+//!   (the container's `finished_at`, set by the runtime) → plegd's ContainerDied; and
+//!   the kill → ContainerDied.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Result};
+use futures::future::join_all;
+use futures::StreamExt as _;
+
+use crate::fanout_row::percentile;
+use crate::procs::{epoch_ns, Plegd, Seen};
+use crate::real_cri::{kill, Pod, RawExits, RealCri};
+use crate::workloads;
+
+const BURST: usize = 20;
+/// Warm-up exits at most, until plegd reports one through a hint (not the global relist).
+const WARMUP: usize = 10;
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One exit as the harness saw it.
+struct Sample {
+    killed: Instant,
+    /// The container's finished_at, ns since the epoch.
+    finished_ns: i64,
+    plegd: Option<Seen>,
+    /// The raw CRI CONTAINER_STOPPED_EVENT's arrival (containerd 2.x only).
+    raw_cri: Option<Instant>,
+    /// The raw /tasks/exit's arrival (containerd's event service).
+    raw_task: Option<Instant>,
+}
+
+/// The raw subscribers.
+struct Raws {
+    cri: Option<RawExits>,
+    task: RawExits,
+}
+
+fn ms_between(a: Instant, b: Instant) -> f64 {
+    (epoch_ns(a) - epoch_ns(b)) as f64 / 1e6
+}
+
+/// What the harness needs from the command line.
+pub struct Options<'a> {
+    pub endpoint: &'a str,
+    pub plegd: &'a Path,
+    pub plegd_args: &'a [String],
+    pub singles: usize,
+    pub bursts: usize,
+}
+
+pub fn run(
+    o: &Options<'_>,
+    rt: &tokio::runtime::Runtime,
+    watch_rt: &tokio::runtime::Runtime,
+) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cri = RealCri::new(o.endpoint, &dir.path().join("logs"))?;
+    let (name, version) = rt.block_on(cri.version()).map_err(|e| {
+        anyhow!(
+            "no containerd answers CRI at {}: {e:#}\n\
+             Start one (as root) with scripts/containerd-up.sh (PLEGD_CRI_CONTAINERD=2 for 2.1) \
+             and pass the socket it prints: --containerd unix://SOCKET",
+            o.endpoint
+        )
+    })?;
+    let major: u32 = version
+        .trim_start_matches('v')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| anyhow!("{name} reports version {version:?}: not MAJOR.MINOR..."))?;
+    let broadcast = major >= 2;
+    let mut args: Vec<String> = o.plegd_args.to_vec();
+    let socket = plegd_runtime::parse_unix_endpoint(o.endpoint)
+        .map_err(|e| anyhow!("--containerd {:?}: {e}", o.endpoint))?;
+    let nri = socket.with_file_name("nri.sock");
+    if nri.exists() && !args.iter().any(|a| a.starts_with("--nri-socket")) {
+        args.push(format!("--nri-socket={}", nri.display()));
+    }
+    let args_ref: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut pods = Vec::new();
+    // On 1.x, containerd's own floor first, with no plegd running: the CRI event stream
+    // is then the raw subscriber's alone.
+    let floor = if broadcast {
+        Ok(Vec::new())
+    } else {
+        containerd_floor(o, rt, watch_rt, &cri, &mut pods)
+    };
+    let plegd = match Plegd::start(o.plegd, o.endpoint, dir.path(), &args_ref) {
+        Ok(p) => p,
+        Err(e) => {
+            remove_pods(rt, &cri, &pods);
+            return Err(e);
+        }
+    };
+    let raws = Raws {
+        cri: broadcast.then(|| cri.raw_stopped_events(watch_rt)),
+        task: cri.raw_task_exits(watch_rt),
+    };
+    let out =
+        floor.and_then(|floor| measure(o, rt, &cri, &plegd, &raws, &mut pods).map(|m| (m, floor)));
+    drop(raws);
+    remove_pods(rt, &cri, &pods);
+    let ((singles, bursts, warmup), floor) = out?;
+    let hints = plegd
+        .metrics()
+        .map(|m| m.labels_at_one("plegd_hint_source_state").join(", "))
+        .unwrap_or_default();
+    println!(
+        "plegd-bench --containerd: {name} {version} at {}; plegd {}; {}",
+        o.endpoint,
+        o.plegd.display(),
+        crate::machine()
+    );
+    println!("plegd's hint sources at the end: {hints}");
+    println!(
+        "raw CRI subscriber: {}; raw subscriber of containerd's event service (/tasks/exit): yes; \
+         {warmup} warm-up exit(s) before the first one plegd found through a hint",
+        if broadcast {
+            "yes (containerd 2.x broadcasts CRI events to every subscriber)"
+        } else {
+            "none (containerd 1.x splits CRI events between subscribers: one would take events from plegd's stream); \
+             measured against containerd's own event service, the exit (finished_at) and the kill instead"
+        }
+    );
+    print_rows(&singles, &bursts, broadcast, &floor);
+    println!("at the end: {}", crate::machine());
+    Ok(())
+}
+
+/// Removes the pods the harness made (errors are told, not fatal: the figures stand).
+fn remove_pods(rt: &tokio::runtime::Runtime, cri: &RealCri, pods: &[Pod]) {
+    eprintln!("plegd-bench: removing the {} pods made", pods.len());
+    for p in pods {
+        if let Err(e) = rt.block_on(cri.remove_pod(&p.id)) {
+            eprintln!("plegd-bench: {e:#}");
+        }
+    }
+}
+
+type Measured = (Vec<Sample>, Vec<Vec<Sample>>, usize);
+
+/// containerd 1.x's own speed with no plegd running: --singles exits one at a time,
+/// exit (finished_at) → a raw CRI CONTAINER_STOPPED_EVENT, ms. Warm-up exits first
+/// until the raw stream gets one (a stream an earlier client cancelled leaves a
+/// receiver behind in containerd 1.7 that takes one later event).
+fn containerd_floor(
+    o: &Options<'_>,
+    rt: &tokio::runtime::Runtime,
+    watch_rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    pods: &mut Vec<Pod>,
+) -> Result<Vec<f64>> {
+    eprintln!(
+        "plegd-bench: containerd's floor, no plegd: {} single exits",
+        o.singles
+    );
+    let raw = cri.raw_stopped_events(watch_rt);
+    let warm = group(rt, cri, pods, "floor-warmup", WARMUP)?;
+    let mut ids = Vec::new();
+    for (i, chunk) in (0..o.singles).collect::<Vec<_>>().chunks(BURST).enumerate() {
+        ids.extend(group(rt, cri, pods, &format!("floor-{i}"), chunk.len())?);
+    }
+    let one = |id: &String, patience: Duration| -> Result<Option<f64>> {
+        kill(&[rt.block_on(cri.pid(id))?])?;
+        let at = raw.wait(std::slice::from_ref(id), patience)?[0];
+        let finished_ns = rt.block_on(cri.finished_at(id))?;
+        Ok(at.map(|at| (epoch_ns(at) - finished_ns) as f64 / 1e6))
+    };
+    for id in &warm {
+        if one(id, Duration::from_secs(2))?.is_some() {
+            break;
+        }
+    }
+    let mut out = Vec::new();
+    for id in &ids {
+        match one(id, PATIENCE)? {
+            Some(ms) => out.push(ms),
+            None => bail!("the raw CRI event stream did not get the exit of {id} in {PATIENCE:?}"),
+        }
+    }
+    Ok(out)
+}
+
+fn measure(
+    o: &Options<'_>,
+    rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    plegd: &Plegd,
+    raws: &Raws,
+    pods: &mut Vec<Pod>,
+) -> Result<Measured> {
+    eprintln!("plegd-bench: making containers");
+    let warm = group(rt, cri, pods, "warmup", WARMUP)?;
+    let mut singles_ids = Vec::new();
+    for (i, chunk) in (0..o.singles).collect::<Vec<_>>().chunks(BURST).enumerate() {
+        singles_ids.extend(group(rt, cri, pods, &format!("single-{i}"), chunk.len())?);
+    }
+    let mut burst_ids = Vec::new();
+    // A burst's containers are in 20 pods: each pod has its own shim (containerd 2.x
+    // has one per pod), so the runtime handles the 20 exits side by side.
+    for i in 0..o.bursts {
+        let mut ids = Vec::with_capacity(BURST);
+        for j in 0..BURST {
+            ids.extend(group(rt, cri, pods, &format!("burst-{i}-{j}"), 1)?);
+        }
+        burst_ids.push(ids);
+    }
+    // plegd has seen every container running.
+    workloads::relists(plegd, 2)?;
+    eprintln!("plegd-bench: warm-up");
+    let mut warmup = 0;
+    for id in &warm {
+        warmup += 1;
+        let s = exits(rt, cri, plegd, raws, std::slice::from_ref(id))?;
+        let hinted = s[0].plegd.as_ref().is_some_and(|p| p.source != "global");
+        if hinted && (raws.cri.is_none() || s[0].raw_cri.is_some()) && s[0].raw_task.is_some() {
+            break;
+        }
+    }
+    eprintln!("plegd-bench: {} single exits", singles_ids.len());
+    let mut singles = Vec::new();
+    for id in &singles_ids {
+        singles.extend(exits(rt, cri, plegd, raws, std::slice::from_ref(id))?);
+    }
+    eprintln!("plegd-bench: {} bursts of {BURST}", burst_ids.len());
+    let mut bursts = Vec::new();
+    for ids in &burst_ids {
+        bursts.push(exits(rt, cri, plegd, raws, ids)?);
+    }
+    Ok((singles, bursts, warmup))
+}
+
+/// A pod with `n` running containers (4 made at a time); returns their IDs.
+fn group(
+    rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    pods: &mut Vec<Pod>,
+    name: &str,
+    n: usize,
+) -> Result<Vec<String>> {
+    let pod = rt.block_on(cri.run_pod(name))?;
+    let ids = rt.block_on(
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let pod = &pod;
+                async move { cri.run_container(pod, &format!("c{i}")).await }
+            })
+            .buffered(4)
+            .collect::<Vec<_>>(),
+    );
+    pods.push(pod);
+    ids.into_iter().collect()
+}
+
+/// Kills the processes of `ids` at once and waits for plegd's ContainerDied (and the
+/// raw event) of each.
+fn exits(
+    rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    plegd: &Plegd,
+    raws: &Raws,
+    ids: &[String],
+) -> Result<Vec<Sample>> {
+    let pids: Vec<u32> = rt
+        .block_on(join_all(ids.iter().map(|id| cri.pid(id))))
+        .into_iter()
+        .collect::<Result<_>>()?;
+    let killed = kill(&pids)?;
+    let seen = plegd.events.wait_died(ids, PATIENCE);
+    let raw_cri = match &raws.cri {
+        Some(r) => r.wait(ids, PATIENCE)?,
+        None => vec![None; ids.len()],
+    };
+    let raw_task = raws.task.wait(ids, PATIENCE)?;
+    let mut out = Vec::with_capacity(ids.len());
+    for (((id, seen), raw_cri), raw_task) in ids.iter().zip(seen).zip(raw_cri).zip(raw_task) {
+        let finished_ns = rt.block_on(cri.finished_at(id))?;
+        if finished_ns == 0 {
+            bail!("{id} was killed but has no finished_at");
+        }
+        out.push(Sample {
+            killed,
+            finished_ns,
+            plegd: seen.into_iter().next(),
+            raw_cri,
+            raw_task,
+        });
+    }
+    Ok(out)
+}
+
+fn cell(v: &[f64]) -> String {
+    if v.is_empty() {
+        return "–".into();
+    }
+    let p = |q| percentile(v, q).map_or("–".into(), |x: f64| format!("{x:.2}"));
+    format!(
+        "p50 {} p99 {} min {} max {} ms (n {})",
+        p(0.5),
+        p(0.99),
+        p(0.0),
+        p(1.0),
+        v.len()
+    )
+}
+
+fn sources(samples: &[&Sample]) -> String {
+    let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut missing = 0;
+    for s in samples {
+        match &s.plegd {
+            Some(p) => *by.entry(p.source.as_str()).or_default() += 1,
+            None => missing += 1,
+        }
+    }
+    let mut parts: Vec<String> = by.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    if missing > 0 {
+        parts.push(format!("NOT REPORTED {missing}"));
+    }
+    parts.join(", ")
+}
+
+fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor: &[f64]) {
+    println!("| measure | figure |");
+    println!("|---|---|");
+    if !broadcast {
+        println!(
+            "| floor, before plegd started: single exit (finished_at) → a raw CRI CONTAINER_STOPPED_EVENT, the stream's only subscriber | {} |",
+            cell(floor)
+        );
+    }
+    let all_bursts: Vec<&Sample> = bursts.iter().flatten().collect();
+    let singles: Vec<&Sample> = singles.iter().collect();
+    for (what, set) in [("single exit", &singles), ("20 exits at once", &all_bursts)] {
+        let exit_to = |at: Instant, finished_ns: i64| (epoch_ns(at) - finished_ns) as f64 / 1e6;
+        let minus = |raw: fn(&Sample) -> Option<Instant>| -> Vec<f64> {
+            set.iter()
+                .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, raw(s)?)))
+                .collect()
+        };
+        let from_exit = |raw: fn(&Sample) -> Option<Instant>| -> Vec<f64> {
+            set.iter()
+                .filter_map(|s| Some(exit_to(raw(s)?, s.finished_ns)))
+                .collect()
+        };
+        let exit_plegd: Vec<f64> = set
+            .iter()
+            .filter_map(|s| Some(exit_to(s.plegd.as_ref()?.at, s.finished_ns)))
+            .collect();
+        let kill_plegd: Vec<f64> = set
+            .iter()
+            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.killed)))
+            .collect();
+        if broadcast {
+            println!(
+                "| {what}: plegd's ContainerDied − the raw CRI CONTAINER_STOPPED_EVENT (arrival) | {} |",
+                cell(&minus(|s| s.raw_cri))
+            );
+        }
+        println!(
+            "| {what}: plegd's ContainerDied − the raw /tasks/exit of containerd's event service (arrival) | {} |",
+            cell(&minus(|s| s.raw_task))
+        );
+        if broadcast {
+            println!(
+                "| {what}: exit (finished_at) → raw CRI CONTAINER_STOPPED_EVENT | {} |",
+                cell(&from_exit(|s| s.raw_cri))
+            );
+        }
+        println!(
+            "| {what}: exit (finished_at) → raw /tasks/exit | {} |",
+            cell(&from_exit(|s| s.raw_task))
+        );
+        println!(
+            "| {what}: exit (finished_at) → plegd's ContainerDied | {} |",
+            cell(&exit_plegd)
+        );
+        println!(
+            "| {what}: kill → plegd's ContainerDied | {} |",
+            cell(&kill_plegd)
+        );
+        println!(
+            "| {what}: found by (plegd's relist_source) | {} |",
+            sources(set)
+        );
+    }
+    for (i, b) in bursts.iter().enumerate() {
+        let last_plegd = b
+            .iter()
+            .filter_map(|s| s.plegd.as_ref().map(|p| p.at))
+            .max();
+        let last_exit = b.iter().map(|s| s.finished_ns).max().unwrap_or(0);
+        let last = |raw: fn(&Sample) -> Option<Instant>| {
+            let last_raw = b.iter().filter_map(raw).max();
+            match (last_plegd, last_raw) {
+                (Some(p), Some(r)) => format!("{:.2} ms", ms_between(p, r)),
+                _ => "–".into(),
+            }
+        };
+        let exit_cell = last_plegd.map_or("–".into(), |p| {
+            format!("{:.2} ms", (epoch_ns(p) - last_exit) as f64 / 1e6)
+        });
+        let (cri_head, cri_cell) = if broadcast {
+            (
+                "; last raw CRI event → last ContainerDied",
+                format!("; {}", last(|s| s.raw_cri)),
+            )
+        } else {
+            ("", String::new())
+        };
+        println!(
+            "| {BURST} exits at once, burst {}: last exit → last ContainerDied; last /tasks/exit → last ContainerDied{cri_head} | {exit_cell}; {}{cri_cell} |",
+            i + 1,
+            last(|s| s.raw_task),
+        );
+    }
+}
