@@ -22,9 +22,11 @@
 //!   counted `merged`), also while a unit runs; the next unit relists them together
 //!   (at most [`MAX_BATCH`] pods), their lists read `--status-concurrency` pods at a
 //!   time and their status reads under the same bound. The pending requests are
-//!   bounded by the pods plegd knows plus the queue's capacity (new pods): a storm on
-//!   known pods never drops; a request for one more unknown pod is dropped and
-//!   counted like a full queue's.
+//!   bounded by the pods plegd knows plus twice the queue's capacity (pods not listed
+//!   yet): a storm on the node's pods never drops; a request for one more pod than
+//!   that (only requests for UIDs that are not pods can get there — the API takes
+//!   any) is dropped and counted like a full queue's; one for a pod already waiting is
+//!   always merged.
 //! - A targeted request enqueued before the start of a global relist that has since
 //!   completed is skipped (that relist already saw the pod) — unless that relist left
 //!   the pod alone (a sync held it) or failed to read it; one for a pod a sync
@@ -325,10 +327,13 @@ impl RelistDispatcher {
         }));
     }
 
-    /// How many pods may wait: every pod plegd knows, and as many more as the queue
-    /// holds (pods not listed yet).
+    /// How many pods may wait: every pod plegd knows, and twice as many more as the
+    /// queue holds (pods not listed yet: created since the last global relist, or
+    /// garbage). Twice: the mailbox itself accepts a few more than its capacity (one
+    /// per sender handle), and an idle dispatcher must never drop what it accepted.
     fn pending_bound(&self) -> usize {
-        self.known_pods.saturating_add(self.queue_capacity)
+        self.known_pods
+            .saturating_add(self.queue_capacity.saturating_mul(2))
     }
 
     /// A request that must wait for its turn: one per pod. The newer of two requests
