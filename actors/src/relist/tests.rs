@@ -860,7 +860,11 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
         .unwrap();
     accepted += 1;
     assert_eq!(b.all_requests(RequestResult::Dropped), 0);
-    assert_eq!(b.settled(), PODS as u64, "the second ask of each pod merged");
+    assert_eq!(
+        b.settled(),
+        PODS as u64,
+        "the second ask of each pod merged"
+    );
     assert_eq!(gated.waiting(), 1, "the batch still waits");
 
     gated.open();
@@ -949,10 +953,7 @@ async fn reads_failing_mid_storm_cost_only_their_pod() {
     let uids: Vec<&str> = pods.iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
     gated.open();
-    wait_until("every request settled", || {
-        b.settled() == 1 + PODS as u64
-    })
-    .await;
+    wait_until("every request settled", || b.settled() == 1 + PODS as u64).await;
     assert_eq!(
         b.metrics.relist_errors(plegd_telemetry::RelistPhase::List),
         2
@@ -1019,7 +1020,11 @@ async fn a_stop_during_a_batch_relists_every_request_accepted_before_it() {
     assert_eq!(b.requests(RequestResult::Done), PODS as u64);
     let deaths = deaths(&b);
     assert_eq!(deaths.len(), PODS, "every death published: {deaths:?}");
-    assert_eq!(gated.unfiltered_lists(), 1, "no global relist after the stop");
+    assert_eq!(
+        gated.unfiltered_lists(),
+        1,
+        "no global relist after the stop"
+    );
     assert_eq!(b.metrics.queue_depth.get(), 0);
 }
 
