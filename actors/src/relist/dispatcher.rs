@@ -436,18 +436,27 @@ impl RelistDispatcher {
         );
     }
 
-    /// A batch of pending requests as one unit of work: each settled first (a global
-    /// relist may have covered it since it came), the rest relisted together.
+    /// A batch of pending requests as one unit of work: each settled first, in
+    /// arrival order (a global relist may have covered it since it came), until
+    /// [`MAX_BATCH`] must run; those are relisted together.
     fn batch(&mut self, ctx: &mut Context<Self>) {
-        let rest = self.pending.split_off(self.pending.len().min(MAX_BATCH));
-        let taken = std::mem::replace(&mut self.pending, rest);
+        let mut reqs = Vec::with_capacity(MAX_BATCH.min(self.pending.len()));
+        let mut pending = std::mem::take(&mut self.pending).into_iter();
+        for req in pending.by_ref() {
+            if let Some(req) = self.settle(req) {
+                reqs.push(req);
+                if reqs.len() == MAX_BATCH {
+                    break;
+                }
+            }
+        }
+        self.pending = pending.collect();
         self.pending_index = self
             .pending
             .iter()
             .enumerate()
             .map(|(i, r)| (r.uid.clone(), i))
             .collect();
-        let reqs: Vec<RequestRelist> = taken.into_iter().filter_map(|r| self.settle(r)).collect();
         if reqs.is_empty() {
             return self.unit_done(ctx);
         }
