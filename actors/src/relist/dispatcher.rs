@@ -13,10 +13,11 @@
 //!   that held the mailbox let a storm overflow the queue whenever the machine was
 //!   busy). Only the unit's end, on the actor, writes the dispatcher's state.
 //! - Order of work: a due global relist, then targeted relists: every unit of work
-//!   first runs a due global relist — unless the last unit was one and requests wait:
-//!   then they get this unit — so a storm of targeted requests delays a global relist
-//!   by at most one batch, and global relists slower than their period never starve
-//!   the requests.
+//!   first runs a due global relist — unless the last unit was one and requests wait
+//!   that came before it started: then they get this unit — so a storm of targeted
+//!   requests delays a global relist by at most one batch, and global relists slower
+//!   than their period never starve the requests (those that came during a global
+//!   relist are covered by the next, due one).
 //! - Batches: every request taken off the mailbox joins the pending requests, one per
 //!   pod (a newer request for a pod already waiting takes its place; the older is
 //!   counted `merged`), also while a unit runs; the next unit relists them together
@@ -358,6 +359,7 @@ impl RelistDispatcher {
             self.pending_index
                 .insert(req.uid.clone(), self.pending.len());
             self.pending.push(req);
+            self.deps.metrics.relist_pending.inc();
             return;
         };
         let merged = if req.enqueued_at >= self.pending[i].enqueued_at {
@@ -427,10 +429,12 @@ impl RelistDispatcher {
                             }
                         }
                     }
-                    // The pending requests are owed the next unit, even if another
-                    // global relist is due by then (relists slower than their period
-                    // must not starve them); those this one covers are skipped then.
-                    act.batch_next = !act.pending.is_empty();
+                    // Requests that waited since before this relist started are owed
+                    // the next unit, even if another global relist is due by then
+                    // (relists slower than their period must not starve them; those
+                    // this one covers are skipped then). Those that came during it
+                    // wait for a due global relist, which covers them.
+                    act.batch_next = act.pending.iter().any(|r| r.enqueued_at < start);
                     act.unit_done(ctx);
                 }),
         );
@@ -451,6 +455,10 @@ impl RelistDispatcher {
             }
         }
         self.pending = pending.collect();
+        self.deps
+            .metrics
+            .relist_pending
+            .set(self.pending.len() as i64);
         self.pending_index = self
             .pending
             .iter()
@@ -764,6 +772,7 @@ impl Actor for RelistDispatcher {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         self.deps.metrics.queue_depth.set(0);
+        self.deps.metrics.relist_pending.set(0);
     }
 
     fn started(&mut self, ctx: &mut Self::Context) {
