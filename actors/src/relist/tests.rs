@@ -663,6 +663,9 @@ struct Gated {
     waiting: std::sync::atomic::AtomicUsize,
     failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     unfiltered_lists: std::sync::atomic::AtomicU64,
+    /// Unfiltered sandbox lists (global relists) fail after 30 ms of the runtime's
+    /// time.
+    global_fails: std::sync::atomic::AtomicBool,
 }
 
 impl Gated {
@@ -673,6 +676,7 @@ impl Gated {
             waiting: Default::default(),
             failures: Default::default(),
             unfiltered_lists: Default::default(),
+            global_fails: Default::default(),
         }))
     }
 
@@ -716,6 +720,14 @@ impl Intercept for Gated {
         if id.is_none() {
             self.unfiltered_lists
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.global_fails.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                return Err(plegd_runtime::RuntimeError::Rpc {
+                    op: "ListPodSandbox",
+                    code: tonic::Code::Unavailable,
+                    message: "injected".into(),
+                });
+            }
         }
         self.inner.list_sandboxes(id).await
     }
@@ -1138,4 +1150,51 @@ async fn each_relist_writes_a_debug_line_under_a_budget() {
         false
     })
     .await;
+}
+
+/// Global relists slower than their period (here: failing after 30 ms, period 20 ms)
+/// never starve the requests that waited since before one started: they get the next
+/// unit although another global relist is due by then.
+#[actix_rt::test]
+async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
+    const PODS: usize = 5;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(
+        gated.clone(),
+        Setup {
+            period: Duration::from_millis(20),
+            ..Setup::default()
+        },
+    );
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    gated
+        .global_fails
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
+    b.request_in_chunks(&uids, 1024).await;
+    let lists = gated.unfiltered_lists();
+    // Due now (if the period has not passed yet), so it runs once the batch ends.
+    b.dispatcher.queue.bring_forward();
+    gated.open();
+    wait_until("every request done", || {
+        b.requests(RequestResult::Done) == PODS as u64
+    })
+    .await;
+    assert!(
+        gated.unfiltered_lists() > lists,
+        "a global relist ran (and failed) in between"
+    );
+    assert!(b.metrics.relist_errors(plegd_telemetry::RelistPhase::List) >= 1);
+    wait_until("every death published", || deaths(&b).len() == PODS).await;
 }
