@@ -226,6 +226,12 @@ async fn counters_move_as_the_troubleshooting_table_says() {
         containers.iter().all(|c| died.contains(c))
     })
     .await;
+    // Global relists go on (the storm may be over before one is due).
+    let relists_before = val(&up, "kubelet_pleg_relist_duration_seconds_count") as u64;
+    wait_until("a global relist after the storm", || {
+        pleg.metrics().relist_duration.get_sample_count() > relists_before
+    })
+    .await;
     let storm = scrape(port).await;
     assert!(
         val(
@@ -254,9 +260,14 @@ async fn counters_move_as_the_troubleshooting_table_says() {
         "kubelet_pleg_events_total{relist_source=\"evented_pleg\"}",
     );
     assert!(evented > 0.0, "the fast path caught some exits");
+    // Each death is found by a targeted relist or, if every request for its pod was
+    // dropped, by a global relist. (Since the dispatcher drains its queue while a
+    // relist runs, issue 11, one of a pod's 20 requests usually gets through: the
+    // global relists may find none.)
+    let global_before = val(&up, "kubelet_pleg_events_total{relist_source=\"global\"}");
     assert!(
-        global > val(&up, "kubelet_pleg_events_total{relist_source=\"global\"}"),
-        "global relists caught the dropped ones"
+        evented + (global - global_before) >= containers.len() as f64,
+        "every death found by one path or the other"
     );
     assert!(
         val(&storm, "kubelet_pleg_relist_duration_seconds_count")

@@ -23,6 +23,8 @@ pub struct Metrics {
     // Relist requests (on-demand queue).
     relist_requests: IntCounterVec,
     pub queue_depth: IntGauge,
+    /// Pods waiting for a targeted relist in the dispatcher (taken off the queue).
+    pub relist_pending: IntGauge,
     // Evented PLEG stream (kubelet names + stream state).
     pub connection_errors: IntCounter,
     pub connection_successes: IntCounter,
@@ -111,6 +113,10 @@ impl Metrics {
                 "plegd_relist_queue_depth",
                 "Targeted relist requests waiting in the dispatcher's mailbox.",
             ),
+            relist_pending: gauge(
+                "plegd_relist_pending_pods",
+                "Pods whose targeted relist request the dispatcher has taken off its queue and not run yet (one per pod).",
+            ),
             connection_errors: counter(
                 "kubelet_evented_pleg_connection_error_count",
                 "Event stream connection attempts or streams that failed (EOF included).",
@@ -178,6 +184,7 @@ impl Metrics {
             Box::new(self.relist_errors.clone()),
             Box::new(self.relist_requests.clone()),
             Box::new(self.queue_depth.clone()),
+            Box::new(self.relist_pending.clone()),
             Box::new(self.connection_errors.clone()),
             Box::new(self.connection_successes.clone()),
             Box::new(self.connection_latency.clone()),

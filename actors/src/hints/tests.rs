@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use futures::future::LocalBoxFuture;
+use futures::StreamExt as _;
 use plegd_runtime::cri::{
     ContainerEventResponse, ContainerEventType, ContainerStatus, PodSandboxMetadata,
     PodSandboxStatus,
@@ -21,6 +23,7 @@ use crate::cache::CacheOwner;
 use crate::event::RelistSource;
 use crate::hints::cri_events::CriEvents;
 use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
+use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
 use crate::mock::{Recorded, Recorder, RecorderConfig};
 use crate::relist::dispatcher::{BringForward, RequestRelist};
 use crate::relist::queue::RelistQueue;
@@ -340,4 +343,135 @@ async fn stop_while_a_quiet_attempt_is_pending_cancels_it() {
     wait_until("RPC cancelled", || sim.event_streams() == 0).await;
     assert_eq!(h.metrics.connection_errors.get(), 0);
     assert_eq!(state(), HintSourceState::Stopped);
+}
+
+/// A source that yields the hints a test sends it, one per item; only its first
+/// attempt opens (a later one stays pending).
+struct Scripted {
+    hints: Option<futures::channel::mpsc::UnboundedReceiver<Hint>>,
+}
+
+impl HintSource for Scripted {
+    type Item = Hint;
+
+    fn name(&self) -> HintSourceName {
+        HintSourceName::Nri
+    }
+
+    fn relist_source(&self) -> RelistSource {
+        RelistSource::Nri
+    }
+
+    fn describe(&self) -> &'static str {
+        "scripted hints"
+    }
+
+    fn open(
+        &mut self,
+        _attempt: u64,
+    ) -> LocalBoxFuture<'static, Result<ItemStream<Hint>, SourceError>> {
+        match self.hints.take() {
+            Some(rx) => Box::pin(async move { Ok(rx.map(Ok).boxed_local()) }),
+            None => Box::pin(futures::future::pending()),
+        }
+    }
+
+    fn hint(&mut self, item: Hint, _: ItemContext) -> Vec<Hint> {
+        vec![item]
+    }
+}
+
+/// Issue 11: one debug line per hint a source gives — the source, what it asked for,
+/// what became of it — under a budget, so that a storm cannot flood the log; the next
+/// line let through counts the lines suppressed.
+#[actix_rt::test]
+async fn each_hint_writes_a_debug_line_under_a_budget() {
+    use crate::relist::log_budget::{capture::Captured, LINES_PER_WINDOW};
+    let log = Captured::default();
+    let _guard = log.install();
+    let metrics = Arc::new(Metrics::new());
+    let (requests_addr, requests) = Recorder::<RequestRelist>::start(RecorderConfig::default());
+    let (soon_addr, soon) = Recorder::<BringForward>::start(RecorderConfig::default());
+    let queue = RelistQueue::new(
+        requests_addr.recipient(),
+        soon_addr.recipient(),
+        metrics.clone(),
+    );
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    let deps = WatcherDeps {
+        router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
+        cache: CacheOwner::new(Duration::from_secs(300)).1,
+        metrics: metrics.clone(),
+        policy: policy(Duration::from_millis(200)),
+        on_reconnect: None,
+    };
+    let _watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
+    let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
+    send(Hint::Pod {
+        uid: "u1".into(),
+        cause: None,
+    });
+    send(Hint::Container {
+        id: "c-unknown".into(),
+    });
+    send(Hint::Global);
+    send(Hint::After {
+        delay: Duration::from_millis(5),
+        hint: Box::new(Hint::Pod {
+            uid: "u2".into(),
+            cause: None,
+        }),
+    });
+    let r = requests.clone();
+    wait_until("both pods requested", || r.len() == 2).await;
+    wait_until("the global relist asked for", || soon.len() == 1).await;
+    let hints = log.matching(&[": hint source=nri"]);
+    let expect = [
+        &["hint=\"pod\"", "pod=\"u1\"", "outcome=\"requested\""][..],
+        &[
+            "hint=\"container\"",
+            "id=\"c-unknown\"",
+            "outcome=\"unknown container\"",
+        ],
+        &[
+            "hint=\"global\"",
+            "outcome=\"global relist brought forward\"",
+        ],
+        &["hint=\"pod\"", "after_ms=5", "outcome=\"scheduled\""],
+        &["hint=\"pod\"", "pod=\"u2\"", "outcome=\"requested\""],
+    ];
+    assert_eq!(hints.len(), expect.len(), "{hints:#?}");
+    for (line, parts) in hints.iter().zip(expect) {
+        for part in parts {
+            assert!(line.contains(part), "{part} in {line}");
+        }
+    }
+
+    // A storm of hints: at most the budget of lines per window.
+    const STORM: usize = 500;
+    for i in 0..STORM {
+        send(Hint::Pod {
+            uid: format!("s{i}"),
+            cause: None,
+        });
+    }
+    wait_until("the storm requested", || r.len() == 2 + STORM).await;
+    let lines = log.matching(&[": hint source=nri"]).len();
+    assert!(lines <= LINES_PER_WINDOW as usize, "{lines} lines");
+    // Once the window has passed, the next line says how many were suppressed.
+    wait_until("a line counting the suppressed ones", || {
+        if log
+            .matching(&[": hint source=nri", "pod=\"late\"", "suppressed="])
+            .iter()
+            .any(|l| !l.contains("suppressed=0"))
+        {
+            return true;
+        }
+        send(Hint::Pod {
+            uid: "late".into(),
+            cause: None,
+        });
+        false
+    })
+    .await;
 }

@@ -3,7 +3,10 @@
 //! actor only performs the machine's actions (the source's open, its stream, the retry
 //! timer, the state gauge, logs) and feeds back what happened, each stream item
 //! tagged with its attempt. Items become relist requests through the router, never
-//! waiting: a source's stream is drained promptly.
+//! waiting: a source's stream is drained promptly. Each hint writes one debug line
+//! (the source, what it asked for, what became of it) under a budget, so a single
+//! exit's latency can be followed in the log while a storm writes a few dozen lines
+//! a second (issue 11).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +20,7 @@ use plegd_telemetry::{HintSourceState, Metrics};
 
 use crate::cache::PodCache;
 use crate::hints::{Connection, Hint, HintSource, ItemContext, SourceError};
+use crate::relist::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use crate::relist::router::RelistRouter;
 use crate::stream::machine::{Action, Input, LogLine, Machine};
 use crate::stream::reconnect::ReconnectPolicy;
@@ -86,6 +90,62 @@ pub struct HintWatcher<S: HintSource> {
     requested: HashMap<String, SystemTime>,
     /// Containers a recheck found exited in the cache and asked for once more.
     confirmed: HashSet<String>,
+    /// Budget of the per-hint debug lines.
+    hint_log: LogBudget,
+}
+
+/// What became of a hint, for its debug line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// A relist request went to the router (queued, or coalesced into a held pod's
+    /// gate).
+    Requested,
+    /// The queue was full: dropped (counted).
+    Dropped,
+    /// This watcher's last request for the pod is still pending.
+    AlreadyPending,
+    /// The cache does not know the container: nothing asked (the next global relist
+    /// finds it).
+    UnknownContainer,
+    /// A recheck of a container the cache has had exited for one more relist already.
+    AlreadyConfirmed,
+    /// The next global relist was asked to come now.
+    BroughtForward,
+    /// Put on the watcher's timer.
+    Scheduled,
+}
+
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Requested => "requested",
+            Outcome::Dropped => "dropped (queue full)",
+            Outcome::AlreadyPending => "already pending",
+            Outcome::UnknownContainer => "unknown container",
+            Outcome::AlreadyConfirmed => "exit already confirmed",
+            Outcome::BroughtForward => "global relist brought forward",
+            Outcome::Scheduled => "scheduled",
+        }
+    }
+
+    fn of_request(queued: bool) -> Self {
+        if queued {
+            Outcome::Requested
+        } else {
+            Outcome::Dropped
+        }
+    }
+}
+
+/// What a hint asked for, for its debug line.
+fn kind(hint: &Hint) -> &'static str {
+    match hint {
+        Hint::Pod { .. } => "pod",
+        Hint::Container { .. } => "container",
+        Hint::Recheck { .. } => "recheck",
+        Hint::Global => "global",
+        Hint::After { .. } => "after",
+    }
 }
 
 impl<S: HintSource> HintWatcher<S> {
@@ -103,6 +163,7 @@ impl<S: HintSource> HintWatcher<S> {
             state_log: RateLimiter::new(Duration::from_secs(30)),
             requested: HashMap::new(),
             confirmed: HashSet::new(),
+            hint_log: LogBudget::new(LINES_PER_WINDOW, WINDOW),
         }
     }
 
@@ -252,15 +313,19 @@ impl<S: HintSource> HintWatcher<S> {
 
     fn request(&mut self, hint: Hint, ctx: &mut Context<Self>) {
         let source = self.source.relist_source();
+        let what = kind(&hint);
         match hint {
             Hint::Pod { uid, cause } => {
-                self.deps.router.request(&uid, source, cause);
+                let queued = self.deps.router.request(&uid, source, cause);
+                self.log_hint(what, None, Some(&uid), Outcome::of_request(queued), None);
             }
-            Hint::Container { id } => {
-                if let Some(uid) = self.deps.cache.pod_of_container(&id) {
-                    self.request_unless_pending(uid);
+            Hint::Container { id } => match self.deps.cache.pod_of_container(&id) {
+                Some(uid) => {
+                    let outcome = self.request_unless_pending(&uid);
+                    self.log_hint(what, Some(&id), Some(&uid), outcome, None);
                 }
-            }
+                None => self.log_hint(what, Some(&id), None, Outcome::UnknownContainer, None),
+            },
             // The cache's status read may show the exit before the container list
             // the events are diffed from does (a read in the middle of the runtime's
             // update): one more relist after the cache first has it exited.
@@ -270,18 +335,55 @@ impl<S: HintSource> HintWatcher<S> {
                         self.confirmed.clear();
                     }
                     if !self.confirmed.insert(id.clone()) {
+                        self.log_hint(what, Some(&id), None, Outcome::AlreadyConfirmed, None);
                         return;
                     }
                 }
-                if let Some(uid) = self.deps.cache.pod_of_container(&id) {
-                    self.request_unless_pending(uid);
+                match self.deps.cache.pod_of_container(&id) {
+                    Some(uid) => {
+                        let outcome = self.request_unless_pending(&uid);
+                        self.log_hint(what, Some(&id), Some(&uid), outcome, None);
+                    }
+                    None => self.log_hint(what, Some(&id), None, Outcome::UnknownContainer, None),
                 }
             }
-            Hint::Global => self.deps.router.bring_forward(),
+            Hint::Global => {
+                self.deps.router.bring_forward();
+                self.log_hint(what, None, None, Outcome::BroughtForward, None);
+            }
             Hint::After { delay, hint } => {
+                self.log_hint(kind(&hint), None, None, Outcome::Scheduled, Some(delay));
                 ctx.run_later(delay, move |act, ctx| act.request(*hint, ctx));
             }
         }
+    }
+
+    /// The hint's debug line, if the budget allows (the next one let through counts
+    /// those suppressed).
+    fn log_hint(
+        &mut self,
+        hint: &'static str,
+        id: Option<&str>,
+        pod: Option<&str>,
+        outcome: Outcome,
+        after: Option<Duration>,
+    ) {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let Some(suppressed) = self.hint_log.allow(Instant::now()) else {
+            return;
+        };
+        tracing::debug!(
+            source = %self.source.name(),
+            hint,
+            id,
+            pod,
+            after_ms = after.map(|d| d.as_secs_f64() * 1e3),
+            outcome = outcome.as_str(),
+            suppressed,
+            "hint"
+        );
     }
 }
 
@@ -292,29 +394,30 @@ impl<S: HintSource> HintWatcher<S> {
     /// cost one relist at a time, not a queue of them. A request whose relist failed
     /// before reading the pod (its lists failed) never advances the cache's read time,
     /// so it counts as pending only for [`PENDING_FOR`].
-    fn request_unless_pending(&mut self, uid: String) {
+    fn request_unless_pending(&mut self, uid: &str) -> Outcome {
         let now = SystemTime::now();
         let pending = |cache: &PodCache, uid: &str, at: SystemTime| {
             now.duration_since(at).unwrap_or_default() < PENDING_FOR
                 && cache.get(uid).is_some_and(|e| e.modified < at)
         };
-        if let Some(&at) = self.requested.get(&uid) {
-            if pending(&self.deps.cache, &uid, at) {
-                return;
+        if let Some(&at) = self.requested.get(uid) {
+            if pending(&self.deps.cache, uid, at) {
+                return Outcome::AlreadyPending;
             }
         }
-        if self
+        let queued = self
             .deps
             .router
-            .request(&uid, self.source.relist_source(), None)
-        {
+            .request(uid, self.source.relist_source(), None);
+        if queued {
             if self.requested.len() >= MAX_TRACKED {
                 let cache = &self.deps.cache;
                 self.requested
                     .retain(|uid, &mut at| pending(cache, uid, at));
             }
-            self.requested.insert(uid, now);
+            self.requested.insert(uid.to_string(), now);
         }
+        Outcome::of_request(queued)
     }
 }
 

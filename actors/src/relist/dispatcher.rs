@@ -7,18 +7,27 @@
 //!   `try_send`; a full mailbox drops the request (counted) — the next global relist
 //!   reconciles anyway. (actix's real bound: capacity - 1, plus one message from each
 //!   sender handle, which that message parks.)
-//! - Order of work: shutdown, then a due global relist, then targeted relists: a
-//!   relist runs inside `ctx.wait`, which holds the mailbox, and every unit of work
-//!   first runs a due global relist — unless the last unit was one and requests wait:
-//!   then they get this unit — so a storm of targeted requests delays a global relist
-//!   by at most one batch, and global relists slower than their period never starve
-//!   the requests.
-//! - Batches (issue 11: a storm of 5,000 stops overflowed the queue when requests ran
-//!   one at a time): between two units of work the whole mailbox is drained into the
-//!   pending requests, one per pod (a newer request for a pod already waiting takes
-//!   its place; the older is counted `merged`); the next unit relists them together
+//! - Units of work: a global relist, or a batch of targeted relists. One runs at a
+//!   time (it takes the Generic PLEG, `core`, and puts it back when it ends), as a
+//!   spawned future: the mailbox keeps being drained while it runs (issue 11: a batch
+//!   that held the mailbox let a storm overflow the queue whenever the machine was
+//!   busy). Only the unit's end, on the actor, writes the dispatcher's state.
+//! - Order of work: a due global relist, then targeted relists: every unit of work
+//!   first runs a due global relist — unless the last unit was one and requests wait
+//!   that came before it started: then they get this unit — so a storm of targeted
+//!   requests delays a global relist by at most one batch, and global relists slower
+//!   than their period never starve the requests (those that came during a global
+//!   relist are covered by the next, due one).
+//! - Batches: every request taken off the mailbox joins the pending requests, one per
+//!   pod (a newer request for a pod already waiting takes its place; the older is
+//!   counted `merged`), also while a unit runs; the next unit relists them together
 //!   (at most [`MAX_BATCH`] pods), their lists read `--status-concurrency` pods at a
-//!   time and their status reads under the same bound.
+//!   time and their status reads under the same bound. The pending requests are
+//!   bounded by the pods plegd knows plus twice the queue's capacity (pods not listed
+//!   yet): a storm on the node's pods never drops; a request for one more pod than
+//!   that (only requests for UIDs that are not pods can get there — the API takes
+//!   any) is dropped and counted like a full queue's; one for a pod already waiting is
+//!   always merged.
 //! - A targeted request enqueued before the start of a global relist that has since
 //!   completed is skipped (that relist already saw the pod) — unless that relist left
 //!   the pod alone (a sync held it) or failed to read it; one for a pod a sync
@@ -30,7 +39,17 @@
 //! - Each relist's cache updates are applied (and acknowledged) before its events are
 //!   published. Both are awaited inside the unit of work, so a CacheOwner or an
 //!   EventPublisher that stops answering stalls every relist and shutdown with it
-//!   (neither blocks in these handlers today).
+//!   (neither blocks in these handlers today); requests still join the pending ones
+//!   meanwhile.
+//! - Stop: the queue refuses new requests at once (dropped, counted); the unit in
+//!   progress finishes (its cache updates applied, its events published); then every
+//!   request accepted before the stop is relisted, in batches, no global relist
+//!   started; then the actor stops. A request accepted is never lost: it ends
+//!   `done`, `skipped`, `coalesced` or `merged`.
+//! - Debug lines (issue 11: follow a relist's latency without traces): one per global
+//!   relist, one per batch, one per pod a batch relisted (how long its request waited,
+//!   how long the batch took, its events or its error), each kind under a
+//!   [`LogBudget`]; the first line after suppressed ones counts them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +62,7 @@ use opentelemetry::KeyValue;
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{Metrics, RelistPhase, RequestResult};
 
+use super::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use super::queue::RelistQueue;
 use super::schedule::{GlobalSchedule, Verdict};
 use crate::cache::ApplyRelist;
@@ -78,31 +98,43 @@ pub struct DispatcherDeps {
 }
 
 pub struct RelistDispatcher {
-    /// Taken by the relist in progress, put back when it ends.
+    /// Taken by the unit of work in progress, put back when it ends.
     core: Option<GenericPleg>,
     deps: DispatcherDeps,
     schedule: GlobalSchedule,
     /// Pods the last successful global relist did not read (a sync held them, or
     /// their status read failed): it covers no request for them.
     not_read: HashSet<String>,
+    /// Set by [`StopHandle::stop`] (and read by the queue, which then refuses).
     stopping: Arc<AtomicBool>,
     timer: Option<SpawnHandle>,
     list_errors: RateLimiter,
-    /// Requests waiting for the next batch, one per pod, in arrival order. A request
-    /// whose turn comes while a unit of work holds the core waits here too (actix may
-    /// run the relist timer in the same poll in which a handler started a unit; the
-    /// soak saw it twice an hour, and such a request was once lost).
+    /// Requests waiting for the next batch, one per pod, in arrival order: every
+    /// request taken off the mailbox that must run, also while a unit of work runs.
     pending: Vec<RequestRelist>,
     /// Pod UID → its index in `pending`.
     pending_index: HashMap<String, usize>,
+    /// Pods the Generic PLEG had a record of when the last unit of work ended.
+    known_pods: usize,
+    /// The queue's capacity: with `known_pods`, the bound of `pending`.
+    queue_capacity: usize,
     /// A batch is scheduled to start once the mailbox is drained.
     batch_scheduled: bool,
     /// The pending requests are owed the next unit: a global relist ran in the last
     /// one. Alternating, a due global relist waits for at most one batch and a batch
     /// for at most one global relist.
     batch_next: bool,
-    /// Rate limit of the per-batch debug line.
-    batch_log: RateLimiter,
+    logs: Logs,
+}
+
+/// The dispatcher's debug lines, each kind under its own budget.
+struct Logs {
+    /// One per global relist or batch.
+    unit: LogBudget,
+    /// One per pod a batch relisted.
+    pod: LogBudget,
+    /// A request dropped because too many pods wait (a warning).
+    pending_full: RateLimiter,
 }
 
 /// The most pods one batch relists, so that a due global relist never waits for more.
@@ -120,7 +152,7 @@ pub struct RequestRelist {
     pub cause: Option<SpanContext>,
 }
 
-/// Stop after the unit of work in progress.
+/// Stop once the unit of work in progress and the requests accepted are done.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Stop;
@@ -130,8 +162,9 @@ pub struct Stop;
 #[rtype(result = "()")]
 pub struct BringForward;
 
-/// Sends [`Stop`] to the dispatcher: sets a flag every unit of work checks first, then
-/// nudges the mailbox (which may be full: queued messages then see the flag).
+/// Sends [`Stop`] to the dispatcher: sets a flag every unit of work checks first (and
+/// the queue, which then refuses new requests), then nudges the mailbox (which may be
+/// full: the queued messages then lead to the flag).
 #[derive(Clone)]
 pub struct StopHandle {
     addr: Addr<RelistDispatcher>,
@@ -172,8 +205,10 @@ impl RelistDispatcher {
         let stopping = Arc::new(AtomicBool::new(false));
         let metrics = deps.metrics.clone();
         let mut ctx = Context::new();
-        ctx.set_mailbox_capacity(cfg.queue_capacity.max(1));
+        let queue_capacity = cfg.queue_capacity.max(1);
+        ctx.set_mailbox_capacity(queue_capacity);
         let actor = RelistDispatcher {
+            known_pods: core.pod_count(),
             core: Some(core),
             deps,
             schedule: GlobalSchedule::new(cfg.relist_period, Instant::now()),
@@ -183,13 +218,19 @@ impl RelistDispatcher {
             list_errors: RateLimiter::new(Duration::from_secs(30)),
             pending: Vec::new(),
             pending_index: HashMap::new(),
+            queue_capacity,
             batch_scheduled: false,
             batch_next: false,
-            batch_log: RateLimiter::new(Duration::from_millis(100)),
+            logs: Logs {
+                unit: LogBudget::new(LINES_PER_WINDOW, WINDOW),
+                pod: LogBudget::new(LINES_PER_WINDOW, WINDOW),
+                pending_full: RateLimiter::new(Duration::from_secs(30)),
+            },
         };
         let addr = ctx.run(actor);
         DispatcherHandle {
-            queue: RelistQueue::new(addr.clone().recipient(), addr.clone().recipient(), metrics),
+            queue: RelistQueue::new(addr.clone().recipient(), addr.clone().recipient(), metrics)
+                .refusing_once(stopping.clone()),
             stop: StopHandle {
                 addr,
                 flag: stopping,
@@ -208,7 +249,7 @@ impl RelistDispatcher {
             .saturating_duration_since(Instant::now());
         self.timer = Some(ctx.run_later(delay, |act, ctx| {
             act.timer = None;
-            if act.stop_if_asked(ctx) {
+            if act.wind_down(ctx) {
                 return;
             }
             if act.schedule.due(Instant::now()) {
@@ -219,25 +260,39 @@ impl RelistDispatcher {
         }));
     }
 
-    fn stop_if_asked(&mut self, ctx: &mut Context<Self>) -> bool {
-        if self.stopping.load(Ordering::SeqCst) {
-            ctx.stop();
-            true
-        } else {
-            false
+    /// True once a stop is asked. Then, with no unit of work in progress, the actor
+    /// stops if nothing is pending, else the pending requests run first; a unit in
+    /// progress calls this again when it ends.
+    fn wind_down(&mut self, ctx: &mut Context<Self>) -> bool {
+        if !self.stopping.load(Ordering::SeqCst) {
+            return false;
         }
+        if self.core.is_some() {
+            if self.pending.is_empty() {
+                ctx.stop();
+            } else {
+                self.schedule_batch(ctx);
+            }
+        }
+        true
     }
 
     /// One unit of work: a due global relist, else a batch of the pending requests.
     /// While a unit holds the core, nothing starts: its end looks at what is pending
-    /// (a timer tick is dropped: the unit re-arms the timer when it ends).
+    /// (a timer tick is dropped: the unit re-arms the timer when it ends). Once a stop
+    /// is asked, only batches start.
     fn run(&mut self, ctx: &mut Context<Self>) {
         if self.core.is_none() {
             return;
         }
+        let stopping = self.stopping.load(Ordering::SeqCst);
+        if stopping && self.pending.is_empty() {
+            ctx.stop();
+            return;
+        }
         let owed = self.batch_next && !self.pending.is_empty();
         self.batch_next = false;
-        if self.schedule.due(Instant::now()) && !owed {
+        if !stopping && !owed && self.schedule.due(Instant::now()) {
             self.global(ctx);
         } else if !self.pending.is_empty() {
             self.batch(ctx);
@@ -246,10 +301,10 @@ impl RelistDispatcher {
         }
     }
 
-    /// Ends a unit of work: stop if asked, else run the pending requests once the
-    /// mailbox is drained, else wait for the next due global relist.
+    /// Ends a unit of work: run the pending requests once the mailbox is drained, else
+    /// wait for the next due global relist (or stop, if asked and nothing is pending).
     fn unit_done(&mut self, ctx: &mut Context<Self>) {
-        if self.stop_if_asked(ctx) {
+        if self.wind_down(ctx) {
             return;
         }
         if self.pending.is_empty() {
@@ -269,19 +324,42 @@ impl RelistDispatcher {
         self.batch_scheduled = true;
         ctx.spawn(fut::ready(()).map(|(), act: &mut Self, ctx| {
             act.batch_scheduled = false;
-            if !act.stop_if_asked(ctx) {
-                act.run(ctx);
-            }
+            act.run(ctx);
         }));
     }
 
+    /// How many pods may wait: every pod plegd knows, and twice as many more as the
+    /// queue holds (pods not listed yet: created since the last global relist, or
+    /// garbage). Twice: the mailbox itself accepts a few more than its capacity (one
+    /// per sender handle), and an idle dispatcher must never drop what it accepted.
+    fn pending_bound(&self) -> usize {
+        self.known_pods
+            .saturating_add(self.queue_capacity.saturating_mul(2))
+    }
+
     /// A request that must wait for its turn: one per pod. The newer of two requests
-    /// for a pod is kept (a global relist that covers it covers the older too).
+    /// for a pod is kept (a global relist that covers it covers the older too). A
+    /// request for one more pod beyond [`Self::pending_bound`] is dropped (counted).
     fn enqueue(&mut self, req: RequestRelist) {
         let Some(&i) = self.pending_index.get(&req.uid) else {
+            if self.pending.len() >= self.pending_bound() {
+                self.deps
+                    .metrics
+                    .count_request(RequestResult::Dropped, req.source);
+                if let Some(suppressed) = self.logs.pending_full.allow(Instant::now()) {
+                    tracing::warn!(
+                        pending = self.pending.len(),
+                        suppressed,
+                        "more pods wait for a targeted relist than plegd knows; request \
+                         dropped (the next global relist reconciles)"
+                    );
+                }
+                return;
+            }
             self.pending_index
                 .insert(req.uid.clone(), self.pending.len());
             self.pending.push(req);
+            self.deps.metrics.relist_pending.inc();
             return;
         };
         let merged = if req.enqueued_at >= self.pending[i].enqueued_at {
@@ -297,14 +375,20 @@ impl RelistDispatcher {
     fn take_core(&mut self) -> Option<GenericPleg> {
         let core = self.core.take();
         if core.is_none() {
-            // Cannot happen: relists run under ctx.wait, one at a time.
+            // Cannot happen: `run` starts a unit only when the core is here.
             tracing::error!("relist requested while another is in progress");
         }
         core
     }
 
+    /// Puts the core back at the end of a unit of work.
+    fn put_core(&mut self, core: GenericPleg) {
+        self.known_pods = core.pod_count();
+        self.core = Some(core);
+    }
+
     /// The global relist of a unit of work; the pending requests get the next unit
-    /// (after the mailbox is drained: requests that came during the relist join them).
+    /// (requests that come during the relist join them).
     fn global(&mut self, ctx: &mut Context<Self>) {
         let Some(mut core) = self.take_core() else {
             return;
@@ -314,10 +398,10 @@ impl RelistDispatcher {
             let (start, result) = global_relist(&mut core, &deps).await;
             (core, start, result)
         };
-        ctx.wait(
+        ctx.spawn(
             fut.into_actor(self)
                 .map(move |(core, start, result), act, ctx| {
-                    act.core = Some(core);
+                    act.put_core(core);
                     if let Some(interval) = act.schedule.completed(start, result.is_ok()) {
                         act.deps
                             .metrics
@@ -325,62 +409,127 @@ impl RelistDispatcher {
                             .observe(interval.as_secs_f64());
                     }
                     match result {
-                        Ok(not_read) => act.not_read = not_read,
+                        Ok((not_read, summary)) => {
+                            act.not_read = not_read;
+                            if let Some(suppressed) = act.logs.unit.allow(Instant::now()) {
+                                tracing::debug!(
+                                    pods_inspected = summary.pods_inspected,
+                                    events = summary.events,
+                                    status_errors = summary.status_errors,
+                                    took_ms = summary.took.as_secs_f64() * 1e3,
+                                    pending = act.pending.len(),
+                                    suppressed,
+                                    "global relist"
+                                );
+                            }
+                        }
                         Err(e) => {
                             if let Some(suppressed) = act.list_errors.allow(Instant::now()) {
                                 tracing::warn!(error = %e, suppressed, "global relist failed");
                             }
                         }
                     }
-                    // The pending requests are owed the next unit, even if another
-                    // global relist is due by then (relists slower than their period
-                    // must not starve them); those this one covers are skipped then.
-                    act.batch_next = !act.pending.is_empty();
+                    // Requests that waited since before this relist started are owed
+                    // the next unit, even if another global relist is due by then
+                    // (relists slower than their period must not starve them; those
+                    // this one covers are skipped then). Those that came during it
+                    // wait for a due global relist, which covers them.
+                    act.batch_next = act.pending.iter().any(|r| r.enqueued_at < start);
                     act.unit_done(ctx);
                 }),
         );
     }
 
-    /// A batch of pending requests as one unit of work: each settled first (a global
-    /// relist may have covered it since it came), the rest relisted together.
+    /// A batch of pending requests as one unit of work: each settled first, in
+    /// arrival order (a global relist may have covered it since it came), until
+    /// [`MAX_BATCH`] must run; those are relisted together.
     fn batch(&mut self, ctx: &mut Context<Self>) {
-        let rest = self.pending.split_off(self.pending.len().min(MAX_BATCH));
-        let taken = std::mem::replace(&mut self.pending, rest);
+        let mut reqs = Vec::with_capacity(MAX_BATCH.min(self.pending.len()));
+        let mut pending = std::mem::take(&mut self.pending).into_iter();
+        for req in pending.by_ref() {
+            if let Some(req) = self.settle(req) {
+                reqs.push(req);
+                if reqs.len() == MAX_BATCH {
+                    break;
+                }
+            }
+        }
+        self.pending = pending.collect();
+        self.deps
+            .metrics
+            .relist_pending
+            .set(self.pending.len() as i64);
         self.pending_index = self
             .pending
             .iter()
             .enumerate()
             .map(|(i, r)| (r.uid.clone(), i))
             .collect();
-        let reqs: Vec<RequestRelist> = taken.into_iter().filter_map(|r| self.settle(r)).collect();
         if reqs.is_empty() {
             return self.unit_done(ctx);
         }
         let Some(mut core) = self.take_core() else {
             // Cannot happen (run checked); the requests are not lost.
-            self.pending.extend(reqs);
+            for req in reqs {
+                self.enqueue(req);
+            }
             return;
         };
         let deps = self.deps.clone();
+        let detail = tracing::enabled!(tracing::Level::DEBUG);
         let fut = async move {
-            let summary = targeted_relists(&mut core, &deps, &reqs).await;
+            let summary = targeted_relists(&mut core, &deps, &reqs, detail).await;
             (core, summary)
         };
-        ctx.wait(fut.into_actor(self).map(|(core, summary), act, ctx| {
-            act.core = Some(core);
-            if let Some(suppressed) = act.batch_log.allow(Instant::now()) {
-                tracing::debug!(
-                    pods = summary.pods,
-                    events = summary.events,
-                    failed = summary.failed,
-                    took_ms = summary.took.as_secs_f64() * 1e3,
-                    still_pending = act.pending.len(),
-                    suppressed,
-                    "targeted relist batch"
-                );
-            }
+        ctx.spawn(fut.into_actor(self).map(|(core, summary), act, ctx| {
+            act.put_core(core);
+            act.log_batch(&summary);
             act.unit_done(ctx);
         }));
+    }
+
+    /// The batch's debug line, and one per pod it relisted (each under its budget).
+    fn log_batch(&mut self, summary: &BatchSummary) {
+        let now = Instant::now();
+        let took_ms = summary.took.as_secs_f64() * 1e3;
+        for pod in &summary.pods_detail {
+            let Some(suppressed) = self.logs.pod.allow(now) else {
+                continue;
+            };
+            let waited_ms = pod.waited.as_secs_f64() * 1e3;
+            match &pod.error {
+                None => tracing::debug!(
+                    pod = %pod.uid,
+                    source = %pod.source,
+                    waited_ms,
+                    took_ms,
+                    events = pod.events,
+                    suppressed,
+                    "targeted relist"
+                ),
+                Some(error) => tracing::debug!(
+                    pod = %pod.uid,
+                    source = %pod.source,
+                    waited_ms,
+                    took_ms,
+                    error = %error,
+                    suppressed,
+                    "targeted relist failed"
+                ),
+            }
+        }
+        if let Some(suppressed) = self.logs.unit.allow(now) {
+            tracing::debug!(
+                pods = summary.pods,
+                events = summary.events,
+                failed = summary.failed,
+                took_ms,
+                max_waited_ms = summary.max_waited.as_secs_f64() * 1e3,
+                still_pending = self.pending.len(),
+                suppressed,
+                "targeted relist batch"
+            );
+        }
     }
 
     /// The one place a targeted request's verdict is taken: counted if it needs no
@@ -439,14 +588,19 @@ async fn apply(deps: &DispatcherDeps, mut out: RelistOutput, global_timestamp: O
     }
 }
 
+/// What a global relist did, for its debug line.
+struct GlobalSummary {
+    pods_inspected: usize,
+    events: usize,
+    status_errors: usize,
+    took: Duration,
+}
+
+/// The pods a global relist did not read (held, or read failed), and what it did.
+type GlobalResult = Result<(HashSet<String>, GlobalSummary), plegd_runtime::RuntimeError>;
+
 /// One global relist; on success, the pods it did not read (held, or read failed).
-async fn global_relist(
-    core: &mut GenericPleg,
-    deps: &DispatcherDeps,
-) -> (
-    Instant,
-    Result<HashSet<String>, plegd_runtime::RuntimeError>,
-) {
+async fn global_relist(core: &mut GenericPleg, deps: &DispatcherDeps) -> (Instant, GlobalResult) {
     let start = Instant::now();
     let started_wall = SystemTime::now();
     let mut span = spans::start(spans::GLOBAL_RELIST, vec![], None);
@@ -471,12 +625,24 @@ async fn global_relist(
                 _ => None,
             });
             let not_read: HashSet<String> = out.held.iter().cloned().chain(failed).collect();
+            let summary = GlobalSummary {
+                pods_inspected: out.pods_inspected,
+                events: out.events.len(),
+                status_errors: out.status_errors,
+                took: Duration::ZERO,
+            };
             apply(deps, out, Some(started_wall)).await;
             deps.health.relist_succeeded(Instant::now());
             if let Ok(d) = SystemTime::now().duration_since(UNIX_EPOCH) {
                 deps.metrics.last_seen.set(d.as_secs_f64());
             }
-            Ok(not_read)
+            Ok((
+                not_read,
+                GlobalSummary {
+                    took: start.elapsed(),
+                    ..summary
+                },
+            ))
         }
         Err(e) => {
             deps.metrics.count_relist_errors(RelistPhase::List, 1);
@@ -490,20 +656,36 @@ async fn global_relist(
     (start, result)
 }
 
-/// What a batch did, for its debug line.
+/// What a batch did, for its debug lines.
 struct BatchSummary {
     pods: usize,
     events: usize,
     failed: usize,
     took: Duration,
+    /// The longest a request of the batch waited for it to start.
+    max_waited: Duration,
+    /// Each pod's outcome, if debug lines are on.
+    pods_detail: Vec<PodOutcome>,
+}
+
+/// One pod of a batch, for its debug line.
+struct PodOutcome {
+    uid: String,
+    source: RelistSource,
+    /// From the request's enqueue to the batch's start.
+    waited: Duration,
+    events: usize,
+    error: Option<String>,
 }
 
 /// The relists of a batch of pods the dispatcher has settled must run: one span per
 /// request (linked to its cause), one read of all, one application of the result.
+/// `detail`: report each pod's outcome (for the debug lines).
 async fn targeted_relists(
     core: &mut GenericPleg,
     deps: &DispatcherDeps,
     reqs: &[RequestRelist],
+    detail: bool,
 ) -> BatchSummary {
     let start = Instant::now();
     let mut spans: Vec<_> = reqs
@@ -530,25 +712,31 @@ async fn targeted_relists(
         deps.metrics
             .count_relist_errors(RelistPhase::List, failed.len() as u64);
     }
+    let mut pods_detail = Vec::new();
     for (req, span) in reqs.iter().zip(spans.iter_mut()) {
-        match failed.get(&req.uid) {
-            Some(e) => {
-                tracing::debug!(pod = %req.uid, error = %e, "targeted relist failed");
-                span.set_status(opentelemetry::trace::Status::error(e.to_string()));
-            }
-            None => span.set_attribute(KeyValue::new(
-                "events",
-                out.events.iter().filter(|ev| ev.pod.uid == req.uid).count() as i64,
-            )),
+        let events = out.events.iter().filter(|ev| ev.pod.uid == req.uid).count();
+        let error = failed.get(&req.uid);
+        match error {
+            Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
+            None => span.set_attribute(KeyValue::new("events", events as i64)),
         }
         span.end();
+        if detail {
+            pods_detail.push(PodOutcome {
+                uid: req.uid.clone(),
+                source: req.source,
+                waited: start.saturating_duration_since(req.enqueued_at),
+                events,
+                error: error.map(|e| e.to_string()),
+            });
+        }
     }
-    let summary = BatchSummary {
-        pods: reqs.len(),
-        events: out.events.len(),
-        failed: failed.len(),
-        took: Duration::ZERO,
-    };
+    let max_waited = reqs
+        .iter()
+        .map(|r| start.saturating_duration_since(r.enqueued_at))
+        .max()
+        .unwrap_or_default();
+    let (events, failed) = (out.events.len(), failed.len());
     apply(deps, out, None).await;
     let took = start.elapsed();
     for req in reqs {
@@ -556,15 +744,35 @@ async fn targeted_relists(
             .observe_pod_relist(req.source, took.as_secs_f64());
         deps.metrics.count_request(RequestResult::Done, req.source);
     }
-    BatchSummary { took, ..summary }
+    BatchSummary {
+        pods: reqs.len(),
+        events,
+        failed,
+        took,
+        max_waited,
+        pods_detail,
+    }
 }
 
 impl Actor for RelistDispatcher {
     type Context = Context<Self>;
 
+    /// The dispatcher stops itself only with no unit of work in progress and nothing
+    /// pending; but actix hands it the mailbox once more before it stops, and a
+    /// request taken off then runs first.
+    fn stopping(&mut self, ctx: &mut Self::Context) -> Running {
+        if self.core.is_none() || !self.pending.is_empty() {
+            if self.core.is_some() {
+                self.schedule_batch(ctx);
+            }
+            return Running::Continue;
+        }
+        Running::Stop
+    }
+
     fn stopped(&mut self, _: &mut Self::Context) {
-        // Requests still queued are dropped with the mailbox.
         self.deps.metrics.queue_depth.set(0);
+        self.deps.metrics.relist_pending.set(0);
     }
 
     fn started(&mut self, ctx: &mut Self::Context) {
@@ -577,11 +785,9 @@ impl Handler<RequestRelist> for RelistDispatcher {
 
     fn handle(&mut self, msg: RequestRelist, ctx: &mut Self::Context) {
         self.deps.metrics.queue_depth.dec();
-        if self.stop_if_asked(ctx) {
-            return;
-        }
         // A request a completed global relist already covers is settled at once; any
-        // other waits for its turn in the next batch, after a due global relist.
+        // other waits for its turn in the next batch, after a due global relist (a
+        // unit in progress starts it when it ends).
         let pending = if self.schedule.covers(msg.enqueued_at) {
             self.settle(msg)
         } else {
@@ -600,7 +806,8 @@ impl Handler<Stop> for RelistDispatcher {
     type Result = ();
 
     fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
-        ctx.stop();
+        self.stopping.store(true, Ordering::SeqCst);
+        self.wind_down(ctx);
     }
 }
 
@@ -627,7 +834,7 @@ impl Handler<BringForward> for RelistDispatcher {
     type Result = ();
 
     fn handle(&mut self, _: BringForward, ctx: &mut Self::Context) {
-        if self.stop_if_asked(ctx) {
+        if self.wind_down(ctx) {
             return;
         }
         if self.schedule.bring_forward(Instant::now()) {

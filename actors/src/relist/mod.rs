@@ -4,6 +4,7 @@
 //! router that sends a held pod's requests to its sync gate instead.
 
 pub(crate) mod dispatcher;
+pub(crate) mod log_budget;
 pub(crate) mod queue;
 pub(crate) mod router;
 pub(crate) mod schedule;

@@ -1,8 +1,10 @@
 //! The on-demand relist queue: the handle every request source holds. It stamps each
 //! request with its enqueue time and `try_send`s it into the dispatcher's bounded
 //! mailbox, never blocking; a full mailbox drops the request and counts it (the next
-//! global relist reconciles).
+//! global relist reconciles). Once the dispatcher is asked to stop, it refuses every
+//! request the same way (the dispatcher relists those it accepted before it stops).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,6 +21,8 @@ pub struct RelistQueue {
     requests: Recipient<RequestRelist>,
     soon: Recipient<BringForward>,
     metrics: Arc<Metrics>,
+    /// Set when the dispatcher is asked to stop: requests are refused from then on.
+    closed: Arc<AtomicBool>,
 }
 
 impl RelistQueue {
@@ -33,13 +37,23 @@ impl RelistQueue {
             requests,
             soon,
             metrics,
+            closed: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// The same queue, refusing every request once `closed` is set.
+    pub(crate) fn refusing_once(self, closed: Arc<AtomicBool>) -> Self {
+        RelistQueue { closed, ..self }
     }
 
     /// Enqueues a targeted relist without blocking, remembering the span of its cause
     /// (linked from the relist's). False if the queue was full (the request is dropped
-    /// and counted) or the dispatcher is gone.
+    /// and counted), or the dispatcher is stopping or gone (dropped and counted too).
     pub fn request(&self, uid: &str, source: RelistSource, cause: Option<SpanContext>) -> bool {
+        if self.closed.load(Ordering::SeqCst) {
+            self.metrics.count_request(RequestResult::Dropped, source);
+            return false;
+        }
         let msg = RequestRelist {
             uid: uid.to_string(),
             source,

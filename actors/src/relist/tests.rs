@@ -6,7 +6,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plegd_sim::{FakeRuntime, Op};
+use plegd_runtime::RuntimeClient;
+use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
 use plegd_telemetry::{Metrics, RequestResult};
 
 use super::dispatcher::{
@@ -85,13 +86,17 @@ impl Default for Setup {
 }
 
 fn start(rt: &FakeRuntime, setup: Setup) -> Bench {
+    start_on(Arc::new(rt.clone()), setup)
+}
+
+fn start_on(runtime: Arc<dyn RuntimeClient>, setup: Setup) -> Bench {
     let (cache_addr, cache) = Recorder::<ApplyRelist>::start(setup.cache);
     let (publisher_addr, published) = Recorder::<Publish>::start(setup.publisher);
     let metrics = Arc::new(Metrics::new());
     let health = Health::new(setup.health_threshold);
     let held = HeldPods::default();
     let dispatcher = RelistDispatcher::start(
-        GenericPleg::new(Arc::new(rt.clone()), 4),
+        GenericPleg::new(runtime, 4),
         DispatcherConfig {
             relist_period: setup.period,
             queue_capacity: setup.capacity,
@@ -240,10 +245,11 @@ async fn a_slow_cache_delays_publishing_until_it_acknowledged() {
 }
 
 /// Finding: the dispatcher awaits the publisher's acknowledgement (`send`) inside the
-/// unit of work that holds its mailbox. A publisher that stalls therefore stalls the
-/// whole Generic PLEG: no global relist starts, health goes stale, the relist queue
-/// fills and drops. The real EventPublisher never blocks in `Publish` (subscribers'
-/// queues are `try_send`), so this needs a publisher that is stuck or starved.
+/// unit of work. A publisher that stalls therefore stalls the whole Generic PLEG: no
+/// global relist starts and health goes stale. The relist queue is still drained
+/// meanwhile (issue 11): requests wait in the pending set, one per pod. The real
+/// EventPublisher never blocks in `Publish` (subscribers' queues are `try_send`), so
+/// this needs a publisher that is stuck or starved.
 #[actix_rt::test]
 async fn a_stalled_publisher_stalls_the_relist_schedule_until_released() {
     let rt = FakeRuntime::new();
@@ -286,26 +292,30 @@ async fn a_stalled_publisher_stalls_the_relist_schedule_until_released() {
     assert_eq!(b.global_relists(), relists);
     assert_eq!(b.published.len(), 0);
 
-    // The queue is not drained meanwhile: a burst fills it and the rest is dropped.
+    // The queue is drained meanwhile: a burst without a pause fills the mailbox (one
+    // sender handle: capacity - 1 messages, then the one that parks it), but the
+    // dispatcher takes them off as soon as it runs, and more are accepted.
     let mut accepted = 0;
-    for _ in 0..100 {
-        if b.dispatcher
-            .queue
-            .request("u1", RelistSource::EventedPleg, None)
-        {
+    for _ in 0..25 {
+        for _ in 0..4 {
+            assert!(b
+                .dispatcher
+                .queue
+                .request("u1", RelistSource::EventedPleg, None));
             accepted += 1;
         }
+        wait_until("the queue drained", || b.metrics.queue_depth.get() == 0).await;
     }
-    // One sender handle: capacity - 1 messages, then the one that parks it.
-    assert_eq!(accepted, 4);
-    assert_eq!(b.requests(RequestResult::Dropped), 100 - accepted);
-    assert_eq!(b.metrics.queue_depth.get(), accepted as i64);
-    assert_eq!(b.settled(), 0);
-    // Nor can a global relist be brought forward (its own sender handle: accepted).
+    assert_eq!(b.requests(RequestResult::Dropped), 0);
+    // All for one pod: merged into one while the relist waits.
+    assert_eq!(b.requests(RequestResult::Merged), accepted - 1);
+    assert_eq!(b.requests(RequestResult::Done), 0);
+    // A global relist cannot be brought forward (it is overdue anyway).
     b.dispatcher.queue.bring_forward();
 
-    // Released: the stuck relist publishes, the schedule resumes, and the queued
-    // requests are covered by the global relist that runs first (it is long overdue).
+    // Released: the stuck relist publishes, the schedule resumes, and the waiting
+    // request, which came after that relist started, is covered by the global relist
+    // that runs next (it is long overdue).
     b.published.release();
     wait_until("the stuck relist published", || b.published.len() >= 1).await;
     assert_eq!(
@@ -313,10 +323,7 @@ async fn a_stalled_publisher_stalls_the_relist_schedule_until_released() {
         vec![(EventKind::ContainerStarted, sb, RelistSource::Global)]
     );
     wait_until("queued requests settled", || b.settled() == accepted).await;
-    // All for one pod: merged into one while they waited (batches, issue 11), and that
-    // one skipped.
     assert_eq!(b.requests(RequestResult::Skipped), 1);
-    assert_eq!(b.requests(RequestResult::Merged), accepted - 1);
     assert_eq!(b.requests(RequestResult::Done), 0);
     wait_until("healthy again", || b.health.check().is_ok()).await;
     let relists = b.global_relists();
@@ -644,4 +651,550 @@ async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
             RelistSource::EventedPleg
         )]
     );
+}
+
+/// The fake runtime, except that a targeted read (a known pod's container list) waits
+/// while the gate is closed, and then fails for a sandbox given failures to make;
+/// unfiltered sandbox lists (global relists, and reads of pods plegd does not know)
+/// are counted.
+struct Gated {
+    inner: FakeRuntime,
+    closed: tokio::sync::watch::Sender<bool>,
+    waiting: std::sync::atomic::AtomicUsize,
+    failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    unfiltered_lists: std::sync::atomic::AtomicU64,
+    /// Unfiltered sandbox lists (global relists) fail after 30 ms of the runtime's
+    /// time.
+    global_fails: std::sync::atomic::AtomicBool,
+}
+
+impl Gated {
+    fn new(inner: FakeRuntime) -> Arc<Intercepted<Gated>> {
+        Arc::new(Intercepted(Gated {
+            inner,
+            closed: tokio::sync::watch::channel(false).0,
+            waiting: Default::default(),
+            failures: Default::default(),
+            unfiltered_lists: Default::default(),
+            global_fails: Default::default(),
+        }))
+    }
+
+    fn close(&self) {
+        self.closed.send_replace(true);
+    }
+
+    fn open(&self) {
+        self.closed.send_replace(false);
+    }
+
+    /// Targeted reads waiting at the gate.
+    fn waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The next `times` reads of this sandbox's containers fail.
+    fn fail(&self, sandbox: &str, times: u32) {
+        self.failures
+            .lock()
+            .unwrap()
+            .insert(sandbox.to_string(), times);
+    }
+
+    fn unfiltered_lists(&self) -> u64 {
+        self.unfiltered_lists
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl Intercept for Gated {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+
+    async fn list_sandboxes(
+        &self,
+        id: Option<&str>,
+    ) -> Result<Vec<plegd_runtime::Sandbox>, plegd_runtime::RuntimeError> {
+        if id.is_none() {
+            self.unfiltered_lists
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.global_fails.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                return Err(plegd_runtime::RuntimeError::Rpc {
+                    op: "ListPodSandbox",
+                    code: tonic::Code::Unavailable,
+                    message: "injected".into(),
+                });
+            }
+        }
+        self.inner.list_sandboxes(id).await
+    }
+
+    async fn list_containers(
+        &self,
+        sb: Option<&str>,
+    ) -> Result<Vec<plegd_runtime::Container>, plegd_runtime::RuntimeError> {
+        if let Some(sb) = sb {
+            let mut open = self.closed.subscribe();
+            self.waiting
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = open.wait_for(|closed| !*closed).await;
+            self.waiting
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            let fail = match self.failures.lock().unwrap().get_mut(sb) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            };
+            if fail {
+                return Err(plegd_runtime::RuntimeError::Rpc {
+                    op: "ListContainers",
+                    code: tonic::Code::Unavailable,
+                    message: "injected".into(),
+                });
+            }
+        }
+        self.inner.list_containers(sb).await
+    }
+}
+
+/// `n` pods u0.. with one running container each: (uid, sandbox, container).
+fn pods_with_a_container(rt: &FakeRuntime, n: usize) -> Vec<(String, String, String)> {
+    (0..n)
+        .map(|i| {
+            let uid = format!("u{i}");
+            let sb = rt.run_pod(&uid, "p", "ns");
+            let c = rt.run_container(&sb, "app");
+            (uid, sb, c)
+        })
+        .collect()
+}
+
+/// Every ContainerDied published so far: container id → the sources that found it.
+fn deaths(b: &Bench) -> std::collections::HashMap<String, Vec<RelistSource>> {
+    let mut out: std::collections::HashMap<String, Vec<RelistSource>> = Default::default();
+    for p in b.published.all() {
+        for e in p.0 {
+            if e.kind == EventKind::ContainerDied {
+                out.entry(e.container_id).or_default().push(e.relist_source);
+            }
+        }
+    }
+    out
+}
+
+impl Bench {
+    /// Sends `uids` in chunks that each fill the mailbox (`capacity` - 1 messages from
+    /// one sender), waiting after each for the dispatcher to take them off. Panics if
+    /// one is refused. Returns how many were sent.
+    async fn request_in_chunks(&self, uids: &[&str], capacity: usize) -> u64 {
+        for chunk in uids.chunks(capacity - 1) {
+            for uid in chunk {
+                assert!(
+                    self.dispatcher
+                        .queue
+                        .request(uid, RelistSource::EventedPleg, None),
+                    "request for {uid} refused"
+                );
+            }
+            wait_until("the mailbox drained while the unit of work waits", || {
+                self.metrics.queue_depth.get() == 0
+            })
+            .await;
+        }
+        uids.len() as u64
+    }
+
+    fn all_requests(&self, result: RequestResult) -> u64 {
+        RelistSource::ALL
+            .iter()
+            .map(|&s| self.metrics.requests(result, s))
+            .sum()
+    }
+}
+
+/// Issue 11 (regression: a batch held the mailbox, so on a busy machine a storm of
+/// requests overflowed the queue while a batch ran): while a batch's reads wait, far
+/// more requests than the queue holds arrive — each pod twice, one out of order — and
+/// none is dropped: they wait in the pending set, one per pod, and run as the next
+/// batch once the reads complete. Every death is published exactly once.
+#[actix_rt::test]
+async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped() {
+    const PODS: usize = 100;
+    const CAPACITY: usize = 8;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(
+        gated.clone(),
+        Setup {
+            capacity: CAPACITY,
+            ..Setup::default()
+        },
+    );
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    let applied = b.cache.len();
+    gated.close();
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    // A batch of the first pod starts and waits at the gate.
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let before_the_storm = Instant::now();
+    // Every pod asked for twice meanwhile (the first pod too: its read may predate
+    // the request), 200 requests through a queue of 8.
+    let uids: Vec<&str> = pods.iter().map(|(u, _, _)| u.as_str()).collect();
+    let mut accepted = 1;
+    for _ in 0..2 {
+        accepted += b.request_in_chunks(&uids, CAPACITY).await;
+    }
+    // One arrives out of order: older than the request waiting for its pod.
+    b.metrics.queue_depth.inc();
+    b.metrics
+        .count_request(RequestResult::Queued, RelistSource::PostSync);
+    b.dispatcher
+        .stop
+        .addr()
+        .send(RequestRelist {
+            uid: "u5".into(),
+            source: RelistSource::PostSync,
+            enqueued_at: before_the_storm,
+            cause: None,
+        })
+        .await
+        .unwrap();
+    accepted += 1;
+    assert_eq!(b.all_requests(RequestResult::Dropped), 0);
+    assert_eq!(
+        b.settled(),
+        PODS as u64,
+        "the second ask of each pod merged"
+    );
+    assert_eq!(gated.waiting(), 1, "the batch still waits");
+    assert_eq!(b.metrics.relist_pending.get(), PODS as i64);
+
+    gated.open();
+    wait_until("every request settled", || {
+        b.all_requests(RequestResult::Done)
+            + b.all_requests(RequestResult::Merged)
+            + b.all_requests(RequestResult::Skipped)
+            == accepted
+    })
+    .await;
+    // The batch that waited, then all the pending pods as one batch.
+    assert_eq!(b.cache.len(), applied + 2);
+    assert_eq!(b.requests(RequestResult::Done), 1 + PODS as u64);
+    // The older request lost to the newer one, whose source the event carries.
+    assert_eq!(
+        b.metrics
+            .requests(RequestResult::Merged, RelistSource::PostSync),
+        1
+    );
+    assert_eq!(b.all_requests(RequestResult::Dropped), 0);
+    wait_until("every death published", || deaths(&b).len() == PODS).await;
+    for (_, _, c) in &pods {
+        assert_eq!(deaths(&b)[c], vec![RelistSource::EventedPleg], "{c}");
+    }
+    assert_eq!(b.metrics.queue_depth.get(), 0);
+    assert_eq!(b.metrics.relist_pending.get(), 0);
+    assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
+}
+
+/// A global relist that becomes due while a batch waits runs next, before the
+/// requests that came meanwhile (KEP-3386: a due global relist has priority); it
+/// started after they were made, so they are skipped, and it publishes the deaths.
+#[actix_rt::test]
+async fn a_global_relist_due_during_a_batch_runs_next_and_covers_the_requests_that_waited() {
+    const PODS: usize = 10;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
+    b.request_in_chunks(&uids, 1024).await;
+    b.dispatcher.queue.bring_forward();
+    gated.open();
+    wait_until("every request settled", || b.settled() == PODS as u64).await;
+    assert_eq!(b.requests(RequestResult::Done), 1);
+    assert_eq!(b.requests(RequestResult::Skipped), PODS as u64 - 1);
+    assert_eq!(b.global_relists(), 2);
+    let deaths = deaths(&b);
+    assert_eq!(deaths[&pods[0].2], vec![RelistSource::EventedPleg]);
+    for (_, _, c) in &pods[1..] {
+        assert_eq!(deaths[c], vec![RelistSource::Global], "{c}");
+    }
+}
+
+/// The read of the batch in progress fails after more requests came, one of them for
+/// the same pod: that pod's request runs in the next batch and publishes its death;
+/// a read failing in that batch spares the other pods; nothing is lost or doubled.
+#[actix_rt::test]
+async fn reads_failing_mid_storm_cost_only_their_pod() {
+    const PODS: usize = 12;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    gated.fail(&pods[0].1, 1);
+    gated.fail(&pods[7].1, 1);
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let uids: Vec<&str> = pods.iter().map(|(u, _, _)| u.as_str()).collect();
+    b.request_in_chunks(&uids, 1024).await;
+    gated.open();
+    wait_until("every request settled", || b.settled() == 1 + PODS as u64).await;
+    assert_eq!(
+        b.metrics.relist_errors(plegd_telemetry::RelistPhase::List),
+        2
+    );
+    let deaths = deaths(&b);
+    assert_eq!(deaths.len(), PODS - 1, "all but the pod whose read failed");
+    assert!(!deaths.contains_key(&pods[7].2));
+    assert_eq!(deaths[&pods[0].2], vec![RelistSource::EventedPleg]);
+    // The failed pod is found by its next request.
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[7].0, RelistSource::EventedPleg, None));
+    wait_until("the failed pod's death published", || {
+        self::deaths(&b).len() == PODS
+    })
+    .await;
+    assert_eq!(
+        self::deaths(&b)
+            .values()
+            .map(|sources| sources.len())
+            .sum::<usize>(),
+        PODS,
+        "each death once"
+    );
+}
+
+/// Stop in the middle of a batch (defined in the dispatcher's docs): the queue refuses
+/// from then on (dropped, counted); the batch finishes and publishes; every request
+/// accepted before the stop is relisted and published; no global relist starts,
+/// though one is due; then the dispatcher stops.
+#[actix_rt::test]
+async fn a_stop_during_a_batch_relists_every_request_accepted_before_it() {
+    const PODS: usize = 20;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
+    b.request_in_chunks(&uids, 1024).await;
+    b.dispatcher.queue.bring_forward();
+    b.dispatcher.stop.stop();
+    assert!(!b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    assert_eq!(b.requests(RequestResult::Dropped), 1);
+    assert_eq!(b.requests(RequestResult::Queued), PODS as u64);
+    tokio::task::yield_now().await;
+    assert!(!b.dispatcher.stop.stopped(), "stopped with a batch waiting");
+    gated.open();
+    wait_until("stopped", || b.dispatcher.stop.stopped()).await;
+    assert_eq!(b.settled(), PODS as u64, "every accepted request settled");
+    assert_eq!(b.requests(RequestResult::Done), PODS as u64);
+    let deaths = deaths(&b);
+    assert_eq!(deaths.len(), PODS, "every death published: {deaths:?}");
+    assert_eq!(
+        gated.unfiltered_lists(),
+        1,
+        "no global relist after the stop"
+    );
+    assert_eq!(b.metrics.queue_depth.get(), 0);
+}
+
+/// The pending set holds as many pods as plegd knows and twice the queue's capacity
+/// more: requests for UIDs that are not pods (the API takes any) beyond that are
+/// dropped and counted; one for a pod already waiting is always merged.
+#[actix_rt::test]
+async fn the_pending_set_is_bounded_by_the_known_pods_and_the_queue_capacity() {
+    const KNOWN: usize = 3;
+    const CAPACITY: usize = 4;
+    const UNKNOWN: usize = 20;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, KNOWN);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(
+        gated.clone(),
+        Setup {
+            capacity: CAPACITY,
+            ..Setup::default()
+        },
+    );
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let unknown: Vec<String> = (0..UNKNOWN).map(|i| format!("x{i}")).collect();
+    let uids: Vec<&str> = unknown.iter().map(String::as_str).collect();
+    let mut accepted = 1 + b.request_in_chunks(&uids, CAPACITY).await;
+    let bound = KNOWN + 2 * CAPACITY;
+    let dropped = (UNKNOWN - bound) as u64;
+    assert_eq!(b.requests(RequestResult::Dropped), dropped);
+    // Those already waiting are merged, never dropped.
+    accepted += b.request_in_chunks(&uids[..bound], CAPACITY).await;
+    assert_eq!(b.requests(RequestResult::Dropped), dropped);
+    assert_eq!(b.requests(RequestResult::Merged), bound as u64);
+    gated.open();
+    wait_until("every request kept is settled", || {
+        b.settled() + b.requests(RequestResult::Dropped) == accepted
+    })
+    .await;
+    assert_eq!(b.requests(RequestResult::Done), 1 + bound as u64);
+}
+
+/// Issue 11: one debug line per global relist, per batch and per pod relisted
+/// (source, how long its request waited, the batch's time, events), each kind under a
+/// budget, so a storm cannot flood the log; the next line let through counts the
+/// lines suppressed.
+#[actix_rt::test]
+async fn each_relist_writes_a_debug_line_under_a_budget() {
+    use super::log_budget::{capture::Captured, LINES_PER_WINDOW};
+    let log = Captured::default();
+    let _guard = log.install();
+    const PODS: usize = 200;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let b = start(&rt, Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    let global = log.matching(&["global relist", "pods_inspected=200", "events=400"]);
+    assert_eq!(global.len(), 1, "{:?}", log.lines());
+
+    rt.exit_container(&pods[0].2, 1);
+    assert!(b
+        .dispatcher
+        .queue
+        .request("u0", RelistSource::PostSync, None));
+    wait_until("the relist's line", || {
+        !log.matching(&["targeted relist batch"]).is_empty()
+    })
+    .await;
+    let line = log.matching(&["targeted relist ", "pod=u0"]);
+    assert_eq!(line.len(), 1, "{:?}", log.lines());
+    for field in ["source=post_sync", "waited_ms=", "took_ms=", "events=1"] {
+        assert!(line[0].contains(field), "{field} in {}", line[0]);
+    }
+
+    // A storm: one batch of 200 pods, at most the budget of per-pod lines.
+    for (uid, _, _) in &pods {
+        assert!(b
+            .dispatcher
+            .queue
+            .request(uid, RelistSource::EventedPleg, None));
+    }
+    wait_until("the storm done", || {
+        b.requests(RequestResult::Done) == PODS as u64
+    })
+    .await;
+    let per_pod = log.matching(&["targeted relist ", "pod="]).len();
+    assert!(
+        per_pod <= LINES_PER_WINDOW as usize,
+        "{per_pod} per-pod lines"
+    );
+    assert!(per_pod < PODS);
+    // Once the window has passed, the next line says how many were suppressed.
+    wait_until("a line counting the suppressed ones", || {
+        if log
+            .matching(&["targeted relist ", "pod=u1 ", "suppressed="])
+            .iter()
+            .any(|l| !l.contains("suppressed=0"))
+        {
+            return true;
+        }
+        b.dispatcher
+            .queue
+            .request("u1", RelistSource::EventedPleg, None);
+        false
+    })
+    .await;
+}
+
+/// Global relists slower than their period (here: failing after 30 ms, period 20 ms)
+/// never starve the requests that waited since before one started: they get the next
+/// unit although another global relist is due by then.
+#[actix_rt::test]
+async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
+    const PODS: usize = 5;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(
+        gated.clone(),
+        Setup {
+            period: Duration::from_millis(20),
+            ..Setup::default()
+        },
+    );
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    gated
+        .global_fails
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
+    b.request_in_chunks(&uids, 1024).await;
+    let lists = gated.unfiltered_lists();
+    // Due now (if the period has not passed yet), so it runs once the batch ends.
+    b.dispatcher.queue.bring_forward();
+    gated.open();
+    wait_until("every request done", || {
+        b.requests(RequestResult::Done) == PODS as u64
+    })
+    .await;
+    assert!(
+        gated.unfiltered_lists() > lists,
+        "a global relist ran (and failed) in between"
+    );
+    assert!(b.metrics.relist_errors(plegd_telemetry::RelistPhase::List) >= 1);
+    wait_until("every death published", || deaths(&b).len() == PODS).await;
 }
