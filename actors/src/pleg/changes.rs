@@ -19,7 +19,7 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 
 use super::record::{PlegState, PodRecord};
-use plegd_runtime::{Container, Sandbox};
+use plegd_runtime::{ContainerRef, SandboxRef};
 
 /// The change check's hash tables, kept from one relist to the next (cleared, never
 /// freed): allocating and freeing tables of a few hundred KB every relist made glibc
@@ -40,8 +40,8 @@ pub struct Scratch {
 /// The pods whose lists differ from their records (new, changed or gone), or `None`
 /// when every pod must be rebuilt.
 pub fn changed_pods<'a>(
-    sandboxes: &'a [Sandbox],
-    containers: &'a [Container],
+    sandboxes: &[SandboxRef<'a>],
+    containers: &[ContainerRef<'a>],
     records: &'a HashMap<String, PodRecord>,
     scratch: &mut Scratch,
 ) -> Option<BTreeSet<&'a str>> {
@@ -55,7 +55,7 @@ pub fn changed_pods<'a>(
     listed.clear();
     unchanged.clear();
     let hash = |s: &str| state.hash_one(s);
-    let uid_at = |i: u32| sandboxes[i as usize].pod.uid.as_str();
+    let uid_at = |i: u32| sandboxes[i as usize].uid;
     // Counts one unchanged entry (sandbox or container) of the pod of sandbox `i`.
     let mut count = |i: u32, sandbox: bool| {
         let uid = uid_at(i);
@@ -75,17 +75,17 @@ pub fn changed_pods<'a>(
     let mut changed = BTreeSet::new();
     for (i, sb) in sandboxes.iter().enumerate() {
         let i = u32::try_from(i).ok()?;
-        let h = hash(&sb.id);
+        let h = hash(sb.id);
         if owner
             .find(h, |&j| sandboxes[j as usize].id == sb.id)
             .is_some()
         {
             return None;
         }
-        owner.insert_unique(h, i, |&j| hash(&sandboxes[j as usize].id));
-        let uid = sb.pod.uid.as_str();
+        owner.insert_unique(h, i, |&j| hash(sandboxes[j as usize].id));
+        let uid = sb.uid;
         let same = records.get(uid).is_some_and(|rec| {
-            rec.sandboxes.get(&sb.id) == Some(&PlegState::from(sb.state)) && rec.pod == sb.pod
+            rec.sandboxes.get(sb.id) == Some(&PlegState::from(sb.state)) && sb.is_pod(&rec.pod)
         });
         if same {
             count(i, true);
@@ -95,22 +95,22 @@ pub fn changed_pods<'a>(
     }
     for (i, c) in containers.iter().enumerate() {
         let i = u32::try_from(i).ok()?;
-        let h = hash(&c.id);
+        let h = hash(c.id);
         if listed
             .find(h, |&j| containers[j as usize].id == c.id)
             .is_some()
         {
             return None;
         }
-        listed.insert_unique(h, i, |&j| hash(&containers[j as usize].id));
+        listed.insert_unique(h, i, |&j| hash(containers[j as usize].id));
         // A container whose sandbox is not listed belongs to whatever pod the records
         // knew that sandbox in: rare (a sandbox going away), and left to `group`.
-        let sb = *owner.find(hash(&c.sandbox_id), |&j| {
+        let sb = *owner.find(hash(c.sandbox_id), |&j| {
             sandboxes[j as usize].id == c.sandbox_id
         })?;
         let uid = uid_at(sb);
         let same = records.get(uid).is_some_and(|rec| {
-            rec.containers.get(&c.id).is_some_and(|(sb, state)| {
+            rec.containers.get(c.id).is_some_and(|(sb, state)| {
                 *state == PlegState::from(c.state) && *sb == c.sandbox_id
             })
         });
@@ -139,7 +139,18 @@ mod tests {
 
     use crate::pleg::diff::pod_events;
     use crate::pleg::record::group;
-    use plegd_runtime::{ContainerState, PodRef, SandboxState};
+    use plegd_runtime::{Container, ContainerState, ListView, PodRef, Sandbox, SandboxState};
+
+    /// [`changed_pods`] of decoded lists.
+    fn changed<'a>(
+        sandboxes: &'a [Sandbox],
+        containers: &'a [Container],
+        records: &'a HashMap<String, PodRecord>,
+        scratch: &mut Scratch,
+    ) -> Option<BTreeSet<&'a str>> {
+        let view = ListView::of(sandboxes, containers);
+        changed_pods(&view.sandboxes, &view.containers, records, scratch)
+    }
 
     fn sandbox(id: &str, uid: &str, state: SandboxState) -> Sandbox {
         Sandbox {
@@ -186,7 +197,7 @@ mod tests {
         let records = group(&sandboxes, &containers, &HashMap::new());
         let none: BTreeSet<&str> = BTreeSet::new();
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
+            changed(&sandboxes, &containers, &records, &mut Scratch::default()),
             Some(none)
         );
         // Created and Unknown are the same PLEG state: no change.
@@ -194,14 +205,14 @@ mod tests {
         let records = group(&sandboxes, &containers, &HashMap::new());
         containers[0].state = ContainerState::Created;
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default())
+            changed(&sandboxes, &containers, &records, &mut Scratch::default())
                 .unwrap()
                 .len(),
             0
         );
         containers[1].state = ContainerState::Exited;
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
+            changed(&sandboxes, &containers, &records, &mut Scratch::default()),
             Some(BTreeSet::from(["u2"]))
         );
         // One gone, one new pod.
@@ -210,12 +221,12 @@ mod tests {
         sandboxes.push(sandbox("s9", "u9", SandboxState::Ready));
         let records = group(&node().0, &node().1, &HashMap::new());
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
+            changed(&sandboxes, &containers, &records, &mut Scratch::default()),
             Some(BTreeSet::from(["u2", "u9"]))
         );
         // A pod gone altogether.
         assert_eq!(
-            changed_pods(
+            changed(
                 &sandboxes[..1],
                 &containers[..1],
                 &records,
@@ -231,7 +242,7 @@ mod tests {
         let records = group(&sandboxes, &containers, &HashMap::new());
         // A container whose sandbox is not listed.
         assert_eq!(
-            changed_pods(
+            changed(
                 &sandboxes[..1],
                 &containers,
                 &records,
@@ -242,12 +253,12 @@ mod tests {
         // An ID listed twice.
         let twice = [sandboxes.clone(), sandboxes[..1].to_vec()].concat();
         assert_eq!(
-            changed_pods(&twice, &containers, &records, &mut Scratch::default()),
+            changed(&twice, &containers, &records, &mut Scratch::default()),
             None
         );
         let twice = [containers.clone(), containers[..1].to_vec()].concat();
         assert_eq!(
-            changed_pods(&sandboxes, &twice, &records, &mut Scratch::default()),
+            changed(&sandboxes, &twice, &records, &mut Scratch::default()),
             None
         );
     }
@@ -304,7 +315,7 @@ mod tests {
             let records = group(&s0, &c0, &HashMap::new());
             let (s1, c1) = lists(&mut rng);
             let whole = group(&s1, &c1, &records);
-            let Some(changed) = changed_pods(&s1, &c1, &records, &mut scratch) else {
+            let Some(changed) = changed(&s1, &c1, &records, &mut scratch) else {
                 continue;
             };
             decided += 1;
