@@ -7,9 +7,9 @@
 //! It accepts exactly what prost's decoding of `cri::ListPodSandboxResponse` and
 //! `cri::ListContainersResponse` accepts, and reads the same values: the last value
 //! of a scalar field wins, a repeated embedded message merges into the first, every
-//! string (skipped ones included) must be UTF-8, map fields are read whatever their
-//! wire type says (as prost does), unknown fields (groups included) are skipped, and
-//! prost's recursion limit holds. The tests check it against prost on generated and
+//! string (skipped ones included) must be UTF-8, every known field must have its wire
+//! type, unknown fields (groups included) are skipped, and prost's recursion limit
+//! holds. The tests check it against prost on generated and
 //! mangled messages.
 
 use std::collections::BTreeMap;
@@ -52,11 +52,36 @@ fn err(what: &str) -> WireError {
     what.to_string()
 }
 
+/// A field's key; keys of one byte (tags up to 15) without prost's general path.
+#[inline(always)]
 fn key(buf: &mut &[u8]) -> Res<(u32, WireType)> {
+    if let Some((&b, rest)) = buf.split_first() {
+        let wire_type = match b & 7 {
+            0 => Some(WireType::Varint),
+            1 => Some(WireType::SixtyFourBit),
+            2 => Some(WireType::LengthDelimited),
+            3 => Some(WireType::StartGroup),
+            4 => Some(WireType::EndGroup),
+            5 => Some(WireType::ThirtyTwoBit),
+            _ => None,
+        };
+        if let (true, Some(wire_type)) = (b < 0x80 && b >> 3 != 0, wire_type) {
+            *buf = rest;
+            return Ok((u32::from(b >> 3), wire_type));
+        }
+    }
     decode_key(buf).map_err(|e| e.to_string())
 }
 
+/// A varint; one-byte values without prost's general path.
+#[inline(always)]
 fn varint(buf: &mut &[u8]) -> Res<u64> {
+    if let Some((&b, rest)) = buf.split_first() {
+        if b < 0x80 {
+            *buf = rest;
+            return Ok(u64::from(b));
+        }
+    }
     decode_varint(buf).map_err(|e| e.to_string())
 }
 
@@ -70,6 +95,7 @@ fn expect(want: WireType, got: WireType) -> Res<()> {
 
 /// A length-delimited payload (the length is read whatever `wire_type` says: callers
 /// check it first where prost does).
+#[inline]
 fn delimited<'a>(buf: &mut &'a [u8]) -> Res<&'a [u8]> {
     let len = varint(buf)?;
     if len > buf.len() as u64 {
@@ -80,6 +106,7 @@ fn delimited<'a>(buf: &mut &'a [u8]) -> Res<&'a [u8]> {
     Ok(head)
 }
 
+#[inline]
 fn string<'a>(wire_type: WireType, buf: &mut &'a [u8]) -> Res<&'a str> {
     expect(WireType::LengthDelimited, wire_type)?;
     std::str::from_utf8(delimited(buf)?)
@@ -130,13 +157,15 @@ fn message<'a>(wire_type: WireType, buf: &mut &'a [u8], depth: u32) -> Res<&'a [
     delimited(buf)
 }
 
-/// A `map<string, string>` field (prost reads its length whatever the wire type):
-/// every entry is checked; with `into`, inserted in order (the last key wins).
+/// A `map<string, string>` field: every entry is checked; with `into`, inserted in
+/// order (the last key wins).
 fn string_map(
+    wire_type: WireType,
     buf: &mut &[u8],
     depth: u32,
     into: Option<&mut BTreeMap<String, String>>,
 ) -> Res<()> {
+    expect(WireType::LengthDelimited, wire_type)?;
     if depth == 0 {
         return Err(err("recursion limit reached"));
     }
@@ -196,8 +225,8 @@ pub fn sandbox_fields<'a>(
             }
             (3, wt) => f.state = int(wt, &mut buf)? as i32,
             (4, wt) => f.created_at = int(wt, &mut buf)? as i64,
-            (5, _) => string_map(&mut buf, depth, labels.as_deref_mut())?,
-            (6, _) => string_map(&mut buf, depth, None)?,
+            (5, wt) => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
+            (6, wt) => string_map(wt, &mut buf, depth, None)?,
             (7, wt) => {
                 string(wt, &mut buf)?;
             }
@@ -214,7 +243,7 @@ fn image_spec(mut buf: &[u8], depth: u32) -> Res<()> {
             (1 | 18 | 19, wt) => {
                 string(wt, &mut buf)?;
             }
-            (2, _) => string_map(&mut buf, depth, None)?,
+            (2, wt) => string_map(wt, &mut buf, depth, None)?,
             (tag, wt) => skip(wt, tag, &mut buf, depth)?,
         }
     }
@@ -244,7 +273,7 @@ pub fn container_fields(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> 
             }
             (6, wt) => f.state = int(wt, &mut buf)? as i32,
             (7, wt) => f.created_at = int(wt, &mut buf)? as i64,
-            (8 | 9, _) => string_map(&mut buf, depth, None)?,
+            (8 | 9, wt) => string_map(wt, &mut buf, depth, None)?,
             (tag, wt) => skip(wt, tag, &mut buf, depth)?,
         }
     }
@@ -492,8 +521,8 @@ mod tests {
             1 => bytes[at] ^= 1 << rng.below(8),
             2 => bytes[at] = 0xff,
             3 => bytes.insert(at, rng.below(256) as u8),
-            // A key byte for "tag 5 / tag 8, varint" or "end group": what prost reads
-            // for a map field whatever its wire type, and a stray group end.
+            // A key byte for "tag 5 / tag 8, varint" (a map field of the wrong wire
+            // type) or "end group" (a stray group end).
             4 => bytes.insert(at, [0x28, 0x40, 0x0c, 0x80][rng.below(4) as usize]),
             5 => bytes[at] = 0xc3, // a UTF-8 lead byte alone
             _ => {}

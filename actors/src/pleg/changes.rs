@@ -21,7 +21,7 @@ use hashbrown::HashTable;
 use super::record::{PlegState, PodRecord};
 use plegd_runtime::{ContainerRef, SandboxRef};
 
-/// The change check's hash tables, kept from one relist to the next (cleared, never
+/// The change check's tables, kept from one relist to the next (cleared, never
 /// freed): allocating and freeing tables of a few hundred KB every relist made glibc
 /// raise its mmap threshold and fragment the heap (issue 11: RSS per pod grew by
 /// 1–3 KiB). They hold list indices, so they borrow nothing.
@@ -32,13 +32,24 @@ pub struct Scratch {
     owner: HashTable<u32>,
     /// Listed containers by ID (index into the container list).
     listed: HashTable<u32>,
-    /// Per pod UID (the index of one of its listed sandboxes): sandboxes and
-    /// containers found unchanged.
-    unchanged: HashTable<(u32, usize, usize)>,
+    /// Listed pods by UID: an index into `pods`.
+    slots: HashTable<u32>,
+    /// Per listed pod: one of its sandboxes (index into the sandbox list), and its
+    /// sandboxes and containers found unchanged.
+    pods: Vec<(u32, usize, usize)>,
+    /// Per listed sandbox: its pod (index into `pods`).
+    pod_of: Vec<u32>,
 }
 
 /// The pods whose lists differ from their records (new, changed or gone), or `None`
 /// when every pod must be rebuilt.
+///
+/// Each pod's record is looked up once (by its first listed sandbox), each container
+/// finds it through its sandbox. That no entry of an unchanged pod went away is
+/// checked by counting: the unchanged entries of the pods not found changed are as
+/// many as their records hold (each is a different entry of its record, as IDs are
+/// listed once, so no pod can make up for another); only when that fails is every
+/// record checked on its own.
 pub fn changed_pods<'a>(
     sandboxes: &[SandboxRef<'a>],
     containers: &[ContainerRef<'a>],
@@ -49,29 +60,19 @@ pub fn changed_pods<'a>(
         state,
         owner,
         listed,
-        unchanged,
+        slots,
+        pods,
+        pod_of,
     } = scratch;
     owner.clear();
     listed.clear();
-    unchanged.clear();
+    slots.clear();
+    pods.clear();
+    pod_of.clear();
     let hash = |s: &str| state.hash_one(s);
     let uid_at = |i: u32| sandboxes[i as usize].uid;
-    // Counts one unchanged entry (sandbox or container) of the pod of sandbox `i`.
-    let mut count = |i: u32, sandbox: bool| {
-        let uid = uid_at(i);
-        let h = hash(uid);
-        let entry = match unchanged.find_mut(h, |e| uid_at(e.0) == uid) {
-            Some(e) => e,
-            None => unchanged
-                .insert_unique(h, (i, 0, 0), |e| hash(uid_at(e.0)))
-                .into_mut(),
-        };
-        if sandbox {
-            entry.1 += 1;
-        } else {
-            entry.2 += 1;
-        }
-    };
+    // The record of each listed pod (by slot), looked up once.
+    let mut recs: Vec<Option<&'a PodRecord>> = Vec::new();
     let mut changed = BTreeSet::new();
     for (i, sb) in sandboxes.iter().enumerate() {
         let i = u32::try_from(i).ok()?;
@@ -84,11 +85,23 @@ pub fn changed_pods<'a>(
         }
         owner.insert_unique(h, i, |&j| hash(sandboxes[j as usize].id));
         let uid = sb.uid;
-        let same = records.get(uid).is_some_and(|rec| {
+        let hu = hash(uid);
+        let slot = match slots.find(hu, |&s| uid_at(pods[s as usize].0) == uid) {
+            Some(&s) => s,
+            None => {
+                let s = u32::try_from(pods.len()).ok()?;
+                pods.push((i, 0, 0));
+                recs.push(records.get(uid));
+                slots.insert_unique(hu, s, |&s| hash(uid_at(pods[s as usize].0)));
+                s
+            }
+        };
+        pod_of.push(slot);
+        let same = recs[slot as usize].is_some_and(|rec| {
             rec.sandboxes.get(sb.id) == Some(&PlegState::from(sb.state)) && sb.is_pod(&rec.pod)
         });
         if same {
-            count(i, true);
+            pods[slot as usize].1 += 1;
         } else {
             changed.insert(uid);
         }
@@ -108,25 +121,43 @@ pub fn changed_pods<'a>(
         let sb = *owner.find(hash(c.sandbox_id), |&j| {
             sandboxes[j as usize].id == c.sandbox_id
         })?;
-        let uid = uid_at(sb);
-        let same = records.get(uid).is_some_and(|rec| {
+        let slot = pod_of[sb as usize] as usize;
+        let same = recs[slot].is_some_and(|rec| {
             rec.containers.get(c.id).is_some_and(|(sb, state)| {
-                *state == PlegState::from(c.state) && *sb == c.sandbox_id
+                *state == PlegState::from(c.state) && sb == c.sandbox_id
             })
         });
         if same {
-            count(sb, false);
+            pods[slot].2 += 1;
         } else {
-            changed.insert(uid);
+            changed.insert(uid_at(sb));
         }
     }
-    // A pod with fewer unchanged entries than its record lost some (or all).
-    for (uid, rec) in records {
-        let (s, c) = unchanged
-            .find(hash(uid), |e| uid_at(e.0) == uid)
-            .map_or((0, 0), |e| (e.1, e.2));
-        if s != rec.sandboxes.len() || c != rec.containers.len() {
-            changed.insert(uid);
+    // Whether the pods not found changed lost no entry: their unchanged entries are
+    // as many as their records hold (per pod there are never more).
+    let counts_of = |uid: &str| {
+        slots
+            .find(hash(uid), |&s| uid_at(pods[s as usize].0) == uid)
+            .map_or((0, 0), |&s| {
+                let p = pods[s as usize];
+                (p.1, p.2)
+            })
+    };
+    let size = |rec: &PodRecord| rec.sandboxes.len() + rec.containers.len();
+    let mut held_by_records: usize = records.values().map(size).sum();
+    let mut unchanged: usize = pods.iter().map(|p| p.1 + p.2).sum();
+    for uid in &changed {
+        let (s, c) = counts_of(uid);
+        unchanged -= s + c;
+        held_by_records -= records.get(*uid).map_or(0, size);
+    }
+    if unchanged != held_by_records {
+        // Some pod lost entries (or all): find which.
+        for (uid, rec) in records {
+            let (s, c) = counts_of(uid);
+            if s != rec.sandboxes.len() || c != rec.containers.len() {
+                changed.insert(uid.as_str());
+            }
         }
     }
     Some(changed)

@@ -20,7 +20,9 @@ use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{read_pod_status, PodStatus};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
-use plegd_runtime::{ContainerRef, ContainerState, RuntimeClient, RuntimeError, SandboxRef};
+use plegd_runtime::{
+    ContainerRef, ContainerState, RuntimeClient, RuntimeError, SandboxRef, ViewBuffers,
+};
 
 /// What to relist.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +75,8 @@ pub struct GenericPleg {
     concurrency: usize,
     /// The global relist's change check's tables, reused.
     scratch: changes::Scratch,
+    /// The global relist's view of the lists: its allocations, reused.
+    view_buffers: ViewBuffers,
 }
 
 struct Work {
@@ -94,6 +98,7 @@ impl GenericPleg {
             reinspect: HashSet::new(),
             concurrency: concurrency.max(1),
             scratch: changes::Scratch::default(),
+            view_buffers: ViewBuffers::default(),
         }
     }
 
@@ -181,7 +186,7 @@ impl GenericPleg {
         left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
         let lists = self.runtime.list_node().await?;
-        let view = lists.view()?;
+        let view = lists.view_in(std::mem::take(&mut self.view_buffers))?;
         // The first relist (no records: every pod is new) groups everything at once.
         let changed: Option<BTreeSet<String>> = if self.records.is_empty() {
             None
@@ -242,6 +247,7 @@ impl GenericPleg {
                 (current, uids)
             }
         };
+        self.view_buffers = view.into_buffers();
         let mut work = Vec::new();
         for uid in uids {
             if held(&uid) {
