@@ -85,6 +85,7 @@ fn varint(buf: &mut &[u8]) -> Res<u64> {
     decode_varint(buf).map_err(|e| e.to_string())
 }
 
+#[inline(always)]
 fn expect(want: WireType, got: WireType) -> Res<()> {
     if want == got {
         Ok(())
@@ -95,7 +96,7 @@ fn expect(want: WireType, got: WireType) -> Res<()> {
 
 /// A length-delimited payload (the length is read whatever `wire_type` says: callers
 /// check it first where prost does).
-#[inline]
+#[inline(always)]
 fn delimited<'a>(buf: &mut &'a [u8]) -> Res<&'a [u8]> {
     let len = varint(buf)?;
     if len > buf.len() as u64 {
@@ -106,13 +107,14 @@ fn delimited<'a>(buf: &mut &'a [u8]) -> Res<&'a [u8]> {
     Ok(head)
 }
 
-#[inline]
+#[inline(always)]
 fn string<'a>(wire_type: WireType, buf: &mut &'a [u8]) -> Res<&'a str> {
     expect(WireType::LengthDelimited, wire_type)?;
     std::str::from_utf8(delimited(buf)?)
         .map_err(|_| err("invalid string value: data is not UTF-8 encoded"))
 }
 
+#[inline(always)]
 fn int(wire_type: WireType, buf: &mut &[u8]) -> Res<u64> {
     expect(WireType::Varint, wire_type)?;
     varint(buf)
@@ -149,6 +151,7 @@ fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8], depth: u32) -> Res<()> {
 
 /// An embedded message field: checked as prost's `message::merge` does; returns its
 /// bytes, to be read with the budget `depth - 1`.
+#[inline(always)]
 fn message<'a>(wire_type: WireType, buf: &mut &'a [u8], depth: u32) -> Res<&'a [u8]> {
     expect(WireType::LengthDelimited, wire_type)?;
     if depth == 0 {

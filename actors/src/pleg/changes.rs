@@ -170,7 +170,9 @@ mod tests {
 
     use crate::pleg::diff::pod_events;
     use crate::pleg::record::group;
-    use plegd_runtime::{Container, ContainerState, ListView, PodRef, Sandbox, SandboxState};
+    use plegd_runtime::{
+        Container, ContainerState, ListView, NodeLists, PodRef, Sandbox, SandboxState,
+    };
 
     /// [`changed_pods`] of decoded lists.
     fn changed<'a>(
@@ -341,12 +343,23 @@ mod tests {
         let mut decided = 0;
         // One scratch for every draw, as a GenericPleg keeps one.
         let mut scratch = Scratch::default();
+        let mut wire_scratch = Scratch::default();
         for _ in 0..20_000 {
             let (s0, c0) = lists(&mut rng);
             let records = group(&s0, &c0, &HashMap::new());
             let (s1, c1) = lists(&mut rng);
             let whole = group(&s1, &c1, &records);
-            let Some(changed) = changed(&s1, &c1, &records, &mut scratch) else {
+            let decoded = changed(&s1, &c1, &records, &mut scratch);
+            // The same lists read from their CRI bytes (the CRI client's path) say
+            // the same.
+            let wire = NodeLists::encoded(&s1, &c1);
+            let view = wire.view().expect("valid bytes");
+            assert_eq!(
+                changed_pods(&view.sandboxes, &view.containers, &records, &mut wire_scratch),
+                decoded,
+                "{s0:?} {c0:?} → {s1:?} {c1:?}"
+            );
+            let Some(changed) = decoded else {
                 continue;
             };
             decided += 1;
