@@ -348,7 +348,9 @@ mod tests {
             }
         }
         fn map(&mut self) -> HashMap<String, String> {
-            (0..self.below(4)).map(|_| (self.text(), self.text())).collect()
+            (0..self.below(4))
+                .map(|_| (self.text(), self.text()))
+                .collect()
         }
     }
 
@@ -366,8 +368,16 @@ mod tests {
         }
         for _ in 0..rng.below(3) {
             let meta = cri::PodSandboxMetadata {
-                name: if rng.chance(70) { rng.text() } else { "".into() },
-                uid: if rng.chance(80) { format!("u{}", rng.below(4)) } else { rng.text() },
+                name: if rng.chance(70) {
+                    rng.text()
+                } else {
+                    "".into()
+                },
+                uid: if rng.chance(80) {
+                    format!("u{}", rng.below(4))
+                } else {
+                    rng.text()
+                },
                 namespace: rng.text(),
                 attempt: rng.varint_value() as u32,
             };
@@ -409,7 +419,11 @@ mod tests {
         for _ in 0..rng.below(3) {
             out.push(one(cri::Container {
                 id: rng.text(),
-                pod_sandbox_id: if rng.chance(80) { "s1".into() } else { rng.text() },
+                pod_sandbox_id: if rng.chance(80) {
+                    "s1".into()
+                } else {
+                    rng.text()
+                },
                 ..Default::default()
             }));
         }
@@ -555,7 +569,10 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
-    fn via_view(sandboxes: &[u8], containers: &[u8]) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+    fn via_view(
+        sandboxes: &[u8],
+        containers: &[u8],
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
         let lists = NodeLists::Wire {
             sandboxes: prost::bytes::Bytes::copy_from_slice(sandboxes),
             containers: prost::bytes::Bytes::copy_from_slice(containers),
@@ -591,7 +608,8 @@ mod tests {
                     entry(&mut rng, f)
                 })
                 .collect();
-            let (mut s_bytes, mut c_bytes) = (list(&mut rng, &sandboxes), list(&mut rng, &containers));
+            let (mut s_bytes, mut c_bytes) =
+                (list(&mut rng, &sandboxes), list(&mut rng, &containers));
             if rng.chance(50) {
                 s_bytes = mangle(&mut rng, s_bytes);
             } else {
@@ -609,13 +627,18 @@ mod tests {
             }
         }
         // Both sides are exercised.
-        assert!(ok > 5_000 && refused > 2_000, "{ok} read, {refused} refused");
+        assert!(
+            ok > 5_000 && refused > 2_000,
+            "{ok} read, {refused} refused"
+        );
     }
 
     /// Groups nested past prost's recursion limit are refused, as prost refuses them;
     /// just under it they are skipped.
     #[test]
     fn the_recursion_limit_is_prosts() {
+        // Per place: depths read, depths refused.
+        let mut seen = [(0, 0); 3];
         for depth in [90, 97, 98, 99, 100, 101, 150] {
             let mut group = Vec::new();
             for _ in 0..depth {
@@ -624,7 +647,7 @@ mod tests {
             for _ in 0..depth {
                 encode_key(12, WireType::EndGroup, &mut group);
             }
-            let mut entry = cri::PodSandbox {
+            let entry = cri::PodSandbox {
                 id: "s1".into(),
                 metadata: Some(cri::PodSandboxMetadata {
                     uid: "u1".into(),
@@ -638,7 +661,14 @@ mod tests {
             encode_key(2, WireType::LengthDelimited, &mut in_meta);
             prost::encoding::encode_varint(group.len() as u64, &mut in_meta);
             in_meta.extend(&group);
-            for (top, inner) in [(vec![], group.clone()), (vec![], in_meta), (group.clone(), vec![])] {
+            for (place, (top, inner)) in [
+                (vec![], group.clone()),
+                (vec![], in_meta),
+                (group.clone(), vec![]),
+            ]
+            .into_iter()
+            .enumerate()
+            {
                 let mut e = entry.clone();
                 e.extend(&inner);
                 let mut bytes = top.clone();
@@ -646,9 +676,18 @@ mod tests {
                 let want = via_prost_sandboxes(&bytes);
                 let got = via_view(&bytes, &[]);
                 assert_eq!(want.is_ok(), got.is_ok(), "depth {depth}: {want:?} {got:?}");
+                if got.is_ok() {
+                    seen[place].0 += 1;
+                } else {
+                    seen[place].1 += 1;
+                }
             }
-            entry.clear();
         }
+        // The limit falls inside the depths tried, wherever the groups are.
+        assert!(
+            seen.iter().all(|&(read, refused)| read > 0 && refused > 0),
+            "{seen:?}"
+        );
     }
 
     /// A realistic response (kubelet's labels and annotations on every entry) reads
@@ -658,7 +697,10 @@ mod tests {
         let labels: HashMap<String, String> = [
             ("io.kubernetes.pod.name", "web-0"),
             ("io.kubernetes.pod.namespace", "default"),
-            ("io.kubernetes.pod.uid", "8d4c0e5a-0000-4000-8000-000000000001"),
+            (
+                "io.kubernetes.pod.uid",
+                "8d4c0e5a-0000-4000-8000-000000000001",
+            ),
             ("io.kubernetes.container.name", "app"),
             ("app", "web"),
         ]

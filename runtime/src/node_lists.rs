@@ -62,57 +62,28 @@ pub struct ListView<'a> {
     pub containers: Vec<ContainerRef<'a>>,
 }
 
-/// The allocations of a [`ListView`], for the next one: at 10,000 pods a view holds
-/// 30,000 entries (2–3 MiB), which would otherwise be mapped and unmapped again on
-/// every global relist.
-#[derive(Debug, Default)]
-pub struct ViewBuffers {
-    sandboxes: Vec<SandboxRef<'static>>,
-    containers: Vec<ContainerRef<'static>>,
-}
-
-/// An emptied vector's allocation, for items of another lifetime (the standard
-/// library collects in place when the layouts match, as they do here).
-fn emptied<T, U>(v: Vec<T>) -> Vec<U> {
-    v.into_iter().filter_map(|_| None).collect()
-}
-
 impl<'a> ListView<'a> {
     /// A view of decoded lists.
     pub fn of(sandboxes: &'a [Sandbox], containers: &'a [Container]) -> Self {
-        Self::of_in(sandboxes, containers, ViewBuffers::default())
-    }
-
-    fn of_in(sandboxes: &'a [Sandbox], containers: &'a [Container], buffers: ViewBuffers) -> Self {
-        let mut view = ListView {
-            sandboxes: emptied(buffers.sandboxes),
-            containers: emptied(buffers.containers),
-        };
+        let mut view = ListView::default();
         view.sandboxes.extend(sandboxes.iter().map(|s| SandboxRef {
-                    id: &s.id,
-                    uid: &s.pod.uid,
-                    name: &s.pod.name,
-                    namespace: &s.pod.namespace,
-                    state: s.state,
-                    from: SandboxSource::Decoded(s),
-                }));
-        view.containers.extend(containers.iter().map(|c| ContainerRef {
-                    id: &c.id,
-                    sandbox_id: &c.sandbox_id,
-                    name: &c.name,
-                    attempt: c.attempt,
-                    state: c.state,
-                    created_at: c.created_at,
-                }));
+            id: &s.id,
+            uid: &s.pod.uid,
+            name: &s.pod.name,
+            namespace: &s.pod.namespace,
+            state: s.state,
+            from: SandboxSource::Decoded(s),
+        }));
+        view.containers
+            .extend(containers.iter().map(|c| ContainerRef {
+                id: &c.id,
+                sandbox_id: &c.sandbox_id,
+                name: &c.name,
+                attempt: c.attempt,
+                state: c.state,
+                created_at: c.created_at,
+            }));
         view
-    }
-
-    /// Gives the view's allocations back, for the next view.
-    pub fn into_buffers(self) -> ViewBuffers {
-        ViewBuffers {
-            sandboxes: emptied(self.sandboxes),
-            containers: emptied(self.containers),
-        }
     }
 }
 
@@ -167,7 +138,10 @@ impl NodeLists {
     pub fn encoded(sandboxes: &[Sandbox], containers: &[Container]) -> Self {
         use prost::Message;
         let sandboxes = crate::cri::ListPodSandboxResponse {
-            items: sandboxes.iter().map(crate::convert::sandbox_to_wire).collect(),
+            items: sandboxes
+                .iter()
+                .map(crate::convert::sandbox_to_wire)
+                .collect(),
         };
         let containers = crate::cri::ListContainersResponse {
             containers: containers
@@ -186,25 +160,17 @@ impl NodeLists {
     /// plegd cannot attribute (a sandbox without metadata or pod UID, a container
     /// without its sandbox's ID) is left out, as the list calls leave it out.
     pub fn view(&self) -> Result<ListView<'_>, RuntimeError> {
-        self.view_in(ViewBuffers::default())
-    }
-
-    /// [`Self::view`] in the allocations of an earlier view.
-    pub fn view_in(&self, buffers: ViewBuffers) -> Result<ListView<'_>, RuntimeError> {
         match self {
             NodeLists::Decoded {
                 sandboxes,
                 containers,
-            } => Ok(ListView::of_in(sandboxes, containers, buffers)),
+            } => Ok(ListView::of(sandboxes, containers)),
             NodeLists::Wire {
                 sandboxes,
                 containers,
             } => {
                 let invalid = |op| move |reason| RuntimeError::Invalid { op, reason };
-                let mut view = ListView {
-                    sandboxes: emptied(buffers.sandboxes),
-                    containers: emptied(buffers.containers),
-                };
+                let mut view = ListView::default();
                 list_wire::sandboxes(sandboxes, |f, entry| {
                     if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
                         tracing::debug!(

@@ -123,9 +123,9 @@ pub fn changed_pods<'a>(
         })?;
         let slot = pod_of[sb as usize] as usize;
         let same = recs[slot].is_some_and(|rec| {
-            rec.containers.get(c.id).is_some_and(|(sb, state)| {
-                *state == PlegState::from(c.state) && sb == c.sandbox_id
-            })
+            rec.containers
+                .get(c.id)
+                .is_some_and(|(sb, state)| *state == PlegState::from(c.state) && sb == c.sandbox_id)
         });
         if same {
             pods[slot].2 += 1;
@@ -355,7 +355,12 @@ mod tests {
             let wire = NodeLists::encoded(&s1, &c1);
             let view = wire.view().expect("valid bytes");
             assert_eq!(
-                changed_pods(&view.sandboxes, &view.containers, &records, &mut wire_scratch),
+                changed_pods(
+                    &view.sandboxes,
+                    &view.containers,
+                    &records,
+                    &mut wire_scratch
+                ),
                 decoded,
                 "{s0:?} {c0:?} → {s1:?} {c1:?}"
             );

@@ -20,9 +20,7 @@ use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{read_pod_status, PodStatus};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
-use plegd_runtime::{
-    ContainerRef, ContainerState, RuntimeClient, RuntimeError, SandboxRef, ViewBuffers,
-};
+use plegd_runtime::{ContainerRef, ContainerState, RuntimeClient, RuntimeError, SandboxRef};
 
 /// What to relist.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,8 +73,6 @@ pub struct GenericPleg {
     concurrency: usize,
     /// The global relist's change check's tables, reused.
     scratch: changes::Scratch,
-    /// The global relist's view of the lists: its allocations, reused.
-    view_buffers: ViewBuffers,
 }
 
 struct Work {
@@ -98,7 +94,6 @@ impl GenericPleg {
             reinspect: HashSet::new(),
             concurrency: concurrency.max(1),
             scratch: changes::Scratch::default(),
-            view_buffers: ViewBuffers::default(),
         }
     }
 
@@ -186,7 +181,7 @@ impl GenericPleg {
         left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
         let lists = self.runtime.list_node().await?;
-        let view = lists.view_in(std::mem::take(&mut self.view_buffers))?;
+        let view = lists.view()?;
         // The first relist (no records: every pod is new) groups everything at once.
         let changed: Option<BTreeSet<String>> = if self.records.is_empty() {
             None
@@ -232,8 +227,11 @@ impl GenericPleg {
                     .iter()
                     .map(SandboxRef::to_sandbox)
                     .collect::<Result<Vec<_>, _>>()?;
-                let containers: Vec<_> =
-                    view.containers.iter().map(ContainerRef::to_container).collect();
+                let containers: Vec<_> = view
+                    .containers
+                    .iter()
+                    .map(ContainerRef::to_container)
+                    .collect();
                 let current = group(&sandboxes, &containers, &self.records);
                 // Pods known only from a failed first read are visited too, so that one
                 // that is gone gets its cache entry deleted.
@@ -247,7 +245,6 @@ impl GenericPleg {
                 (current, uids)
             }
         };
-        self.view_buffers = view.into_buffers();
         let mut work = Vec::new();
         for uid in uids {
             if held(&uid) {
