@@ -7,7 +7,7 @@
 //! the relist (counted, retried), and plegd recovers once they shrink.
 
 use integration_tests::sim::serve;
-use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, DEFAULT_MAX_MESSAGE_SIZE};
+use plegd_runtime::{CriRuntime, NodeLists, RuntimeClient, RuntimeError, DEFAULT_MAX_MESSAGE_SIZE};
 use plegd_sim::FakeRuntime;
 
 const MIB: usize = 1 << 20;
@@ -72,4 +72,61 @@ async fn the_limit_is_configurable() {
         .unwrap()
         .with_max_message_size(4 * MIB);
     assert_eq!(large.list_sandboxes(None).await.unwrap().len(), 1);
+}
+
+/// The global relist's lists, handed over as bytes (`list_node`, read in place): the
+/// same entries as the decoded list calls, and the same limit on a response.
+#[tokio::test]
+async fn the_node_lists_read_as_bytes_are_the_list_calls_entries_under_the_same_limit() {
+    let rt = FakeRuntime::new();
+    let (_dir, server, client) = serve(&rt).await;
+    for i in 0..3 {
+        let sb = rt.run_pod(&format!("uid-{i}"), &format!("web-{i}"), "ns");
+        rt.run_container(&sb, "app");
+        rt.run_container(&sb, "side");
+    }
+    rt.set_list_padding(2 * MIB);
+    let lists = client.list_node().await.expect("the node's lists");
+    assert!(matches!(lists, NodeLists::Wire { .. }), "{lists:?}");
+    let view = lists.view().expect("valid lists");
+    let mut sandboxes = view
+        .sandboxes
+        .iter()
+        .map(|s| s.to_sandbox())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("owned sandboxes");
+    let mut containers: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
+    let mut want_sandboxes = client.list_sandboxes(None).await.unwrap();
+    let mut want_containers = client.list_containers(None).await.unwrap();
+    for v in [&mut sandboxes, &mut want_sandboxes] {
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+    }
+    for v in [&mut containers, &mut want_containers] {
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+    }
+    assert_eq!(sandboxes.len(), 3);
+    assert_eq!(containers.len(), 6);
+    assert_eq!(sandboxes, want_sandboxes);
+    assert_eq!(containers, want_containers);
+
+    let small = CriRuntime::new(&server.endpoint(), std::time::Duration::from_secs(10))
+        .unwrap()
+        .with_max_message_size(MIB);
+    let err = small.list_node().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RuntimeError::TooLarge {
+                op: "ListPodSandbox",
+                limit: MIB,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let large = CriRuntime::new(&server.endpoint(), std::time::Duration::from_secs(10))
+        .unwrap()
+        .with_max_message_size(4 * MIB);
+    let lists = large.list_node().await.expect("within the raised limit");
+    assert_eq!(lists.view().expect("valid lists").sandboxes.len(), 3);
 }

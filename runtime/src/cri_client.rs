@@ -17,12 +17,15 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
+use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::containerd_events::{self, EventsClient, SubscribeRequest, TaskEventStream};
 use crate::convert;
+use crate::raw_codec::RawCodec;
 use crate::{
-    Container, ContainerStatus, EventStream, RuntimeClient, RuntimeError, RuntimeVersion, Sandbox,
+    Container, ContainerStatus, EventStream, NodeLists, RuntimeClient, RuntimeError,
+    RuntimeVersion, Sandbox,
 };
 
 /// Parses `unix:///absolute/path` into the socket path. Anything else is refused with
@@ -58,6 +61,9 @@ pub struct CriRuntime {
     endpoint: String,
     socket: PathBuf,
     unary: RuntimeServiceClient<Channel>,
+    /// The unary channel for calls whose response is read undecoded (the global
+    /// relist's lists).
+    raw: tonic::client::Grpc<Channel>,
     stream: RuntimeServiceClient<Channel>,
     /// containerd's event service, on the streams' channel.
     events: EventsClient<Channel>,
@@ -91,9 +97,12 @@ impl CriRuntime {
     pub fn new(endpoint: &str, request_timeout: Duration) -> Result<Self, RuntimeError> {
         let socket = parse_unix_endpoint(endpoint)?;
         let streams = unix_channel(&socket);
+        let unary = unix_channel(&socket);
         Ok(CriRuntime {
             endpoint: endpoint.to_string(),
-            unary: RuntimeServiceClient::new(unix_channel(&socket))
+            raw: tonic::client::Grpc::new(unary.clone())
+                .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
+            unary: RuntimeServiceClient::new(unary)
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
             stream: RuntimeServiceClient::new(streams.clone())
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
@@ -107,6 +116,7 @@ impl CriRuntime {
     /// The largest response decoded, for unary calls and each event alike.
     pub fn with_max_message_size(mut self, bytes: usize) -> Self {
         self.unary = self.unary.max_decoding_message_size(bytes);
+        self.raw = self.raw.max_decoding_message_size(bytes);
         self.stream = self.stream.max_decoding_message_size(bytes);
         self.events = self.events.clone().max_decoding_message_size(bytes);
         self.max_message_size = bytes;
@@ -163,8 +173,16 @@ impl CriRuntime {
         F: FnOnce(RuntimeServiceClient<Channel>, Duration) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let client = self.unary.clone();
-        match tokio::time::timeout(self.timeout, call(client, self.timeout)).await {
+        self.timed(op, call(self.unary.clone(), self.timeout)).await
+    }
+
+    /// A call bounded by the request timeout, its status turned into a [`RuntimeError`].
+    async fn timed<T>(
+        &self,
+        op: &'static str,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, RuntimeError> {
+        match tokio::time::timeout(self.timeout, call).await {
             Err(_) => Err(RuntimeError::Timeout {
                 op,
                 timeout: self.timeout,
@@ -172,6 +190,31 @@ impl CriRuntime {
             Ok(Err(status)) => Err(status_error(op, self.max_message_size, status)),
             Ok(Ok(resp)) => Ok(resp.into_inner()),
         }
+    }
+}
+
+impl CriRuntime {
+    /// A unary call whose response comes back as its bytes (decoded by the caller).
+    async fn raw_unary<Req: prost::Message + Send + Sync + 'static>(
+        &self,
+        op: &'static str,
+        path: &'static str,
+        req: Req,
+    ) -> Result<prost::bytes::Bytes, RuntimeError> {
+        let mut grpc = self.raw.clone();
+        let timeout = self.timeout;
+        self.timed(op, async move {
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+            grpc.unary(
+                request(req, timeout),
+                PathAndQuery::from_static(path),
+                RawCodec::<Req>::default(),
+            )
+            .await
+        })
+        .await
     }
 }
 
@@ -263,6 +306,29 @@ impl RuntimeClient for CriRuntime {
                     .ok()
             })
             .collect())
+    }
+
+    /// The two lists undecoded: the global relist reads them in place and decodes only
+    /// the pods that changed (issue 11).
+    async fn list_node(&self) -> Result<NodeLists, RuntimeError> {
+        let sandboxes = self
+            .raw_unary(
+                "ListPodSandbox",
+                "/runtime.v1.RuntimeService/ListPodSandbox",
+                cri::ListPodSandboxRequest::default(),
+            )
+            .await?;
+        let containers = self
+            .raw_unary(
+                "ListContainers",
+                "/runtime.v1.RuntimeService/ListContainers",
+                cri::ListContainersRequest::default(),
+            )
+            .await?;
+        Ok(NodeLists::Wire {
+            sandboxes,
+            containers,
+        })
     }
 
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError> {

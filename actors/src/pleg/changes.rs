@@ -19,9 +19,9 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 
 use super::record::{PlegState, PodRecord};
-use plegd_runtime::{Container, Sandbox};
+use plegd_runtime::{ContainerRef, SandboxRef};
 
-/// The change check's hash tables, kept from one relist to the next (cleared, never
+/// The change check's tables, kept from one relist to the next (cleared, never
 /// freed): allocating and freeing tables of a few hundred KB every relist made glibc
 /// raise its mmap threshold and fragment the heap (issue 11: RSS per pod grew by
 /// 1–3 KiB). They hold list indices, so they borrow nothing.
@@ -32,16 +32,27 @@ pub struct Scratch {
     owner: HashTable<u32>,
     /// Listed containers by ID (index into the container list).
     listed: HashTable<u32>,
-    /// Per pod UID (the index of one of its listed sandboxes): sandboxes and
-    /// containers found unchanged.
-    unchanged: HashTable<(u32, usize, usize)>,
+    /// Listed pods by UID: an index into `pods`.
+    slots: HashTable<u32>,
+    /// Per listed pod: one of its sandboxes (index into the sandbox list), and its
+    /// sandboxes and containers found unchanged.
+    pods: Vec<(u32, usize, usize)>,
+    /// Per listed sandbox: its pod (index into `pods`).
+    pod_of: Vec<u32>,
 }
 
 /// The pods whose lists differ from their records (new, changed or gone), or `None`
 /// when every pod must be rebuilt.
+///
+/// Each pod's record is looked up once (by its first listed sandbox), each container
+/// finds it through its sandbox. That no entry of an unchanged pod went away is
+/// checked by counting: the unchanged entries of the pods not found changed are as
+/// many as their records hold (each is a different entry of its record, as IDs are
+/// listed once, so no pod can make up for another); only when that fails is every
+/// record checked on its own.
 pub fn changed_pods<'a>(
-    sandboxes: &'a [Sandbox],
-    containers: &'a [Container],
+    sandboxes: &[SandboxRef<'a>],
+    containers: &[ContainerRef<'a>],
     records: &'a HashMap<String, PodRecord>,
     scratch: &mut Scratch,
 ) -> Option<BTreeSet<&'a str>> {
@@ -49,84 +60,104 @@ pub fn changed_pods<'a>(
         state,
         owner,
         listed,
-        unchanged,
+        slots,
+        pods,
+        pod_of,
     } = scratch;
     owner.clear();
     listed.clear();
-    unchanged.clear();
+    slots.clear();
+    pods.clear();
+    pod_of.clear();
     let hash = |s: &str| state.hash_one(s);
-    let uid_at = |i: u32| sandboxes[i as usize].pod.uid.as_str();
-    // Counts one unchanged entry (sandbox or container) of the pod of sandbox `i`.
-    let mut count = |i: u32, sandbox: bool| {
-        let uid = uid_at(i);
-        let h = hash(uid);
-        let entry = match unchanged.find_mut(h, |e| uid_at(e.0) == uid) {
-            Some(e) => e,
-            None => unchanged
-                .insert_unique(h, (i, 0, 0), |e| hash(uid_at(e.0)))
-                .into_mut(),
-        };
-        if sandbox {
-            entry.1 += 1;
-        } else {
-            entry.2 += 1;
-        }
-    };
+    let uid_at = |i: u32| sandboxes[i as usize].uid;
+    // The record of each listed pod (by slot), looked up once.
+    let mut recs: Vec<Option<&'a PodRecord>> = Vec::new();
     let mut changed = BTreeSet::new();
     for (i, sb) in sandboxes.iter().enumerate() {
         let i = u32::try_from(i).ok()?;
-        let h = hash(&sb.id);
+        let h = hash(sb.id);
         if owner
             .find(h, |&j| sandboxes[j as usize].id == sb.id)
             .is_some()
         {
             return None;
         }
-        owner.insert_unique(h, i, |&j| hash(&sandboxes[j as usize].id));
-        let uid = sb.pod.uid.as_str();
-        let same = records.get(uid).is_some_and(|rec| {
-            rec.sandboxes.get(&sb.id) == Some(&PlegState::from(sb.state)) && rec.pod == sb.pod
+        owner.insert_unique(h, i, |&j| hash(sandboxes[j as usize].id));
+        let uid = sb.uid;
+        let hu = hash(uid);
+        let slot = match slots.find(hu, |&s| uid_at(pods[s as usize].0) == uid) {
+            Some(&s) => s,
+            None => {
+                let s = u32::try_from(pods.len()).ok()?;
+                pods.push((i, 0, 0));
+                recs.push(records.get(uid));
+                slots.insert_unique(hu, s, |&s| hash(uid_at(pods[s as usize].0)));
+                s
+            }
+        };
+        pod_of.push(slot);
+        let same = recs[slot as usize].is_some_and(|rec| {
+            rec.sandboxes.get(sb.id) == Some(&PlegState::from(sb.state)) && sb.is_pod(&rec.pod)
         });
         if same {
-            count(i, true);
+            pods[slot as usize].1 += 1;
         } else {
             changed.insert(uid);
         }
     }
     for (i, c) in containers.iter().enumerate() {
         let i = u32::try_from(i).ok()?;
-        let h = hash(&c.id);
+        let h = hash(c.id);
         if listed
             .find(h, |&j| containers[j as usize].id == c.id)
             .is_some()
         {
             return None;
         }
-        listed.insert_unique(h, i, |&j| hash(&containers[j as usize].id));
+        listed.insert_unique(h, i, |&j| hash(containers[j as usize].id));
         // A container whose sandbox is not listed belongs to whatever pod the records
         // knew that sandbox in: rare (a sandbox going away), and left to `group`.
-        let sb = *owner.find(hash(&c.sandbox_id), |&j| {
+        let sb = *owner.find(hash(c.sandbox_id), |&j| {
             sandboxes[j as usize].id == c.sandbox_id
         })?;
-        let uid = uid_at(sb);
-        let same = records.get(uid).is_some_and(|rec| {
-            rec.containers.get(&c.id).is_some_and(|(sb, state)| {
-                *state == PlegState::from(c.state) && *sb == c.sandbox_id
-            })
+        let slot = pod_of[sb as usize] as usize;
+        let same = recs[slot].is_some_and(|rec| {
+            rec.containers
+                .get(c.id)
+                .is_some_and(|(sb, state)| *state == PlegState::from(c.state) && sb == c.sandbox_id)
         });
         if same {
-            count(sb, false);
+            pods[slot].2 += 1;
         } else {
-            changed.insert(uid);
+            changed.insert(uid_at(sb));
         }
     }
-    // A pod with fewer unchanged entries than its record lost some (or all).
-    for (uid, rec) in records {
-        let (s, c) = unchanged
-            .find(hash(uid), |e| uid_at(e.0) == uid)
-            .map_or((0, 0), |e| (e.1, e.2));
-        if s != rec.sandboxes.len() || c != rec.containers.len() {
-            changed.insert(uid);
+    // Whether the pods not found changed lost no entry: their unchanged entries are
+    // as many as their records hold (per pod there are never more).
+    let counts_of = |uid: &str| {
+        slots
+            .find(hash(uid), |&s| uid_at(pods[s as usize].0) == uid)
+            .map_or((0, 0), |&s| {
+                let p = pods[s as usize];
+                (p.1, p.2)
+            })
+    };
+    let size = |rec: &PodRecord| rec.sandboxes.len() + rec.containers.len();
+    let mut held_by_records: usize = records.values().map(size).sum();
+    let mut unchanged: usize = pods.iter().map(|p| p.1 + p.2).sum();
+    for uid in &changed {
+        let (s, c) = counts_of(uid);
+        unchanged -= s + c;
+        held_by_records -= records.get(*uid).map_or(0, size);
+    }
+    if unchanged != held_by_records {
+        // Some pod lost entries (or all): find which.
+        for (uid, rec) in records {
+            let (s, c) = counts_of(uid);
+            if s != rec.sandboxes.len() || c != rec.containers.len() {
+                changed.insert(uid.as_str());
+            }
         }
     }
     Some(changed)
@@ -139,7 +170,20 @@ mod tests {
 
     use crate::pleg::diff::pod_events;
     use crate::pleg::record::group;
-    use plegd_runtime::{ContainerState, PodRef, SandboxState};
+    use plegd_runtime::{
+        Container, ContainerState, ListView, NodeLists, PodRef, Sandbox, SandboxState,
+    };
+
+    /// [`changed_pods`] of decoded lists.
+    fn changed<'a>(
+        sandboxes: &'a [Sandbox],
+        containers: &'a [Container],
+        records: &'a HashMap<String, PodRecord>,
+        scratch: &mut Scratch,
+    ) -> Option<BTreeSet<&'a str>> {
+        let view = ListView::of(sandboxes, containers);
+        changed_pods(&view.sandboxes, &view.containers, records, scratch)
+    }
 
     fn sandbox(id: &str, uid: &str, state: SandboxState) -> Sandbox {
         Sandbox {
@@ -186,7 +230,7 @@ mod tests {
         let records = group(&sandboxes, &containers, &HashMap::new());
         let none: BTreeSet<&str> = BTreeSet::new();
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
+            changed(&sandboxes, &containers, &records, &mut Scratch::default()),
             Some(none)
         );
         // Created and Unknown are the same PLEG state: no change.
@@ -194,14 +238,14 @@ mod tests {
         let records = group(&sandboxes, &containers, &HashMap::new());
         containers[0].state = ContainerState::Created;
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default())
+            changed(&sandboxes, &containers, &records, &mut Scratch::default())
                 .unwrap()
                 .len(),
             0
         );
         containers[1].state = ContainerState::Exited;
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
+            changed(&sandboxes, &containers, &records, &mut Scratch::default()),
             Some(BTreeSet::from(["u2"]))
         );
         // One gone, one new pod.
@@ -210,12 +254,12 @@ mod tests {
         sandboxes.push(sandbox("s9", "u9", SandboxState::Ready));
         let records = group(&node().0, &node().1, &HashMap::new());
         assert_eq!(
-            changed_pods(&sandboxes, &containers, &records, &mut Scratch::default()),
+            changed(&sandboxes, &containers, &records, &mut Scratch::default()),
             Some(BTreeSet::from(["u2", "u9"]))
         );
         // A pod gone altogether.
         assert_eq!(
-            changed_pods(
+            changed(
                 &sandboxes[..1],
                 &containers[..1],
                 &records,
@@ -231,7 +275,7 @@ mod tests {
         let records = group(&sandboxes, &containers, &HashMap::new());
         // A container whose sandbox is not listed.
         assert_eq!(
-            changed_pods(
+            changed(
                 &sandboxes[..1],
                 &containers,
                 &records,
@@ -242,12 +286,12 @@ mod tests {
         // An ID listed twice.
         let twice = [sandboxes.clone(), sandboxes[..1].to_vec()].concat();
         assert_eq!(
-            changed_pods(&twice, &containers, &records, &mut Scratch::default()),
+            changed(&twice, &containers, &records, &mut Scratch::default()),
             None
         );
         let twice = [containers.clone(), containers[..1].to_vec()].concat();
         assert_eq!(
-            changed_pods(&sandboxes, &twice, &records, &mut Scratch::default()),
+            changed(&sandboxes, &twice, &records, &mut Scratch::default()),
             None
         );
     }
@@ -299,12 +343,28 @@ mod tests {
         let mut decided = 0;
         // One scratch for every draw, as a GenericPleg keeps one.
         let mut scratch = Scratch::default();
+        let mut wire_scratch = Scratch::default();
         for _ in 0..20_000 {
             let (s0, c0) = lists(&mut rng);
             let records = group(&s0, &c0, &HashMap::new());
             let (s1, c1) = lists(&mut rng);
             let whole = group(&s1, &c1, &records);
-            let Some(changed) = changed_pods(&s1, &c1, &records, &mut scratch) else {
+            let decoded = changed(&s1, &c1, &records, &mut scratch);
+            // The same lists read from their CRI bytes (the CRI client's path) say
+            // the same.
+            let wire = NodeLists::encoded(&s1, &c1);
+            let view = wire.view().expect("valid bytes");
+            assert_eq!(
+                changed_pods(
+                    &view.sandboxes,
+                    &view.containers,
+                    &records,
+                    &mut wire_scratch
+                ),
+                decoded,
+                "{s0:?} {c0:?} → {s1:?} {c1:?}"
+            );
+            let Some(changed) = decoded else {
                 continue;
             };
             decided += 1;

@@ -20,7 +20,7 @@ use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{read_pod_status, PodStatus};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
-use plegd_runtime::{ContainerState, RuntimeClient, RuntimeError};
+use plegd_runtime::{ContainerRef, ContainerState, RuntimeClient, RuntimeError, SandboxRef};
 
 /// What to relist.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,31 +180,40 @@ impl GenericPleg {
         held: &dyn Fn(&str) -> bool,
         left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
-        let sandboxes = self.runtime.list_sandboxes(None).await?;
-        let containers = self.runtime.list_containers(None).await?;
+        let lists = self.runtime.list_node().await?;
+        let view = lists.view()?;
         // The first relist (no records: every pod is new) groups everything at once.
         let changed: Option<BTreeSet<String>> = if self.records.is_empty() {
             None
         } else {
-            changes::changed_pods(&sandboxes, &containers, &self.records, &mut self.scratch)
-                .map(|c| c.into_iter().map(String::from).collect())
+            changes::changed_pods(
+                &view.sandboxes,
+                &view.containers,
+                &self.records,
+                &mut self.scratch,
+            )
+            .map(|c| c.into_iter().map(String::from).collect())
         };
         let (mut current, uids) = match changed {
-            // Only the pods that changed are rebuilt; every container listed has its
-            // sandbox listed (else `changed_pods` says None), so the records are not
-            // needed to place it.
+            // Only the pods that changed are rebuilt (and only their entries decoded);
+            // every container listed has its sandbox listed (else `changed_pods` says
+            // None), so the records are not needed to place it.
             Some(mut changed) => {
                 // A pod to reinspect is rebuilt too: its record was kept, unchanged or
                 // not, and it is diffed against what the lists say now.
                 changed.extend(self.reinspect.iter().cloned());
-                let sandboxes: Vec<_> = sandboxes
-                    .into_iter()
-                    .filter(|s| changed.contains(&s.pod.uid))
-                    .collect();
+                let sandboxes = view
+                    .sandboxes
+                    .iter()
+                    .filter(|s| changed.contains(s.uid))
+                    .map(SandboxRef::to_sandbox)
+                    .collect::<Result<Vec<_>, _>>()?;
                 let ids: HashSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
-                let containers: Vec<_> = containers
-                    .into_iter()
-                    .filter(|c| ids.contains(c.sandbox_id.as_str()))
+                let containers: Vec<_> = view
+                    .containers
+                    .iter()
+                    .filter(|c| ids.contains(c.sandbox_id))
+                    .map(ContainerRef::to_container)
                     .collect();
                 let current = group(&sandboxes, &containers, &HashMap::new());
                 // Held pods are reported whether they changed or not.
@@ -213,6 +222,16 @@ impl GenericPleg {
                 (current, uids)
             }
             None => {
+                let sandboxes = view
+                    .sandboxes
+                    .iter()
+                    .map(SandboxRef::to_sandbox)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let containers: Vec<_> = view
+                    .containers
+                    .iter()
+                    .map(ContainerRef::to_container)
+                    .collect();
                 let current = group(&sandboxes, &containers, &self.records);
                 // Pods known only from a failed first read are visited too, so that one
                 // that is gone gets its cache entry deleted.

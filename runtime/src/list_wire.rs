@@ -1,0 +1,738 @@
+//! A reader of the ListPodSandbox and ListContainers responses straight from their
+//! protobuf bytes, for the global relist (issue 11): it borrows the fields plegd uses
+//! (IDs, the pod's identity, states) and only checks the rest — labels, annotations,
+//! the image spec — instead of decoding every field of every entry into owned strings
+//! and hash maps that a relist where nothing changed throws away.
+//!
+//! It accepts exactly what prost's decoding of `cri::ListPodSandboxResponse` and
+//! `cri::ListContainersResponse` accepts, and reads the same values: the last value
+//! of a scalar field wins, a repeated embedded message merges into the first, every
+//! string (skipped ones included) must be UTF-8, every known field must have its wire
+//! type, unknown fields (groups included) are skipped, and prost's recursion limit
+//! holds. The tests check it against prost on generated and
+//! mangled messages.
+
+use std::collections::BTreeMap;
+
+use prost::encoding::{decode_key, decode_varint, WireType};
+
+/// Why bytes are not a valid message (what prost would have refused).
+pub type WireError = String;
+type Res<T> = Result<T, WireError>;
+
+/// prost's recursion budget at the top of a message (`prost::RECURSION_LIMIT`).
+const RECURSION_LIMIT: u32 = 100;
+
+/// A sandbox entry of ListPodSandbox, borrowed from the response's bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SandboxFields<'a> {
+    pub id: &'a str,
+    /// Whether the entry had a `metadata` field at all.
+    pub has_metadata: bool,
+    pub uid: &'a str,
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub attempt: u32,
+    pub state: i32,
+    pub created_at: i64,
+}
+
+/// A container entry of ListContainers, borrowed from the response's bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContainerFields<'a> {
+    pub id: &'a str,
+    pub sandbox_id: &'a str,
+    pub name: &'a str,
+    pub attempt: u32,
+    pub state: i32,
+    pub created_at: i64,
+}
+
+fn err(what: &str) -> WireError {
+    what.to_string()
+}
+
+/// A field's key; keys of one byte (tags up to 15) without prost's general path.
+#[inline(always)]
+fn key(buf: &mut &[u8]) -> Res<(u32, WireType)> {
+    if let Some((&b, rest)) = buf.split_first() {
+        let wire_type = match b & 7 {
+            0 => Some(WireType::Varint),
+            1 => Some(WireType::SixtyFourBit),
+            2 => Some(WireType::LengthDelimited),
+            3 => Some(WireType::StartGroup),
+            4 => Some(WireType::EndGroup),
+            5 => Some(WireType::ThirtyTwoBit),
+            _ => None,
+        };
+        if let (true, Some(wire_type)) = (b < 0x80 && b >> 3 != 0, wire_type) {
+            *buf = rest;
+            return Ok((u32::from(b >> 3), wire_type));
+        }
+    }
+    decode_key(buf).map_err(|e| e.to_string())
+}
+
+/// A varint; one-byte values without prost's general path.
+#[inline(always)]
+fn varint(buf: &mut &[u8]) -> Res<u64> {
+    if let Some((&b, rest)) = buf.split_first() {
+        if b < 0x80 {
+            *buf = rest;
+            return Ok(u64::from(b));
+        }
+    }
+    decode_varint(buf).map_err(|e| e.to_string())
+}
+
+#[inline(always)]
+fn expect(want: WireType, got: WireType) -> Res<()> {
+    if want == got {
+        Ok(())
+    } else {
+        Err(format!("invalid wire type: {got:?} (expected {want:?})"))
+    }
+}
+
+/// A length-delimited payload (the length is read whatever `wire_type` says: callers
+/// check it first where prost does).
+#[inline(always)]
+fn delimited<'a>(buf: &mut &'a [u8]) -> Res<&'a [u8]> {
+    let len = varint(buf)?;
+    if len > buf.len() as u64 {
+        return Err(err("buffer underflow"));
+    }
+    let (head, rest) = buf.split_at(len as usize);
+    *buf = rest;
+    Ok(head)
+}
+
+#[inline(always)]
+fn string<'a>(wire_type: WireType, buf: &mut &'a [u8]) -> Res<&'a str> {
+    expect(WireType::LengthDelimited, wire_type)?;
+    std::str::from_utf8(delimited(buf)?)
+        .map_err(|_| err("invalid string value: data is not UTF-8 encoded"))
+}
+
+#[inline(always)]
+fn int(wire_type: WireType, buf: &mut &[u8]) -> Res<u64> {
+    expect(WireType::Varint, wire_type)?;
+    varint(buf)
+}
+
+/// prost's `skip_field`, with its recursion budget `depth`.
+fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8], depth: u32) -> Res<()> {
+    if depth == 0 {
+        return Err(err("recursion limit reached"));
+    }
+    let len = match wire_type {
+        WireType::Varint => varint(buf).map(|_| 0)?,
+        WireType::ThirtyTwoBit => 4,
+        WireType::SixtyFourBit => 8,
+        WireType::LengthDelimited => varint(buf)?,
+        WireType::StartGroup => loop {
+            let (inner_tag, inner_type) = key(buf)?;
+            match inner_type {
+                WireType::EndGroup if inner_tag != tag => {
+                    return Err(err("unexpected end group tag"))
+                }
+                WireType::EndGroup => break 0,
+                _ => skip(inner_type, inner_tag, buf, depth - 1)?,
+            }
+        },
+        WireType::EndGroup => return Err(err("unexpected end group tag")),
+    };
+    if len > buf.len() as u64 {
+        return Err(err("buffer underflow"));
+    }
+    *buf = &buf[len as usize..];
+    Ok(())
+}
+
+/// An embedded message field: checked as prost's `message::merge` does; returns its
+/// bytes, to be read with the budget `depth - 1`.
+#[inline(always)]
+fn message<'a>(wire_type: WireType, buf: &mut &'a [u8], depth: u32) -> Res<&'a [u8]> {
+    expect(WireType::LengthDelimited, wire_type)?;
+    if depth == 0 {
+        return Err(err("recursion limit reached"));
+    }
+    delimited(buf)
+}
+
+/// A `map<string, string>` field: every entry is checked; with `into`, inserted in
+/// order (the last key wins).
+fn string_map(
+    wire_type: WireType,
+    buf: &mut &[u8],
+    depth: u32,
+    into: Option<&mut BTreeMap<String, String>>,
+) -> Res<()> {
+    expect(WireType::LengthDelimited, wire_type)?;
+    if depth == 0 {
+        return Err(err("recursion limit reached"));
+    }
+    let mut entry = delimited(buf)?;
+    let (mut k, mut v) = ("", "");
+    while !entry.is_empty() {
+        match key(&mut entry)? {
+            (1, wt) => k = string(wt, &mut entry)?,
+            (2, wt) => v = string(wt, &mut entry)?,
+            (tag, wt) => skip(wt, tag, &mut entry, depth - 1)?,
+        }
+    }
+    if let Some(map) = into {
+        map.insert(k.to_string(), v.to_string());
+    }
+    Ok(())
+}
+
+/// The entries (field 1, each an embedded message) of a list response, each with the
+/// recursion budget it is read with; unknown fields are checked and skipped.
+fn entries<'a>(mut buf: &'a [u8], mut each: impl FnMut(&'a [u8], u32) -> Res<()>) -> Res<()> {
+    while !buf.is_empty() {
+        match key(&mut buf)? {
+            (1, wt) => {
+                let entry = message(wt, &mut buf, RECURSION_LIMIT)?;
+                each(entry, RECURSION_LIMIT - 1)?;
+            }
+            (tag, wt) => skip(wt, tag, &mut buf, RECURSION_LIMIT)?,
+        }
+    }
+    Ok(())
+}
+
+/// Reads `cri::PodSandbox` bytes (with the budget `depth`); its labels into `labels`
+/// when given.
+pub fn sandbox_fields<'a>(
+    mut buf: &'a [u8],
+    depth: u32,
+    mut labels: Option<&mut BTreeMap<String, String>>,
+) -> Res<SandboxFields<'a>> {
+    let mut f = SandboxFields::default();
+    while !buf.is_empty() {
+        match key(&mut buf)? {
+            (1, wt) => f.id = string(wt, &mut buf)?,
+            (2, wt) => {
+                let mut meta = message(wt, &mut buf, depth)?;
+                f.has_metadata = true;
+                while !meta.is_empty() {
+                    match key(&mut meta)? {
+                        (1, wt) => f.name = string(wt, &mut meta)?,
+                        (2, wt) => f.uid = string(wt, &mut meta)?,
+                        (3, wt) => f.namespace = string(wt, &mut meta)?,
+                        (4, wt) => f.attempt = int(wt, &mut meta)? as u32,
+                        (tag, wt) => skip(wt, tag, &mut meta, depth - 1)?,
+                    }
+                }
+            }
+            (3, wt) => f.state = int(wt, &mut buf)? as i32,
+            (4, wt) => f.created_at = int(wt, &mut buf)? as i64,
+            (5, wt) => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
+            (6, wt) => string_map(wt, &mut buf, depth, None)?,
+            (7, wt) => {
+                string(wt, &mut buf)?;
+            }
+            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
+        }
+    }
+    Ok(f)
+}
+
+/// Reads `cri::ImageSpec` bytes (checked only: plegd takes no field of it).
+fn image_spec(mut buf: &[u8], depth: u32) -> Res<()> {
+    while !buf.is_empty() {
+        match key(&mut buf)? {
+            (1 | 18 | 19, wt) => {
+                string(wt, &mut buf)?;
+            }
+            (2, wt) => string_map(wt, &mut buf, depth, None)?,
+            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
+        }
+    }
+    Ok(())
+}
+
+/// Reads `cri::Container` bytes (with the budget `depth`).
+pub fn container_fields(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
+    let mut f = ContainerFields::default();
+    while !buf.is_empty() {
+        match key(&mut buf)? {
+            (1, wt) => f.id = string(wt, &mut buf)?,
+            (2, wt) => f.sandbox_id = string(wt, &mut buf)?,
+            (3, wt) => {
+                let mut meta = message(wt, &mut buf, depth)?;
+                while !meta.is_empty() {
+                    match key(&mut meta)? {
+                        (1, wt) => f.name = string(wt, &mut meta)?,
+                        (2, wt) => f.attempt = int(wt, &mut meta)? as u32,
+                        (tag, wt) => skip(wt, tag, &mut meta, depth - 1)?,
+                    }
+                }
+            }
+            (4, wt) => image_spec(message(wt, &mut buf, depth)?, depth - 1)?,
+            (5 | 10, wt) => {
+                string(wt, &mut buf)?;
+            }
+            (6, wt) => f.state = int(wt, &mut buf)? as i32,
+            (7, wt) => f.created_at = int(wt, &mut buf)? as i64,
+            (8 | 9, wt) => string_map(wt, &mut buf, depth, None)?,
+            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
+        }
+    }
+    Ok(f)
+}
+
+/// Every sandbox of a `ListPodSandboxResponse`, with its entry's bytes (to read its
+/// labels later), in order — or why prost would refuse the response.
+pub fn sandboxes<'a>(buf: &'a [u8], mut each: impl FnMut(SandboxFields<'a>, &'a [u8])) -> Res<()> {
+    entries(buf, |entry, depth| {
+        each(sandbox_fields(entry, depth, None)?, entry);
+        Ok(())
+    })
+}
+
+/// Every container of a `ListContainersResponse`, in order — or why prost would
+/// refuse it.
+pub fn containers<'a>(buf: &'a [u8], mut each: impl FnMut(ContainerFields<'a>)) -> Res<()> {
+    entries(buf, |entry, depth| {
+        each(container_fields(entry, depth)?);
+        Ok(())
+    })
+}
+
+/// The labels of a sandbox entry returned by [`sandboxes`] (read again: only the
+/// sandboxes of pods that changed need them).
+pub fn sandbox_labels(entry: &[u8]) -> Res<BTreeMap<String, String>> {
+    let mut labels = BTreeMap::new();
+    sandbox_fields(entry, RECURSION_LIMIT - 1, Some(&mut labels))?;
+    Ok(labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use prost::encoding::encode_key;
+    use prost::Message;
+
+    use super::*;
+    use crate::{convert, cri, Container, NodeLists, RuntimeError, Sandbox};
+
+    /// Small xorshift: the same draws on every run, no dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+        fn chance(&mut self, percent: u64) -> bool {
+            self.below(100) < percent
+        }
+        fn text(&mut self) -> String {
+            const WORDS: [&str; 7] = ["", "a", "web", "io.kubernetes.pod.name", "ü", "x y", "0"];
+            let mut s = String::new();
+            for _ in 0..self.below(3) {
+                s.push_str(WORDS[self.below(WORDS.len() as u64) as usize]);
+            }
+            s
+        }
+        fn varint_value(&mut self) -> u64 {
+            match self.below(4) {
+                0 => 0,
+                1 => self.below(5),
+                2 => u64::MAX - self.below(3),
+                _ => self.below(1 << 40),
+            }
+        }
+        fn map(&mut self) -> HashMap<String, String> {
+            (0..self.below(4))
+                .map(|_| (self.text(), self.text()))
+                .collect()
+        }
+    }
+
+    /// Each field of a message encoded on its own (a map entry, or a part of an
+    /// embedded message, as a field of its own): shuffled, repeated and mixed with
+    /// unknown fields, they are still one valid encoding of a message.
+    fn sandbox_fields_encoded(rng: &mut Rng) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let one = |s: cri::PodSandbox| s.encode_to_vec();
+        for _ in 0..rng.below(3) {
+            out.push(one(cri::PodSandbox {
+                id: rng.text(),
+                ..Default::default()
+            }));
+        }
+        for _ in 0..rng.below(3) {
+            let meta = cri::PodSandboxMetadata {
+                name: if rng.chance(70) {
+                    rng.text()
+                } else {
+                    "".into()
+                },
+                uid: if rng.chance(80) {
+                    format!("u{}", rng.below(4))
+                } else {
+                    rng.text()
+                },
+                namespace: rng.text(),
+                attempt: rng.varint_value() as u32,
+            };
+            let mut bytes = Vec::new();
+            cri::PodSandbox {
+                metadata: Some(meta),
+                ..Default::default()
+            }
+            .encode(&mut bytes)
+            .expect("a Vec grows");
+            out.push(bytes);
+        }
+        for _ in 0..rng.below(3) {
+            out.push(one(cri::PodSandbox {
+                state: rng.varint_value() as i32,
+                created_at: rng.varint_value() as i64,
+                runtime_handler: rng.text(),
+                ..Default::default()
+            }));
+        }
+        for (k, v) in rng.map() {
+            out.push(one(cri::PodSandbox {
+                labels: [(k, v)].into(),
+                ..Default::default()
+            }));
+        }
+        for (k, v) in rng.map() {
+            out.push(one(cri::PodSandbox {
+                annotations: [(k, v)].into(),
+                ..Default::default()
+            }));
+        }
+        out
+    }
+
+    fn container_fields_encoded(rng: &mut Rng) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let one = |c: cri::Container| c.encode_to_vec();
+        for _ in 0..rng.below(3) {
+            out.push(one(cri::Container {
+                id: rng.text(),
+                pod_sandbox_id: if rng.chance(80) {
+                    "s1".into()
+                } else {
+                    rng.text()
+                },
+                ..Default::default()
+            }));
+        }
+        for _ in 0..rng.below(3) {
+            out.push(one(cri::Container {
+                metadata: Some(cri::ContainerMetadata {
+                    name: rng.text(),
+                    attempt: rng.varint_value() as u32,
+                }),
+                ..Default::default()
+            }));
+        }
+        for _ in 0..rng.below(3) {
+            out.push(one(cri::Container {
+                image: Some(cri::ImageSpec {
+                    image: rng.text(),
+                    annotations: rng.map(),
+                    user_specified_image: rng.text(),
+                    runtime_handler: rng.text(),
+                }),
+                image_ref: rng.text(),
+                image_id: rng.text(),
+                ..Default::default()
+            }));
+        }
+        for _ in 0..rng.below(3) {
+            out.push(one(cri::Container {
+                state: rng.varint_value() as i32,
+                created_at: rng.varint_value() as i64,
+                ..Default::default()
+            }));
+        }
+        for (k, v) in rng.map() {
+            out.push(one(cri::Container {
+                labels: [(k, v)].into(),
+                annotations: rng.map(),
+                ..Default::default()
+            }));
+        }
+        out
+    }
+
+    /// An unknown field (a tag the message does not define) of any wire type, groups
+    /// (nested) included.
+    fn unknown_field(rng: &mut Rng, depth: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        let tag = [11, 15, 20, 99, 536_870_911][rng.below(5) as usize];
+        match rng.below(if depth > 0 { 5 } else { 4 }) {
+            0 => {
+                encode_key(tag, WireType::Varint, &mut out);
+                prost::encoding::encode_varint(rng.varint_value(), &mut out);
+            }
+            1 => {
+                encode_key(tag, WireType::ThirtyTwoBit, &mut out);
+                out.extend([1, 2, 3, 4]);
+            }
+            2 => {
+                encode_key(tag, WireType::SixtyFourBit, &mut out);
+                out.extend([0xff; 8]);
+            }
+            3 => {
+                encode_key(tag, WireType::LengthDelimited, &mut out);
+                let body = rng.text().into_bytes();
+                prost::encoding::encode_varint(body.len() as u64, &mut out);
+                out.extend(body);
+            }
+            _ => {
+                encode_key(tag, WireType::StartGroup, &mut out);
+                for _ in 0..rng.below(3) {
+                    out.extend(unknown_field(rng, depth - 1));
+                }
+                encode_key(tag, WireType::EndGroup, &mut out);
+            }
+        }
+        out
+    }
+
+    /// One entry: its fields shuffled, with unknown fields among them.
+    fn entry(rng: &mut Rng, mut fields: Vec<Vec<u8>>) -> Vec<u8> {
+        for _ in 0..rng.below(3) {
+            let at = rng.below(fields.len() as u64 + 1) as usize;
+            fields.insert(at, unknown_field(rng, 3));
+        }
+        for i in (1..fields.len()).rev() {
+            fields.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        fields.concat()
+    }
+
+    /// A list response: field 1 per entry, unknown fields between them.
+    fn list(rng: &mut Rng, entries: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in entries {
+            if rng.chance(10) {
+                out.extend(unknown_field(rng, 2));
+            }
+            encode_key(1, WireType::LengthDelimited, &mut out);
+            prost::encoding::encode_varint(e.len() as u64, &mut out);
+            out.extend(e);
+        }
+        out
+    }
+
+    /// Breaks the bytes in one of several ways (or leaves them alone).
+    fn mangle(rng: &mut Rng, mut bytes: Vec<u8>) -> Vec<u8> {
+        if bytes.is_empty() {
+            return bytes;
+        }
+        let at = rng.below(bytes.len() as u64) as usize;
+        match rng.below(8) {
+            0 => bytes.truncate(at),
+            1 => bytes[at] ^= 1 << rng.below(8),
+            2 => bytes[at] = 0xff,
+            3 => bytes.insert(at, rng.below(256) as u8),
+            // A key byte for "tag 5 / tag 8, varint" (a map field of the wrong wire
+            // type) or "end group" (a stray group end).
+            4 => bytes.insert(at, [0x28, 0x40, 0x0c, 0x80][rng.below(4) as usize]),
+            5 => bytes[at] = 0xc3, // a UTF-8 lead byte alone
+            _ => {}
+        }
+        bytes
+    }
+
+    fn via_prost_sandboxes(bytes: &[u8]) -> Result<Vec<Sandbox>, String> {
+        cri::ListPodSandboxResponse::decode(bytes)
+            .map(|r| {
+                r.items
+                    .into_iter()
+                    .filter_map(|s| convert::sandbox_from_listed(s).ok())
+                    .collect()
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn via_prost_containers(bytes: &[u8]) -> Result<Vec<Container>, String> {
+        cri::ListContainersResponse::decode(bytes)
+            .map(|r| {
+                r.containers
+                    .into_iter()
+                    .filter_map(|c| convert::container_from_listed(c).ok())
+                    .collect()
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    fn via_view(
+        sandboxes: &[u8],
+        containers: &[u8],
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+        let lists = NodeLists::Wire {
+            sandboxes: prost::bytes::Bytes::copy_from_slice(sandboxes),
+            containers: prost::bytes::Bytes::copy_from_slice(containers),
+        };
+        let view = lists.view()?;
+        let s = view
+            .sandboxes
+            .iter()
+            .map(|s| s.to_sandbox())
+            .collect::<Result<Vec<_>, _>>()?;
+        let c = view.containers.iter().map(|c| c.to_container()).collect();
+        Ok((s, c))
+    }
+
+    /// The reader against prost's decoding plus the list calls' conversion, on
+    /// generated lists (fields in any order, repeated, split embedded messages, maps,
+    /// unknown fields and groups) and on the same bytes broken: the same entries when
+    /// prost decodes them, an `Invalid` error when it does not — never a panic.
+    #[test]
+    fn reads_what_prost_decodes_and_refuses_what_it_refuses() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let (mut ok, mut refused) = (0, 0);
+        for _ in 0..20_000 {
+            let sandboxes: Vec<_> = (0..rng.below(4))
+                .map(|_| {
+                    let f = sandbox_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            let containers: Vec<_> = (0..rng.below(4))
+                .map(|_| {
+                    let f = container_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            let (mut s_bytes, mut c_bytes) =
+                (list(&mut rng, &sandboxes), list(&mut rng, &containers));
+            if rng.chance(50) {
+                s_bytes = mangle(&mut rng, s_bytes);
+            } else {
+                c_bytes = mangle(&mut rng, c_bytes);
+            }
+            let want = via_prost_sandboxes(&s_bytes)
+                .and_then(|s| via_prost_containers(&c_bytes).map(|c| (s, c)));
+            match (want, via_view(&s_bytes, &c_bytes)) {
+                (Ok(want), Ok(got)) => {
+                    assert_eq!(got, want, "{s_bytes:?} {c_bytes:?}");
+                    ok += 1;
+                }
+                (Err(_), Err(RuntimeError::Invalid { .. })) => refused += 1,
+                (want, got) => panic!("prost: {want:?}, reader: {got:?}\n{s_bytes:?}\n{c_bytes:?}"),
+            }
+        }
+        // Both sides are exercised.
+        assert!(
+            ok > 5_000 && refused > 2_000,
+            "{ok} read, {refused} refused"
+        );
+    }
+
+    /// Groups nested past prost's recursion limit are refused, as prost refuses them;
+    /// just under it they are skipped.
+    #[test]
+    fn the_recursion_limit_is_prosts() {
+        // Per place: depths read, depths refused.
+        let mut seen = [(0, 0); 3];
+        for depth in [90, 97, 98, 99, 100, 101, 150] {
+            let mut group = Vec::new();
+            for _ in 0..depth {
+                encode_key(12, WireType::StartGroup, &mut group);
+            }
+            for _ in 0..depth {
+                encode_key(12, WireType::EndGroup, &mut group);
+            }
+            let entry = cri::PodSandbox {
+                id: "s1".into(),
+                metadata: Some(cri::PodSandboxMetadata {
+                    uid: "u1".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+            .encode_to_vec();
+            // In the entry, in its metadata, and at the top of the response.
+            let mut in_meta = Vec::new();
+            encode_key(2, WireType::LengthDelimited, &mut in_meta);
+            prost::encoding::encode_varint(group.len() as u64, &mut in_meta);
+            in_meta.extend(&group);
+            for (place, (top, inner)) in [
+                (vec![], group.clone()),
+                (vec![], in_meta),
+                (group.clone(), vec![]),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let mut e = entry.clone();
+                e.extend(&inner);
+                let mut bytes = top.clone();
+                bytes.extend(list(&mut Rng(1), &[e]));
+                let want = via_prost_sandboxes(&bytes);
+                let got = via_view(&bytes, &[]);
+                assert_eq!(want.is_ok(), got.is_ok(), "depth {depth}: {want:?} {got:?}");
+                if got.is_ok() {
+                    seen[place].0 += 1;
+                } else {
+                    seen[place].1 += 1;
+                }
+            }
+        }
+        // The limit falls inside the depths tried, wherever the groups are.
+        assert!(
+            seen.iter().all(|&(read, refused)| read > 0 && refused > 0),
+            "{seen:?}"
+        );
+    }
+
+    /// A realistic response (kubelet's labels and annotations on every entry) reads
+    /// the same as prost, and an empty one is an empty list.
+    #[test]
+    fn a_kubelet_like_list_reads_like_prost() {
+        let labels: HashMap<String, String> = [
+            ("io.kubernetes.pod.name", "web-0"),
+            ("io.kubernetes.pod.namespace", "default"),
+            (
+                "io.kubernetes.pod.uid",
+                "8d4c0e5a-0000-4000-8000-000000000001",
+            ),
+            ("io.kubernetes.container.name", "app"),
+            ("app", "web"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let resp = cri::ListContainersResponse {
+            containers: (0..50)
+                .map(|i| cri::Container {
+                    id: format!("{i:064x}"),
+                    pod_sandbox_id: format!("{:064x}", i / 2),
+                    metadata: Some(cri::ContainerMetadata {
+                        name: format!("app-{i}"),
+                        attempt: i,
+                    }),
+                    image: Some(cri::ImageSpec {
+                        image: "registry.k8s.io/pause:3.9".into(),
+                        ..Default::default()
+                    }),
+                    image_ref: "sha256:abc".into(),
+                    state: (i % 4) as i32,
+                    created_at: 1_700_000_000_000_000_000 + i64::from(i),
+                    labels: labels.clone(),
+                    annotations: labels.clone(),
+                    image_id: "sha256:def".into(),
+                })
+                .collect(),
+        };
+        let bytes = resp.encode_to_vec();
+        let (s, c) = via_view(&[], &bytes).expect("a valid response");
+        assert!(s.is_empty());
+        assert_eq!(c.len(), 50);
+        assert_eq!(Ok(c), via_prost_containers(&bytes));
+    }
+}

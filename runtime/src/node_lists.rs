@@ -1,0 +1,214 @@
+//! The whole node's lists for a global relist, and a borrowed view of them.
+//!
+//! A CRI runtime hands back the two responses' bytes ([`NodeLists::Wire`]); the view
+//! reads them in place ([`crate::list_wire`]) — IDs, pod identity and states borrowed
+//! from the bytes, nothing allocated per entry — so the global relist can compare
+//! them with its records and build owned [`Sandbox`]es and [`Container`]s only for
+//! the pods that changed. Other runtimes (the simulated one) hand back decoded lists
+//! ([`NodeLists::Decoded`]), viewed the same way.
+
+use prost::bytes::Bytes;
+
+use crate::convert::{container_state_from_wire, sandbox_state_from_wire};
+use crate::list_wire;
+use crate::{Container, ContainerState, PodRef, RuntimeError, Sandbox, SandboxState};
+
+/// Every sandbox and every container of the node, as listed.
+#[derive(Clone, Debug)]
+pub enum NodeLists {
+    Decoded {
+        sandboxes: Vec<Sandbox>,
+        containers: Vec<Container>,
+    },
+    /// The bytes of a `ListPodSandboxResponse` and of a `ListContainersResponse`,
+    /// not yet checked.
+    Wire { sandboxes: Bytes, containers: Bytes },
+}
+
+/// A listed sandbox, borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct SandboxRef<'a> {
+    pub id: &'a str,
+    pub uid: &'a str,
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub state: SandboxState,
+    from: SandboxSource<'a>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum SandboxSource<'a> {
+    Decoded(&'a Sandbox),
+    /// The entry's bytes and what was read of them.
+    Wire(&'a [u8], u32, i64),
+}
+
+/// A listed container, borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct ContainerRef<'a> {
+    pub id: &'a str,
+    pub sandbox_id: &'a str,
+    pub name: &'a str,
+    pub attempt: u32,
+    pub state: ContainerState,
+    pub created_at: i64,
+}
+
+/// The node's lists, read: the sandboxes and containers plegd can attribute (the
+/// same ones `list_sandboxes(None)` and `list_containers(None)` return).
+#[derive(Debug, Default)]
+pub struct ListView<'a> {
+    pub sandboxes: Vec<SandboxRef<'a>>,
+    pub containers: Vec<ContainerRef<'a>>,
+}
+
+impl<'a> ListView<'a> {
+    /// A view of decoded lists.
+    pub fn of(sandboxes: &'a [Sandbox], containers: &'a [Container]) -> Self {
+        let mut view = ListView::default();
+        view.sandboxes.extend(sandboxes.iter().map(|s| SandboxRef {
+            id: &s.id,
+            uid: &s.pod.uid,
+            name: &s.pod.name,
+            namespace: &s.pod.namespace,
+            state: s.state,
+            from: SandboxSource::Decoded(s),
+        }));
+        view.containers
+            .extend(containers.iter().map(|c| ContainerRef {
+                id: &c.id,
+                sandbox_id: &c.sandbox_id,
+                name: &c.name,
+                attempt: c.attempt,
+                state: c.state,
+                created_at: c.created_at,
+            }));
+        view
+    }
+}
+
+impl SandboxRef<'_> {
+    /// Whether this sandbox names this pod.
+    pub fn is_pod(&self, pod: &PodRef) -> bool {
+        self.uid == pod.uid && self.name == pod.name && self.namespace == pod.namespace
+    }
+
+    /// The owned sandbox (what `list_sandboxes` would have returned for it).
+    pub fn to_sandbox(&self) -> Result<Sandbox, RuntimeError> {
+        match self.from {
+            SandboxSource::Decoded(s) => Ok(s.clone()),
+            SandboxSource::Wire(entry, attempt, created_at) => Ok(Sandbox {
+                id: self.id.to_string(),
+                pod: PodRef {
+                    uid: self.uid.to_string(),
+                    name: self.name.to_string(),
+                    namespace: self.namespace.to_string(),
+                },
+                attempt,
+                state: self.state,
+                created_at,
+                labels: list_wire::sandbox_labels(entry).map_err(|reason| {
+                    RuntimeError::Invalid {
+                        op: "ListPodSandbox",
+                        reason,
+                    }
+                })?,
+            }),
+        }
+    }
+}
+
+impl ContainerRef<'_> {
+    /// The owned container (what `list_containers` would have returned for it).
+    pub fn to_container(&self) -> Container {
+        Container {
+            id: self.id.to_string(),
+            sandbox_id: self.sandbox_id.to_string(),
+            name: self.name.to_string(),
+            attempt: self.attempt,
+            state: self.state,
+            created_at: self.created_at,
+        }
+    }
+}
+
+impl NodeLists {
+    /// Lists as a CRI runtime sends them: the two responses' bytes (for tests and
+    /// benchmarks of the path [`crate::CriRuntime`] takes).
+    pub fn encoded(sandboxes: &[Sandbox], containers: &[Container]) -> Self {
+        use prost::Message;
+        let sandboxes = crate::cri::ListPodSandboxResponse {
+            items: sandboxes
+                .iter()
+                .map(crate::convert::sandbox_to_wire)
+                .collect(),
+        };
+        let containers = crate::cri::ListContainersResponse {
+            containers: containers
+                .iter()
+                .map(crate::convert::container_to_wire)
+                .collect(),
+        };
+        NodeLists::Wire {
+            sandboxes: sandboxes.encode_to_vec().into(),
+            containers: containers.encode_to_vec().into(),
+        }
+    }
+
+    /// Reads the lists. Bytes that prost would not decode fail the whole read
+    /// ([`RuntimeError::Invalid`]), as a decode error fails the list call; an entry
+    /// plegd cannot attribute (a sandbox without metadata or pod UID, a container
+    /// without its sandbox's ID) is left out, as the list calls leave it out.
+    pub fn view(&self) -> Result<ListView<'_>, RuntimeError> {
+        match self {
+            NodeLists::Decoded {
+                sandboxes,
+                containers,
+            } => Ok(ListView::of(sandboxes, containers)),
+            NodeLists::Wire {
+                sandboxes,
+                containers,
+            } => {
+                let invalid = |op| move |reason| RuntimeError::Invalid { op, reason };
+                let mut view = ListView::default();
+                list_wire::sandboxes(sandboxes, |f, entry| {
+                    if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
+                        tracing::debug!(
+                            id = f.id,
+                            "ignoring a listed sandbox without id, metadata or pod UID"
+                        );
+                        return;
+                    }
+                    view.sandboxes.push(SandboxRef {
+                        id: f.id,
+                        uid: f.uid,
+                        name: f.name,
+                        namespace: f.namespace,
+                        state: sandbox_state_from_wire(f.state),
+                        from: SandboxSource::Wire(entry, f.attempt, f.created_at),
+                    });
+                })
+                .map_err(invalid("ListPodSandbox"))?;
+                list_wire::containers(containers, |f| {
+                    if f.id.is_empty() || f.sandbox_id.is_empty() {
+                        tracing::debug!(
+                            id = f.id,
+                            "ignoring a listed container without id or sandbox id"
+                        );
+                        return;
+                    }
+                    view.containers.push(ContainerRef {
+                        id: f.id,
+                        sandbox_id: f.sandbox_id,
+                        name: f.name,
+                        attempt: f.attempt,
+                        state: container_state_from_wire(f.state),
+                        created_at: f.created_at,
+                    });
+                })
+                .map_err(invalid("ListContainers"))?;
+                Ok(view)
+            }
+        }
+    }
+}
