@@ -20,7 +20,7 @@
 //! every change whose event has a revision up to its own and none after: list it, then
 //! watch from that revision, and each change is seen once (see `revision`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::event::EventKind;
+use crate::id_map::IdMap;
 use crate::pleg::{CacheUpdate, PodStatus};
 
 /// One pod's cache entry.
@@ -47,7 +48,7 @@ pub struct CachedPod {
     /// with the events exactly, even where `status` is already ahead of them (read
     /// after the list the events came from, it may show a death the next relist will
     /// publish).
-    pub reported: BTreeMap<String, EventKind>,
+    pub reported: IdMap<EventKind>,
 }
 
 struct Shared {
@@ -264,7 +265,7 @@ impl CacheOwner {
                     status: None,
                     error: None,
                     modified: SystemTime::UNIX_EPOCH,
-                    reported: BTreeMap::new(),
+                    reported: IdMap::new(),
                 });
                 // Never let an older read overwrite a newer one.
                 if read_at < entry.modified {

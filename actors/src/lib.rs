@@ -23,9 +23,11 @@
 mod cache;
 mod event;
 mod health;
+mod id_map;
 pub mod hints;
 #[cfg(test)]
 mod mock;
+mod packed;
 mod pleg;
 mod publisher;
 mod relist;
@@ -39,6 +41,7 @@ mod wiring;
 pub use cache::{CacheSnapshot, CachedPod, PodCache, PodLookup};
 pub use event::{EventKind, Exit, LifecycleEvent, RelistSource};
 pub use health::Health;
+pub use id_map::IdMap;
 pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};
 pub use hints::watcher::WatcherState;
 pub use hints::{HintSourceName, HintSourceState};

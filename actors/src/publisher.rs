@@ -190,8 +190,10 @@ impl Handler<Publish> for EventPublisher {
         {
             let mut history = self.history.write().unwrap_or_else(|e| e.into_inner());
             for ev in &events {
-                history.push(ev.clone());
+                history.push(ev);
             }
+            self.metrics.history_events.set(history.len() as i64);
+            self.metrics.history_bytes.set(history.heap_bytes() as i64);
         }
         for ev in events {
             self.metrics.count_event(ev.relist_source);
