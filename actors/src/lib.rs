@@ -28,6 +28,7 @@ pub mod hints;
 #[cfg(test)]
 mod mock;
 mod packed;
+mod packed_status;
 mod pleg;
 mod publisher;
 mod relist;
