@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use crate::event::EventKind;
 use crate::id_map::IdMap;
-use crate::packed_status::PackedStatus;
+use crate::packed_status::{PackedReported, PackedStatus};
 use crate::pleg::{CacheUpdate, PodStatus};
 
 /// One pod's cache entry.
@@ -60,7 +60,7 @@ struct StoredPod {
     status: Option<PackedStatus>,
     error: Option<Box<str>>,
     modified: SystemTime,
-    reported: IdMap<EventKind>,
+    reported: PackedReported,
 }
 
 impl StoredPod {
@@ -73,7 +73,7 @@ impl StoredPod {
             }),
             error: self.error.as_deref().map(str::to_owned),
             modified: self.modified,
-            reported: self.reported.clone(),
+            reported: self.reported.unpack(),
         }
     }
 }
@@ -88,6 +88,16 @@ struct Shared {
     changes: watch::Sender<(Option<SystemTime>, u64)>,
     /// Pods removed from the runtime, for a while.
     tombstones: DashMap<String, Tombstone>,
+}
+
+/// A table is shrunk once it has room for more than this many times its entries
+/// (and at least [`SHRINK_FLOOR`]): after a burst of short-lived pods, hash tables
+/// keep the room they grew to unless told (issue 11, churn).
+const SHRINK_RATIO: usize = 4;
+const SHRINK_FLOOR: usize = 256;
+
+fn too_roomy(capacity: usize, len: usize) -> bool {
+    capacity > SHRINK_RATIO * len.max(SHRINK_FLOOR)
 }
 
 /// At most this many removed pods are remembered (a node removing 55 pods a second
@@ -176,6 +186,15 @@ impl PodCache {
                 s.container_state(id) == Some(plegd_runtime::ContainerState::Exited)
             })
         })
+    }
+
+    /// Room for pods and tombstones (for tests).
+    #[cfg(test)]
+    fn capacities(&self) -> (usize, usize) {
+        (
+            self.shared.pods.capacity(),
+            self.shared.tombstones.capacity(),
+        )
     }
 
     /// Number of pods cached.
@@ -288,7 +307,7 @@ impl CacheOwner {
                     status: None,
                     error: None,
                     modified: SystemTime::UNIX_EPOCH,
-                    reported: IdMap::new(),
+                    reported: PackedReported::default(),
                 });
                 // Never let an older read overwrite a newer one.
                 if read_at < entry.modified {
@@ -337,6 +356,28 @@ impl CacheOwner {
         }
     }
 
+    /// Gives back the room of tables far larger than what they hold (pods and
+    /// tombstones gone after a burst).
+    fn shrink(&mut self) {
+        let Shared {
+            pods,
+            tombstones,
+            held_cover,
+            ..
+        } = &*self.shared;
+        let tables: [&dyn Roomy; 3] = [pods, tombstones, held_cover];
+        for table in tables {
+            if too_roomy(table.capacity(), table.len()) {
+                table.shrink_to_fit();
+            }
+        }
+        if too_roomy(self.expiry.capacity(), self.expiry.len()) {
+            self.expiry.shrink_to_fit();
+        }
+    }
+
+
+
     /// Forgets the oldest tombstone; false if there is none.
     fn forget_oldest(&mut self) -> bool {
         let Some((_, generation, uid)) = self.expiry.pop_front() else {
@@ -347,6 +388,25 @@ impl CacheOwner {
             .tombstones
             .remove_if(&uid, |_, t| t.generation == generation);
         true
+    }
+}
+
+/// A table [`CacheOwner::shrink`] looks at.
+trait Roomy {
+    fn capacity(&self) -> usize;
+    fn len(&self) -> usize;
+    fn shrink_to_fit(&self);
+}
+
+impl<V> Roomy for DashMap<String, V> {
+    fn capacity(&self) -> usize {
+        DashMap::capacity(self)
+    }
+    fn len(&self) -> usize {
+        DashMap::len(self)
+    }
+    fn shrink_to_fit(&self) {
+        DashMap::shrink_to_fit(self)
     }
 }
 
@@ -385,21 +445,34 @@ impl Handler<ApplyRelist> for CacheOwner {
         }
         // After the updates: a pod this relist found gone has no entry left to fold
         // its last events into.
-        for (uid, id, kind) in msg.events {
-            if let Some(mut pod) = self.shared.pods.get_mut(&uid) {
+        // A pod's events come one after the other: its states are unpacked and packed
+        // again once for them all.
+        let mut events = msg.events.into_iter().peekable();
+        while let Some((uid, id, kind)) = events.next() {
+            let mut run = vec![(id, kind)];
+            while let Some((_, id, kind)) = events.next_if(|(u, ..)| *u == uid) {
+                run.push((id, kind));
+            }
+            let Some(mut pod) = self.shared.pods.get_mut(&uid) else {
+                continue;
+            };
+            let mut reported = pod.reported.unpack();
+            for (id, kind) in run {
                 match kind {
                     EventKind::ContainerStarted | EventKind::ContainerDied => {
-                        pod.reported.insert(id, kind);
+                        reported.insert(id, kind);
                     }
                     EventKind::ContainerRemoved => {
-                        pod.reported.remove(&id);
+                        reported.remove(&id);
                     }
                     EventKind::PodSync | EventKind::ContainerChanged => {}
                 }
             }
+            pod.reported = PackedReported::pack(&reported, &mut self.buf);
         }
         self.revision = self.revision.max(msg.revision);
         self.prune();
+        self.shrink();
         if msg.global_timestamp.is_some() {
             let previous = self.shared.changes.borrow().0;
             let held = &msg.held;
@@ -572,6 +645,46 @@ mod tests {
         assert_eq!(cache.tombstones(), 1);
         owner.send(relist(Vec::new(), 0)).await.unwrap();
         assert_eq!(cache.tombstones(), 0);
+    }
+
+    /// Issue 11 (churn): the pod and tombstone tables kept the room they grew to
+    /// after a burst of short-lived pods, for good.
+    #[actix_rt::test]
+    async fn the_tables_give_back_their_room_once_a_burst_of_pods_is_gone() {
+        tokio::time::pause();
+        let ttl = Duration::from_secs(1);
+        let (owner, cache) = CacheOwner::new(ttl);
+        let owner = owner.start();
+        let uids: Vec<String> = (0..5000).map(|i| format!("p{i}")).collect();
+        let keep = ["p1", "p2"];
+        owner
+            .send(relist(uids.iter().map(|u| set(u, at(1))).collect(), 0))
+            .await
+            .unwrap();
+        assert!(cache.capacities().0 >= 5000);
+        owner
+            .send(relist(
+                uids.iter()
+                    .filter(|u| !keep.contains(&u.as_str()))
+                    .map(|u| delete(u, at(2)))
+                    .collect(),
+                0,
+            ))
+            .await
+            .unwrap();
+        assert_eq!((cache.len(), cache.tombstones()), (2, 4998));
+        let small = SHRINK_RATIO * SHRINK_FLOOR;
+        assert!(cache.capacities().0 <= small, "{:?}", cache.capacities());
+        assert!(cache.capacities().1 >= 4998);
+        // Past the TTL the tombstones go, and so does their room.
+        tokio::time::advance(ttl + Duration::from_secs(1)).await;
+        owner.send(relist(Vec::new(), 0)).await.unwrap();
+        assert_eq!(cache.tombstones(), 0);
+        assert!(cache.capacities().1 <= small, "{:?}", cache.capacities());
+        // What is left is intact.
+        for uid in keep {
+            assert_eq!(cache.get(uid).unwrap().status, Some(status(uid)));
+        }
     }
 
     #[actix_rt::test]

@@ -112,7 +112,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn kind_code(kind: EventKind) -> u8 {
+pub(crate) fn kind_code(kind: EventKind) -> u8 {
     match kind {
         EventKind::ContainerStarted => 0,
         EventKind::ContainerDied => 1,
@@ -122,7 +122,7 @@ fn kind_code(kind: EventKind) -> u8 {
     }
 }
 
-fn kind_of(code: u8) -> Option<EventKind> {
+pub(crate) fn kind_of(code: u8) -> Option<EventKind> {
     Some(match code {
         0 => EventKind::ContainerStarted,
         1 => EventKind::ContainerDied,

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 
 use plegd_runtime::{ContainerState, ContainerStatus, PodRef, Sandbox, SandboxState};
 
-use crate::packed::{Reader, Writer};
+use crate::event::EventKind;
+use crate::id_map::IdMap;
+use crate::packed::{kind_code, kind_of, Reader, Writer};
 use crate::pleg::PodStatus;
 
 fn container_code(s: ContainerState) -> u8 {
@@ -278,6 +280,39 @@ impl PackedStatus {
     }
 }
 
+/// What the events said last of each sandbox and container of a pod (the cache's
+/// `reported`), packed: one block of ≈ 16 bytes an ID instead of a vector and a
+/// string per ID (≈ 200 bytes for a sandbox and two containers); none when empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PackedReported(Box<[u8]>);
+
+impl PackedReported {
+    pub(crate) fn pack(reported: &IdMap<EventKind>, buf: &mut Vec<u8>) -> Self {
+        buf.clear();
+        let mut w = Writer(buf);
+        for (id, kind) in reported {
+            w.str(id);
+            w.u8(kind_code(*kind));
+        }
+        PackedReported(Box::from(&buf[..]))
+    }
+
+    /// The map as it was packed; what cannot be read (only a bug could write it) is
+    /// left out.
+    pub(crate) fn unpack(&self) -> IdMap<EventKind> {
+        let mut r = Reader(&self.0);
+        let mut map = IdMap::new();
+        while !r.0.is_empty() {
+            let (Some(id), Some(kind)) = (r.string(), r.u8().and_then(kind_of)) else {
+                debug_assert!(false, "packed reported states that do not unpack");
+                break;
+            };
+            map.insert(id, kind);
+        }
+        map
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,6 +382,23 @@ mod tests {
                 container("c4", "old", ContainerState::Unknown),
             ],
         }
+    }
+
+    #[test]
+    fn reported_states_come_back_as_they_were_packed() {
+        let mut buf = Vec::new();
+        let empty = IdMap::new();
+        let packed = PackedReported::pack(&empty, &mut buf);
+        assert_eq!(packed, PackedReported::default());
+        assert_eq!(packed.unpack(), empty);
+        let map = IdMap::from([
+            ("s".repeat(64), EventKind::ContainerStarted),
+            ("c1".into(), EventKind::ContainerDied),
+            ("c2".into(), EventKind::ContainerRemoved),
+            ("".into(), EventKind::PodSync),
+            ("c3".into(), EventKind::ContainerChanged),
+        ]);
+        assert_eq!(PackedReported::pack(&map, &mut buf).unpack(), map);
     }
 
     #[test]
