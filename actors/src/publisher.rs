@@ -431,6 +431,31 @@ mod tests {
     }
 
     #[actix_rt::test]
+    async fn the_history_reports_how_many_events_it_holds_and_their_bytes() {
+        let (p, r, metrics) = publisher(100);
+        publish(&p, &r, 0, 10).await;
+        assert_eq!(metrics.history_events.get(), 10);
+        let ten = metrics.history_bytes.get();
+        // Packed: well under the ≈ 680 bytes of an event as a struct.
+        assert!((10 * 40..10 * 150).contains(&ten), "{ten} bytes");
+        publish(&p, &r, 10, 150).await;
+        assert_eq!(metrics.history_events.get(), 100);
+        let full = metrics.history_bytes.get();
+        assert!((5 * ten..=12 * ten).contains(&full), "{full} bytes");
+        // Full: it stays that size.
+        publish(&p, &r, 150, 300).await;
+        assert_eq!(metrics.history_events.get(), 100);
+        assert!((full - 100..=full + 100).contains(&metrics.history_bytes.get()));
+        // And what it holds is the events as published.
+        let replay = subscribe_after(&p, "t", 1, Some(298)).await.unwrap();
+        let got: Vec<Delivery> = replay.try_iter().collect();
+        assert_eq!(revisions(&got), [299, 300]);
+        let mut want = event(299);
+        want.time = got[1].event.time;
+        assert_eq!(*got[1].event, want);
+    }
+
+    #[actix_rt::test]
     async fn a_revision_older_than_the_history_or_never_issued_is_refused() {
         let (p, r, _) = publisher(4);
         // Nothing issued yet: 0 is fine, 1 is in the future.
