@@ -376,8 +376,6 @@ impl CacheOwner {
         }
     }
 
-
-
     /// Forgets the oldest tombstone; false if there is none.
     fn forget_oldest(&mut self) -> bool {
         let Some((_, generation, uid)) = self.expiry.pop_front() else {

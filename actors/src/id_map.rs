@@ -119,7 +119,7 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let id = format!("id{}", x % 7);
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(map.remove(&id), model.remove(&id));
             } else {
                 assert_eq!(map.insert(id.clone(), step), model.insert(id, step));
@@ -135,9 +135,12 @@ mod tests {
             }
         }
         let from: IdMap<u8> = IdMap::from([("b".into(), 1), ("a".into(), 2), ("b".into(), 3)]);
-        assert!(from
-            .iter()
-            .eq(BTreeMap::from([("b".to_string(), 1), ("a".into(), 2), ("b".into(), 3)]).iter()));
+        assert!(from.iter().eq(BTreeMap::from([
+            ("b".to_string(), 1),
+            ("a".into(), 2),
+            ("b".into(), 3)
+        ])
+        .iter()));
         // No spare room is kept.
         assert_eq!(from.0.capacity(), 2);
     }

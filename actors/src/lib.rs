@@ -23,8 +23,8 @@
 mod cache;
 mod event;
 mod health;
-mod id_map;
 pub mod hints;
+mod id_map;
 #[cfg(test)]
 mod mock;
 mod packed;
@@ -42,10 +42,10 @@ mod wiring;
 pub use cache::{CacheSnapshot, CachedPod, PodCache, PodLookup};
 pub use event::{EventKind, Exit, LifecycleEvent, RelistSource};
 pub use health::Health;
-pub use id_map::IdMap;
 pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};
 pub use hints::watcher::WatcherState;
 pub use hints::{HintSourceName, HintSourceState};
+pub use id_map::IdMap;
 pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
 /// NRI's default socket (`--nri-socket`).
 pub use plegd_nri::DEFAULT_SOCKET as DEFAULT_NRI_SOCKET;

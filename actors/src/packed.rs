@@ -158,7 +158,9 @@ pub(crate) struct PackedEvent(Box<[u8]>);
 
 impl std::fmt::Debug for PackedEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("PackedEvent").field(&self.revision()).finish()
+        f.debug_tuple("PackedEvent")
+            .field(&self.revision())
+            .finish()
     }
 }
 
