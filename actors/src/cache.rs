@@ -20,7 +20,7 @@
 //! every change whose event has a revision up to its own and none after: list it, then
 //! watch from that revision, and each change is seen once (see `revision`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -30,6 +30,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::event::EventKind;
+use crate::id_map::IdMap;
+use crate::packed_status::{PackedReported, PackedStatus};
 use crate::pleg::{CacheUpdate, PodStatus};
 
 /// One pod's cache entry.
@@ -47,11 +49,37 @@ pub struct CachedPod {
     /// with the events exactly, even where `status` is already ahead of them (read
     /// after the list the events came from, it may show a death the next relist will
     /// publish).
-    pub reported: BTreeMap<String, EventKind>,
+    pub reported: IdMap<EventKind>,
+}
+
+/// A [`CachedPod`] as the cache holds it: the status packed into one block (see
+/// `packed_status`: ≈ 250 bytes instead of ≈ 1.3 KB at a sandbox and two containers;
+/// issue 11). Unpacked for readers.
+#[derive(Clone, Debug)]
+struct StoredPod {
+    status: Option<PackedStatus>,
+    error: Option<Box<str>>,
+    modified: SystemTime,
+    reported: PackedReported,
+}
+
+impl StoredPod {
+    fn unpack(&self) -> CachedPod {
+        CachedPod {
+            status: self.status.as_ref().and_then(|s| {
+                let status = s.unpack();
+                debug_assert!(status.is_some(), "a packed status that does not unpack");
+                status
+            }),
+            error: self.error.as_deref().map(str::to_owned),
+            modified: self.modified,
+            reported: self.reported.unpack(),
+        }
+    }
 }
 
 struct Shared {
-    pods: DashMap<String, CachedPod>,
+    pods: DashMap<String, StoredPod>,
     /// Pods the last global relist left alone (a sync held them) → the last global
     /// timestamp that did cover them: a waiter on such a pod is not released by a
     /// relist that never looked at it.
@@ -59,7 +87,19 @@ struct Shared {
     /// (global timestamp, change counter): every write bumps it to wake waiters.
     changes: watch::Sender<(Option<SystemTime>, u64)>,
     /// Pods removed from the runtime, for a while.
-    tombstones: DashMap<String, Tombstone>,
+    /// Boxed: a table of up to 16,384 has twice as many buckets, each the size of its
+    /// entry (136 bytes inline, 8 boxed; issue 11, churn).
+    tombstones: DashMap<String, Box<Tombstone>>,
+}
+
+/// A table is shrunk once it has room for more than this many times its entries
+/// (and at least [`SHRINK_FLOOR`]): after a burst of short-lived pods, hash tables
+/// keep the room they grew to unless told (issue 11, churn).
+const SHRINK_RATIO: usize = 4;
+const SHRINK_FLOOR: usize = 256;
+
+fn too_roomy(capacity: usize, len: usize) -> bool {
+    capacity > SHRINK_RATIO * len.max(SHRINK_FLOOR)
 }
 
 /// At most this many removed pods are remembered (a node removing 55 pods a second
@@ -68,7 +108,7 @@ pub const MAX_TOMBSTONES: usize = 16_384;
 
 #[derive(Clone, Debug)]
 struct Tombstone {
-    last: CachedPod,
+    last: StoredPod,
     /// The start of the read that found the pod gone.
     removed_at: SystemTime,
     expires: Instant,
@@ -100,7 +140,7 @@ pub struct PodCache {
 impl PodCache {
     /// A pod's entry, if the cache has one.
     pub fn get(&self, uid: &str) -> Option<CachedPod> {
-        self.shared.pods.get(uid).map(|e| e.value().clone())
+        self.shared.pods.get(uid).map(|e| e.value().unpack())
     }
 
     /// A pod as the cache knows it now: present, removed (within the tombstone TTL),
@@ -111,7 +151,7 @@ impl PodCache {
         }
         match self.tombstone(uid) {
             Some(t) => PodLookup::Removed {
-                last: t.last,
+                last: t.last.unpack(),
                 removed_at: t.removed_at,
             },
             None => PodLookup::Unknown,
@@ -124,7 +164,7 @@ impl PodCache {
             .tombstones
             .get(uid)
             .filter(|t| t.expires > Instant::now())
-            .map(|t| t.value().clone())
+            .map(|t| Tombstone::clone(t.value()))
     }
 
     /// Number of tombstones held (expired ones included until pruned).
@@ -137,9 +177,7 @@ impl PodCache {
     pub fn pod_of_container(&self, id: &str) -> Option<String> {
         self.shared.pods.iter().find_map(|e| {
             let status = e.value().status.as_ref()?;
-            let has = status.containers.iter().any(|c| c.id == id)
-                || status.sandboxes.iter().any(|s| s.id == id);
-            has.then(|| e.key().clone())
+            status.has_id(id).then(|| e.key().clone())
         })
     }
 
@@ -147,11 +185,18 @@ impl PodCache {
     pub fn container_exited(&self, id: &str) -> bool {
         self.shared.pods.iter().any(|e| {
             e.value().status.as_ref().is_some_and(|s| {
-                s.containers
-                    .iter()
-                    .any(|c| c.id == id && c.state == plegd_runtime::ContainerState::Exited)
+                s.container_state(id) == Some(plegd_runtime::ContainerState::Exited)
             })
         })
+    }
+
+    /// Room for pods and tombstones (for tests).
+    #[cfg(test)]
+    fn capacities(&self) -> (usize, usize) {
+        (
+            self.shared.pods.capacity(),
+            self.shared.tombstones.capacity(),
+        )
     }
 
     /// Number of pods cached.
@@ -185,17 +230,14 @@ impl PodCache {
                 if let Some(cover) = self.shared.held_cover.get(uid) {
                     global = *cover;
                 }
-                let entry = self.get(uid);
-                let newer = match &entry {
-                    Some(e) => e.modified > t,
+                let modified = self.shared.pods.get(uid).map(|e| e.modified);
+                let newer = match modified {
+                    Some(m) => m > t,
                     None => self.tombstone(uid).is_some_and(|d| d.removed_at > t),
                 };
-                if newer || global.is_some_and(|g| g > t) {
-                    return entry;
-                }
-                if rx.changed().await.is_err() {
-                    // The owner is gone: nothing newer will ever come.
-                    return entry;
+                if newer || global.is_some_and(|g| g > t) || rx.changed().await.is_err() {
+                    // (An error: the owner is gone, nothing newer will ever come.)
+                    return self.get(uid);
                 }
             }
         };
@@ -213,6 +255,8 @@ pub struct CacheOwner {
     /// Tombstones in the order they expire (one TTL for all: the order of removal).
     expiry: VecDeque<(Instant, u64, String)>,
     generation: u64,
+    /// Scratch for packing statuses, kept between pods.
+    buf: Vec<u8>,
 }
 
 /// The cache and the revision it reflects, consistent (see the module docs).
@@ -241,6 +285,7 @@ impl CacheOwner {
                 tombstone_ttl,
                 expiry: VecDeque::new(),
                 generation: 0,
+                buf: Vec::new(),
             },
             PodCache { shared },
         )
@@ -260,11 +305,11 @@ impl CacheOwner {
             } => {
                 // Back (same UID): alive again.
                 self.shared.tombstones.remove(&uid);
-                let mut entry = self.shared.pods.entry(uid).or_insert_with(|| CachedPod {
+                let mut entry = self.shared.pods.entry(uid).or_insert_with(|| StoredPod {
                     status: None,
                     error: None,
                     modified: SystemTime::UNIX_EPOCH,
-                    reported: BTreeMap::new(),
+                    reported: PackedReported::default(),
                 });
                 // Never let an older read overwrite a newer one.
                 if read_at < entry.modified {
@@ -273,10 +318,10 @@ impl CacheOwner {
                 entry.modified = read_at;
                 match status {
                     Ok(s) => {
-                        entry.status = Some(s);
+                        entry.status = Some(PackedStatus::pack(&s, &mut self.buf));
                         entry.error = None;
                     }
-                    Err(e) => entry.error = Some(e),
+                    Err(e) => entry.error = Some(e.into_boxed_str()),
                 }
             }
         }
@@ -284,19 +329,19 @@ impl CacheOwner {
 }
 
 impl CacheOwner {
-    fn bury(&mut self, uid: String, last: CachedPod, removed_at: SystemTime) {
+    fn bury(&mut self, uid: String, last: StoredPod, removed_at: SystemTime) {
         let expires = Instant::now() + self.tombstone_ttl;
         self.generation += 1;
         let generation = self.generation;
         self.expiry.push_back((expires, generation, uid.clone()));
         self.shared.tombstones.insert(
             uid,
-            Tombstone {
+            Box::new(Tombstone {
                 last,
                 removed_at,
                 expires,
                 generation,
-            },
+            }),
         );
         while self.shared.tombstones.len() > MAX_TOMBSTONES {
             if !self.forget_oldest() {
@@ -313,6 +358,26 @@ impl CacheOwner {
         }
     }
 
+    /// Gives back the room of tables far larger than what they hold (pods and
+    /// tombstones gone after a burst).
+    fn shrink(&mut self) {
+        let Shared {
+            pods,
+            tombstones,
+            held_cover,
+            ..
+        } = &*self.shared;
+        let tables: [&dyn Roomy; 3] = [pods, tombstones, held_cover];
+        for table in tables {
+            if too_roomy(table.capacity(), table.len()) {
+                table.shrink_to_fit();
+            }
+        }
+        if too_roomy(self.expiry.capacity(), self.expiry.len()) {
+            self.expiry.shrink_to_fit();
+        }
+    }
+
     /// Forgets the oldest tombstone; false if there is none.
     fn forget_oldest(&mut self) -> bool {
         let Some((_, generation, uid)) = self.expiry.pop_front() else {
@@ -323,6 +388,25 @@ impl CacheOwner {
             .tombstones
             .remove_if(&uid, |_, t| t.generation == generation);
         true
+    }
+}
+
+/// A table [`CacheOwner::shrink`] looks at.
+trait Roomy {
+    fn capacity(&self) -> usize;
+    fn len(&self) -> usize;
+    fn shrink_to_fit(&self);
+}
+
+impl<V> Roomy for DashMap<String, V> {
+    fn capacity(&self) -> usize {
+        DashMap::capacity(self)
+    }
+    fn len(&self) -> usize {
+        DashMap::len(self)
+    }
+    fn shrink_to_fit(&self) {
+        DashMap::shrink_to_fit(self)
     }
 }
 
@@ -361,21 +445,34 @@ impl Handler<ApplyRelist> for CacheOwner {
         }
         // After the updates: a pod this relist found gone has no entry left to fold
         // its last events into.
-        for (uid, id, kind) in msg.events {
-            if let Some(mut pod) = self.shared.pods.get_mut(&uid) {
+        // A pod's events come one after the other: its states are unpacked and packed
+        // again once for them all.
+        let mut events = msg.events.into_iter().peekable();
+        while let Some((uid, id, kind)) = events.next() {
+            let mut run = vec![(id, kind)];
+            while let Some((_, id, kind)) = events.next_if(|(u, ..)| *u == uid) {
+                run.push((id, kind));
+            }
+            let Some(mut pod) = self.shared.pods.get_mut(&uid) else {
+                continue;
+            };
+            let mut reported = pod.reported.unpack();
+            for (id, kind) in run {
                 match kind {
                     EventKind::ContainerStarted | EventKind::ContainerDied => {
-                        pod.reported.insert(id, kind);
+                        reported.insert(id, kind);
                     }
                     EventKind::ContainerRemoved => {
-                        pod.reported.remove(&id);
+                        reported.remove(&id);
                     }
                     EventKind::PodSync | EventKind::ContainerChanged => {}
                 }
             }
+            pod.reported = PackedReported::pack(&reported, &mut self.buf);
         }
         self.revision = self.revision.max(msg.revision);
         self.prune();
+        self.shrink();
         if msg.global_timestamp.is_some() {
             let previous = self.shared.changes.borrow().0;
             let held = &msg.held;
@@ -412,7 +509,7 @@ impl Handler<Snapshot> for CacheOwner {
             .shared
             .pods
             .iter()
-            .map(|e| (e.key().clone(), e.value().clone()))
+            .map(|e| (e.key().clone(), e.value().unpack()))
             .collect();
         pods.sort_by(|a, b| a.0.cmp(&b.0));
         MessageResult(CacheSnapshot {
@@ -548,6 +645,46 @@ mod tests {
         assert_eq!(cache.tombstones(), 1);
         owner.send(relist(Vec::new(), 0)).await.unwrap();
         assert_eq!(cache.tombstones(), 0);
+    }
+
+    /// Issue 11 (churn): the pod and tombstone tables kept the room they grew to
+    /// after a burst of short-lived pods, for good.
+    #[actix_rt::test]
+    async fn the_tables_give_back_their_room_once_a_burst_of_pods_is_gone() {
+        tokio::time::pause();
+        let ttl = Duration::from_secs(1);
+        let (owner, cache) = CacheOwner::new(ttl);
+        let owner = owner.start();
+        let uids: Vec<String> = (0..5000).map(|i| format!("p{i}")).collect();
+        let keep = ["p1", "p2"];
+        owner
+            .send(relist(uids.iter().map(|u| set(u, at(1))).collect(), 0))
+            .await
+            .unwrap();
+        assert!(cache.capacities().0 >= 5000);
+        owner
+            .send(relist(
+                uids.iter()
+                    .filter(|u| !keep.contains(&u.as_str()))
+                    .map(|u| delete(u, at(2)))
+                    .collect(),
+                0,
+            ))
+            .await
+            .unwrap();
+        assert_eq!((cache.len(), cache.tombstones()), (2, 4998));
+        let small = SHRINK_RATIO * SHRINK_FLOOR;
+        assert!(cache.capacities().0 <= small, "{:?}", cache.capacities());
+        assert!(cache.capacities().1 >= 4998);
+        // Past the TTL the tombstones go, and so does their room.
+        tokio::time::advance(ttl + Duration::from_secs(1)).await;
+        owner.send(relist(Vec::new(), 0)).await.unwrap();
+        assert_eq!(cache.tombstones(), 0);
+        assert!(cache.capacities().1 <= small, "{:?}", cache.capacities());
+        // What is left is intact.
+        for uid in keep {
+            assert_eq!(cache.get(uid).unwrap().status, Some(status(uid)));
+        }
     }
 
     #[actix_rt::test]

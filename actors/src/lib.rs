@@ -24,8 +24,11 @@ mod cache;
 mod event;
 mod health;
 pub mod hints;
+mod id_map;
 #[cfg(test)]
 mod mock;
+mod packed;
+mod packed_status;
 mod pleg;
 mod publisher;
 mod relist;
@@ -42,6 +45,7 @@ pub use health::Health;
 pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};
 pub use hints::watcher::WatcherState;
 pub use hints::{HintSourceName, HintSourceState};
+pub use id_map::IdMap;
 pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
 /// NRI's default socket (`--nri-socket`).
 pub use plegd_nri::DEFAULT_SOCKET as DEFAULT_NRI_SOCKET;

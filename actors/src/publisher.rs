@@ -190,8 +190,10 @@ impl Handler<Publish> for EventPublisher {
         {
             let mut history = self.history.write().unwrap_or_else(|e| e.into_inner());
             for ev in &events {
-                history.push(ev.clone());
+                history.push(ev);
             }
+            self.metrics.history_events.set(history.len() as i64);
+            self.metrics.history_bytes.set(history.heap_bytes() as i64);
         }
         for ev in events {
             self.metrics.count_event(ev.relist_source);
@@ -426,6 +428,31 @@ mod tests {
             revisions(&all.try_iter().collect::<Vec<_>>()),
             (1..=13).collect::<Vec<_>>()
         );
+    }
+
+    #[actix_rt::test]
+    async fn the_history_reports_how_many_events_it_holds_and_their_bytes() {
+        let (p, r, metrics) = publisher(100);
+        publish(&p, &r, 0, 10).await;
+        assert_eq!(metrics.history_events.get(), 10);
+        let ten = metrics.history_bytes.get();
+        // Packed: well under the ≈ 680 bytes of an event as a struct.
+        assert!((10 * 40..10 * 150).contains(&ten), "{ten} bytes");
+        publish(&p, &r, 10, 150).await;
+        assert_eq!(metrics.history_events.get(), 100);
+        let full = metrics.history_bytes.get();
+        assert!((5 * ten..=12 * ten).contains(&full), "{full} bytes");
+        // Full: it stays that size.
+        publish(&p, &r, 150, 300).await;
+        assert_eq!(metrics.history_events.get(), 100);
+        assert!((full - 100..=full + 100).contains(&metrics.history_bytes.get()));
+        // And what it holds is the events as published.
+        let replay = subscribe_after(&p, "t", 1, Some(298)).await.unwrap();
+        let got: Vec<Delivery> = replay.try_iter().collect();
+        assert_eq!(revisions(&got), [299, 300]);
+        let mut want = event(299);
+        want.time = got[1].event.time;
+        assert_eq!(*got[1].event, want);
     }
 
     #[actix_rt::test]

@@ -18,6 +18,7 @@ use crossbeam_channel::{Receiver, RecvError, RecvTimeoutError, TryRecvError};
 use tokio::sync::Notify;
 
 use crate::event::LifecycleEvent;
+use crate::packed::PackedEvent;
 use crate::publisher::{EventPublisher, Unsubscribe};
 
 /// One event as a subscriber receives it.
@@ -30,14 +31,19 @@ pub struct Delivery {
     pub event: Arc<LifecycleEvent>,
 }
 
-/// The last published events, oldest first; written by the publisher only.
+/// The last published events, oldest first, packed (see `packed`: a seventh of the
+/// memory of the events themselves); written by the publisher only.
 pub(crate) struct History {
-    ring: VecDeque<Arc<LifecycleEvent>>,
+    ring: VecDeque<PackedEvent>,
     /// Events evicted since the start: the position of `ring[0]` among every event
     /// ever published (positions, not revisions, so nothing assumes revisions are
     /// contiguous).
     evicted: u64,
     capacity: usize,
+    /// Bytes of the packed events held.
+    bytes: usize,
+    /// Scratch for packing, kept between events.
+    buf: Vec<u8>,
 }
 
 pub(crate) type SharedHistory = Arc<RwLock<History>>;
@@ -48,24 +54,40 @@ impl History {
             ring: VecDeque::new(),
             evicted: 0,
             capacity,
+            bytes: 0,
+            buf: Vec::new(),
         }))
     }
 
-    pub(crate) fn push(&mut self, ev: Arc<LifecycleEvent>) {
+    pub(crate) fn push(&mut self, ev: &LifecycleEvent) {
         if self.capacity == 0 {
             self.evicted += 1;
             return;
         }
         if self.ring.len() >= self.capacity {
-            self.ring.pop_front();
+            if let Some(old) = self.ring.pop_front() {
+                self.bytes -= old.heap_bytes();
+            }
             self.evicted += 1;
         }
-        self.ring.push_back(ev);
+        let packed = PackedEvent::pack(ev, &mut self.buf);
+        self.bytes += packed.heap_bytes();
+        self.ring.push_back(packed);
+    }
+
+    /// Events held.
+    pub(crate) fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Heap bytes the history takes: the packed events and the ring's slots.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.bytes + self.ring.capacity() * std::mem::size_of::<PackedEvent>()
     }
 
     /// The oldest revision still held.
     pub(crate) fn oldest(&self) -> Option<u64> {
-        self.ring.front().map(|e| e.revision)
+        self.ring.front().map(PackedEvent::revision)
     }
 
     /// The position after the newest event.
@@ -75,12 +97,15 @@ impl History {
 
     /// The position of the first event with a revision above `after`.
     pub(crate) fn position_after(&self, after: u64) -> u64 {
-        self.evicted + self.ring.partition_point(|e| e.revision <= after) as u64
+        self.evicted + self.ring.partition_point(|e| e.revision() <= after) as u64
     }
 
-    fn get(&self, position: u64) -> Option<&Arc<LifecycleEvent>> {
+    /// The event at `position`, unpacked (a replay's copy of its own).
+    fn get(&self, position: u64) -> Option<LifecycleEvent> {
         let i = usize::try_from(position.checked_sub(self.evicted)?).ok()?;
-        self.ring.get(i)
+        let event = self.ring.get(i)?.unpack();
+        debug_assert!(event.is_some(), "a packed event that does not unpack");
+        event
     }
 }
 
@@ -112,7 +137,7 @@ impl Replay {
         if self.next >= self.end {
             return None;
         }
-        let event = history.get(self.next)?.clone();
+        let event = Arc::new(history.get(self.next)?);
         let d = Delivery {
             seq: self.next_seq,
             missed: std::mem::take(missed),

@@ -35,6 +35,9 @@ pub struct Metrics {
     // Subscribers.
     pub subscribers: IntGauge,
     pub subscriber_drops: IntCounter,
+    // The publisher's history (for resuming subscribers).
+    pub history_events: IntGauge,
+    pub history_bytes: IntGauge,
     // Sync gates.
     pub sync_gates: IntGauge,
     // Lifecycle events as OTLP log records (--otlp-events).
@@ -147,6 +150,14 @@ impl Metrics {
                 "plegd_subscriber_dropped_events_total",
                 "Events a subscriber missed because its queue was full (each is also in kubelet_pleg_discard_events).",
             ),
+            history_events: gauge(
+                "plegd_event_history_events",
+                "Lifecycle events held for subscribers that resume from a revision (at most --history-events).",
+            ),
+            history_bytes: gauge(
+                "plegd_event_history_bytes",
+                "Heap bytes of the events held for resuming subscribers (packed events and the ring's slots).",
+            ),
             sync_gates: gauge(
                 "plegd_sync_gates",
                 "Live PodSyncGate actors (pods held by a sync or recently released).",
@@ -193,6 +204,8 @@ impl Metrics {
             Box::new(self.stream_events.clone()),
             Box::new(self.subscribers.clone()),
             Box::new(self.subscriber_drops.clone()),
+            Box::new(self.history_events.clone()),
+            Box::new(self.history_bytes.clone()),
             Box::new(self.sync_gates.clone()),
             Box::new(self.otlp_events_exported.clone()),
             Box::new(self.otlp_events_dropped.clone()),

@@ -81,15 +81,15 @@ mod tests {
     /// (created) of that sandbox: `[ContainerChanged, ContainerChanged]`.
     #[test]
     fn an_id_that_is_a_sandbox_and_a_container_is_diffed_once() {
-        use std::collections::BTreeMap;
+        use crate::pleg::record::IdMap;
         let record = |state: PlegState| PodRecord {
             pod: plegd_runtime::PodRef {
                 uid: "uid0".into(),
                 name: "name0".into(),
                 namespace: "ns".into(),
             },
-            sandboxes: BTreeMap::from([("id0".to_string(), state)]),
-            containers: BTreeMap::from([("id0".to_string(), ("id0".to_string(), state))]),
+            sandboxes: IdMap::from([("id0".to_string(), state)]),
+            containers: IdMap::from([("id0".to_string(), ("id0".to_string(), state))]),
         };
         let id0 = |kinds: &[EventKind]| -> Vec<(String, EventKind)> {
             kinds.iter().map(|k| ("id0".to_string(), *k)).collect()

@@ -1,8 +1,9 @@
 //! Pod records: per pod, the state of each sandbox and container as the lists said,
 //! grouped by the sandbox's pod UID (never by labels).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
+pub use crate::id_map::IdMap;
 use plegd_runtime::{Container, ContainerState, PodRef, Sandbox, SandboxState};
 
 /// The state Generic PLEG compares (kubelet's plegContainerState).
@@ -40,9 +41,9 @@ impl From<SandboxState> for PlegState {
 pub struct PodRecord {
     pub pod: PodRef,
     /// Sandbox ID → state.
-    pub sandboxes: BTreeMap<String, PlegState>,
+    pub sandboxes: IdMap<PlegState>,
     /// Container ID → (sandbox ID, state).
-    pub containers: BTreeMap<String, (String, PlegState)>,
+    pub containers: IdMap<(String, PlegState)>,
 }
 
 impl PodRecord {
@@ -91,8 +92,8 @@ pub fn group(
         owner.insert(&sb.id, &sb.pod.uid);
         let rec = pods.entry(sb.pod.uid.clone()).or_insert_with(|| PodRecord {
             pod: sb.pod.clone(),
-            sandboxes: BTreeMap::new(),
-            containers: BTreeMap::new(),
+            sandboxes: IdMap::new(),
+            containers: IdMap::new(),
         });
         // The newest sandbox names the pod (a recreated pod keeps its UID).
         rec.pod = sb.pod.clone();
@@ -108,8 +109,8 @@ pub fn group(
                 // Its sandbox is missing from this list: the pod as it was known.
                 Some(prev) => pods.entry(uid.to_string()).or_insert_with(|| PodRecord {
                     pod: prev.pod.clone(),
-                    sandboxes: BTreeMap::new(),
-                    containers: BTreeMap::new(),
+                    sandboxes: IdMap::new(),
+                    containers: IdMap::new(),
                 }),
                 None => continue,
             },
