@@ -9,11 +9,13 @@ mod record;
 mod status;
 
 pub use generic::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
-pub use status::PodStatus;
+pub use status::{LastReads, PodStatus};
 
 /// For fuzzing only (`crate::fuzzing`).
 #[cfg(feature = "fuzzing")]
 pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
 
+#[cfg(test)]
+mod status_tests;
 #[cfg(test)]
 mod tests;
