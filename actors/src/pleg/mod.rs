@@ -9,7 +9,7 @@ mod record;
 mod status;
 
 pub use generic::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
-pub use status::{LastReads, PodStatus};
+pub use status::PodStatus;
 
 /// For fuzzing only (`crate::fuzzing`).
 #[cfg(feature = "fuzzing")]

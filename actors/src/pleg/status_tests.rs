@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::status::LastReads;
 use super::*;
 use crate::event::{EventKind::*, LifecycleEvent, RelistSource};
 use plegd_runtime::ContainerState;
