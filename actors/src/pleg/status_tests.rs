@@ -427,3 +427,54 @@ async fn the_pod_cache_offers_no_status_after_a_failed_read() {
         "app reused, the job read"
     );
 }
+
+/// Waits (up to 10 s) until the cache's entry of `uid` satisfies `ok`.
+async fn cached(pleg: &crate::Pleg, uid: &str, ok: impl Fn(&PodStatus) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !pleg
+        .cache()
+        .get(uid)
+        .and_then(|p| p.status)
+        .is_some_and(|s| ok(&s))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cache never showed it"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// As plegd wires it: the PLEG reuses what the CacheOwner holds.
+#[actix_rt::test]
+async fn plegd_reuses_the_caches_statuses() {
+    let rt = FakeRuntime::new();
+    let pleg = crate::Pleg::start(
+        Arc::new(rt.clone()),
+        &crate::PlegConfig {
+            relist_period: Duration::from_secs(3600),
+            hint_sources: vec![],
+            ..crate::PlegConfig::default()
+        },
+        Arc::new(plegd_telemetry::Metrics::new()),
+    );
+    let sb = rt.run_pod("u1", "p1", "ns");
+    let cs: Vec<String> = (0..20)
+        .map(|i| rt.run_container(&sb, &format!("c{i}")))
+        .collect();
+    // The start-up global relist may have run before the pod existed.
+    pleg.request_relist("u1", RelistSource::EventedPleg);
+    cached(&pleg, "u1", |s| s.containers.len() == 20).await;
+    let before = (rt.calls(Op::SandboxStatus), rt.calls(Op::ContainerStatus));
+    rt.exit_container(&cs[4], 3);
+    pleg.request_relist("u1", RelistSource::EventedPleg);
+    cached(&pleg, "u1", |s| {
+        s.containers
+            .iter()
+            .any(|c| c.id == cs[4] && c.state == ContainerState::Exited)
+    })
+    .await;
+    let after = (rt.calls(Op::SandboxStatus), rt.calls(Op::ContainerStatus));
+    assert_eq!((after.0 - before.0, after.1 - before.1), (0, 1));
+    pleg.stop();
+}
