@@ -15,7 +15,10 @@ use plegd_sim::{FakeRuntime, Op};
 /// The cache as the CacheOwner keeps it (last good status, error of the last read),
 /// applied by the test after each relist as the dispatcher does.
 #[derive(Default)]
-struct TestCache(Mutex<HashMap<String, (Option<PodStatus>, Option<String>)>>);
+struct TestCache(Mutex<HashMap<String, Entry>>);
+
+/// The last good status, and the error of the last read if it failed.
+type Entry = (Option<PodStatus>, Option<String>);
 
 impl TestCache {
     fn apply(&self, out: &RelistOutput) {
@@ -295,9 +298,11 @@ async fn reusing_statuses_gives_what_full_reads_give() {
                     1 | 2 => {
                         if let Some((_, sb)) = pods.get(rng.below(pods.len())) {
                             let name = format!("c{}", rng.below(4));
-                            rt.try_create_container(sb, &name)
-                                .filter(|_| rng.below(4) > 0)
-                                .map(|id| rt.start_container(&id));
+                            if let Some(id) = rt.try_create_container(sb, &name) {
+                                if rng.below(4) > 0 {
+                                    rt.start_container(&id);
+                                }
+                            }
                         }
                     }
                     3 | 4 => {
@@ -314,8 +319,9 @@ async fn reusing_statuses_gives_what_full_reads_give() {
                         // Restart: the old one exits, a new one of the same name runs.
                         if let Some(c) = pick(&mut rng) {
                             rt.exit_container(&c.id, 1);
-                            rt.try_create_container(&c.sandbox_id, &c.name)
-                                .map(|id| rt.start_container(&id));
+                            if let Some(id) = rt.try_create_container(&c.sandbox_id, &c.name) {
+                                rt.start_container(&id);
+                            }
                         }
                     }
                     7 => {
