@@ -99,7 +99,8 @@ impl Pleg {
         let health = Health::new(cfg.health_threshold);
         let held = HeldPods::default();
         let dispatcher = RelistDispatcher::start(
-            GenericPleg::new(runtime.clone(), cfg.status_concurrency),
+            GenericPleg::new(runtime.clone(), cfg.status_concurrency)
+                .with_last_reads(Arc::new(cache.clone())),
             DispatcherConfig {
                 relist_period: cfg.relist_period,
                 queue_capacity: cfg.queue_capacity,

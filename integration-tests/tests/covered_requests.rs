@@ -16,7 +16,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use integration_tests::wait::{expect_event, wait_until};
 use plegd_actors::{EventKind, Pleg, PlegConfig, RelistSource, SyncOutcome};
-use plegd_runtime::{ContainerStatus, RuntimeClient, RuntimeError, Sandbox};
+use plegd_runtime::{ContainerStatus, RuntimeClient, RuntimeError};
 use plegd_sim::{FakeRuntime, Intercept, Intercepted};
 use plegd_telemetry::{Metrics, RequestResult};
 use tokio::sync::Notify;
@@ -25,7 +25,8 @@ use tokio::sync::Notify;
 #[derive(Default)]
 struct Scripted {
     inner: FakeRuntime,
-    /// PodSandboxStatus of this sandbox waits for the notify; `blocked` says it does.
+    /// ContainerStatus of this container waits for the notify; `blocked` says it does.
+    /// (Only exited containers are sure to be read: a running one's status is reused.)
     block: Mutex<Option<(String, Arc<Notify>)>>,
     blocked: AtomicBool,
     /// The next ContainerStatus of this container fails.
@@ -33,7 +34,7 @@ struct Scripted {
 }
 
 impl Scripted {
-    fn block_sandbox(&self, id: &str) -> Arc<Notify> {
+    fn block_container(&self, id: &str) -> Arc<Notify> {
         let n = Arc::new(Notify::new());
         *self.block.lock().unwrap() = Some((id.to_string(), n.clone()));
         self.blocked.store(false, Ordering::SeqCst);
@@ -46,7 +47,7 @@ impl Intercept for Scripted {
     fn inner(&self) -> &FakeRuntime {
         &self.inner
     }
-    async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
+    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
         let wait = {
             let mut block = self.block.lock().unwrap();
             match block.as_ref() {
@@ -58,9 +59,6 @@ impl Intercept for Scripted {
             self.blocked.store(true, Ordering::SeqCst);
             n.notified().await;
         }
-        self.inner.sandbox_status(id).await
-    }
-    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
         let fail = {
             let mut f = self.fail_once.lock().unwrap();
             if f.as_deref() == Some(id) {
@@ -134,11 +132,11 @@ async fn node() -> Node {
     }
 }
 
-/// Keeps the dispatcher busy with a targeted relist of "y" (its sandbox status is held
-/// back) and queues, behind it, a due global relist and then `x`'s stop hint: the
+/// Keeps the dispatcher busy with a targeted relist of "y" (its exited container's
+/// status is held back) and queues, behind it, a due global relist and then `x`'s stop hint: the
 /// global relist starts after the hint was enqueued, so it covers it by time.
 async fn queue_hint_for_x_behind_a_global_relist(n: &Node) -> Arc<Notify> {
-    let release_y = n.rt.block_sandbox(&n.y.0);
+    let release_y = n.rt.block_container(&n.y.1);
     n.rt.inner.exit_container(&n.y.1, 0);
     assert!(n.pleg.request_relist("y", RelistSource::EventedPleg));
     let rt = n.rt.clone();
@@ -165,7 +163,7 @@ async fn a_hint_for_a_pod_held_during_the_covering_relist_is_not_lost() {
     // A sync takes "x" after its hint was queued: the global relist leaves it alone.
     let hold = n.pleg.gates().begin_sync("x").await.unwrap();
     // Let the global relist run until it reads "z" (which changed), then hold it there.
-    let release_z = n.rt.block_sandbox(&n.z.0);
+    let release_z = n.rt.block_container(&n.z.1);
     n.rt.inner.exit_container(&n.z.1, 0);
     release_y.notify_one();
     let rt = n.rt.clone();

@@ -147,8 +147,10 @@ async fn a_new_pod_whose_first_read_failed_and_that_went_away_leaves_the_cache()
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(30));
     wait_until("ready", || pleg.health().ready()).await;
-    let sb = rt.run_pod("gone", "gone", "ns");
+    // Its container's status read fails (a sandbox comes from the list: never read).
     rt.fail_pod_status("gone", true);
+    let sb = rt.run_pod("gone", "gone", "ns");
+    rt.run_container(&sb, "app");
     let cache = pleg.cache().clone();
     wait_until("error cached", || {
         cache.get("gone").is_some_and(|e| e.error.is_some())
@@ -164,19 +166,19 @@ async fn a_sync_that_begins_while_its_pod_is_read_hides_what_was_read() {
     let rt = FakeRuntime::new();
     let pleg = start(&rt, Duration::from_millis(100));
     let (sub, c) = subscribed_pod(&pleg, &rt).await;
-    rt.set_latency(Op::SandboxStatus, Duration::from_millis(200));
-    let reads = rt.calls(Op::SandboxStatus);
+    rt.set_latency(Op::ContainerStatus, Duration::from_millis(200));
+    let reads = rt.calls(Op::ContainerStatus);
     let relists = global_relists(&pleg);
     rt.exit_container(&c, 1);
     wait_until("status read started", || {
-        rt.calls(Op::SandboxStatus) > reads
+        rt.calls(Op::ContainerStatus) > reads
     })
     .await;
     // The pod's sync starts now, while the relist is reading it.
     let hold = pleg.gates().begin_sync("u1").await.unwrap();
     wait_until("that relist finished", || global_relists(&pleg) > relists).await;
     assert!(drain(&sub).is_empty(), "a held pod's state was published");
-    rt.set_latency(Op::SandboxStatus, Duration::ZERO);
+    rt.set_latency(Op::ContainerStatus, Duration::ZERO);
     hold.end(SyncOutcome::Success);
     // Published after the release (by the post-sync relist or a due global one).
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;

@@ -811,10 +811,12 @@ fn shutdown_waits_for_a_relist_within_one_request_timeout() {
         assert!(Instant::now() < deadline, "plegd never relisted");
         std::thread::sleep(Duration::from_millis(5));
     }
-    sim.set_latency(plegd_sim::Op::SandboxStatus, Duration::from_millis(1200));
-    let reads = sim.calls(plegd_sim::Op::SandboxStatus);
+    // A sandbox comes from the list: the container's status read is the slow call.
+    sim.set_latency(plegd_sim::Op::ContainerStatus, Duration::from_millis(1200));
+    let reads = sim.calls(plegd_sim::Op::ContainerStatus);
     let sb = sim.run_pod("uid-1", "web", "prod");
-    while sim.calls(plegd_sim::Op::SandboxStatus) == reads {
+    let c = sim.run_container(&sb, "app");
+    while sim.calls(plegd_sim::Op::ContainerStatus) == reads {
         assert!(Instant::now() < deadline, "the pod was never read");
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -829,7 +831,7 @@ fn shutdown_waits_for_a_relist_within_one_request_timeout() {
         .read_to_string(&mut out)
         .unwrap();
     assert!(
-        out.contains(&format!("\"container_id\":\"{sb}\"")),
+        out.contains(&format!("\"container_id\":\"{c}\"")),
         "the slow relist's event was lost: {out:?}"
     );
 }

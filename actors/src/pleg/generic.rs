@@ -7,6 +7,12 @@
 //! reinspected next time; a reinspection that succeeds with no change emits PodSync.
 //! One pod's failure never blocks the others. The relist timestamp is taken before
 //! any read.
+//!
+//! A status read takes each sandbox from the list entry the pod's record was built
+//! from and reuses the last status of containers still running (`status`), so what
+//! fails a read — and marks the pod for reinspection — is a ContainerStatus call that
+//! fails other than with NotFound (or PodSandboxStatus of a record's sandbox with no
+//! list entry at hand, which today's paths never leave).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -18,9 +24,13 @@ use tokio::sync::Semaphore;
 use super::changes;
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
-use super::status::{read_pod_status, PodStatus};
+use super::status::{
+    index_containers, index_sandboxes, read_pod_status, still_running, LastReads, Listed, PodStatus,
+};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
-use plegd_runtime::{ContainerRef, ContainerState, RuntimeClient, RuntimeError, SandboxRef};
+use plegd_runtime::{
+    Container, ContainerRef, ContainerState, RuntimeClient, RuntimeError, Sandbox, SandboxRef,
+};
 
 /// What to relist.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +83,9 @@ pub struct GenericPleg {
     concurrency: usize,
     /// The global relist's change check's tables, reused.
     scratch: changes::Scratch,
+    /// The last status reads (the cache), for running containers' statuses; None:
+    /// every container is read.
+    last_reads: Option<Arc<dyn LastReads>>,
 }
 
 struct Work {
@@ -82,6 +95,8 @@ struct Work {
     new: Option<PodRecord>,
     changes: Vec<(String, EventKind)>,
     reinspect: bool,
+    /// The list entries `new` was built from.
+    listed: Listed,
 }
 
 impl GenericPleg {
@@ -94,7 +109,16 @@ impl GenericPleg {
             reinspect: HashSet::new(),
             concurrency: concurrency.max(1),
             scratch: changes::Scratch::default(),
+            last_reads: None,
         }
+    }
+
+    /// Reuses the status of a container still running since `last_reads` last saw it
+    /// (plegd gives the cache: the dispatcher applies each relist to it before the
+    /// next begins) instead of calling ContainerStatus again.
+    pub fn with_last_reads(mut self, last_reads: Arc<dyn LastReads>) -> Self {
+        self.last_reads = Some(last_reads);
+        self
     }
 
     /// The last reconciled record of a pod.
@@ -194,7 +218,7 @@ impl GenericPleg {
             )
             .map(|c| c.into_iter().map(String::from).collect())
         };
-        let (mut current, uids) = match changed {
+        let (mut current, uids, sandboxes, containers) = match changed {
             // Only the pods that changed are rebuilt (and only their entries decoded);
             // every container listed has its sandbox listed (else `changed_pods` says
             // None), so the records are not needed to place it.
@@ -219,7 +243,7 @@ impl GenericPleg {
                 // Held pods are reported whether they changed or not.
                 let mut uids = changed;
                 uids.extend(self.records.keys().filter(|uid| held(uid)).cloned());
-                (current, uids)
+                (current, uids, sandboxes, containers)
             }
             None => {
                 let sandboxes = view
@@ -242,9 +266,11 @@ impl GenericPleg {
                     .chain(self.reinspect.iter())
                     .cloned()
                     .collect();
-                (current, uids)
+                (current, uids, sandboxes, containers)
             }
         };
+        let (sandbox_index, container_index) =
+            (index_sandboxes(&sandboxes), index_containers(&containers));
         let mut work = Vec::new();
         for uid in uids {
             if held(&uid) {
@@ -257,12 +283,14 @@ impl GenericPleg {
             if changes.is_empty() && !reinspect {
                 continue;
             }
+            let listed = listed_of(&uid, new.as_ref(), &sandbox_index, &container_index);
             work.push(Work {
                 uid,
                 source: RelistSource::Global,
                 new,
                 changes,
                 reinspect,
+                listed,
             });
         }
         Ok(work)
@@ -318,27 +346,43 @@ impl GenericPleg {
             return Ok(Vec::new());
         }
         let changes = pod_events(self.records.get(uid), new.as_ref());
+        let listed = listed_of(
+            uid,
+            new.as_ref(),
+            &index_sandboxes(&sandboxes),
+            &index_containers(&containers),
+        );
         Ok(vec![Work {
             uid: uid.to_string(),
             source,
             new,
             changes,
             reinspect: self.reinspect.contains(uid),
+            listed,
         }])
     }
 
     async fn process(&mut self, work: Vec<Work>, held: &dyn Fn(&str) -> bool) -> RelistOutput {
         let runtime = self.runtime.clone();
+        let last_reads = self.last_reads.clone();
         // One bound for the whole relist: `concurrency` status calls in flight, however
         // the pods and their containers are spread.
         let calls = Semaphore::new(self.concurrency);
         let reads = futures::stream::iter(work)
             .map(|w| {
                 let (runtime, calls) = (runtime.clone(), &calls);
+                // What the cache says now: the last relist that read this pod has
+                // been applied (the dispatcher awaits each apply).
+                let reuse = match (&w.new, &last_reads) {
+                    (Some(_), Some(last)) => still_running(&w.listed, last.last_read(&w.uid)),
+                    _ => HashMap::new(),
+                };
                 async move {
                     let read_at = SystemTime::now();
                     let status = match &w.new {
-                        Some(rec) => Some(read_pod_status(runtime.as_ref(), rec, calls).await),
+                        Some(rec) => Some(
+                            read_pod_status(runtime.as_ref(), rec, &w.listed, &reuse, calls).await,
+                        ),
                         None => None,
                     };
                     (w, read_at, status)
@@ -461,6 +505,17 @@ impl GenericPleg {
         }
         out
     }
+}
+
+/// The list entries of a pod's new record (none if the pod is gone).
+fn listed_of(
+    uid: &str,
+    new: Option<&PodRecord>,
+    sandboxes: &HashMap<&str, &Sandbox>,
+    containers: &HashMap<&str, &Container>,
+) -> Listed {
+    new.map(|rec| Listed::of(uid, rec, sandboxes, containers))
+        .unwrap_or_default()
 }
 
 /// What an event says about one sandbox or container, from the pod's status read.

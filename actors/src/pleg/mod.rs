@@ -16,4 +16,6 @@ pub use status::PodStatus;
 pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
 
 #[cfg(test)]
+mod status_tests;
+#[cfg(test)]
 mod tests;

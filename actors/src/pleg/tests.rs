@@ -77,10 +77,10 @@ async fn first_relist_of_a_populated_node() {
         ("p1", "ns")
     );
     // Nothing changed: the next relist is silent and reads no status.
-    let reads = rt.calls(Op::SandboxStatus);
+    let reads = rt.calls(Op::ContainerStatus);
     let out = global(&mut p).await;
     assert!(out.events.is_empty() && out.cache.is_empty());
-    assert_eq!(rt.calls(Op::SandboxStatus), reads);
+    assert_eq!(rt.calls(Op::ContainerStatus), reads);
 }
 
 #[tokio::test]

@@ -1,0 +1,486 @@
+//! Which status calls a relist makes: sandboxes from their list entries, running
+//! containers' statuses reused from the last read; and that this changes nothing a
+//! full read would have given.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::status::LastReads;
+use super::*;
+use crate::event::{EventKind::*, LifecycleEvent, RelistSource};
+use plegd_runtime::ContainerState;
+use plegd_sim::{FakeRuntime, Op};
+
+/// The cache as the CacheOwner keeps it (last good status, error of the last read),
+/// applied by the test after each relist as the dispatcher does.
+#[derive(Default)]
+struct TestCache(Mutex<HashMap<String, Entry>>);
+
+/// The last good status, and the error of the last read if it failed.
+type Entry = (Option<PodStatus>, Option<String>);
+
+impl TestCache {
+    fn apply(&self, out: &RelistOutput) {
+        let mut pods = self.0.lock().unwrap();
+        for u in &out.cache {
+            match u {
+                CacheUpdate::Set { uid, status, .. } => {
+                    let e = pods.entry(uid.clone()).or_default();
+                    match status {
+                        Ok(st) => *e = (Some(st.clone()), None),
+                        Err(err) => e.1 = Some(err.clone()),
+                    }
+                }
+                CacheUpdate::Delete { uid, .. } => {
+                    pods.remove(uid);
+                }
+            }
+        }
+    }
+
+    fn status(&self, uid: &str) -> Option<PodStatus> {
+        self.0.lock().unwrap().get(uid).and_then(|e| e.0.clone())
+    }
+}
+
+impl LastReads for TestCache {
+    fn last_read(&self, uid: &str) -> Option<PodStatus> {
+        let pods = self.0.lock().unwrap();
+        let (status, error) = pods.get(uid)?;
+        if error.is_some() {
+            return None;
+        }
+        status.clone()
+    }
+}
+
+/// A plegd's PLEG with its cache.
+struct Node {
+    pleg: GenericPleg,
+    cache: Arc<TestCache>,
+}
+
+impl Node {
+    fn new(rt: &FakeRuntime, reuse: bool) -> Node {
+        let cache = Arc::new(TestCache::default());
+        let mut pleg = GenericPleg::new(Arc::new(rt.clone()), 4);
+        if reuse {
+            pleg = pleg.with_last_reads(cache.clone());
+        }
+        Node { pleg, cache }
+    }
+
+    async fn relist(&mut self, scope: &RelistScope) -> RelistOutput {
+        let out = self.pleg.relist(scope, &|_| false).await.unwrap();
+        self.cache.apply(&out);
+        out
+    }
+
+    async fn global(&mut self) -> RelistOutput {
+        self.relist(&RelistScope::Global).await
+    }
+
+    async fn targeted(&mut self, uid: &str) -> RelistOutput {
+        self.relist(&RelistScope::Pod {
+            uid: uid.into(),
+            source: RelistSource::EventedPleg,
+        })
+        .await
+    }
+}
+
+/// (PodSandboxStatus, ContainerStatus) calls made by `f`.
+async fn calls_of<F: std::future::Future<Output = RelistOutput>>(
+    rt: &FakeRuntime,
+    f: F,
+) -> ((u64, u64), RelistOutput) {
+    let before = (rt.calls(Op::SandboxStatus), rt.calls(Op::ContainerStatus));
+    let out = f.await;
+    let after = (rt.calls(Op::SandboxStatus), rt.calls(Op::ContainerStatus));
+    ((after.0 - before.0, after.1 - before.1), out)
+}
+
+/// A pod of 20 running containers, seen by a node's first relist.
+async fn pod_of_20(rt: &FakeRuntime, n: &mut Node) -> (String, Vec<String>) {
+    let sb = rt.run_pod("u1", "p1", "ns");
+    let cs: Vec<String> = (0..20)
+        .map(|i| rt.run_container(&sb, &format!("c{i}")))
+        .collect();
+    let ((sandbox_reads, container_reads), _) = calls_of(rt, n.global()).await;
+    assert_eq!((sandbox_reads, container_reads), (0, 20), "first relist");
+    (sb, cs)
+}
+
+#[tokio::test]
+async fn one_exit_among_20_running_containers_reads_one_status() {
+    let rt = FakeRuntime::new();
+    let mut n = Node::new(&rt, true);
+    let (sb, cs) = pod_of_20(&rt, &mut n).await;
+    rt.oom_kill_container(&cs[7]);
+    let (calls, out) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 1), "(PodSandboxStatus, ContainerStatus)");
+    let died: Vec<&LifecycleEvent> = out.events.iter().collect();
+    assert_eq!(died.len(), 1);
+    assert_eq!(
+        (died[0].kind, died[0].container_id.as_str()),
+        (ContainerDied, cs[7].as_str())
+    );
+    let exit = died[0].exit.as_ref().unwrap();
+    assert_eq!(
+        (exit.code, exit.reason.as_deref()),
+        (137, Some("OOMKilled"))
+    );
+    // The cache holds what full reads give: the runtime's own statuses, the sandbox
+    // as PodSandboxStatus reports it.
+    let st = n.cache.status("u1").unwrap();
+    assert_eq!(st.sandboxes, vec![rt.sandbox(&sb).unwrap()]);
+    let mut want: Vec<_> = cs.iter().map(|c| rt.container(c).unwrap()).collect();
+    want.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(st.containers, want);
+}
+
+#[tokio::test]
+async fn without_last_reads_every_container_is_read() {
+    let rt = FakeRuntime::new();
+    let mut n = Node::new(&rt, false);
+    let (_, cs) = pod_of_20(&rt, &mut n).await;
+    rt.exit_container(&cs[0], 1);
+    let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 20));
+    let (calls, _) = calls_of(&rt, n.global()).await;
+    assert_eq!(calls, (0, 0), "nothing changed: nothing read");
+}
+
+#[tokio::test]
+async fn restarted_and_exited_containers_are_read_again() {
+    let rt = FakeRuntime::new();
+    let mut n = Node::new(&rt, true);
+    let (sb, cs) = pod_of_20(&rt, &mut n).await;
+    // c3 exits and is restarted (a new container, attempt 1); c5 exits.
+    rt.exit_container(&cs[3], 1);
+    let again = rt.run_container(&sb, "c3");
+    rt.exit_container(&cs[5], 0);
+    let (calls, out) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 3), "the two exited and the new one");
+    assert!(out
+        .events
+        .iter()
+        .any(|e| e.kind == ContainerStarted && e.container_id == again && e.attempt == Some(1)));
+    // Exited containers are read on every relist of their pod: containerd may give
+    // the reason after the exit.
+    rt.oom_kill_container(&cs[9]);
+    let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 3), "c3 and c5 still exited, c9 exited now");
+    // A container listed Created is read too; once running, its status is reused.
+    let created = rt.create_container(&sb, "late");
+    let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 4));
+    rt.start_container(&created);
+    let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 4), "running now, but the cache says created");
+    let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 3));
+    let st = n.cache.status("u1").unwrap();
+    assert_eq!(
+        st.containers
+            .iter()
+            .find(|c| c.id == created)
+            .unwrap()
+            .state,
+        ContainerState::Running
+    );
+}
+
+#[tokio::test]
+async fn after_a_failed_read_the_whole_pod_is_read() {
+    let rt = FakeRuntime::new();
+    let mut n = Node::new(&rt, true);
+    let (_, cs) = pod_of_20(&rt, &mut n).await;
+    rt.exit_container(&cs[0], 1);
+    rt.fail_pod_status("u1", true);
+    let out = n.targeted("u1").await;
+    assert_eq!(out.status_errors, 1);
+    assert!(n.pleg.needs_reinspection("u1"));
+    rt.fail_pod_status("u1", false);
+    let (calls, out) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 20), "the cache holds an error: nothing reused");
+    assert_eq!(out.events.len(), 1);
+    assert_eq!(out.events[0].kind, ContainerDied);
+    assert!(!n.pleg.needs_reinspection("u1"));
+    // Good again: the 19 running ones are reused.
+    let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 1));
+}
+
+/// A pod whose sandbox answers no PodSandboxStatus is still read: its sandbox comes
+/// from the list (before, the failed sandbox read failed the pod's read).
+#[tokio::test]
+async fn a_sandbox_is_never_read_with_pod_sandbox_status() {
+    let rt = FakeRuntime::new();
+    let mut n = Node::new(&rt, true);
+    let sb = rt.run_pod_with_labels("u1", "p1", "ns", [("app".into(), "web".into())].into());
+    rt.fail(Op::SandboxStatus, tonic::Code::Unavailable, None);
+    let out = n.global().await;
+    assert_eq!(out.status_errors, 0);
+    assert_eq!(
+        n.cache.status("u1").unwrap().sandboxes,
+        vec![rt.sandbox(&sb).unwrap()]
+    );
+    rt.stop_pod(&sb);
+    let out = n.targeted("u1").await;
+    assert_eq!(out.status_errors, 0);
+    assert_eq!(out.events.len(), 1);
+    assert_eq!(out.events[0].kind, ContainerDied);
+    assert_eq!(rt.calls(Op::SandboxStatus), 0);
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
+    }
+}
+
+/// What a relist gave, without the read times (the two nodes read one after the other).
+fn comparable(out: &RelistOutput) -> (Vec<String>, Vec<String>) {
+    let cache = out
+        .cache
+        .iter()
+        .map(|u| match u {
+            CacheUpdate::Set { uid, status, .. } => format!("set {uid} {status:?}"),
+            CacheUpdate::Delete { uid, .. } => format!("delete {uid}"),
+        })
+        .collect();
+    let events = out
+        .events
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            e.time = std::time::SystemTime::UNIX_EPOCH;
+            format!("{e:?}")
+        })
+        .collect();
+    (cache, events)
+}
+
+/// Random starts, exits, OOM kills, restarts, removals, pod stops and removals, each
+/// step followed by the same relist (global, or targeted at a random pod) on a node
+/// that reuses statuses and on one that reads everything: same cache updates, same
+/// events, same cache, every step; and the reusing node made fewer calls.
+#[tokio::test]
+async fn reusing_statuses_gives_what_full_reads_give() {
+    for seed in 1..=12u64 {
+        let rt = FakeRuntime::new();
+        let mut reuse = Node::new(&rt, true);
+        let mut full = Node::new(&rt, false);
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut pods: Vec<(String, String)> = Vec::new();
+        let (mut calls_reuse, mut calls_full) = (0, 0);
+        for step in 0..150 {
+            for _ in 0..1 + rng.below(3) {
+                let containers: Vec<_> = pods
+                    .iter()
+                    .flat_map(|(_, sb)| rt.containers_of(sb))
+                    .collect();
+                let pick = |rng: &mut Rng| containers.get(rng.below(containers.len())).cloned();
+                match rng.below(10) {
+                    0 => {
+                        let uid = format!("u{step}");
+                        let sb = rt.run_pod(&uid, &uid, "ns");
+                        pods.push((uid, sb));
+                    }
+                    1 | 2 => {
+                        if let Some((_, sb)) = pods.get(rng.below(pods.len())) {
+                            let name = format!("c{}", rng.below(4));
+                            if let Some(id) = rt.try_create_container(sb, &name) {
+                                if rng.below(4) > 0 {
+                                    rt.start_container(&id);
+                                }
+                            }
+                        }
+                    }
+                    3 | 4 => {
+                        if let Some(c) = pick(&mut rng) {
+                            rt.exit_container(&c.id, rng.below(3) as i32);
+                        }
+                    }
+                    5 => {
+                        if let Some(c) = pick(&mut rng) {
+                            rt.oom_kill_container(&c.id);
+                        }
+                    }
+                    6 => {
+                        // Restart: the old one exits, a new one of the same name runs.
+                        if let Some(c) = pick(&mut rng) {
+                            rt.exit_container(&c.id, 1);
+                            if let Some(id) = rt.try_create_container(&c.sandbox_id, &c.name) {
+                                rt.start_container(&id);
+                            }
+                        }
+                    }
+                    7 => {
+                        if let Some(c) =
+                            pick(&mut rng).filter(|c| c.state == ContainerState::Exited)
+                        {
+                            rt.remove_container(&c.id);
+                        }
+                    }
+                    8 => {
+                        if let Some((_, sb)) = pods.get(rng.below(pods.len())) {
+                            rt.stop_pod(sb);
+                        }
+                    }
+                    _ => {
+                        if !pods.is_empty() && rng.below(3) == 0 {
+                            let (_, sb) = pods.remove(rng.below(pods.len()));
+                            rt.remove_pod(&sb);
+                        }
+                    }
+                }
+            }
+            let scope = match pods.get(rng.below(pods.len() + 2)) {
+                Some((uid, _)) => RelistScope::Pod {
+                    uid: uid.clone(),
+                    source: RelistSource::EventedPleg,
+                },
+                None => RelistScope::Global,
+            };
+            let (c1, a) = calls_of(&rt, reuse.relist(&scope)).await;
+            let (c2, b) = calls_of(&rt, full.relist(&scope)).await;
+            calls_reuse += c1.1;
+            calls_full += c2.1;
+            assert_eq!(
+                comparable(&a),
+                comparable(&b),
+                "seed {seed} step {step} {scope:?}"
+            );
+            assert_eq!(
+                *reuse.cache.0.lock().unwrap(),
+                *full.cache.0.lock().unwrap(),
+                "seed {seed} step {step}"
+            );
+        }
+        assert!(
+            calls_reuse < calls_full,
+            "seed {seed}: {calls_reuse} vs {calls_full}"
+        );
+    }
+}
+
+/// The cache's own answer: nothing for a pod whose last read failed.
+#[actix_rt::test]
+async fn the_pod_cache_offers_no_status_after_a_failed_read() {
+    use crate::cache::{ApplyRelist, CacheOwner};
+    use actix::Actor;
+    let (owner, cache) = CacheOwner::new(Duration::from_secs(60));
+    let owner = owner.start();
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "p1", "ns");
+    rt.run_container(&sb, "app");
+    let job = rt.run_container(&sb, "job");
+    let mut pleg =
+        GenericPleg::new(Arc::new(rt.clone()), 4).with_last_reads(Arc::new(cache.clone()));
+    let apply = |out: RelistOutput| {
+        owner.send(ApplyRelist {
+            updates: out.cache,
+            global_timestamp: None,
+            held: Vec::new(),
+            revision: 0,
+            events: Vec::new(),
+        })
+    };
+    let out = pleg.relist(&RelistScope::Global, &|_| false).await.unwrap();
+    apply(out).await.unwrap();
+    let good = cache.last_read("u1").unwrap();
+    assert_eq!(good.containers.len(), 2);
+    // The job's exit makes the next read call ContainerStatus, which fails.
+    rt.exit_container(&job, 0);
+    rt.fail_pod_status("u1", true);
+    let scope = RelistScope::Pod {
+        uid: "u1".into(),
+        source: RelistSource::EventedPleg,
+    };
+    let out = pleg.relist(&scope, &|_| false).await.unwrap();
+    assert_eq!(out.status_errors, 1);
+    apply(out).await.unwrap();
+    assert!(
+        cache.get("u1").unwrap().status.is_some(),
+        "the good status is kept"
+    );
+    assert_eq!(cache.last_read("u1"), None);
+    rt.fail_pod_status("u1", false);
+    let before = rt.calls(Op::ContainerStatus);
+    let out = pleg.relist(&scope, &|_| false).await.unwrap();
+    assert_eq!(
+        rt.calls(Op::ContainerStatus),
+        before + 2,
+        "both read, none reused"
+    );
+    assert_eq!(out.events.len(), 1);
+    apply(out).await.unwrap();
+    assert!(cache.last_read("u1").is_some());
+    let before = rt.calls(Op::ContainerStatus);
+    pleg.relist(&scope, &|_| false).await.unwrap();
+    assert_eq!(
+        rt.calls(Op::ContainerStatus),
+        before + 1,
+        "app reused, the job read"
+    );
+}
+
+/// Waits (up to 10 s) until the cache's entry of `uid` satisfies `ok`.
+async fn cached(pleg: &crate::Pleg, uid: &str, ok: impl Fn(&PodStatus) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !pleg
+        .cache()
+        .get(uid)
+        .and_then(|p| p.status)
+        .is_some_and(|s| ok(&s))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "cache never showed it"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// As plegd wires it: the PLEG reuses what the CacheOwner holds.
+#[actix_rt::test]
+async fn plegd_reuses_the_caches_statuses() {
+    let rt = FakeRuntime::new();
+    let pleg = crate::Pleg::start(
+        Arc::new(rt.clone()),
+        &crate::PlegConfig {
+            relist_period: Duration::from_secs(3600),
+            hint_sources: vec![],
+            ..crate::PlegConfig::default()
+        },
+        Arc::new(plegd_telemetry::Metrics::new()),
+    );
+    let sb = rt.run_pod("u1", "p1", "ns");
+    let cs: Vec<String> = (0..20)
+        .map(|i| rt.run_container(&sb, &format!("c{i}")))
+        .collect();
+    // The start-up global relist may have run before the pod existed.
+    pleg.request_relist("u1", RelistSource::EventedPleg);
+    cached(&pleg, "u1", |s| s.containers.len() == 20).await;
+    let before = (rt.calls(Op::SandboxStatus), rt.calls(Op::ContainerStatus));
+    rt.exit_container(&cs[4], 3);
+    pleg.request_relist("u1", RelistSource::EventedPleg);
+    cached(&pleg, "u1", |s| {
+        s.containers
+            .iter()
+            .any(|c| c.id == cs[4] && c.state == ContainerState::Exited)
+    })
+    .await;
+    let after = (rt.calls(Op::SandboxStatus), rt.calls(Op::ContainerStatus));
+    assert_eq!((after.0 - before.0, after.1 - before.1), (0, 1));
+    pleg.stop();
+}
