@@ -762,6 +762,33 @@ impl Intercept for Gated {
     }
 }
 
+/// `n` pods of one container each behind a [`Gated`] runtime, their first relist
+/// published; then every container exits, the gate closes and the first pod's request
+/// starts a batch that waits at the gate.
+async fn a_batch_at_the_gate(
+    n: usize,
+) -> (
+    Vec<(String, String, String)>,
+    Arc<Intercepted<Gated>>,
+    Bench,
+) {
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, n);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    assert!(b
+        .dispatcher
+        .queue
+        .request(&pods[0].0, RelistSource::EventedPleg, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    (pods, gated, b)
+}
+
 /// `n` pods u0.. with one running container each: (uid, sandbox, container).
 fn pods_with_a_container(rt: &FakeRuntime, n: usize) -> Vec<(String, String, String)> {
     (0..n)
@@ -914,20 +941,7 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
 #[actix_rt::test]
 async fn a_global_relist_due_during_a_batch_runs_next_and_covers_the_requests_that_waited() {
     const PODS: usize = 10;
-    let rt = FakeRuntime::new();
-    let pods = pods_with_a_container(&rt, PODS);
-    let gated = Gated::new(rt.clone());
-    let b = start_on(gated.clone(), Setup::default());
-    wait_until("the first relist published", || b.published.len() == 1).await;
-    gated.close();
-    for (_, _, c) in &pods {
-        rt.exit_container(c, 1);
-    }
-    assert!(b
-        .dispatcher
-        .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None));
-    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let (pods, gated, b) = a_batch_at_the_gate(PODS).await;
     let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
     b.dispatcher.queue.bring_forward();
@@ -1003,20 +1017,7 @@ async fn reads_failing_mid_storm_cost_only_their_pod() {
 #[actix_rt::test]
 async fn a_stop_during_a_batch_relists_every_request_accepted_before_it() {
     const PODS: usize = 20;
-    let rt = FakeRuntime::new();
-    let pods = pods_with_a_container(&rt, PODS);
-    let gated = Gated::new(rt.clone());
-    let b = start_on(gated.clone(), Setup::default());
-    wait_until("the first relist published", || b.published.len() == 1).await;
-    gated.close();
-    for (_, _, c) in &pods {
-        rt.exit_container(c, 1);
-    }
-    assert!(b
-        .dispatcher
-        .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None));
-    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let (pods, gated, b) = a_batch_at_the_gate(PODS).await;
     let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
     b.dispatcher.queue.bring_forward();
