@@ -115,7 +115,11 @@ impl RuntimeClient for Scripted {
             started_at: c.created_at + 1,
             finished_at: if exited { c.created_at + 2 } else { 0 },
             exit_code: if exited { c.attempt as i32 } else { 0 },
-            reason: if exited { "Error".into() } else { String::new() },
+            reason: if exited {
+                "Error".into()
+            } else {
+                String::new()
+            },
             message: String::new(),
             image: format!("img-{}", c.name),
         })
@@ -248,13 +252,7 @@ fn comparable(out: &RelistOutput) -> (Vec<String>, Vec<String>, Vec<String>, usi
         .collect();
     let mut held = out.held.clone();
     held.sort();
-    (
-        cache,
-        events,
-        held,
-        out.status_errors,
-        out.pods_inspected,
-    )
+    (cache, events, held, out.status_errors, out.pods_inspected)
 }
 
 /// Every pod's record and whether it awaits reinspection.
@@ -268,8 +266,9 @@ fn state(p: &GenericPleg, pods: usize) -> Vec<(Option<PodRecord>, bool)> {
 }
 
 /// Random nodes, global relist after global relist (some pods held by a sync, some
-/// reads failing): plegs reading 1, 2 and 3 pods per chunk agree with one reading
-/// all at once, every relist, on the output, the records and the pods to reinspect.
+/// reads failing): plegs reading 1, 2, 3 and all pods per chunk agree with one that
+/// rebuilds every pod at once with its records (plegd's relist before chunks and the
+/// change check), every relist, on the output, the records and the pods to reinspect.
 /// Few ids (ids listed twice, containers of unlisted sandboxes: the first relist is
 /// chunked, later ones group everything with the records) and many (later relists
 /// rebuild only what changed, in chunks too); decoded lists and CRI's bytes.
@@ -281,10 +280,13 @@ async fn global_relists_in_chunks_give_what_one_relist_at_once_gives() {
         let (pods, ids) = if seed % 2 == 0 { (12, 6) } else { (16, 400) };
         let runtime = Arc::new(Scripted::default());
         runtime.node.lock().unwrap().wire = seed % 3 == 0;
-        let mut plegs: Vec<GenericPleg> = [usize::MAX, 1, 2, 3]
-            .into_iter()
-            .map(|n| GenericPleg::new(runtime.clone(), 3).with_chunk_pods(n))
-            .collect();
+        // The reference: every pod rebuilt at once, every relist (as before chunks).
+        let mut plegs = vec![GenericPleg::new(runtime.clone(), 3).rebuilding_all_at_once()];
+        plegs.extend(
+            [usize::MAX, 1, 2, 3]
+                .into_iter()
+                .map(|n| GenericPleg::new(runtime.clone(), 3).with_chunk_pods(n)),
+        );
         for step in 0..40 {
             {
                 let mut node = runtime.node.lock().unwrap();

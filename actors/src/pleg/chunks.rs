@@ -164,10 +164,7 @@ impl<'v> Plan<'v> {
             return vec![0..0];
         }
         let size = self.chunk.min(n);
-        (0..n)
-            .step_by(size)
-            .map(|a| a..(a + size).min(n))
-            .collect()
+        (0..n).step_by(size).map(|a| a..(a + size).min(n)).collect()
     }
 
     /// The entries of the pods `range` (by-pod plans only).

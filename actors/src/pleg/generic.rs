@@ -104,6 +104,10 @@ pub struct GenericPleg {
     last_reads: Option<Arc<dyn LastReads>>,
     /// Pods per chunk of a global relist.
     chunk_pods: usize,
+    /// Tests: every global relist rebuilds every pod at once, with the records (the
+    /// reference chunks and the change check are compared with).
+    #[cfg(test)]
+    rebuild_all: bool,
 }
 
 struct Work {
@@ -129,7 +133,16 @@ impl GenericPleg {
             scratch: changes::Scratch::default(),
             last_reads: None,
             chunk_pods: CHUNK_PODS,
+            #[cfg(test)]
+            rebuild_all: false,
         }
+    }
+
+    /// Tests: see `rebuild_all`.
+    #[cfg(test)]
+    pub(crate) fn rebuilding_all_at_once(mut self) -> Self {
+        self.rebuild_all = true;
+        self
     }
 
     /// Global relists read and hand over at most `pods` pods at a time (at least 1;
@@ -269,6 +282,20 @@ impl GenericPleg {
     /// Which pods this global relist visits, and how its chunks find their entries.
     fn global_plan<'v>(&mut self, view: &ListView<'v>, held: &dyn Fn(&str) -> bool) -> Plan<'v> {
         let owned = |uid: &String| Cow::Owned(uid.clone());
+        let all = |this: &Self| {
+            Plan::all(
+                this.records
+                    .keys()
+                    .chain(this.reinspect.iter())
+                    .map(owned)
+                    .chain(view.sandboxes.iter().map(|s| Cow::Borrowed(s.uid)))
+                    .collect(),
+            )
+        };
+        #[cfg(test)]
+        if self.rebuild_all {
+            return all(self);
+        }
         if self.records.is_empty() {
             // The first relist (or every pod's first read failed): every pod is new,
             // placed by the lists alone. Pods known only from a failed first read are
@@ -318,14 +345,7 @@ impl GenericPleg {
                     self.chunk_pods,
                 )
             }
-            None => Plan::all(
-                self.records
-                    .keys()
-                    .chain(self.reinspect.iter())
-                    .map(owned)
-                    .chain(view.sandboxes.iter().map(|s| Cow::Borrowed(s.uid)))
-                    .collect(),
-            ),
+            None => all(self),
         }
     }
 
