@@ -29,7 +29,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 
-use plegd_runtime::{ContainerRef, SandboxRef};
+use super::record::{IdMap, PodRecord};
+use plegd_runtime::{ContainerRef, PodRef, SandboxRef};
 
 /// Pods of a global relist read and applied at once (plegd's default). 256 pods: a
 /// chunk's transients are a few hundred KB, and each chunk still has many more status
@@ -177,6 +178,46 @@ impl<'v> Plan<'v> {
             containers: of(&by.containers, range),
         })
     }
+}
+
+/// The records `record::group` makes of these lists with no earlier record, built
+/// from the lists in place (no owned entry on the way), in list order.
+pub fn group_all(
+    sandboxes: &[SandboxRef<'_>],
+    containers: &[ContainerRef<'_>],
+) -> HashMap<String, PodRecord> {
+    let mut pods: HashMap<String, PodRecord> = HashMap::with_capacity(sandboxes.len());
+    let mut owner: HashMap<&str, &str> = HashMap::with_capacity(sandboxes.len());
+    for sb in sandboxes {
+        owner.insert(sb.id, sb.uid);
+        let pod = || PodRef {
+            uid: sb.uid.to_string(),
+            name: sb.name.to_string(),
+            namespace: sb.namespace.to_string(),
+        };
+        let rec = match pods.get_mut(sb.uid) {
+            Some(rec) => {
+                // The newest sandbox names the pod.
+                if !sb.is_pod(&rec.pod) {
+                    rec.pod = pod();
+                }
+                rec
+            }
+            None => pods.entry(sb.uid.to_string()).or_insert(PodRecord {
+                pod: pod(),
+                sandboxes: IdMap::new(),
+                containers: IdMap::new(),
+            }),
+        };
+        rec.sandboxes.insert(sb.id.to_string(), sb.state.into());
+    }
+    for c in containers {
+        if let Some(rec) = owner.get(c.sandbox_id).and_then(|uid| pods.get_mut(*uid)) {
+            rec.containers
+                .insert(c.id.to_string(), (c.sandbox_id.to_string(), c.state.into()));
+        }
+    }
+    pods
 }
 
 fn sorted(mut uids: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use tokio::sync::Semaphore;
 
 use super::changes;
-use super::chunks::{Plan, CHUNK_PODS};
+use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{
@@ -267,11 +267,23 @@ impl GenericPleg {
         let lists = self.runtime.list_node().await?;
         let view = lists.view()?;
         let plan = self.global_plan(&view, held);
+        // The first relist builds every pod's record first, from the lists in place
+        // and in their order: the records are what every later relist compares the
+        // lists with, in list order, so they are kept together, not scattered among
+        // the chunks' transients (which made a no-change relist at 10,000 pods
+        // ≈ 40 % slower: cache misses).
+        let mut records = match plan.entries {
+            Entries::ByPod(_) if self.records.is_empty() => {
+                Some(group_all(&view.sandboxes, &view.containers))
+            }
+            _ => None,
+        };
         let chunks = plan.chunks();
         let last = chunks.len() - 1;
         for (i, range) in chunks.into_iter().enumerate() {
             let mut left_held = Vec::new();
-            let work = self.chunk_work(&view, &plan, range, held, &mut left_held)?;
+            let work =
+                self.chunk_work(&view, &plan, range, records.as_mut(), held, &mut left_held)?;
             let mut out = self.process(work, held).await;
             out.held.extend(left_held);
             each(out, i == last).await;
@@ -350,12 +362,13 @@ impl GenericPleg {
     }
 
     /// The work of one chunk of a global relist: its pods' records built from their
-    /// list entries and diffed.
+    /// list entries (or taken from `built`, every pod's built at once) and diffed.
     fn chunk_work(
         &self,
         view: &ListView<'_>,
         plan: &Plan<'_>,
         range: Range<usize>,
+        mut built: Option<&mut HashMap<String, PodRecord>>,
         held: &dyn Fn(&str) -> bool,
         left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
@@ -371,7 +384,10 @@ impl GenericPleg {
                     .iter()
                     .map(|&(i, _)| view.containers[i as usize].to_container())
                     .collect();
-                let current = group(&sandboxes, &containers, &HashMap::new());
+                let current = match built {
+                    Some(_) => HashMap::new(),
+                    None => group(&sandboxes, &containers, &HashMap::new()),
+                };
                 (current, sandboxes, containers, Some(entries))
             }
             None => {
@@ -403,15 +419,24 @@ impl GenericPleg {
                 left_held.push(uid.to_string());
                 continue;
             }
-            let new = current.remove(uid.as_ref());
-            let changes = pod_events(self.records.get(uid.as_ref()), new.as_ref());
-            let reinspect = self.reinspect.contains(uid.as_ref());
+            let (uid, new) = match built.as_deref_mut() {
+                Some(built) => match built.remove_entry(uid.as_ref()) {
+                    Some((uid, rec)) => (uid, Some(rec)),
+                    None => (uid.to_string(), None),
+                },
+                None => {
+                    let new = current.remove(uid.as_ref());
+                    (uid.to_string(), new)
+                }
+            };
+            let changes = pod_events(self.records.get(&uid), new.as_ref());
+            let reinspect = self.reinspect.contains(&uid);
             if changes.is_empty() && !reinspect {
                 continue;
             }
-            let listed = listed_of(uid, new.as_ref(), &sandbox_index, &container_index);
+            let listed = listed_of(&uid, new.as_ref(), &sandbox_index, &container_index);
             work.push(Work {
-                uid: uid.to_string(),
+                uid,
                 source: RelistSource::Global,
                 new,
                 changes,
@@ -582,7 +607,9 @@ impl GenericPleg {
                     });
                     self.reinspect.remove(&w.uid);
                     if let Some(rec) = w.new {
-                        self.records.insert(w.uid.clone(), rec);
+                        // The key moves in: kept where it was made (the first
+                        // relist makes every record's key before anything else).
+                        self.records.insert(w.uid, rec);
                     }
                 }
             }
