@@ -162,7 +162,7 @@ impl<'v> Plan<'v> {
     pub fn chunks(&self) -> Vec<Range<usize>> {
         let n = self.uids.len();
         if n == 0 {
-            return vec![0..0];
+            return std::iter::once(0..0).collect();
         }
         let size = self.chunk.min(n);
         (0..n).step_by(size).map(|a| a..(a + size).min(n)).collect()
@@ -264,8 +264,9 @@ mod tests {
         assert_eq!(plan.uids, ["a", "b", "c", "d", "e"]);
         assert_eq!(plan.chunks(), [0..2, 2..4, 4..5]);
         let empty = Plan::by_pod(Vec::new(), &[], &[], |_| true, 2);
-        assert_eq!(empty.chunks(), [0..0]);
-        assert_eq!(Plan::all(Vec::new()).chunks(), [0..0]);
+        let one_empty: Vec<Range<usize>> = std::iter::once(0..0).collect();
+        assert_eq!(empty.chunks(), one_empty);
+        assert_eq!(Plan::all(Vec::new()).chunks(), one_empty);
     }
 
     /// A container goes to the pod of the last listed sandbox of its id; entries keep
