@@ -32,6 +32,7 @@ impl Clone for ApplyRelist {
             held: self.held.clone(),
             revision: self.revision,
             events: self.events.clone(),
+            more: self.more,
         }
     }
 }
