@@ -144,10 +144,7 @@ mod tests {
     };
 
     fn source() -> ContainerdEvents {
-        ContainerdEvents::new(
-            Arc::new(plegd_sim::FakeRuntime::new()),
-            CriStops::default(),
-        )
+        ContainerdEvents::new(Arc::new(plegd_sim::FakeRuntime::new()), CriStops::default())
     }
 
     fn ctx() -> ItemContext {

@@ -582,20 +582,34 @@ mod tests {
         let asks = |h: Vec<Hint>| matches!(h.as_slice(), [Hint::Pod { .. }]);
         let now = Instant::now();
         // The hook and a follow-up within the grace: nothing.
-        assert!(source.hint(call(Change::Stopped, "c1", false, now), ctx).is_empty());
-        assert!(source.hint(call(Change::Stopped, "c1", true, now), ctx).is_empty());
+        assert!(source
+            .hint(call(Change::Stopped, "c1", false, now), ctx)
+            .is_empty());
+        assert!(source
+            .hint(call(Change::Stopped, "c1", true, now), ctx)
+            .is_empty());
         // A follow-up past the grace (the stream missed the stop): a read.
         let earlier = now - grace - Duration::from_millis(1);
-        assert!(asks(source.hint(call(Change::Stopped, "c1", true, earlier), ctx)));
+        assert!(asks(
+            source.hint(call(Change::Stopped, "c1", true, earlier), ctx)
+        ));
         // Once the stream reported it: nothing, whenever.
         stops.reported("c1", Instant::now());
-        assert!(source.hint(call(Change::Stopped, "c1", true, earlier), ctx).is_empty());
-        assert!(source.hint(call(Change::Stopped, "c1", false, now), ctx).is_empty());
+        assert!(source
+            .hint(call(Change::Stopped, "c1", true, earlier), ctx)
+            .is_empty());
+        assert!(source
+            .hint(call(Change::Stopped, "c1", false, now), ctx)
+            .is_empty());
         // A removal is not the stream's: read at once.
-        assert!(asks(source.hint(call(Change::Removed, "c1", false, now), ctx)));
+        assert!(asks(
+            source.hint(call(Change::Removed, "c1", false, now), ctx)
+        ));
         // The stream down: read at once.
         stops.set_streaming(false);
-        assert!(asks(source.hint(call(Change::Stopped, "c2", false, now), ctx)));
+        assert!(asks(
+            source.hint(call(Change::Stopped, "c2", false, now), ctx)
+        ));
     }
 
     #[test]

@@ -96,7 +96,10 @@ pub(crate) fn start_source(
     match name {
         HintSourceName::CriEvents => {
             let stops = deps.cri_stops.clone();
-            RunningSource::start(CriEvents::new(runtime.clone(), metrics.clone(), stops), deps)
+            RunningSource::start(
+                CriEvents::new(runtime.clone(), metrics.clone(), stops),
+                deps,
+            )
         }
         HintSourceName::Nri => RunningSource::start(
             Nri::new(

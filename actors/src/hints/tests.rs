@@ -558,5 +558,4 @@ async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
     wait_until("the marker's request", || r.len() >= 1).await;
     let uids: Vec<String> = requests.all().into_iter().map(|q| q.uid).collect();
     assert_eq!(uids, ["u2"]);
-
 }
