@@ -295,7 +295,10 @@ async fn both_sources_one_death_each(flavor: Flavor) {
     ));
     assert_eq!(deaths.died.len(), EXITS / 2);
     assert_eq!(deaths.duplicates(), 0, "{deaths:?}");
-    assert!(requests(RelistSource::ContainerdEvents) >= (EXITS / 2) as u64);
+    // containerd's events asked for the first stops at once (until the CRI stream had
+    // reported a few of them, it waits for nothing: issue 11, `cri_stops.rs`); since,
+    // they wait for the stream, which reports every stop here.
+    assert!(requests(RelistSource::ContainerdEvents) >= 1);
     pleg.stop();
     s.cri.remove_all_pods().await;
 }
@@ -344,9 +347,12 @@ async fn all_three_sources_one_death_each(flavor: Flavor) {
     assert_eq!(deaths.died.len(), EXITS, "a death was lost: {deaths:?}");
     assert!(containers.iter().all(|c| deaths.died.contains_key(c)));
     assert_eq!(deaths.duplicates(), 0, "{deaths:?}");
+    // The early sources asked for the first stops at once (until the CRI stream had
+    // reported a few of them: issue 11, `cri_stops.rs`); since, they wait for the
+    // stream, which reports every stop here.
     for source in [RelistSource::ContainerdEvents, RelistSource::Nri] {
         assert!(
-            requests(source) >= EXITS as u64,
+            requests(source) >= 1,
             "{source:?} asked for {} relists",
             requests(source)
         );
