@@ -13,6 +13,7 @@ use plegd_runtime::RuntimeClient;
 use crate::cache::{CacheOwner, CacheSnapshot, PodCache, PodLookup, Snapshot};
 use crate::event::RelistSource;
 use crate::health::Health;
+use crate::hints::cri_stops::CriStops;
 use crate::hints::select::{start_source, RunningSource};
 use crate::hints::watcher::{Stop, WatcherDeps, WatcherState};
 use crate::hints::HintSourceName;
@@ -125,6 +126,8 @@ impl Pleg {
             )
             .start(),
         );
+        // What the CRI stream reported, for the sources whose stops come earlier.
+        let cri_stops = CriStops::default();
         let sources = cfg
             .hint_sources
             .iter()
@@ -136,6 +139,7 @@ impl Pleg {
                     metrics: metrics.clone(),
                     policy: cfg.reconnect,
                     on_reconnect: Some(Box::new(move || queue.bring_forward())),
+                    cri_stops: cri_stops.clone(),
                 };
                 start_source(name, &runtime, &cfg.nri_socket, &metrics, deps)
             })

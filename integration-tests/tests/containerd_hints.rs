@@ -295,7 +295,10 @@ async fn both_sources_one_death_each(flavor: Flavor) {
     ));
     assert_eq!(deaths.died.len(), EXITS / 2);
     assert_eq!(deaths.duplicates(), 0, "{deaths:?}");
-    assert!(requests(RelistSource::ContainerdEvents) >= (EXITS / 2) as u64);
+    // containerd's events asked for the first stops at once (until the CRI stream had
+    // reported a few of them, it waits for nothing: issue 11, `cri_stops.rs`); since,
+    // they wait for the stream, which reports every stop here.
+    assert!(requests(RelistSource::ContainerdEvents) >= 1);
     pleg.stop();
     s.cri.remove_all_pods().await;
 }
@@ -344,9 +347,12 @@ async fn all_three_sources_one_death_each(flavor: Flavor) {
     assert_eq!(deaths.died.len(), EXITS, "a death was lost: {deaths:?}");
     assert!(containers.iter().all(|c| deaths.died.contains_key(c)));
     assert_eq!(deaths.duplicates(), 0, "{deaths:?}");
+    // The early sources asked for the first stops at once (until the CRI stream had
+    // reported a few of them: issue 11, `cri_stops.rs`); since, they wait for the
+    // stream, which reports every stop here.
     for source in [RelistSource::ContainerdEvents, RelistSource::Nri] {
         assert!(
-            requests(source) >= EXITS as u64,
+            requests(source) >= 1,
             "{source:?} asked for {} relists",
             requests(source)
         );
@@ -403,6 +409,48 @@ async fn containerd_1_7_containerd_events_and_nri_beside_a_cri_subscriber_see_ev
     assert_eq!(
         pleg.metrics().hint_source_state(HintSourceName::CriEvents),
         HintSourceState::Off
+    );
+    pleg.stop();
+    drop(raw);
+    s.cri.remove_all_pods().await;
+}
+
+/// Issue 11: containerd 1.7 with all three sources and a raw CRI subscriber attached,
+/// which takes a share of the CRI events. Once the CRI stream has reported a few stops,
+/// the early sources wait for its report (a grace learnt from its lags) — the stops it
+/// misses must still be found by them, not left to the global relist. Prints the
+/// latency and who found each.
+#[actix_rt::test]
+#[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
+async fn containerd_1_7_all_three_sources_beside_a_cri_subscriber_see_every_death() {
+    let s = Session::begin(Flavor::V1_7).await;
+    let sources = [
+        HintSourceName::CriEvents,
+        HintSourceName::ContainerdEvents,
+        HintSourceName::Nri,
+    ];
+    let (pleg, sub) = start(&s, &sources, LONG_PERIOD).await;
+    let raw = s.cri.raw_events();
+    let containers = running(&s, &pleg, &sub, EXITS).await;
+    wait_until("raw CRI subscriber attached", || raw.received() > 0).await;
+    wait_sources_up(&pleg, &sources).await;
+    let mut deaths = kill_each(&s, &sub, &containers).await;
+    settle(&pleg, &sub, &mut deaths).await;
+    let m = pleg.metrics();
+    let requests = |src| m.requests(RequestResult::Queued, src);
+    deaths.report(&format!(
+        "containerd 1.7 cri-events + containerd-events + nri, a raw CRI subscriber \
+         attached (requests: {} + {} + {})",
+        requests(RelistSource::EventedPleg),
+        requests(RelistSource::ContainerdEvents),
+        requests(RelistSource::Nri)
+    ));
+    assert_eq!(deaths.died.len(), EXITS, "a death was lost: {deaths:?}");
+    assert_eq!(deaths.duplicates(), 0, "{deaths:?}");
+    assert_eq!(
+        deaths.sources.get(&RelistSource::Global),
+        None,
+        "{deaths:?}"
     );
     pleg.stop();
     drop(raw);

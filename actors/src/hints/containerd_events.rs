@@ -5,6 +5,10 @@
 //! its pod, and an ID the cache does not know asks for nothing (the next global
 //! relist finds it). `/tasks/oom` asks too, so the next read reports `OOMKilled` as
 //! early as the runtime does. Source `containerd_events`.
+//!
+//! Each task event is announced to the CRI stream's bookkeeping (`cri_stops.rs`):
+//! while that stream reports the stops, the pod is read only after its grace, and no
+//! more once the stream has reported it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +22,7 @@ use plegd_telemetry::HintSourceName;
 
 use crate::event::RelistSource;
 use crate::hints::cri_events::source_error;
+use crate::hints::cri_stops::{CriStops, Expect};
 use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
 
 /// When a task event asks again, until the cache has the container exited (each is
@@ -46,14 +51,37 @@ pub const RECHECKS: &[Duration] = &[
 pub struct ContainerdEvents {
     runtime: Arc<dyn RuntimeClient>,
     invalid_log: RateLimiter,
+    stops: CriStops,
 }
 
 impl ContainerdEvents {
-    pub fn new(runtime: Arc<dyn RuntimeClient>) -> Self {
+    pub fn new(runtime: Arc<dyn RuntimeClient>, stops: CriStops) -> Self {
         ContainerdEvents {
             runtime,
             invalid_log: RateLimiter::new(Duration::from_secs(30)),
+            stops,
         }
+    }
+}
+
+/// What a task event of `id` asks for: a relist now and [`RECHECKS`] later — or, when
+/// the CRI stream should report the stop within `grace`, the same schedule from the
+/// grace on (rechecks, each dropped once the stream has reported the stop: a stop it
+/// misses is still read as densely as before); nothing when the stream already
+/// reported it.
+fn schedule(id: &str, expect: Expect) -> Vec<Hint> {
+    let recheck = |delay| Hint::After {
+        delay,
+        hint: Box::new(Hint::Recheck { id: id.to_string() }),
+    };
+    match expect {
+        Expect::Reported => vec![],
+        Expect::Unknown => std::iter::once(Hint::Container { id: id.to_string() })
+            .chain(RECHECKS.iter().map(|&d| recheck(d)))
+            .collect(),
+        Expect::Within(grace) => std::iter::once(recheck(grace))
+            .chain(RECHECKS.iter().map(|&d| recheck(grace + d)))
+            .collect(),
     }
 }
 
@@ -86,22 +114,14 @@ impl HintSource for ContainerdEvents {
         .boxed_local()
     }
 
-    /// A relist now and [`RECHECKS`] later: containerd publishes a task's exit (and its
-    /// delete, during CRI's own handling of the exit) before CRI records the
-    /// container as exited, so the read at once may still find it running.
+    /// A relist now and [`RECHECKS`] later (see [`schedule`]): containerd publishes a
+    /// task's exit (and its delete, during CRI's own handling of the exit) before CRI
+    /// records the container as exited, so the read at once may still find it running.
     fn hint(&mut self, env: Envelope, _: ItemContext) -> Vec<Hint> {
         match containerd_events::read(&env) {
             TaskEvent::Task { container_id, .. } => {
-                let later = RECHECKS.iter().map(|&delay| Hint::After {
-                    delay,
-                    hint: Box::new(Hint::Recheck {
-                        id: container_id.clone(),
-                    }),
-                });
-                let now = Hint::Container {
-                    id: container_id.clone(),
-                };
-                std::iter::once(now).chain(later).collect()
+                let expect = self.stops.announce(&container_id, Instant::now());
+                schedule(&container_id, expect)
             }
             TaskEvent::Other => vec![],
             TaskEvent::Invalid { reason } => {
@@ -126,7 +146,7 @@ mod tests {
     };
 
     fn source() -> ContainerdEvents {
-        ContainerdEvents::new(Arc::new(plegd_sim::FakeRuntime::new()))
+        ContainerdEvents::new(Arc::new(plegd_sim::FakeRuntime::new()), CriStops::default())
     }
 
     fn ctx() -> ItemContext {
@@ -154,6 +174,53 @@ mod tests {
             }
         }
         assert!(RECHECKS.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    /// A CRI stream that is up and reported `MIN_LAGS` stops 40 ms after an early
+    /// source announced them: the grace is 40 ms.
+    fn reporting_stream() -> CriStops {
+        let stops = CriStops::default();
+        stops.set_streaming(true);
+        let t = Instant::now();
+        for i in 0..crate::hints::cri_stops::MIN_LAGS {
+            let id = format!("learned-{i}");
+            stops.announce(&id, t);
+            stops.reported(&id, t + Duration::from_millis(40));
+        }
+        stops
+    }
+
+    /// Regression (issue 11): while the CRI stream reports the stops, a task event
+    /// asked for a read at once and every 10 ms until the runtime's CRI status flipped —
+    /// reads that could only find the container running (the stream's own event comes
+    /// right after the flip), loading containerd while it finished the exit (+16 ms p50
+    /// on containerd 1.7). Now: the first read at the grace, none once reported.
+    #[test]
+    fn while_the_cri_stream_reports_stops_a_task_event_waits_for_its_grace() {
+        let stops = reporting_stream();
+        let grace = stops.grace().expect("a grace");
+        assert_eq!(grace, Duration::from_millis(40));
+        let mut s = ContainerdEvents::new(Arc::new(plegd_sim::FakeRuntime::new()), stops.clone());
+        let hints = s.hint(envelope(CRI_NAMESPACE, TOPIC_EXIT, "c1"), ctx());
+        let recheck = |delay| Hint::After {
+            delay,
+            hint: Box::new(Hint::Recheck { id: "c1".into() }),
+        };
+        let later: Vec<Hint> = RECHECKS.iter().map(|&d| recheck(grace + d)).collect();
+        assert_eq!(hints[0], recheck(grace));
+        assert_eq!(hints[1..], later[..]);
+        assert!(!hints.iter().any(|h| matches!(h, Hint::Container { .. })));
+        // The stream reports it; the task's delete event then asks for nothing.
+        stops.reported("c1", Instant::now());
+        assert_eq!(
+            s.hint(envelope(CRI_NAMESPACE, TOPIC_DELETE, "c1"), ctx()),
+            vec![]
+        );
+        // The stream down: a read at once again.
+        stops.set_streaming(false);
+        let hints = s.hint(envelope(CRI_NAMESPACE, TOPIC_EXIT, "c2"), ctx());
+        assert_eq!(hints[0], Hint::Container { id: "c2".into() });
+        assert_eq!(hints.len(), 1 + RECHECKS.len());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! non-empty UID (else count it invalid, log rate-limited, ignore); record
 //! created_at-to-receipt latency; for CONTAINER_STOPPED_EVENT only — any exit code,
 //! with or without container statuses — ask for a relist of the pod (source
-//! `evented_pleg`). It keeps the kubelet `kubelet_evented_pleg_*` metrics.
+//! `evented_pleg`). It keeps the kubelet `kubelet_evented_pleg_*` metrics, and tells
+//! the early sources (`cri_stops.rs`) which stops it reported and whether it is up.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{HintSourceName, Metrics, StreamEventType};
 
 use crate::event::RelistSource;
+use crate::hints::cri_stops::CriStops;
 use crate::hints::{Connection, Hint, HintSource, ItemContext, ItemStream, SourceError};
 use crate::spans;
 use crate::stream::hint::{self, Hint as CriHint};
@@ -27,14 +29,16 @@ pub struct CriEvents {
     runtime: Arc<dyn RuntimeClient>,
     metrics: Arc<Metrics>,
     invalid_log: RateLimiter,
+    stops: CriStops,
 }
 
 impl CriEvents {
-    pub fn new(runtime: Arc<dyn RuntimeClient>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(runtime: Arc<dyn RuntimeClient>, metrics: Arc<Metrics>, stops: CriStops) -> Self {
         CriEvents {
             runtime,
             metrics,
             invalid_log: RateLimiter::new(Duration::from_secs(30)),
+            stops,
         }
     }
 }
@@ -127,6 +131,9 @@ impl HintSource for CriEvents {
         if !relist {
             return vec![];
         }
+        if !ev.container_id.is_empty() {
+            self.stops.reported(&ev.container_id, now);
+        }
         let mut span = spans::start(
             spans::STOP_EVENT,
             vec![
@@ -149,7 +156,10 @@ impl HintSource for CriEvents {
             Connection::ReconnectAttempt => self.metrics.reconnect_attempts.inc(),
             Connection::Opened => self.metrics.connection_successes.inc(),
             Connection::Failed => self.metrics.connection_errors.inc(),
-            Connection::Up(up) => self.metrics.stream_connected.set(i64::from(up)),
+            Connection::Up(up) => {
+                self.metrics.stream_connected.set(i64::from(up));
+                self.stops.set_streaming(up);
+            }
         }
     }
 }

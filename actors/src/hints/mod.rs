@@ -34,7 +34,8 @@
 //!   nothing), [`Hint::Global`] (bring the next global relist forward, honoured at
 //!   most once per relist period — a resynchronisation), [`Hint::After`] (a hint
 //!   later, on the watcher's timer) and [`Hint::Recheck`] (a `Container` hint
-//!   skipped once the cache has had the container exited for one more relist): containerd publishes a task's
+//!   skipped once the cache has had the container exited for one more relist, or once
+//!   the CRI event stream has reported its stop): containerd publishes a task's
 //!   exit before CRI has recorded it, so a read at once may still find the container
 //!   running. A `Container` or `Recheck` hint for a pod whose last such request is
 //!   still pending (no read of the pod begun since) is dropped: many events about one
@@ -52,6 +53,15 @@
 //!   text goes into a label.
 //! - **Metrics of its own.** [`HintSource::connection`] sees each connection change
 //!   (the CRI source keeps the kubelet `kubelet_evented_pleg_*` metrics with it).
+//! - **Early sources wait for the CRI stream.** A source whose stop events come before
+//!   the runtime's CRI status says so (containerd's event service, NRI) announces each
+//!   stop to the shared [`cri_stops::CriStops`] (the CRI source records the stops its
+//!   stream reports): while the stream is up and reports the early sources' stops, the
+//!   early source reads the pod only after a grace (how late the stream's recent
+//!   reports came), and not at all once the stream has reported the stop — its reads
+//!   before then could only find the container running, and they load the runtime
+//!   while it finishes the exit (issue 11). A stop the stream misses is read at the
+//!   grace. Hint-side bookkeeping only: it moves reads, never writes state.
 //! - **Duplicates.** The same stop seen by several sources asks for several relists
 //!   of the pod; the dispatcher's rules (a request covered by a newer relist is
 //!   skipped, a pod whose status did not change publishes nothing) make them one
@@ -59,6 +69,7 @@
 
 pub(crate) mod containerd_events;
 pub(crate) mod cri_events;
+pub(crate) mod cri_stops;
 pub(crate) mod nri;
 pub(crate) mod select;
 #[cfg(test)]
@@ -86,8 +97,9 @@ pub enum Hint {
     /// Relist the pod this container or sandbox belongs to, as the cache knows it; an
     /// ID the cache does not know asks for nothing (the next global relist finds it).
     Container { id: String },
-    /// As `Container`, unless the cache already has the container exited: a recheck
-    /// after an event that may come before the runtime's status says so.
+    /// As `Container`, unless the cache already has the container exited (for one more
+    /// relist) or the CRI event stream has reported its stop: a recheck after an event
+    /// that may come before the runtime's status says so.
     Recheck { id: String },
     /// Bring the next global relist forward (honoured at most once per period).
     Global,

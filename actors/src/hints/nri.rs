@@ -14,6 +14,10 @@
 //! pod is relisted at once and again after each of [`FOLLOW_UPS`] — unless the cache
 //! already shows what the hook announced (the container exited or gone, the sandbox
 //! not ready or gone): a burst of exits does not multiply into a burst of reads.
+//! A stop hook is announced to the CRI stream's bookkeeping (`cri_stops.rs`): while
+//! that stream reports the stops, the hook's pod is read only from the first follow-up
+//! past the grace, and no more once the stream has reported it (its own relist reads
+//! the pod after the runtime recorded the stop).
 //!
 //! One connection attempt is one NRI registration: dial the socket, RegisterPlugin,
 //! wait for Configure. No socket (NRI disabled in the runtime) is `unsupported`,
@@ -26,7 +30,7 @@ use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::future::LocalBoxFuture;
 use futures::stream::FuturesUnordered;
@@ -38,6 +42,7 @@ use tokio::sync::mpsc;
 
 use crate::cache::PodCache;
 use crate::event::RelistSource;
+use crate::hints::cri_stops::{CriStops, Expect};
 use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
 
 /// Hints waiting between the plugin's hook handlers and the watcher.
@@ -69,6 +74,8 @@ pub(crate) const FOLLOW_UPS: [Duration; 13] = [
 pub struct Call {
     hint: NriHint,
     follow_up: bool,
+    /// When the hook came (its follow-ups keep it).
+    at: Instant,
     /// Shared by a hook's follow-ups: the read time of the cache entry that first
     /// showed what the hook announced.
     settled_at: Rc<Cell<Option<SystemTime>>>,
@@ -79,14 +86,52 @@ pub struct Nri {
     metrics: Arc<Metrics>,
     /// Read only: whether a follow-up still has something to find.
     cache: PodCache,
+    stops: CriStops,
 }
 
 impl Nri {
-    pub fn new(config: PluginConfig, metrics: Arc<Metrics>, cache: PodCache) -> Self {
+    pub fn new(
+        config: PluginConfig,
+        metrics: Arc<Metrics>,
+        cache: PodCache,
+        stops: CriStops,
+    ) -> Self {
         Nri {
             config,
             metrics,
             cache,
+            stops,
+        }
+    }
+
+    /// Whether the CRI stream covers a stop hook or its follow-up: it has reported the
+    /// stop, or should within its grace (the hook's own read and the follow-ups before
+    /// the grace wait for it). Removals and Synchronize are never covered (a CRI event
+    /// of a removal asks for no relist).
+    fn covered_by_cri(&self, call: &Call) -> bool {
+        let id = match &call.hint {
+            NriHint::Container {
+                change: Change::Stopped,
+                container_id,
+                ..
+            } => container_id.as_str(),
+            NriHint::Sandbox {
+                change: Change::Stopped,
+                pod,
+            } => pod.sandbox_id.as_str(),
+            _ => return false,
+        };
+        if id.is_empty() {
+            return false;
+        }
+        if call.follow_up {
+            self.stops.was_reported(id)
+                || self
+                    .stops
+                    .grace()
+                    .is_some_and(|grace| call.at.elapsed() < grace)
+        } else {
+            self.stops.announce(id, Instant::now()) != Expect::Unknown
         }
     }
 }
@@ -182,11 +227,13 @@ fn with_follow_ups(
     futures::stream::poll_fn(move |cx| {
         if let Poll::Ready(Some(hint)) = hints.poll_recv(cx) {
             let settled_at = Rc::new(Cell::new(None));
+            let at = Instant::now();
             if !matches!(hint, NriHint::Synchronized { .. }) {
                 for delay in FOLLOW_UPS {
                     let again = Call {
                         hint: hint.clone(),
                         follow_up: true,
+                        at,
                         settled_at: settled_at.clone(),
                     };
                     later.push(tokio::time::sleep(delay).map(move |()| again));
@@ -195,6 +242,7 @@ fn with_follow_ups(
             let call = Call {
                 hint,
                 follow_up: false,
+                at,
                 settled_at,
             };
             return Poll::Ready(Some(Ok(call)));
@@ -256,6 +304,9 @@ impl HintSource for Nri {
     }
 
     fn hint(&mut self, call: Call, _ctx: ItemContext) -> Vec<Hint> {
+        if self.covered_by_cri(&call) {
+            return Vec::new();
+        }
         if call.follow_up {
             if let Some(read_at) = settled(&self.cache, &call.hint) {
                 match call.settled_at.get() {
@@ -456,11 +507,13 @@ mod tests {
             PluginConfig::new("/nonexistent"),
             Arc::new(Metrics::new()),
             cache,
+            CriStops::default(),
         );
         let ctx = ItemContext {
             attempt_started: None,
         };
         let settled_at = Rc::new(Cell::new(None));
+        let at = Instant::now();
         let call = |follow_up| Call {
             hint: NriHint::Container {
                 change: Change::Stopped,
@@ -468,6 +521,7 @@ mod tests {
                 container_id: "c1".into(),
             },
             follow_up,
+            at,
             settled_at: settled_at.clone(),
         };
         let asks = |h: Vec<Hint>| matches!(h.as_slice(), [Hint::Pod { .. }]);
@@ -486,6 +540,76 @@ mod tests {
         assert!(source.hint(call(true), ctx).is_empty());
         // The hook itself always asks.
         assert!(asks(source.hint(call(false), ctx)));
+    }
+
+    /// Regression (issue 11): while the CRI stream reports the stops, NRI's stop hook
+    /// (which containerd calls before its CRI status says EXITED) asked for a read at
+    /// once and every follow-up until then — reads that could only find the container
+    /// running, loading containerd while it finished the exit. Now: none before the
+    /// grace, none once the stream reported the stop; removals as before.
+    #[test]
+    fn while_the_cri_stream_reports_stops_a_stop_hook_waits_for_its_grace() {
+        use ContainerState::*;
+        use SandboxState::*;
+        let stops = CriStops::default();
+        stops.set_streaming(true);
+        let t = Instant::now();
+        for i in 0..crate::hints::cri_stops::MIN_LAGS {
+            let id = format!("learned-{i}");
+            stops.announce(&id, t);
+            stops.reported(&id, t + Duration::from_millis(40));
+        }
+        let grace = stops.grace().expect("a grace");
+        let mut source = Nri::new(
+            PluginConfig::new("/nonexistent"),
+            Arc::new(Metrics::new()),
+            cache_with(Running, Ready),
+            stops.clone(),
+        );
+        let ctx = ItemContext {
+            attempt_started: None,
+        };
+        let call = |change, id: &str, follow_up, at| Call {
+            hint: NriHint::Container {
+                change,
+                pod: Some(pod("u1", "s1")),
+                container_id: id.into(),
+            },
+            follow_up,
+            at,
+            settled_at: Rc::new(Cell::new(None)),
+        };
+        let asks = |h: Vec<Hint>| matches!(h.as_slice(), [Hint::Pod { .. }]);
+        let now = Instant::now();
+        // The hook and a follow-up within the grace: nothing.
+        assert!(source
+            .hint(call(Change::Stopped, "c1", false, now), ctx)
+            .is_empty());
+        assert!(source
+            .hint(call(Change::Stopped, "c1", true, now), ctx)
+            .is_empty());
+        // A follow-up past the grace (the stream missed the stop): a read.
+        let earlier = now - grace - Duration::from_millis(1);
+        assert!(asks(
+            source.hint(call(Change::Stopped, "c1", true, earlier), ctx)
+        ));
+        // Once the stream reported it: nothing, whenever.
+        stops.reported("c1", Instant::now());
+        assert!(source
+            .hint(call(Change::Stopped, "c1", true, earlier), ctx)
+            .is_empty());
+        assert!(source
+            .hint(call(Change::Stopped, "c1", false, now), ctx)
+            .is_empty());
+        // A removal is not the stream's: read at once.
+        assert!(asks(
+            source.hint(call(Change::Removed, "c1", false, now), ctx)
+        ));
+        // The stream down: read at once.
+        stops.set_streaming(false);
+        assert!(asks(
+            source.hint(call(Change::Stopped, "c2", false, now), ctx)
+        ));
     }
 
     #[test]

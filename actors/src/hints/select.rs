@@ -95,18 +95,24 @@ pub(crate) fn start_source(
 ) -> RunningSource {
     match name {
         HintSourceName::CriEvents => {
-            RunningSource::start(CriEvents::new(runtime.clone(), metrics.clone()), deps)
+            let stops = deps.cri_stops.clone();
+            RunningSource::start(
+                CriEvents::new(runtime.clone(), metrics.clone(), stops),
+                deps,
+            )
         }
         HintSourceName::Nri => RunningSource::start(
             Nri::new(
                 plegd_nri::PluginConfig::new(nri_socket),
                 metrics.clone(),
                 deps.cache.clone(),
+                deps.cri_stops.clone(),
             ),
             deps,
         ),
         HintSourceName::ContainerdEvents => {
-            RunningSource::start(ContainerdEvents::new(runtime.clone()), deps)
+            let stops = deps.cri_stops.clone();
+            RunningSource::start(ContainerdEvents::new(runtime.clone(), stops), deps)
         }
     }
 }

@@ -22,6 +22,7 @@ use plegd_telemetry::{HintSourceName, HintSourceState, Metrics, RequestResult, S
 use crate::cache::CacheOwner;
 use crate::event::RelistSource;
 use crate::hints::cri_events::CriEvents;
+use crate::hints::cri_stops::CriStops;
 use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
 use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
 use crate::mock::{Recorded, Recorder, RecorderConfig};
@@ -68,13 +69,14 @@ impl Harness {
             metrics.clone(),
         );
         let router = RelistRouter::new(queue.clone(), HeldPods::default(), metrics.clone());
-        let source = CriEvents::new(Arc::new(sim.clone()), metrics.clone());
+        let source = CriEvents::new(Arc::new(sim.clone()), metrics.clone(), CriStops::default());
         let deps = WatcherDeps {
             router,
             cache: CacheOwner::new(std::time::Duration::from_secs(300)).1,
             metrics: metrics.clone(),
             policy,
             on_reconnect: Some(Box::new(move || queue.bring_forward())),
+            cri_stops: CriStops::default(),
         };
         let watcher = HintWatcher::new(source, deps).start();
         Harness {
@@ -404,6 +406,7 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
         metrics: metrics.clone(),
         policy: policy(Duration::from_millis(200)),
         on_reconnect: None,
+        cri_stops: CriStops::default(),
     };
     let _watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
     let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
@@ -474,4 +477,85 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
         false
     })
     .await;
+}
+
+/// A cache holding pod `u1` with container `c1` running.
+fn cache_with_c1() -> (CacheOwner, crate::cache::PodCache) {
+    let (mut owner, cache) = CacheOwner::new(Duration::from_secs(300));
+    let pod = plegd_runtime::PodRef {
+        uid: "u1".into(),
+        name: "web".into(),
+        namespace: "ns".into(),
+    };
+    let status = crate::pleg::PodStatus {
+        pod: pod.clone(),
+        sandboxes: vec![plegd_runtime::Sandbox {
+            id: "s1".into(),
+            pod,
+            attempt: 0,
+            state: plegd_runtime::SandboxState::Ready,
+            created_at: 1,
+            labels: Default::default(),
+        }],
+        containers: vec![plegd_runtime::ContainerStatus {
+            id: "c1".into(),
+            sandbox_id: "s1".into(),
+            name: "app".into(),
+            attempt: 0,
+            state: plegd_runtime::ContainerState::Running,
+            created_at: 1,
+            started_at: 1,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+        }],
+    };
+    owner.apply(crate::pleg::CacheUpdate::Set {
+        uid: "u1".into(),
+        status: Ok(status),
+        read_at: std::time::SystemTime::now(),
+    });
+    (owner, cache)
+}
+
+/// Regression (issue 11): a recheck of a stop the CRI event stream has reported asked
+/// for one more relist of the pod (until the cache had the container exited), beside
+/// the stream's own: now it asks for nothing — the stream's relist reads the pod after
+/// the runtime recorded the stop.
+#[actix_rt::test]
+async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
+    let metrics = Arc::new(Metrics::new());
+    let (requests_addr, requests) = Recorder::<RequestRelist>::start(RecorderConfig::default());
+    let (soon_addr, _soon) = Recorder::<BringForward>::start(RecorderConfig::default());
+    let queue = RelistQueue::new(
+        requests_addr.recipient(),
+        soon_addr.recipient(),
+        metrics.clone(),
+    );
+    let (_owner, cache) = cache_with_c1();
+    let stops = CriStops::default();
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    let deps = WatcherDeps {
+        router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
+        cache,
+        metrics: metrics.clone(),
+        policy: policy(Duration::from_millis(200)),
+        on_reconnect: None,
+        cri_stops: stops.clone(),
+    };
+    let _watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
+    let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
+    // Reported: the recheck asks for nothing (the pod that follows marks the end).
+    stops.reported("c1", Instant::now());
+    send(Hint::Recheck { id: "c1".into() });
+    send(Hint::Pod {
+        uid: "u2".into(),
+        cause: None,
+    });
+    let r = requests.clone();
+    wait_until("the marker's request", || r.len() >= 1).await;
+    let uids: Vec<String> = requests.all().into_iter().map(|q| q.uid).collect();
+    assert_eq!(uids, ["u2"]);
 }

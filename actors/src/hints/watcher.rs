@@ -19,6 +19,7 @@ use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{HintSourceState, Metrics};
 
 use crate::cache::PodCache;
+use crate::hints::cri_stops::CriStops;
 use crate::hints::{Connection, Hint, HintSource, ItemContext, SourceError};
 use crate::relist::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use crate::relist::router::RelistRouter;
@@ -61,6 +62,9 @@ pub struct WatcherDeps {
     pub metrics: Arc<Metrics>,
     pub policy: ReconnectPolicy,
     pub on_reconnect: Option<ReconnectHook>,
+    /// The stops the CRI event stream reported, shared by every watcher (a recheck of
+    /// one is dropped).
+    pub cri_stops: CriStops,
 }
 
 /// One item of the stream opened by `attempt`; `item` None marks its end (EOF or a
@@ -109,6 +113,8 @@ enum Outcome {
     UnknownContainer,
     /// A recheck of a container the cache has had exited for one more relist already.
     AlreadyConfirmed,
+    /// A recheck of a stop the CRI event stream has reported (its relist covers it).
+    ReportedByCri,
     /// The next global relist was asked to come now.
     BroughtForward,
     /// Put on the watcher's timer.
@@ -123,6 +129,7 @@ impl Outcome {
             Outcome::AlreadyPending => "already pending",
             Outcome::UnknownContainer => "unknown container",
             Outcome::AlreadyConfirmed => "exit already confirmed",
+            Outcome::ReportedByCri => "stop reported by the CRI stream",
             Outcome::BroughtForward => "global relist brought forward",
             Outcome::Scheduled => "scheduled",
         }
@@ -330,6 +337,10 @@ impl<S: HintSource> HintWatcher<S> {
             // the events are diffed from does (a read in the middle of the runtime's
             // update): one more relist after the cache first has it exited.
             Hint::Recheck { id } => {
+                if self.deps.cri_stops.was_reported(&id) {
+                    self.log_hint(what, Some(&id), None, Outcome::ReportedByCri, None);
+                    return;
+                }
                 if self.deps.cache.container_exited(&id) {
                     if self.confirmed.len() >= MAX_TRACKED {
                         self.confirmed.clear();
