@@ -16,6 +16,8 @@ pub use status::PodStatus;
 pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
 
 #[cfg(test)]
+mod list_tests;
+#[cfg(test)]
 mod status_tests;
 #[cfg(test)]
 mod tests;
