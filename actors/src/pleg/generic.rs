@@ -350,7 +350,10 @@ impl GenericPleg {
 
     /// The lists of a pod plegd has not seen: its sandboxes can only be found in the
     /// whole list, then their containers are listed by sandbox id.
-    async fn list_new_pod(&self, uid: &str) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+    async fn list_new_pod(
+        &self,
+        uid: &str,
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
         let sandboxes: Vec<Sandbox> = self
             .runtime
             .list_sandboxes(None)
@@ -394,7 +397,10 @@ impl GenericPleg {
         &self,
         ids: impl IntoIterator<Item = &'a str>,
     ) -> Result<Vec<Container>, RuntimeError> {
-        let lists = try_join_all(ids.into_iter().map(|id| self.runtime.list_containers(Some(id))));
+        let lists = try_join_all(
+            ids.into_iter()
+                .map(|id| self.runtime.list_containers(Some(id))),
+        );
         Ok(lists.await?.into_iter().flatten().collect())
     }
 

@@ -314,7 +314,10 @@ async fn a_sandbox_answered_beside_the_one_asked_for_brings_its_containers() {
     let out = targeted(&mut p, "u1").await.unwrap();
     assert_eq!(
         evs(&out),
-        sorted(vec![(ContainerStarted, c2.clone()), (ContainerStarted, sb2)])
+        sorted(vec![
+            (ContainerStarted, c2.clone()),
+            (ContainerStarted, sb2)
+        ])
     );
     assert!(p.record("u1").unwrap().containers.contains_key(&c2));
 }
