@@ -18,7 +18,9 @@
 //! revision issued for that relist's events, stored in the same handler as the
 //! updates. A [`Snapshot`] is answered by this actor between two applies, so it holds
 //! every change whose event has a revision up to its own and none after: list it, then
-//! watch from that revision, and each change is seen once (see `revision`).
+//! watch from that revision, and each change is seen once (see `revision`). A global
+//! relist applied in chunks (the first one: issue 11, memory) is not presented half
+//! done: a snapshot asked between its chunks is answered after the last one.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -26,7 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 use dashmap::DashMap;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::event::EventKind;
@@ -257,6 +259,10 @@ pub struct CacheOwner {
     generation: u64,
     /// Scratch for packing statuses, kept between pods.
     buf: Vec<u8>,
+    /// A relist is partly applied (see [`ApplyRelist::more`]): snapshots asked
+    /// meanwhile wait here.
+    partial: bool,
+    waiting: Vec<oneshot::Sender<CacheSnapshot>>,
 }
 
 /// The cache and the revision it reflects, consistent (see the module docs).
@@ -286,6 +292,8 @@ impl CacheOwner {
                 expiry: VecDeque::new(),
                 generation: 0,
                 buf: Vec::new(),
+                partial: false,
+                waiting: Vec::new(),
             },
             PodCache { shared },
         )
@@ -434,6 +442,10 @@ pub struct ApplyRelist {
     /// This relist's events, in order, as (pod UID, sandbox or container ID, kind):
     /// folded into each pod's `reported`.
     pub events: Vec<(String, String, EventKind)>,
+    /// A chunk of a global relist that more chunks follow: snapshots wait until a
+    /// message without it (the last chunk) is applied, so that no snapshot presents a
+    /// relist half applied.
+    pub more: bool,
 }
 
 impl Handler<ApplyRelist> for CacheOwner {
@@ -492,18 +504,19 @@ impl Handler<ApplyRelist> for CacheOwner {
             }
             *n += 1;
         });
+        self.partial = msg.more;
+        if !self.partial && !self.waiting.is_empty() {
+            let snapshot = self.snapshot();
+            for tx in self.waiting.drain(..) {
+                let _ = tx.send(snapshot.clone());
+            }
+        }
     }
 }
 
-/// Reads the whole cache with the revision it reflects.
-#[derive(Message)]
-#[rtype(result = "CacheSnapshot")]
-pub struct Snapshot;
-
-impl Handler<Snapshot> for CacheOwner {
-    type Result = MessageResult<Snapshot>;
-
-    fn handle(&mut self, _: Snapshot, _: &mut Self::Context) -> Self::Result {
+impl CacheOwner {
+    /// Every cached pod with the revision the cache reflects.
+    fn snapshot(&self) -> CacheSnapshot {
         // Only this actor writes, so nothing changes while the entries are copied.
         let mut pods: Vec<(String, CachedPod)> = self
             .shared
@@ -512,10 +525,35 @@ impl Handler<Snapshot> for CacheOwner {
             .map(|e| (e.key().clone(), e.value().unpack()))
             .collect();
         pods.sort_by(|a, b| a.0.cmp(&b.0));
-        MessageResult(CacheSnapshot {
+        CacheSnapshot {
             revision: self.revision,
             pods,
-        })
+        }
+    }
+}
+
+/// Reads the whole cache with the revision it reflects.
+#[derive(Message)]
+#[rtype(result = "CacheSnapshot")]
+pub struct Snapshot;
+
+/// Answered between two applies; while a relist is partly applied, once its last
+/// chunk is.
+impl Handler<Snapshot> for CacheOwner {
+    type Result = ResponseActFuture<Self, CacheSnapshot>;
+
+    fn handle(&mut self, _: Snapshot, _: &mut Self::Context) -> Self::Result {
+        if !self.partial {
+            return Box::pin(fut::ready(self.snapshot()));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.waiting.push(tx);
+        // (The sender is only dropped unanswered with the actor, which then polls
+        // this no more.)
+        Box::pin(
+            fut::wrap_future::<_, Self>(rx)
+                .map(|answer, act, _| answer.unwrap_or_else(|_| act.snapshot())),
+        )
     }
 }
 
@@ -563,6 +601,7 @@ mod tests {
             held: Vec::new(),
             revision,
             events: Vec::new(),
+            more: false,
         }
     }
 

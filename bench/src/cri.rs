@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use plegd_runtime::cri;
@@ -53,6 +53,51 @@ impl Cri {
                 }
             })
             .collect())
+    }
+
+    /// What a first global relist must ask the runtime at least, made by a bare tonic
+    /// client: both lists, then one ContainerStatus per container with `in_flight`
+    /// calls at once (plegd's `--status-concurrency`). Returns the wall time and the
+    /// number of status reads: the floor plegd's first relist is measured against.
+    pub async fn read_every_status(&self, in_flight: usize) -> Result<(Duration, usize)> {
+        use futures::{StreamExt as _, TryStreamExt as _};
+        let start = Instant::now();
+        let (mut a, mut b) = (self.0.clone(), self.0.clone());
+        let (sandboxes, containers) = futures::try_join!(
+            async {
+                a.list_pod_sandbox(cri::ListPodSandboxRequest::default())
+                    .await
+                    .context("ListPodSandbox")
+            },
+            async {
+                b.list_containers(cri::ListContainersRequest::default())
+                    .await
+                    .context("ListContainers")
+            }
+        )?;
+        drop(sandboxes);
+        let ids: Vec<String> = containers
+            .into_inner()
+            .containers
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        let reads = futures::stream::iter(ids)
+            .map(|id| {
+                let mut c = self.0.clone();
+                async move {
+                    c.container_status(cri::ContainerStatusRequest {
+                        container_id: id.clone(),
+                        verbose: false,
+                    })
+                    .await
+                    .with_context(|| format!("ContainerStatus {id}"))
+                }
+            })
+            .buffer_unordered(in_flight.max(1))
+            .try_fold(0usize, |n, _| async move { Ok(n + 1) })
+            .await?;
+        Ok((start.elapsed(), reads))
     }
 
     /// StopContainer; returns when the runtime has stopped it (and sent its event).

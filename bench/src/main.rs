@@ -158,6 +158,8 @@ const CONTAINERS: usize = 2;
 /// change it with --plegd-arg).
 const PERIOD: Duration = Duration::from_secs(1);
 const BURST: usize = 20;
+/// ContainerStatus calls in flight of the bare reads: plegd's default `--status-concurrency`.
+const STATUS_IN_FLIGHT: usize = 32;
 /// The name of the bench's watcher thread (its CPU time is shown in the fan-out rows).
 const WATCHERS_THREAD: &str = "watchers";
 
@@ -167,6 +169,10 @@ struct SizeRun {
     pods: usize,
     first_relist: Option<Duration>,
     ready: Duration,
+    /// plegd's CPU from its start to ready (the first relist and start-up).
+    ready_cpu: Option<Duration>,
+    /// The bare reads a first relist makes (`Cri::read_every_status`): wall; reads.
+    bare_reads: Option<(Duration, usize)>,
     steady: Option<workloads::Steady>,
     rss_kib: u64,
     singles: Option<Exits>,
@@ -206,6 +212,7 @@ fn run_size(
         pods,
         ready: plegd.started.elapsed(),
         first_relist: workloads::first_relist(&plegd)?,
+        ready_cpu: Some(plegd.cpu()?),
         ..SizeRun::default()
     };
     run.steady = Some(workloads::steady(&plegd, args.steady_window, PERIOD)?);
@@ -214,6 +221,7 @@ fn run_size(
         return Ok(run);
     }
     let cri = Cri::new(sim.socket());
+    run.bare_reads = Some(rt.block_on(cri.read_every_status(STATUS_IN_FLIGHT))?);
     let node = rt.block_on(cri.pods())?;
     if node.len() != pods {
         bail!("the simulated node has {} pods, not {pods}", node.len());
@@ -397,10 +405,17 @@ fn print_table(
     for r in runs {
         let p = r.pods;
         println!(
-            "| first global relist (plegd's histogram); start to ready | {p} | {}; {} |",
+            "| first global relist (plegd's histogram); start to ready; plegd CPU to ready | {p} | {}; {}; {} |",
             opt_ms(r.first_relist),
-            ms(r.ready)
+            ms(r.ready),
+            opt_ms(r.ready_cpu)
         );
+        if let Some((took, reads)) = r.bare_reads {
+            println!(
+                "| the same reads by a bare tonic client (both lists, {reads} ContainerStatus, {STATUS_IN_FLIGHT} in flight) | {p} | {} |",
+                ms(took)
+            );
+        }
         if let Some(s) = &r.steady {
             println!(
                 "| no-change global relist: wall; plegd CPU ({} relists) | {p} | {}; {} |",

@@ -283,6 +283,22 @@ mod tests {
     }
 
     #[test]
+    fn the_flags_defaults_are_the_librarys_defaults() {
+        // One default per setting: `plegd` with no flags runs the core exactly as
+        // `PlegConfig::default()` (what tests and library users get) does.
+        let (s, _) = parse(&["plegd"]);
+        let got = s.service_config().unwrap().pleg;
+        let want = plegd_actors::PlegConfig::default();
+        assert_eq!(got.relist_period, want.relist_period);
+        assert_eq!(got.health_threshold, want.health_threshold);
+        assert_eq!(got.queue_capacity, want.queue_capacity);
+        assert_eq!(got.status_concurrency, want.status_concurrency);
+        assert_eq!(got.history_events, want.history_events);
+        assert_eq!(got.tombstone_ttl, want.tombstone_ttl);
+        assert_eq!(got.nri_socket, want.nri_socket);
+    }
+
+    #[test]
     fn hint_sources_from_a_file_a_flag_or_the_old_evented_spelling() {
         use plegd_actors::{HintSelection, HintSourceName::*};
         let selection = |s: Settings| s.service_config().unwrap().hint_selection;

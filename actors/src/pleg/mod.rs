@@ -3,6 +3,7 @@
 //! RelistDispatcher actor drives it; tests can drive it directly.
 
 mod changes;
+mod chunks;
 mod diff;
 mod generic;
 mod record;
@@ -15,6 +16,8 @@ pub use status::PodStatus;
 #[cfg(feature = "fuzzing")]
 pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
 
+#[cfg(test)]
+mod chunk_tests;
 #[cfg(test)]
 mod list_tests;
 #[cfg(test)]

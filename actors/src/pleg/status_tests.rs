@@ -393,6 +393,7 @@ async fn the_pod_cache_offers_no_status_after_a_failed_read() {
             held: Vec::new(),
             revision: 0,
             events: Vec::new(),
+            more: false,
         })
     };
     let out = pleg.relist(&RelistScope::Global, &|_| false).await.unwrap();

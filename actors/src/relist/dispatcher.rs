@@ -35,7 +35,10 @@
 //!   takes that decision, in one place.
 //! - Each relist's events get their revisions here (`revision`), before its cache
 //!   updates are applied (and acknowledged) with the last of them, then the events are
-//!   published: the cache and the revision it reflects change together.
+//!   published: the cache and the revision it reflects change together. A global
+//!   relist does this chunk by chunk (a few hundred pods each: issue 11, memory); the
+//!   cache holds snapshots back until its last chunk, which alone carries the global
+//!   timestamp and makes plegd ready.
 //! - Each relist's cache updates are applied (and acknowledged) before its events are
 //!   published. Both are awaited inside the unit of work, so a CacheOwner or an
 //!   EventPublisher that stops answering stalls every relist and shutdown with it
@@ -68,7 +71,7 @@ use super::schedule::{GlobalSchedule, Verdict};
 use crate::cache::ApplyRelist;
 use crate::event::RelistSource;
 use crate::health::Health;
-use crate::pleg::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
+use crate::pleg::{CacheUpdate, GenericPleg, RelistOutput};
 use crate::publisher::Publish;
 use crate::revision::Revisions;
 use crate::spans;
@@ -553,8 +556,14 @@ impl RelistDispatcher {
 }
 
 /// Applies a relist's output: revisions issued, cache first (acknowledged, with the
-/// revision it now reflects), then events.
-async fn apply(deps: &DispatcherDeps, mut out: RelistOutput, global_timestamp: Option<SystemTime>) {
+/// revision it now reflects), then events. `more`: this is a chunk of a global relist
+/// and more follow (the cache answers no snapshot until the last is applied).
+async fn apply(
+    deps: &DispatcherDeps,
+    mut out: RelistOutput,
+    global_timestamp: Option<SystemTime>,
+    more: bool,
+) {
     let revision = deps.revisions.issue(&mut out.events);
     let events = out
         .events
@@ -577,6 +586,7 @@ async fn apply(deps: &DispatcherDeps, mut out: RelistOutput, global_timestamp: O
             global_timestamp,
             revision,
             events,
+            more,
         })
         .await
         .is_err()
@@ -600,22 +610,30 @@ struct GlobalSummary {
 type GlobalResult = Result<(HashSet<String>, GlobalSummary), plegd_runtime::RuntimeError>;
 
 /// One global relist; on success, the pods it did not read (held, or read failed).
+/// Applied chunk by chunk (`GenericPleg::relist_global`): each chunk's revisions,
+/// cache updates and events in turn; the global timestamp and the pods held go with
+/// the last chunk, and only then is plegd ready (the cache answers no snapshot while
+/// a relist is partly applied).
 async fn global_relist(core: &mut GenericPleg, deps: &DispatcherDeps) -> (Instant, GlobalResult) {
     let start = Instant::now();
     let started_wall = SystemTime::now();
     let mut span = spans::start(spans::GLOBAL_RELIST, vec![], None);
     let held = deps.held.clone();
+    let mut summary = GlobalSummary {
+        pods_inspected: 0,
+        events: 0,
+        status_errors: 0,
+        took: Duration::ZERO,
+    };
+    let mut not_read: HashSet<String> = HashSet::new();
+    let mut held_pods: Vec<String> = Vec::new();
+    // A chunk that is not the last has been applied: the cache waits for the rest.
+    let mut open = false;
     let result = core
-        .relist(&RelistScope::Global, &|uid| held.contains(uid))
-        .await;
-    let result = match result {
-        Ok(out) => {
-            span.set_attributes([
-                KeyValue::new("pods_inspected", out.pods_inspected as i64),
-                KeyValue::new("events", out.events.len() as i64),
-                KeyValue::new("status_errors", out.status_errors as i64),
-            ]);
-            span.end();
+        .relist_global(&|uid| held.contains(uid), |mut out, last| {
+            summary.pods_inspected += out.pods_inspected;
+            summary.events += out.events.len();
+            summary.status_errors += out.status_errors;
             let failed = out.cache.iter().filter_map(|u| match u {
                 CacheUpdate::Set {
                     uid,
@@ -624,14 +642,23 @@ async fn global_relist(core: &mut GenericPleg, deps: &DispatcherDeps) -> (Instan
                 } => Some(uid.clone()),
                 _ => None,
             });
-            let not_read: HashSet<String> = out.held.iter().cloned().chain(failed).collect();
-            let summary = GlobalSummary {
-                pods_inspected: out.pods_inspected,
-                events: out.events.len(),
-                status_errors: out.status_errors,
-                took: Duration::ZERO,
-            };
-            apply(deps, out, Some(started_wall)).await;
+            not_read.extend(out.held.iter().cloned().chain(failed));
+            held_pods.append(&mut out.held);
+            if last {
+                out.held = std::mem::take(&mut held_pods);
+            }
+            open = !last;
+            apply(deps, out, last.then_some(started_wall), !last)
+        })
+        .await;
+    let result = match result {
+        Ok(()) => {
+            span.set_attributes([
+                KeyValue::new("pods_inspected", summary.pods_inspected as i64),
+                KeyValue::new("events", summary.events as i64),
+                KeyValue::new("status_errors", summary.status_errors as i64),
+            ]);
+            span.end();
             deps.health.relist_succeeded(Instant::now());
             if let Ok(d) = SystemTime::now().duration_since(UNIX_EPOCH) {
                 deps.metrics.last_seen.set(d.as_secs_f64());
@@ -645,6 +672,11 @@ async fn global_relist(core: &mut GenericPleg, deps: &DispatcherDeps) -> (Instan
             ))
         }
         Err(e) => {
+            if open {
+                // Failed after some chunks (see `relist_global`): what they applied
+                // stands; the cache answers snapshots again. No global timestamp.
+                apply(deps, RelistOutput::default(), None, false).await;
+            }
             deps.metrics.count_relist_errors(RelistPhase::List, 1);
             spans::end_error(span, e.to_string());
             Err(e)
@@ -737,7 +769,7 @@ async fn targeted_relists(
         .max()
         .unwrap_or_default();
     let (events, failed) = (out.events.len(), failed.len());
-    apply(deps, out, None).await;
+    apply(deps, out, None, false).await;
     let took = start.elapsed();
     for req in reqs {
         deps.metrics

@@ -10,4 +10,6 @@ pub(crate) mod router;
 pub(crate) mod schedule;
 
 #[cfg(test)]
+mod chunk_tests;
+#[cfg(test)]
 mod tests;

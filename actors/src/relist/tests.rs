@@ -32,6 +32,7 @@ impl Clone for ApplyRelist {
             held: self.held.clone(),
             revision: self.revision,
             events: self.events.clone(),
+            more: self.more,
         }
     }
 }
@@ -157,6 +158,26 @@ fn events(p: &Publish) -> Vec<(EventKind, String, RelistSource)> {
         .collect()
 }
 
+/// Waits for the `n`th publish, checking on every poll that no publish is visible
+/// before its cache update; returns when the `n`th was first seen.
+async fn nth_publish_after_its_cache_update(b: &Bench, n: usize) -> Option<Instant> {
+    let mut seen = None;
+    wait_until(&format!("publish number {n}"), || {
+        let published = b.published.len();
+        let cached = b.cache.len();
+        assert!(
+            cached >= published,
+            "published {published} before cached {cached}"
+        );
+        if published == n && seen.is_none() {
+            seen = Some(Instant::now());
+        }
+        published == n
+    })
+    .await;
+    seen
+}
+
 #[actix_rt::test]
 async fn a_slow_cache_delays_publishing_until_it_acknowledged() {
     let rt = FakeRuntime::new();
@@ -178,20 +199,7 @@ async fn a_slow_cache_delays_publishing_until_it_acknowledged() {
     // The recorder records an update just before acknowledging it, and the dispatcher
     // publishes only after the acknowledgement: whenever a publish is visible, so is
     // the cache update before it. (Read the publisher first: both only grow.)
-    let mut first_publish = None;
-    wait_until("the first global relist published", || {
-        let published = b.published.len();
-        let cached = b.cache.len();
-        assert!(
-            cached >= published,
-            "published {published} before cached {cached}"
-        );
-        if published == 1 && first_publish.is_none() {
-            first_publish = Some(Instant::now());
-        }
-        published == 1
-    })
-    .await;
+    let first_publish = nth_publish_after_its_cache_update(&b, 1).await;
     let published_after = first_publish.map(|t| t.duration_since(t0));
     assert!(
         published_after >= Some(delay),
@@ -219,20 +227,7 @@ async fn a_slow_cache_delays_publishing_until_it_acknowledged() {
         .dispatcher
         .queue
         .request("u1", RelistSource::EventedPleg, None));
-    let mut second_publish = None;
-    wait_until("the targeted relist published", || {
-        let published = b.published.len();
-        let cached = b.cache.len();
-        assert!(
-            cached >= published,
-            "published {published} before cached {cached}"
-        );
-        if published == 2 && second_publish.is_none() {
-            second_publish = Some(Instant::now());
-        }
-        published == 2
-    })
-    .await;
+    let second_publish = nth_publish_after_its_cache_update(&b, 2).await;
     assert!(second_publish.map(|t| t.duration_since(asked)) >= Some(delay));
     let cached = b.cache.all();
     assert_eq!(cached[1].global_timestamp, None, "a targeted relist");

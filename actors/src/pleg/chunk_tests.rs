@@ -1,0 +1,424 @@
+//! A global relist in chunks gives exactly what one of all pods at once gives: the
+//! same cache updates and events in the same order, the same records, the same pods
+//! to reinspect — on random nodes, including what only a runtime gone wrong lists
+//! (ids listed twice, under two pods; containers whose sandbox is not listed).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+
+use super::record::PodRecord;
+use super::*;
+use plegd_runtime::{
+    Container, ContainerState, ContainerStatus, EventStream, NodeLists, PodRef, RuntimeClient,
+    RuntimeError, RuntimeVersion, Sandbox, SandboxState,
+};
+
+/// A runtime that lists what the test says, in the test's order, and answers status
+/// calls from those lists (the last listed entry of an id).
+#[derive(Default)]
+struct Scripted {
+    node: Mutex<Node>,
+}
+
+#[derive(Clone, Default)]
+struct Node {
+    sandboxes: Vec<Sandbox>,
+    containers: Vec<Container>,
+    /// Container ids whose ContainerStatus fails (Unavailable).
+    failing: HashSet<String>,
+    /// Container ids whose ContainerStatus answers NotFound (gone after the list).
+    gone: HashSet<String>,
+    /// Hand the lists over as CRI's bytes (`CriRuntime`'s path), else decoded.
+    wire: bool,
+}
+
+fn rpc(op: &'static str, code: tonic::Code) -> RuntimeError {
+    RuntimeError::Rpc {
+        op,
+        code,
+        message: "scripted".into(),
+    }
+}
+
+#[async_trait]
+impl RuntimeClient for Scripted {
+    async fn version(&self) -> Result<RuntimeVersion, RuntimeError> {
+        Ok(RuntimeVersion {
+            runtime_name: "scripted".into(),
+            runtime_version: "0".into(),
+            runtime_api_version: "v1".into(),
+        })
+    }
+    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
+        let node = self.node.lock().unwrap();
+        Ok(node
+            .sandboxes
+            .iter()
+            .filter(|s| id.is_none_or(|id| s.id == id))
+            .cloned()
+            .collect())
+    }
+    async fn list_containers(&self, sb: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
+        let node = self.node.lock().unwrap();
+        Ok(node
+            .containers
+            .iter()
+            .filter(|c| sb.is_none_or(|sb| c.sandbox_id == sb))
+            .cloned()
+            .collect())
+    }
+    async fn list_node(&self) -> Result<NodeLists, RuntimeError> {
+        let node = self.node.lock().unwrap();
+        Ok(if node.wire {
+            NodeLists::encoded(&node.sandboxes, &node.containers)
+        } else {
+            NodeLists::Decoded {
+                sandboxes: node.sandboxes.clone(),
+                containers: node.containers.clone(),
+            }
+        })
+    }
+    async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
+        let node = self.node.lock().unwrap();
+        node.sandboxes
+            .iter()
+            .rev()
+            .find(|s| s.id == id)
+            .cloned()
+            .ok_or_else(|| rpc("PodSandboxStatus", tonic::Code::NotFound))
+    }
+    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        let node = self.node.lock().unwrap();
+        if node.failing.contains(id) {
+            return Err(rpc("ContainerStatus", tonic::Code::Unavailable));
+        }
+        if node.gone.contains(id) {
+            return Err(rpc("ContainerStatus", tonic::Code::NotFound));
+        }
+        let c = node
+            .containers
+            .iter()
+            .rev()
+            .find(|c| c.id == id)
+            .ok_or_else(|| rpc("ContainerStatus", tonic::Code::NotFound))?;
+        let exited = c.state == ContainerState::Exited;
+        Ok(ContainerStatus {
+            id: c.id.clone(),
+            sandbox_id: c.sandbox_id.clone(),
+            name: c.name.clone(),
+            attempt: c.attempt,
+            state: c.state,
+            created_at: c.created_at,
+            started_at: c.created_at + 1,
+            finished_at: if exited { c.created_at + 2 } else { 0 },
+            exit_code: if exited { c.attempt as i32 } else { 0 },
+            reason: if exited {
+                "Error".into()
+            } else {
+                String::new()
+            },
+            message: String::new(),
+            image: format!("img-{}", c.name),
+        })
+    }
+    async fn container_events(&self) -> Result<EventStream, RuntimeError> {
+        Ok(futures::stream::pending().boxed())
+    }
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
+    }
+}
+
+/// Random changes to the node. `ids`: how many distinct sandbox / container ids to
+/// draw from (few: ids are listed twice, and containers name sandboxes not listed).
+fn mutate(node: &mut Node, rng: &mut Rng, pods: usize, ids: usize, step: usize) {
+    let sandbox_state = |r: usize| [SandboxState::Ready, SandboxState::NotReady][r % 2];
+    let container_state = |r: usize| {
+        [
+            ContainerState::Created,
+            ContainerState::Running,
+            ContainerState::Running,
+            ContainerState::Exited,
+            ContainerState::Unknown,
+        ][r % 5]
+    };
+    for _ in 0..1 + rng.below(6) {
+        match rng.below(10) {
+            0 | 1 => {
+                let uid = format!("pod-{:02}", rng.below(pods));
+                let mut labels = BTreeMap::new();
+                labels.insert("app".to_string(), format!("a{}", rng.below(3)));
+                node.sandboxes.push(Sandbox {
+                    id: format!("sb-{}", rng.below(ids)),
+                    pod: PodRef {
+                        name: format!("name-{uid}-{}", rng.below(2)),
+                        uid,
+                        namespace: "ns".into(),
+                    },
+                    attempt: rng.below(3) as u32,
+                    state: sandbox_state(rng.below(2)),
+                    created_at: step as i64,
+                    labels,
+                });
+            }
+            2 => {
+                if !node.sandboxes.is_empty() {
+                    let i = rng.below(node.sandboxes.len());
+                    node.sandboxes.remove(i);
+                }
+            }
+            3 => {
+                let n = node.sandboxes.len();
+                if let Some(s) = node.sandboxes.get_mut(rng.below(n)) {
+                    s.state = sandbox_state(rng.below(2));
+                }
+            }
+            4..=6 => {
+                // Mostly in a listed sandbox; sometimes in one that is not.
+                let sandbox_id = match node.sandboxes.get(rng.below(node.sandboxes.len() + 1)) {
+                    Some(s) => s.id.clone(),
+                    None => format!("sb-{}", rng.below(ids)),
+                };
+                node.containers.push(Container {
+                    id: format!("c-{}", rng.below(ids * 3)),
+                    sandbox_id,
+                    name: format!("app-{}", rng.below(3)),
+                    attempt: rng.below(3) as u32,
+                    state: container_state(rng.below(5)),
+                    created_at: step as i64,
+                });
+            }
+            7 => {
+                if !node.containers.is_empty() {
+                    let i = rng.below(node.containers.len());
+                    node.containers.remove(i);
+                }
+            }
+            8 => {
+                let n = node.containers.len();
+                if let Some(c) = node.containers.get_mut(rng.below(n)) {
+                    c.state = container_state(rng.below(5));
+                }
+            }
+            _ => {
+                let n = node.containers.len();
+                if let Some(c) = node.containers.get(rng.below(n)) {
+                    let id = c.id.clone();
+                    match rng.below(4) {
+                        0 => drop(node.failing.insert(id)),
+                        1 => drop(node.gone.insert(id)),
+                        _ => {
+                            node.failing.clear();
+                            node.gone.clear();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a relist gave, without the read times (the plegs read one after the other);
+/// the held pods as a set (a chunk reports its own).
+fn comparable(out: &RelistOutput) -> (Vec<String>, Vec<String>, Vec<String>, usize, usize) {
+    let cache = out
+        .cache
+        .iter()
+        .map(|u| match u {
+            CacheUpdate::Set { uid, status, .. } => format!("set {uid} {status:?}"),
+            CacheUpdate::Delete { uid, .. } => format!("delete {uid}"),
+        })
+        .collect();
+    let events = out
+        .events
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            e.time = std::time::SystemTime::UNIX_EPOCH;
+            format!("{e:?}")
+        })
+        .collect();
+    let mut held = out.held.clone();
+    held.sort();
+    (cache, events, held, out.status_errors, out.pods_inspected)
+}
+
+/// Every pod's record and whether it awaits reinspection.
+fn state(p: &GenericPleg, pods: usize) -> Vec<(Option<PodRecord>, bool)> {
+    (0..pods)
+        .map(|i| {
+            let uid = format!("pod-{i:02}");
+            (p.record(&uid).cloned(), p.needs_reinspection(&uid))
+        })
+        .collect()
+}
+
+/// Random nodes, global relist after global relist (some pods held by a sync, some
+/// reads failing): plegs reading 1, 2, 3 and all pods per chunk agree with one that
+/// rebuilds every pod at once with its records (plegd's relist before chunks and the
+/// change check), every relist, on the output, the records and the pods to reinspect.
+/// Few ids (ids listed twice, containers of unlisted sandboxes: the first relist is
+/// chunked, later ones group everything with the records) and many (later relists
+/// rebuild only what changed, in chunks too); decoded lists and CRI's bytes.
+#[tokio::test]
+async fn global_relists_in_chunks_give_what_one_relist_at_once_gives() {
+    let mut relists = 0;
+    for seed in 1..=24u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let (pods, ids) = if seed % 2 == 0 { (12, 6) } else { (16, 400) };
+        let runtime = Arc::new(Scripted::default());
+        runtime.node.lock().unwrap().wire = seed % 3 == 0;
+        // The reference: every pod rebuilt at once, every relist (as before chunks).
+        let mut plegs = vec![GenericPleg::new(runtime.clone(), 3).rebuilding_all_at_once()];
+        plegs.extend(
+            [usize::MAX, 1, 2, 3]
+                .into_iter()
+                .map(|n| GenericPleg::new(runtime.clone(), 3).with_chunk_pods(n)),
+        );
+        for step in 0..40 {
+            {
+                let mut node = runtime.node.lock().unwrap();
+                // A populated node at the first relist.
+                for _ in 0..if step == 0 { 6 } else { 1 } {
+                    mutate(&mut node, &mut rng, pods, ids, step);
+                }
+            }
+            let held: HashSet<String> = (0..rng.below(3))
+                .map(|_| format!("pod-{:02}", rng.below(pods)))
+                .collect();
+            let held = |uid: &str| held.contains(uid);
+            let mut outs = Vec::new();
+            for p in &mut plegs {
+                outs.push(p.relist(&RelistScope::Global, &held).await.unwrap());
+            }
+            relists += 1;
+            let want = comparable(&outs[0]);
+            let want_state = state(&plegs[0], pods);
+            for (i, (out, p)) in outs.iter().zip(&plegs).enumerate().skip(1) {
+                assert_eq!(comparable(out), want, "seed {seed} step {step} pleg {i}");
+                assert_eq!(
+                    state(p, pods),
+                    want_state,
+                    "seed {seed} step {step} pleg {i}"
+                );
+                assert_eq!(p.pod_count(), plegs[0].pod_count());
+            }
+        }
+    }
+    assert_eq!(relists, 24 * 40);
+}
+
+/// The chunks come in UID order, each pod in one of them, the last flagged so; a
+/// node with no pod still gets one (empty) last chunk.
+#[tokio::test]
+async fn each_pod_is_in_one_chunk_and_the_last_chunk_is_flagged() {
+    let runtime = Arc::new(Scripted::default());
+    let mut p = GenericPleg::new(runtime.clone(), 3).with_chunk_pods(4);
+    let mut chunks = Vec::new();
+    p.relist_global(&|_| false, |out, last| {
+        chunks.push((out.cache.len(), last));
+        std::future::ready(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(chunks, [(0, true)]);
+
+    {
+        let mut node = runtime.node.lock().unwrap();
+        for i in (0..10).rev() {
+            node.sandboxes.push(Sandbox {
+                id: format!("sb-{i}"),
+                pod: PodRef {
+                    uid: format!("pod-{i:02}"),
+                    name: format!("n{i}"),
+                    namespace: "ns".into(),
+                },
+                attempt: 0,
+                state: SandboxState::Ready,
+                created_at: 1,
+                labels: BTreeMap::new(),
+            });
+        }
+    }
+    let mut p = GenericPleg::new(runtime, 3).with_chunk_pods(4);
+    let mut chunks = Vec::new();
+    p.relist_global(&|_| false, |out, last| {
+        let uids: Vec<String> = out
+            .cache
+            .iter()
+            .map(|u| match u {
+                CacheUpdate::Set { uid, .. } | CacheUpdate::Delete { uid, .. } => uid.clone(),
+            })
+            .collect();
+        chunks.push((uids, last));
+        std::future::ready(())
+    })
+    .await
+    .unwrap();
+    let uids = |r: std::ops::Range<usize>| r.map(|i| format!("pod-{i:02}")).collect::<Vec<_>>();
+    assert_eq!(
+        chunks,
+        [
+            (uids(0..4), false),
+            (uids(4..8), false),
+            (uids(8..10), true)
+        ]
+    );
+}
+
+/// Each chunk is handed over before the next one's statuses are read.
+#[tokio::test]
+async fn a_chunk_is_handed_over_before_the_next_is_read() {
+    let runtime = Arc::new(Scripted::default());
+    {
+        let mut node = runtime.node.lock().unwrap();
+        for i in 0..6 {
+            node.sandboxes.push(Sandbox {
+                id: format!("sb-{i}"),
+                pod: PodRef {
+                    uid: format!("pod-{i:02}"),
+                    name: format!("n{i}"),
+                    namespace: "ns".into(),
+                },
+                attempt: 0,
+                state: SandboxState::Ready,
+                created_at: 1,
+                labels: BTreeMap::new(),
+            });
+            node.containers.push(Container {
+                id: format!("c-{i}"),
+                sandbox_id: format!("sb-{i}"),
+                name: "app".into(),
+                attempt: 0,
+                state: ContainerState::Running,
+                created_at: 1,
+            });
+        }
+    }
+    // Between two chunks the test makes every later read fail: only pods of later
+    // chunks see it.
+    let mut p = GenericPleg::new(runtime.clone(), 3).with_chunk_pods(2);
+    let mut errors = Vec::new();
+    p.relist_global(&|_| false, |out, _| {
+        errors.push(out.status_errors);
+        let mut node = runtime.node.lock().unwrap();
+        node.failing = (0..6).map(|i| format!("c-{i}")).collect();
+        std::future::ready(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(errors, [0, 2, 2]);
+    assert!(p.needs_reinspection("pod-02") && !p.needs_reinspection("pod-01"));
+}
