@@ -451,9 +451,9 @@ impl GenericPleg {
     /// A targeted relist reads only this pod. A known pod's sandboxes and containers
     /// are listed by sandbox id, all at once (its cost does not grow with the node);
     /// a pod plegd has not seen yet can only be found in the whole list. Always
-    /// re-reads the status
-    /// (that is what was asked for); a pod that is gone and unknown is a no-op. A new
-    /// sandbox of a known pod (a recreated sandbox) is found by the next global relist.
+    /// re-reads the status (that is what was asked for); a pod that is gone and unknown
+    /// is a no-op. A new sandbox of a known pod (a recreated sandbox) is found by the
+    /// next global relist.
     async fn pod_work(&self, uid: &str, source: RelistSource) -> Result<Vec<Work>, RuntimeError> {
         // Sorted (`list_known_pod` searches it).
         let known: Vec<String> = self
