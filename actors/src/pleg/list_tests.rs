@@ -101,13 +101,9 @@ impl Lists {
         self.in_flight.lock().unwrap().remove(me);
     }
 
-    /// The pod of this sandbox goes away (containers and sandbox).
-    fn remove_pod_of(&self, sandbox_id: &str) {
-        self.inner.remove_pod(sandbox_id);
-    }
-
+    /// Waits until the other list has answered (`PATIENCE` at most: lists awaited one
+    /// after the other never get there, and the test then fails on what they said).
     async fn wait_first(&self) {
-        // Generous: under the old sequential code this would be the only wait.
         let _ = tokio::time::timeout(PATIENCE, self.first.notified()).await;
     }
 }
@@ -126,11 +122,11 @@ impl Intercept for Lists {
             Script::Rendezvous => self.rendezvous("sandboxes").await,
             Script::ContainersThenRemove => {
                 self.wait_first().await;
-                self.remove_pod_of(id);
+                self.inner.remove_pod(id);
             }
             Script::SandboxesThenRemove => {
                 let out = self.inner.list_sandboxes(Some(id)).await;
-                self.remove_pod_of(id);
+                self.inner.remove_pod(id);
                 self.first.notify_one();
                 return out;
             }
