@@ -7,6 +7,7 @@ use plegd_sim::{FakeRuntime, Op};
 
 use integration_tests::sim::raw_client;
 use integration_tests::sim::serve;
+use integration_tests::wait::wait_until;
 
 fn pod(uid: &str, name: &str, namespace: &str) -> PodRef {
     PodRef {
@@ -264,4 +265,56 @@ async fn list_filters_are_honoured() {
         .into_inner();
     assert!(resp.containers_statuses.is_empty());
     assert_eq!(resp.status.unwrap().metadata.unwrap().uid, "uid-1");
+}
+
+/// Issue 11 goal 5: the global relist's ListPodSandbox and ListContainers were awaited
+/// one after the other (two round trips, while targeted requests wait). Either one
+/// failing still fails the node's lists.
+#[tokio::test]
+async fn the_node_lists_are_in_flight_together() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("uid-1", "web-1", "ns");
+    rt.run_container(&sb, "app");
+    let (_dir, _server, client) = serve(&rt).await;
+    let client = std::sync::Arc::new(client);
+    // ListPodSandbox answers only after the client's timeout: one after the other,
+    // ListContainers would never be called.
+    rt.set_latency(Op::ListSandboxes, std::time::Duration::from_secs(60));
+    let lists = tokio::spawn({
+        let client = client.clone();
+        async move { client.list_node().await.map(|_| ()) }
+    });
+    wait_until("ListContainers while ListPodSandbox is in flight", || {
+        rt.calls(Op::ListContainers) == 1
+    })
+    .await;
+    assert_eq!(rt.calls(Op::ListSandboxes), 1);
+    let timed_out = lists.await.expect("the lists' task");
+    // Past the request timeout (tonic's own, or plegd's around it).
+    assert!(
+        matches!(
+            timed_out,
+            Err(RuntimeError::Timeout {
+                op: "ListPodSandbox",
+                ..
+            } | RuntimeError::Rpc {
+                op: "ListPodSandbox",
+                code: tonic::Code::Cancelled | tonic::Code::DeadlineExceeded,
+                ..
+            })
+        ),
+        "{timed_out:?}"
+    );
+    rt.set_latency(Op::ListSandboxes, std::time::Duration::ZERO);
+
+    rt.fail(Op::ListContainers, tonic::Code::Unavailable, Some(1));
+    let err = client.list_node().await.err();
+    assert!(
+        err.as_ref()
+            .is_some_and(|e| e.code() == tonic::Code::Unavailable),
+        "{err:?}"
+    );
+    let lists = client.list_node().await.unwrap();
+    let view = lists.view().unwrap();
+    assert_eq!((view.sandboxes.len(), view.containers.len()), (1, 1));
 }

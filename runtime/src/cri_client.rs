@@ -309,22 +309,21 @@ impl RuntimeClient for CriRuntime {
     }
 
     /// The two lists undecoded: the global relist reads them in place and decodes only
-    /// the pods that changed (issue 11).
+    /// the pods that changed (issue 11). Both are in flight at once: a global relist
+    /// waits for one round trip, not two (targeted requests wait for it). Either
+    /// failing fails both.
     async fn list_node(&self) -> Result<NodeLists, RuntimeError> {
-        let sandboxes = self
-            .raw_unary(
-                "ListPodSandbox",
-                "/runtime.v1.RuntimeService/ListPodSandbox",
-                cri::ListPodSandboxRequest::default(),
-            )
-            .await?;
-        let containers = self
-            .raw_unary(
-                "ListContainers",
-                "/runtime.v1.RuntimeService/ListContainers",
-                cri::ListContainersRequest::default(),
-            )
-            .await?;
+        let sandboxes = self.raw_unary(
+            "ListPodSandbox",
+            "/runtime.v1.RuntimeService/ListPodSandbox",
+            cri::ListPodSandboxRequest::default(),
+        );
+        let containers = self.raw_unary(
+            "ListContainers",
+            "/runtime.v1.RuntimeService/ListContainers",
+            cri::ListContainersRequest::default(),
+        );
+        let (sandboxes, containers) = futures::try_join!(sandboxes, containers)?;
         Ok(NodeLists::Wire {
             sandboxes,
             containers,

@@ -21,6 +21,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use futures::future::try_join_all;
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 
@@ -448,11 +449,13 @@ impl GenericPleg {
     }
 
     /// A targeted relist reads only this pod. A known pod's sandboxes and containers
-    /// are listed by sandbox id (its cost does not grow with the node); a pod plegd
-    /// has not seen yet can only be found in the whole list. Always re-reads the status
-    /// (that is what was asked for); a pod that is gone and unknown is a no-op. A new
-    /// sandbox of a known pod (a recreated sandbox) is found by the next global relist.
+    /// are listed by sandbox id, all at once (its cost does not grow with the node);
+    /// a pod plegd has not seen yet can only be found in the whole list. Always
+    /// re-reads the status (that is what was asked for); a pod that is gone and unknown
+    /// is a no-op. A new sandbox of a known pod (a recreated sandbox) is found by the
+    /// next global relist.
     async fn pod_work(&self, uid: &str, source: RelistSource) -> Result<Vec<Work>, RuntimeError> {
+        // Sorted (`list_known_pod` searches it).
         let known: Vec<String> = self
             .records
             .get(uid)
@@ -464,28 +467,11 @@ impl GenericPleg {
                     .collect()
             })
             .unwrap_or_default();
-        let mut sandboxes = Vec::new();
-        if known.is_empty() {
-            sandboxes.extend(
-                self.runtime
-                    .list_sandboxes(None)
-                    .await?
-                    .into_iter()
-                    .filter(|s| s.pod.uid == uid),
-            );
+        let (sandboxes, containers) = if known.is_empty() {
+            self.list_new_pod(uid).await?
         } else {
-            for id in &known {
-                sandboxes.extend(self.runtime.list_sandboxes(Some(id)).await?);
-            }
-        }
-        // Containers are listed by every sandbox id of the pod, listed now or known
-        // before: a sandbox missing from one list keeps its containers attached.
-        let mut ids: BTreeSet<&str> = known.iter().map(String::as_str).collect();
-        ids.extend(sandboxes.iter().map(|s| s.id.as_str()));
-        let mut containers = Vec::new();
-        for id in ids {
-            containers.extend(self.runtime.list_containers(Some(id)).await?);
-        }
+            self.list_known_pod(&known).await?
+        };
         let previous: HashMap<String, PodRecord> = self
             .records
             .get(uid)
@@ -511,6 +497,62 @@ impl GenericPleg {
             reinspect: self.reinspect.contains(uid),
             listed,
         }])
+    }
+
+    /// The lists of a pod plegd has not seen: its sandboxes can only be found in the
+    /// whole list, then their containers are listed by sandbox id.
+    async fn list_new_pod(
+        &self,
+        uid: &str,
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+        let sandboxes: Vec<Sandbox> = self
+            .runtime
+            .list_sandboxes(None)
+            .await?
+            .into_iter()
+            .filter(|s| s.pod.uid == uid)
+            .collect();
+        let ids: BTreeSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
+        let containers = self.list_containers_of(ids).await?;
+        Ok((sandboxes, containers))
+    }
+
+    /// The lists of a known pod, by its sandbox ids: each sandbox and each sandbox's
+    /// containers, all at once (one round trip, not one per call: a single exit's
+    /// relist waits for these before its status read). Containers are listed by every
+    /// known id, listed now or not: a sandbox missing from one list keeps its
+    /// containers attached. Any call that fails fails the pod's lists.
+    async fn list_known_pod(
+        &self,
+        known: &[String],
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+        let sandboxes = try_join_all(known.iter().map(|id| self.runtime.list_sandboxes(Some(id))));
+        let containers = self.list_containers_of(known.iter().map(String::as_str));
+        let (sandboxes, mut containers) = futures::try_join!(sandboxes, containers)?;
+        let sandboxes: Vec<Sandbox> = sandboxes.into_iter().flatten().collect();
+        // A sandbox listed under an id plegd did not ask by (a runtime whose filter
+        // matched another sandbox): its containers too, as for any listed sandbox.
+        let more: BTreeSet<&str> = sandboxes
+            .iter()
+            .map(|s| s.id.as_str())
+            .filter(|id| known.binary_search_by(|k| k.as_str().cmp(id)).is_err())
+            .collect();
+        if !more.is_empty() {
+            containers.extend(self.list_containers_of(more).await?);
+        }
+        Ok((sandboxes, containers))
+    }
+
+    /// ListContainers by each of these sandbox ids, at once.
+    async fn list_containers_of<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Vec<Container>, RuntimeError> {
+        let lists = try_join_all(
+            ids.into_iter()
+                .map(|id| self.runtime.list_containers(Some(id))),
+        );
+        Ok(lists.await?.into_iter().flatten().collect())
     }
 
     async fn process(&mut self, work: Vec<Work>, held: &dyn Fn(&str) -> bool) -> RelistOutput {

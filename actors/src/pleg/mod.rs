@@ -19,6 +19,8 @@ pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
 #[cfg(test)]
 mod chunk_tests;
 #[cfg(test)]
+mod list_tests;
+#[cfg(test)]
 mod status_tests;
 #[cfg(test)]
 mod tests;
