@@ -46,6 +46,9 @@ struct Sample {
     raw_cri: Option<Instant>,
     /// The raw /tasks/exit's arrival (containerd's event service).
     raw_task: Option<Instant>,
+    /// The reads of a targeted relist of the pod, made by the harness after plegd
+    /// reported the death: (both lists, ContainerStatus), singles only.
+    reads: Option<(Duration, Duration)>,
 }
 
 /// The raw subscribers.
@@ -298,12 +301,18 @@ fn exits(
         if finished_ns == 0 {
             bail!("{id} was killed but has no finished_at");
         }
+        // After a single exit, containerd is quiet again: what plegd's reads cost then.
+        let reads = match ids.len() {
+            1 => Some(rt.block_on(cri.time_targeted_reads(id))?),
+            _ => None,
+        };
         out.push(Sample {
             killed,
             finished_ns,
             plegd: seen.into_iter().next(),
             raw_cri,
             raw_task,
+            reads,
         });
     }
     Ok(out)
@@ -403,6 +412,19 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor
             "| {what}: found by (plegd's relist_source) | {} |",
             sources(set)
         );
+        let reads: Vec<(Duration, Duration)> = set.iter().filter_map(|s| s.reads).collect();
+        if !reads.is_empty() {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            let lists: Vec<f64> = reads.iter().map(|r| ms(r.0)).collect();
+            let status: Vec<f64> = reads.iter().map(|r| ms(r.1)).collect();
+            let both: Vec<f64> = reads.iter().map(|r| ms(r.0 + r.1)).collect();
+            println!(
+                "| {what}: the targeted relist's reads, made by the harness after plegd reported: both filtered lists in flight together; then ContainerStatus; the two | {}; {}; {} |",
+                cell(&lists),
+                cell(&status),
+                cell(&both)
+            );
+        }
     }
     for (i, b) in bursts.iter().enumerate() {
         let last_plegd = b

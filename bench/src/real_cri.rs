@@ -205,6 +205,57 @@ impl RealCri {
         Ok(st.finished_at)
     }
 
+    /// Times the reads of a targeted relist of this container's pod, as plegd makes
+    /// them: ListPodSandbox and ListContainers filtered by its sandbox, in flight
+    /// together, then the container's ContainerStatus. (The sandbox is looked up
+    /// first, untimed.) Returns (both lists, ContainerStatus).
+    pub async fn time_targeted_reads(&self, id: &str) -> Result<(Duration, Duration)> {
+        let sandbox = self
+            .c()
+            .list_containers(req(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    id: id.to_string(),
+                    ..Default::default()
+                }),
+            }))
+            .await
+            .with_context(|| format!("ListContainers {id}"))?
+            .into_inner()
+            .containers
+            .into_iter()
+            .next()
+            .with_context(|| format!("ListContainers {id}: not listed"))?
+            .pod_sandbox_id;
+        let (mut a, mut b) = (self.c(), self.c());
+        let start = Instant::now();
+        futures::try_join!(
+            async {
+                a.list_pod_sandbox(req(cri::ListPodSandboxRequest {
+                    filter: Some(cri::PodSandboxFilter {
+                        id: sandbox.clone(),
+                        ..Default::default()
+                    }),
+                }))
+                .await
+                .with_context(|| format!("ListPodSandbox {sandbox}"))
+            },
+            async {
+                b.list_containers(req(cri::ListContainersRequest {
+                    filter: Some(cri::ContainerFilter {
+                        pod_sandbox_id: sandbox.clone(),
+                        ..Default::default()
+                    }),
+                }))
+                .await
+                .with_context(|| format!("ListContainers of {sandbox}"))
+            }
+        )?;
+        let lists = start.elapsed();
+        let start = Instant::now();
+        self.finished_at(id).await?;
+        Ok((lists, start.elapsed()))
+    }
+
     /// StopPodSandbox then RemovePodSandbox (its containers go with it).
     pub async fn remove_pod(&self, id: &str) -> Result<()> {
         self.c()
