@@ -37,6 +37,8 @@ pub mod spans;
 mod stream;
 mod subscription;
 mod sync;
+#[cfg(test)]
+mod testing;
 mod wiring;
 
 pub use cache::{CacheSnapshot, CachedPod, PodCache, PodLookup};

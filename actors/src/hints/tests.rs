@@ -31,16 +31,7 @@ use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
 use crate::stream::reconnect::ReconnectPolicy;
 use crate::sync::HeldPods;
-
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + TIMEOUT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
+use crate::testing::wait_until;
 
 fn policy(cap: Duration) -> ReconnectPolicy {
     ReconnectPolicy::new(Duration::from_millis(10), cap, Duration::from_secs(60)).unwrap()

@@ -8,28 +8,14 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::tests::{global, try_targeted as targeted};
 use super::*;
-use crate::event::{EventKind, EventKind::*, RelistSource};
+use crate::event::{EventKind, EventKind::*};
 use plegd_runtime::{Container, RuntimeClient, RuntimeError, Sandbox};
 use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
 
 /// Far longer than any wait in these tests: a wait that reaches it is the failure.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-async fn global(p: &mut GenericPleg) -> RelistOutput {
-    p.relist(&RelistScope::Global, &|_| false).await.unwrap()
-}
-
-async fn targeted(p: &mut GenericPleg, uid: &str) -> Result<RelistOutput, RuntimeError> {
-    p.relist(
-        &RelistScope::Pod {
-            uid: uid.into(),
-            source: RelistSource::EventedPleg,
-        },
-        &|_| false,
-    )
-    .await
-}
 
 /// (kind, id) pairs of one pod's events, sorted.
 fn evs(out: &RelistOutput) -> Vec<(EventKind, String)> {

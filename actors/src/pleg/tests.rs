@@ -13,11 +13,15 @@ fn pleg(rt: &FakeRuntime) -> GenericPleg {
     GenericPleg::new(Arc::new(rt.clone()), 4)
 }
 
-async fn global(p: &mut GenericPleg) -> RelistOutput {
+pub(super) async fn global(p: &mut GenericPleg) -> RelistOutput {
     p.relist(&RelistScope::Global, &|_| false).await.unwrap()
 }
 
-async fn targeted(p: &mut GenericPleg, uid: &str) -> RelistOutput {
+/// A targeted relist of `uid` as the CRI event stream asks for it.
+pub(super) async fn try_targeted(
+    p: &mut GenericPleg,
+    uid: &str,
+) -> Result<RelistOutput, RuntimeError> {
     p.relist(
         &RelistScope::Pod {
             uid: uid.into(),
@@ -26,7 +30,10 @@ async fn targeted(p: &mut GenericPleg, uid: &str) -> RelistOutput {
         &|_| false,
     )
     .await
-    .unwrap()
+}
+
+async fn targeted(p: &mut GenericPleg, uid: &str) -> RelistOutput {
+    try_targeted(p, uid).await.unwrap()
 }
 
 /// (pod uid, kind, id) triples, sorted for order-free comparison across pods.

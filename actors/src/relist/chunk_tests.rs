@@ -6,7 +6,7 @@
 //! stop in the middle.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
 use plegd_sim::FakeRuntime;
@@ -21,17 +21,7 @@ use crate::pleg::{CacheUpdate, GenericPleg};
 use crate::publisher::Publish;
 use crate::revision::Revisions;
 use crate::sync::HeldPods;
-
-/// Generous: CI machines are slow and shared.
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + TIMEOUT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
+use crate::testing::wait_until;
 
 // The Recorder hands the test copies (see relist/tests.rs for ApplyRelist's).
 fn copy(a: &ApplyRelist) -> (Vec<CacheUpdate>, Option<SystemTime>, Vec<String>, u64, bool) {

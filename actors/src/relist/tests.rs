@@ -21,6 +21,7 @@ use crate::mock::{Recorded, Recorder, RecorderConfig};
 use crate::pleg::{CacheUpdate, GenericPleg};
 use crate::publisher::Publish;
 use crate::sync::HeldPods;
+use crate::testing::wait_until;
 
 // Nothing in production copies these messages; the Recorder hands the test copies.
 // (If cache.rs or publisher.rs ever derive Clone, delete these.)
@@ -40,18 +41,6 @@ impl Clone for ApplyRelist {
 impl Clone for Publish {
     fn clone(&self) -> Self {
         Publish(self.0.clone())
-    }
-}
-
-/// Generous: CI machines are slow and shared.
-const TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Polls `cond` until it holds; panics with `what` after [`TIMEOUT`].
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + TIMEOUT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 

@@ -3,7 +3,7 @@
 //! release ask of the dispatcher is visible — including when the queue is full.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use plegd_telemetry::{Metrics, RelistSource, RequestResult};
@@ -15,8 +15,7 @@ use crate::mock::{Recorded, Recorder, RecorderConfig};
 use crate::relist::dispatcher::{BringForward, RequestRelist};
 use crate::relist::queue::RelistQueue;
 use crate::relist::router::RelistRouter;
-
-const TIMEOUT: Duration = Duration::from_secs(20);
+use crate::testing::wait_until;
 
 struct Gates {
     gates: SyncGates,
@@ -44,14 +43,6 @@ fn gates(queue: RecorderConfig, idle: Duration) -> Gates {
         held,
         requests,
         metrics,
-    }
-}
-
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + TIMEOUT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 
