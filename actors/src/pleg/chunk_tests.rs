@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 
 use super::record::PodRecord;
+use super::status_tests::Rng;
 use super::*;
 use plegd_runtime::{
     Container, ContainerState, ContainerStatus, EventStream, NodeLists, PodRef, RuntimeClient,
@@ -129,18 +130,6 @@ impl RuntimeClient for Scripted {
     }
 }
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
-    }
-}
-
 /// Random changes to the node. `ids`: how many distinct sandbox / container ids to
 /// draw from (few: ids are listed twice, and containers name sandboxes not listed).
 fn mutate(node: &mut Node, rng: &mut Rng, pods: usize, ids: usize, step: usize) {
@@ -233,23 +222,7 @@ fn mutate(node: &mut Node, rng: &mut Rng, pods: usize, ids: usize, step: usize) 
 /// What a relist gave, without the read times (the plegs read one after the other);
 /// the held pods as a set (a chunk reports its own).
 fn comparable(out: &RelistOutput) -> (Vec<String>, Vec<String>, Vec<String>, usize, usize) {
-    let cache = out
-        .cache
-        .iter()
-        .map(|u| match u {
-            CacheUpdate::Set { uid, status, .. } => format!("set {uid} {status:?}"),
-            CacheUpdate::Delete { uid, .. } => format!("delete {uid}"),
-        })
-        .collect();
-    let events = out
-        .events
-        .iter()
-        .map(|e| {
-            let mut e = e.clone();
-            e.time = std::time::SystemTime::UNIX_EPOCH;
-            format!("{e:?}")
-        })
-        .collect();
+    let (cache, events) = super::status_tests::comparable(out);
     let mut held = out.held.clone();
     held.sort();
     (cache, events, held, out.status_errors, out.pods_inspected)

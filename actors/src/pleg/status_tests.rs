@@ -236,10 +236,10 @@ async fn a_sandbox_is_never_read_with_pod_sandbox_status() {
 }
 
 /// A small deterministic generator (xorshift64*).
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn below(&mut self, n: usize) -> usize {
+    pub(super) fn below(&mut self, n: usize) -> usize {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -248,7 +248,7 @@ impl Rng {
 }
 
 /// What a relist gave, without the read times (the two nodes read one after the other).
-fn comparable(out: &RelistOutput) -> (Vec<String>, Vec<String>) {
+pub(super) fn comparable(out: &RelistOutput) -> (Vec<String>, Vec<String>) {
     let cache = out
         .cache
         .iter()
