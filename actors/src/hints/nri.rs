@@ -322,7 +322,7 @@ impl HintSource for Nri {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use plegd_nri::{Change, PodRef};
 
@@ -422,7 +422,7 @@ mod tests {
     }
 
     /// A read of pod `u1` (now) into the cache.
-    fn write(
+    pub(in crate::hints) fn write(
         owner: &mut crate::cache::CacheOwner,
         c1_state: ContainerState,
         s1_state: SandboxState,

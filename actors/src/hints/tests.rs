@@ -473,41 +473,11 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
 /// A cache holding pod `u1` with container `c1` running.
 fn cache_with_c1() -> (CacheOwner, crate::cache::PodCache) {
     let (mut owner, cache) = CacheOwner::new(Duration::from_secs(300));
-    let pod = plegd_runtime::PodRef {
-        uid: "u1".into(),
-        name: "web".into(),
-        namespace: "ns".into(),
-    };
-    let status = crate::pleg::PodStatus {
-        pod: pod.clone(),
-        sandboxes: vec![plegd_runtime::Sandbox {
-            id: "s1".into(),
-            pod,
-            attempt: 0,
-            state: plegd_runtime::SandboxState::Ready,
-            created_at: 1,
-            labels: Default::default(),
-        }],
-        containers: vec![plegd_runtime::ContainerStatus {
-            id: "c1".into(),
-            sandbox_id: "s1".into(),
-            name: "app".into(),
-            attempt: 0,
-            state: plegd_runtime::ContainerState::Running,
-            created_at: 1,
-            started_at: 1,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-        }],
-    };
-    owner.apply(crate::pleg::CacheUpdate::Set {
-        uid: "u1".into(),
-        status: Ok(status),
-        read_at: std::time::SystemTime::now(),
-    });
+    super::nri::tests::write(
+        &mut owner,
+        plegd_runtime::ContainerState::Running,
+        plegd_runtime::SandboxState::Ready,
+    );
     (owner, cache)
 }
 
