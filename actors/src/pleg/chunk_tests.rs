@@ -311,18 +311,7 @@ async fn each_pod_is_in_one_chunk_and_the_last_chunk_is_flagged() {
     {
         let mut node = runtime.node.lock().unwrap();
         for i in (0..10).rev() {
-            node.sandboxes.push(Sandbox {
-                id: format!("sb-{i}"),
-                pod: PodRef {
-                    uid: format!("pod-{i:02}"),
-                    name: format!("n{i}"),
-                    namespace: "ns".into(),
-                },
-                attempt: 0,
-                state: SandboxState::Ready,
-                created_at: 1,
-                labels: BTreeMap::new(),
-            });
+            node.sandboxes.push(ready_sandbox(i));
         }
     }
     let mut p = GenericPleg::new(runtime, 3).with_chunk_pods(4);
@@ -352,24 +341,29 @@ async fn each_pod_is_in_one_chunk_and_the_last_chunk_is_flagged() {
 }
 
 /// Each chunk is handed over before the next one's statuses are read.
+/// Sandbox `sb-{i}` of pod `pod-{i:02}`, ready.
+fn ready_sandbox(i: usize) -> Sandbox {
+    Sandbox {
+        id: format!("sb-{i}"),
+        pod: PodRef {
+            uid: format!("pod-{i:02}"),
+            name: format!("n{i}"),
+            namespace: "ns".into(),
+        },
+        attempt: 0,
+        state: SandboxState::Ready,
+        created_at: 1,
+        labels: BTreeMap::new(),
+    }
+}
+
 #[tokio::test]
 async fn a_chunk_is_handed_over_before_the_next_is_read() {
     let runtime = Arc::new(Scripted::default());
     {
         let mut node = runtime.node.lock().unwrap();
         for i in 0..6 {
-            node.sandboxes.push(Sandbox {
-                id: format!("sb-{i}"),
-                pod: PodRef {
-                    uid: format!("pod-{i:02}"),
-                    name: format!("n{i}"),
-                    namespace: "ns".into(),
-                },
-                attempt: 0,
-                state: SandboxState::Ready,
-                created_at: 1,
-                labels: BTreeMap::new(),
-            });
+            node.sandboxes.push(ready_sandbox(i));
             node.containers.push(Container {
                 id: format!("c-{i}"),
                 sandbox_id: format!("sb-{i}"),
