@@ -179,15 +179,7 @@ mod tests {
     /// A CRI stream that is up and reported `MIN_LAGS` stops 40 ms after an early
     /// source announced them: the grace is 40 ms.
     fn reporting_stream() -> CriStops {
-        let stops = CriStops::default();
-        stops.set_streaming(true);
-        let t = Instant::now();
-        for i in 0..crate::hints::cri_stops::MIN_LAGS {
-            let id = format!("learned-{i}");
-            stops.announce(&id, t);
-            stops.reported(&id, t + Duration::from_millis(40));
-        }
-        stops
+        crate::hints::cri_stops::reporting_stream(Duration::from_millis(40))
     }
 
     /// Regression (issue 11): while the CRI stream reports the stops, a task event

@@ -148,6 +148,21 @@ fn forget_old(map: &mut HashMap<String, Instant>, now: Instant) {
     }
 }
 
+/// For the early sources' tests: a CRI stream that is up and has reported
+/// [`MIN_LAGS`] stops `lag` after an early source announced them (the grace is `lag`).
+#[cfg(test)]
+pub fn reporting_stream(lag: Duration) -> CriStops {
+    let stops = CriStops::default();
+    stops.set_streaming(true);
+    let t = Instant::now();
+    for i in 0..MIN_LAGS {
+        let id = format!("learned-{i}");
+        stops.announce(&id, t);
+        stops.reported(&id, t + lag);
+    }
+    stops
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -551,14 +551,7 @@ pub(super) mod tests {
     fn while_the_cri_stream_reports_stops_a_stop_hook_waits_for_its_grace() {
         use ContainerState::*;
         use SandboxState::*;
-        let stops = CriStops::default();
-        stops.set_streaming(true);
-        let t = Instant::now();
-        for i in 0..crate::hints::cri_stops::MIN_LAGS {
-            let id = format!("learned-{i}");
-            stops.announce(&id, t);
-            stops.reported(&id, t + Duration::from_millis(40));
-        }
+        let stops = crate::hints::cri_stops::reporting_stream(Duration::from_millis(40));
         let grace = stops.grace().expect("a grace");
         let mut source = Nri::new(
             PluginConfig::new("/nonexistent"),

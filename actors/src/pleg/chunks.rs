@@ -228,23 +228,9 @@ fn sorted(mut uids: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::record::tests::sandbox;
     use super::*;
-    use plegd_runtime::{Container, ContainerState, ListView, PodRef, Sandbox, SandboxState};
-
-    fn sandbox(id: &str, uid: &str) -> Sandbox {
-        Sandbox {
-            id: id.into(),
-            pod: PodRef {
-                uid: uid.into(),
-                name: uid.into(),
-                namespace: "ns".into(),
-            },
-            attempt: 0,
-            state: SandboxState::Ready,
-            created_at: 0,
-            labels: Default::default(),
-        }
-    }
+    use plegd_runtime::{Container, ContainerState, ListView};
 
     fn container(id: &str, sandbox_id: &str) -> Container {
         Container {

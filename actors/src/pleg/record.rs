@@ -122,10 +122,11 @@ pub fn group(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn sandbox(id: &str, uid: &str) -> Sandbox {
+    /// Sandbox `id` of pod `uid`, ready.
+    pub(in crate::pleg) fn sandbox(id: &str, uid: &str) -> Sandbox {
         Sandbox {
             id: id.into(),
             pod: PodRef {

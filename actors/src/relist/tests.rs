@@ -748,9 +748,10 @@ impl Intercept for Gated {
 
 /// `n` pods of one container each behind a [`Gated`] runtime, their first relist
 /// published; then every container exits, the gate closes and the first pod's request
-/// starts a batch that waits at the gate.
+/// starts a batch that waits at the gate. The dispatcher runs with `setup`.
 async fn a_batch_at_the_gate(
     n: usize,
+    setup: Setup,
 ) -> (
     Vec<(String, String, String)>,
     Arc<Intercepted<Gated>>,
@@ -759,7 +760,7 @@ async fn a_batch_at_the_gate(
     let rt = FakeRuntime::new();
     let pods = pods_with_a_container(&rt, n);
     let gated = Gated::new(rt.clone());
-    let b = start_on(gated.clone(), Setup::default());
+    let b = start_on(gated.clone(), setup);
     wait_until("the first relist published", || b.published.len() == 1).await;
     gated.close();
     for (_, _, c) in &pods {
@@ -837,28 +838,17 @@ impl Bench {
 async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped() {
     const PODS: usize = 100;
     const CAPACITY: usize = 8;
-    let rt = FakeRuntime::new();
-    let pods = pods_with_a_container(&rt, PODS);
-    let gated = Gated::new(rt.clone());
-    let b = start_on(
-        gated.clone(),
+    // A batch of the first pod starts and waits at the gate (nothing applied since
+    // the first relist).
+    let (pods, gated, b) = a_batch_at_the_gate(
+        PODS,
         Setup {
             capacity: CAPACITY,
             ..Setup::default()
         },
-    );
-    wait_until("the first relist published", || b.published.len() == 1).await;
+    )
+    .await;
     let applied = b.cache.len();
-    gated.close();
-    for (_, _, c) in &pods {
-        rt.exit_container(c, 1);
-    }
-    // A batch of the first pod starts and waits at the gate.
-    assert!(b
-        .dispatcher
-        .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None));
-    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
     let before_the_storm = Instant::now();
     // Every pod asked for twice meanwhile (the first pod too: its read may predate
     // the request), 200 requests through a queue of 8.
@@ -925,7 +915,7 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
 #[actix_rt::test]
 async fn a_global_relist_due_during_a_batch_runs_next_and_covers_the_requests_that_waited() {
     const PODS: usize = 10;
-    let (pods, gated, b) = a_batch_at_the_gate(PODS).await;
+    let (pods, gated, b) = a_batch_at_the_gate(PODS, Setup::default()).await;
     let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
     b.dispatcher.queue.bring_forward();
@@ -1001,7 +991,7 @@ async fn reads_failing_mid_storm_cost_only_their_pod() {
 #[actix_rt::test]
 async fn a_stop_during_a_batch_relists_every_request_accepted_before_it() {
     const PODS: usize = 20;
-    let (pods, gated, b) = a_batch_at_the_gate(PODS).await;
+    let (pods, gated, b) = a_batch_at_the_gate(PODS, Setup::default()).await;
     let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
     b.dispatcher.queue.bring_forward();
