@@ -174,7 +174,7 @@ impl Pleg {
     /// gate's pending relist. False only if the request was dropped (full queue,
     /// counted).
     pub fn request_relist(&self, uid: &str, source: RelistSource) -> bool {
-        self.router.request(uid, source, None)
+        self.router.request(uid, source, None, None)
     }
 
     /// Asks for the next global relist to run now (honoured at most once per period).

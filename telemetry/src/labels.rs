@@ -109,6 +109,22 @@ label_enum! {
 }
 
 label_enum! {
+    /// What became of a container status a targeted relist read together with the
+    /// pod's lists (`result` of `plegd_relist_prefetch_total`).
+    PrefetchResult {
+        /// It agreed with the container's list entry and stood in for its read.
+        Used => "used",
+        /// It disagreed with the list entry: the container was read again.
+        ReadAgain => "read_again",
+        /// The call failed (NotFound included): the container was read as usual.
+        Failed => "failed",
+        /// Not needed: the container was not read (its status was reused, or it is
+        /// not in the pod's lists), or the pod was not read (gone, held, lists failed).
+        Unused => "unused",
+    }
+}
+
+label_enum! {
     /// What the CRI event stream delivered (`type` of the stream events counter).
     StreamEventType {
         Created => "created",

@@ -7,7 +7,7 @@ use prometheus::{
 };
 
 use crate::labels::{
-    HintSourceName, HintSourceState, RelistPhase, RelistSource, RequestResult, StreamEventType,
+    HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource, RequestResult, StreamEventType,
 };
 
 pub struct Metrics {
@@ -20,6 +20,7 @@ pub struct Metrics {
     pub discard_events: IntCounter,
     events_total: IntCounterVec,
     relist_errors: IntCounterVec,
+    relist_prefetch: IntCounterVec,
     // Relist requests (on-demand queue).
     relist_requests: IntCounterVec,
     pub queue_depth: IntGauge,
@@ -107,6 +108,11 @@ impl Metrics {
                 "Relist failures: phase=list (the whole relist failed) or status (one pod's status read).",
                 &["phase"],
             ),
+            relist_prefetch: counter_vec(
+                "plegd_relist_prefetch_total",
+                "Container statuses a targeted relist read together with the pod's lists, by what became of them (used, read_again, failed, unused).",
+                &["result"],
+            ),
             relist_requests: counter_vec(
                 "plegd_relist_requests_total",
                 "Targeted relist requests by outcome (queued, coalesced, dropped, skipped, done) and source.",
@@ -193,6 +199,7 @@ impl Metrics {
             Box::new(self.discard_events.clone()),
             Box::new(self.events_total.clone()),
             Box::new(self.relist_errors.clone()),
+            Box::new(self.relist_prefetch.clone()),
             Box::new(self.relist_requests.clone()),
             Box::new(self.queue_depth.clone()),
             Box::new(self.relist_pending.clone()),
@@ -227,6 +234,9 @@ impl Metrics {
         }
         for &p in RelistPhase::ALL {
             self.relist_errors.with_label_values(&[p.as_str()]);
+        }
+        for &r in PrefetchResult::ALL {
+            self.relist_prefetch.with_label_values(&[r.as_str()]);
         }
         for &t in StreamEventType::ALL {
             self.stream_events.with_label_values(&[t.as_str()]);
@@ -308,6 +318,22 @@ impl Metrics {
         self.relist_errors
             .with_label_values(&[phase.as_str()])
             .inc_by(n);
+    }
+
+    /// `plegd_relist_prefetch_total{result}`.
+    pub fn prefetches(&self, result: PrefetchResult) -> u64 {
+        self.relist_prefetch
+            .with_label_values(&[result.as_str()])
+            .get()
+    }
+
+    /// Counts `n` prefetched container statuses that ended as `result`.
+    pub fn count_prefetches(&self, result: PrefetchResult, n: u64) {
+        if n > 0 {
+            self.relist_prefetch
+                .with_label_values(&[result.as_str()])
+                .inc_by(n);
+        }
     }
 
     /// Events the CRI stream delivered, of one type.

@@ -4,7 +4,8 @@
 //! non-empty UID (else count it invalid, log rate-limited, ignore); record
 //! created_at-to-receipt latency; for CONTAINER_STOPPED_EVENT only — any exit code,
 //! with or without container statuses — ask for a relist of the pod (source
-//! `evented_pleg`). It keeps the kubelet `kubelet_evented_pleg_*` metrics, and tells
+//! `evented_pleg`), naming the event's container (not a sandbox) so that the relist
+//! reads its status together with the pod's lists (a prefetch). It keeps the kubelet `kubelet_evented_pleg_*` metrics, and tells
 //! the early sources (`cri_stops.rs`) which stops it reported and whether it is up.
 
 use std::sync::Arc;
@@ -52,6 +53,20 @@ pub(crate) fn source_error(e: &RuntimeError) -> SourceError {
     } else {
         SourceError::failed(e.to_string())
     }
+}
+
+/// The container whose status the relist an event asks for reads together with the
+/// pod's lists: the event's, for a container's created, started or stopped event;
+/// none for a sandbox's (its id is the pod sandbox's: its status is not a container
+/// status), a deleted one (nothing left to read) or an event without an id.
+fn prefetched(ev: &ContainerEventResponse, kind: StreamEventType) -> Option<String> {
+    let about_a_container = matches!(
+        kind,
+        StreamEventType::Created | StreamEventType::Started | StreamEventType::Stopped
+    );
+    let sandbox = ev.pod_sandbox_status.as_ref().map(|s| s.id.as_str());
+    (about_a_container && !ev.container_id.is_empty() && sandbox != Some(&ev.container_id))
+        .then(|| ev.container_id.clone())
 }
 
 impl HintSource for CriEvents {
@@ -147,6 +162,7 @@ impl HintSource for CriEvents {
         vec![Hint::Pod {
             uid: uid.to_string(),
             cause: Some(cause),
+            container: prefetched(&ev, kind),
         }]
     }
 

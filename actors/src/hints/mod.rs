@@ -29,7 +29,9 @@
 //!   subscriber that stops reading; NRI disconnects a plugin that misses its hook
 //!   timeout — so a hook handler must answer the runtime itself, then yield the item).
 //!   It returns what the item asks for, [`Hint`]s (usually one, or none):
-//!   [`Hint::Pod`] (a pod UID), [`Hint::Container`] (a container or sandbox ID,
+//!   [`Hint::Pod`] (a pod UID, and the container the item is about if it knows it:
+//!   the relist reads that container's status together with the pod's lists — a
+//!   prefetch that saves a round trip, never needed for correctness), [`Hint::Container`] (a container or sandbox ID,
 //!   mapped to its pod through the cache; an ID the cache does not know asks for
 //!   nothing), [`Hint::Global`] (bring the next global relist forward, honoured at
 //!   most once per relist period — a resynchronisation), [`Hint::After`] (a hint
@@ -89,10 +91,14 @@ pub use plegd_telemetry::{HintSourceName, HintSourceState};
 /// What one item of a source asks for: at most one targeted relist, never state.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Hint {
-    /// Relist this pod. `cause` is the span of what caused it (linked from the relist).
+    /// Relist this pod. `cause` is the span of what caused it (linked from the relist);
+    /// `container` a container of the pod the item is about (not a sandbox), whose
+    /// status the relist reads together with the pod's lists (a prefetch: dropped
+    /// if the request is coalesced into a sync gate or merged beyond a few per pod).
     Pod {
         uid: String,
         cause: Option<SpanContext>,
+        container: Option<String>,
     },
     /// Relist the pod this container or sandbox belongs to, as the cache knows it; an
     /// ID the cache does not know asks for nothing (the next global relist finds it).

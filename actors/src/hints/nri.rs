@@ -199,7 +199,11 @@ fn source_error(end: &SessionEnd, config: &PluginConfig) -> SourceError {
 
 /// What one call of the runtime asks for.
 fn hint_of(item: NriHint) -> Option<Hint> {
-    let by_uid = |uid: String| Hint::Pod { uid, cause: None };
+    let by_uid = |uid: String| Hint::Pod {
+        uid,
+        cause: None,
+        container: None,
+    };
     match item {
         NriHint::Synchronized { .. } => Some(Hint::Global),
         NriHint::Container {
@@ -340,6 +344,7 @@ pub(super) mod tests {
             Some(Hint::Pod {
                 uid: uid.into(),
                 cause: None,
+                container: None,
             })
         };
         let container = |pod| NriHint::Container {

@@ -404,6 +404,7 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
     send(Hint::Pod {
         uid: "u1".into(),
         cause: None,
+        container: None,
     });
     send(Hint::Container {
         id: "c-unknown".into(),
@@ -414,6 +415,7 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
         hint: Box::new(Hint::Pod {
             uid: "u2".into(),
             cause: None,
+            container: None,
         }),
     });
     let r = requests.clone();
@@ -447,6 +449,7 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
         send(Hint::Pod {
             uid: format!("s{i}"),
             cause: None,
+            container: None,
         });
     }
     wait_until("the storm requested", || r.len() == 2 + STORM).await;
@@ -464,6 +467,7 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
         send(Hint::Pod {
             uid: "late".into(),
             cause: None,
+            container: None,
         });
         false
     })
@@ -514,6 +518,7 @@ async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
     send(Hint::Pod {
         uid: "u2".into(),
         cause: None,
+        container: None,
     });
     let r = requests.clone();
     wait_until("the marker's request", || r.len() >= 1).await;

@@ -322,8 +322,15 @@ impl<S: HintSource> HintWatcher<S> {
         let source = self.source.relist_source();
         let what = kind(&hint);
         match hint {
-            Hint::Pod { uid, cause } => {
-                let queued = self.deps.router.request(&uid, source, cause);
+            Hint::Pod {
+                uid,
+                cause,
+                container,
+            } => {
+                let queued = self
+                    .deps
+                    .router
+                    .request(&uid, source, cause, container.as_deref());
                 self.log_hint(what, None, Some(&uid), Outcome::of_request(queued), None);
             }
             Hint::Container { id } => match self.deps.cache.pod_of_container(&id) {
@@ -419,7 +426,7 @@ impl<S: HintSource> HintWatcher<S> {
         let queued = self
             .deps
             .router
-            .request(uid, self.source.relist_source(), None);
+            .request(uid, self.source.relist_source(), None, None);
         if queued {
             if self.requested.len() >= MAX_TRACKED {
                 let cache = &self.deps.cache;

@@ -21,7 +21,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use futures::future::try_join_all;
+use futures::future::{join_all, try_join_all};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 
@@ -30,19 +30,26 @@ use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{
-    index_containers, index_sandboxes, read_pod_status, still_running, LastReads, Listed, PodStatus,
+    index_containers, index_sandboxes, read_pod_status, still_running, take_prefetched, LastReads,
+    Listed, PodStatus, PrefetchCounts,
 };
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use plegd_runtime::{
-    Container, ContainerRef, ContainerState, ListView, RuntimeClient, RuntimeError, Sandbox,
-    SandboxRef,
+    Container, ContainerRef, ContainerState, ContainerStatus, ListView, RuntimeClient,
+    RuntimeError, Sandbox, SandboxRef,
 };
 
 /// What to relist.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RelistScope {
     Global,
-    Pod { uid: String, source: RelistSource },
+    /// One pod; `prefetch`: containers whose status is read together with the pod's
+    /// lists (`status` module docs), e.g. the one a CRI event is about.
+    Pod {
+        uid: String,
+        source: RelistSource,
+        prefetch: Vec<String>,
+    },
 }
 
 impl RelistScope {
@@ -78,6 +85,8 @@ pub struct RelistOutput {
     pub pods_inspected: usize,
     /// Pods left alone because a sync holds them: this relist says nothing of them.
     pub held: Vec<String>,
+    /// What became of the container statuses read together with the lists.
+    pub prefetch: PrefetchCounts,
 }
 
 impl RelistOutput {
@@ -88,6 +97,7 @@ impl RelistOutput {
         self.status_errors += other.status_errors;
         self.pods_inspected += other.pods_inspected;
         self.held.extend(other.held);
+        self.prefetch.add(other.prefetch);
     }
 }
 
@@ -120,6 +130,8 @@ struct Work {
     reinspect: bool,
     /// The list entries `new` was built from.
     listed: Listed,
+    /// Container statuses read together with the lists (targeted relists only).
+    prefetched: HashMap<String, ContainerStatus>,
 }
 
 impl GenericPleg {
@@ -177,7 +189,8 @@ impl GenericPleg {
     }
 
     /// One relist. `held(uid)` pods are left untouched (a sync holds them).
-    /// Err means the lists failed: nothing changed, no timestamp may advance.
+    /// Err means the lists failed: nothing changed, no timestamp may advance (what
+    /// became of a prefetch then goes uncounted).
     pub async fn relist(
         &mut self,
         scope: &RelistScope,
@@ -185,6 +198,7 @@ impl GenericPleg {
     ) -> Result<RelistOutput, RuntimeError> {
         let source = scope.source();
         let mut left_held = Vec::new();
+        let mut prefetch = PrefetchCounts::default();
         let work = match scope {
             RelistScope::Global => {
                 // Its chunks, one after the other, as one output.
@@ -196,17 +210,23 @@ impl GenericPleg {
                 .await?;
                 return Ok(all);
             }
-            RelistScope::Pod { uid, .. } => {
+            RelistScope::Pod {
+                uid, prefetch: ids, ..
+            } => {
                 if held(uid) {
                     left_held.push(uid.clone());
                     Vec::new()
                 } else {
-                    self.pod_work(uid, source).await?
+                    let calls = Semaphore::new(self.concurrency);
+                    let (work, counts) = self.pod_work(uid, source, ids, &calls).await;
+                    prefetch = counts;
+                    work?
                 }
             }
         };
         let mut out = self.process(work, held).await;
         out.held.extend(left_held);
+        out.prefetch.add(prefetch);
         Ok(out)
     }
 
@@ -214,30 +234,37 @@ impl GenericPleg {
     /// read as [`Self::relist`] of its scope would, `concurrency` pods' lists at once
     /// and one bound on status calls for all. A pod whose lists fail changes nothing
     /// and is returned with its error; the others go on. Each pod's events carry its
-    /// request's source. `pods` holds each UID once.
+    /// request's source. `pods` holds each UID once, with the containers to prefetch
+    /// (as [`RelistScope::Pod`]'s); the prefetches share the status calls' bound.
     pub async fn relist_pods(
         &mut self,
-        pods: &[(String, RelistSource)],
+        pods: &[(String, RelistSource, Vec<String>)],
         held: &dyn Fn(&str) -> bool,
     ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
         let mut left_held = Vec::new();
         let mut failed = Vec::new();
         let mut asked = Vec::new();
-        for (uid, source) in pods {
+        for (uid, source, prefetch) in pods {
             if held(uid) {
                 left_held.push(uid.clone());
             } else {
-                asked.push((uid, *source));
+                asked.push((uid, *source, prefetch));
             }
         }
         let this = &*self;
+        let calls = Semaphore::new(self.concurrency);
+        let calls = &calls;
         let reads = futures::stream::iter(asked)
-            .map(|(uid, source)| async move { (uid, this.pod_work(uid, source).await) })
+            .map(|(uid, source, prefetch)| async move {
+                (uid, this.pod_work(uid, source, prefetch, calls).await)
+            })
             .buffered(self.concurrency)
             .collect::<Vec<_>>()
             .await;
         let mut work = Vec::new();
-        for (uid, read) in reads {
+        let mut prefetch = PrefetchCounts::default();
+        for (uid, (read, counts)) in reads {
+            prefetch.add(counts);
             match read {
                 Ok(w) => work.extend(w),
                 Err(e) => failed.push((uid.clone(), e)),
@@ -245,6 +272,7 @@ impl GenericPleg {
         }
         let mut out = self.process(work, held).await;
         out.held.extend(left_held);
+        out.prefetch.add(prefetch);
         (out, failed)
     }
 
@@ -443,6 +471,7 @@ impl GenericPleg {
                 changes,
                 reinspect,
                 listed,
+                prefetched: HashMap::new(),
             });
         }
         Ok(work)
@@ -454,7 +483,19 @@ impl GenericPleg {
     /// re-reads the status (that is what was asked for); a pod that is gone and unknown
     /// is a no-op. A new sandbox of a known pod (a recreated sandbox) is found by the
     /// next global relist.
-    async fn pod_work(&self, uid: &str, source: RelistSource) -> Result<Vec<Work>, RuntimeError> {
+    ///
+    /// The containers in `prefetch` have their ContainerStatus called together with
+    /// the lists (within `calls`); a prefetch that fails only means "not prefetched".
+    /// Returns, besides the work, what became of the prefetches already settled (those
+    /// that failed; all of them if the pod is not read: its lists failed, or it is gone
+    /// and unknown).
+    async fn pod_work(
+        &self,
+        uid: &str,
+        source: RelistSource,
+        prefetch: &[String],
+        calls: &Semaphore,
+    ) -> (Result<Vec<Work>, RuntimeError>, PrefetchCounts) {
         // Sorted (`list_known_pod` searches it).
         let known: Vec<String> = self
             .records
@@ -467,10 +508,21 @@ impl GenericPleg {
                     .collect()
             })
             .unwrap_or_default();
-        let (sandboxes, containers) = if known.is_empty() {
-            self.list_new_pod(uid).await?
-        } else {
-            self.list_known_pod(&known).await?
+        let lists = async {
+            if known.is_empty() {
+                self.list_new_pod(uid).await
+            } else {
+                self.list_known_pod(&known).await
+            }
+        };
+        let (lists, (prefetched, mut counts)) =
+            futures::join!(lists, prefetch_statuses(self.runtime.as_ref(), prefetch, calls));
+        let (sandboxes, containers) = match lists {
+            Ok(lists) => lists,
+            Err(e) => {
+                counts.unused += prefetched.len();
+                return (Err(e), counts);
+            }
         };
         let previous: HashMap<String, PodRecord> = self
             .records
@@ -480,7 +532,8 @@ impl GenericPleg {
             .collect();
         let new = group(&sandboxes, &containers, &previous).remove(uid);
         if new.is_none() && !self.records.contains_key(uid) && !self.reinspect.contains(uid) {
-            return Ok(Vec::new());
+            counts.unused += prefetched.len();
+            return (Ok(Vec::new()), counts);
         }
         let changes = pod_events(self.records.get(uid), new.as_ref());
         let listed = listed_of(
@@ -489,14 +542,16 @@ impl GenericPleg {
             &index_sandboxes(&sandboxes),
             &index_containers(&containers),
         );
-        Ok(vec![Work {
+        let work = Work {
             uid: uid.to_string(),
             source,
             new,
             changes,
             reinspect: self.reinspect.contains(uid),
             listed,
-        }])
+            prefetched,
+        };
+        (Ok(vec![work]), counts)
     }
 
     /// The lists of a pod plegd has not seen: its sandboxes can only be found in the
@@ -561,15 +616,19 @@ impl GenericPleg {
         // One bound for the whole relist: `concurrency` status calls in flight, however
         // the pods and their containers are spread.
         let calls = Semaphore::new(self.concurrency);
+        let mut prefetch = PrefetchCounts::default();
         let reads = futures::stream::iter(work)
-            .map(|w| {
+            .map(|mut w| {
                 let (runtime, calls) = (runtime.clone(), &calls);
                 // What the cache says now: the last relist that read this pod has
                 // been applied (the dispatcher awaits each apply).
-                let reuse = match (&w.new, &last_reads) {
+                let mut reuse = match (&w.new, &last_reads) {
                     (Some(_), Some(last)) => still_running(&w.listed, last.last_read(&w.uid)),
                     _ => HashMap::new(),
                 };
+                // A pod that is gone lists nothing: its prefetches go unused.
+                let prefetched = std::mem::take(&mut w.prefetched);
+                take_prefetched(&w.listed, &mut reuse, prefetched, &mut prefetch);
                 async move {
                     let read_at = SystemTime::now();
                     let status = match &w.new {
@@ -585,7 +644,10 @@ impl GenericPleg {
             .collect::<Vec<_>>()
             .await;
 
-        let mut out = RelistOutput::default();
+        let mut out = RelistOutput {
+            prefetch,
+            ..RelistOutput::default()
+        };
         for (w, read_at, status) in reads {
             // A sync took the pod while it was being read: what was read may be an
             // intermediate state. Leave record and cache as they were; the pod is
@@ -700,6 +762,35 @@ impl GenericPleg {
         }
         out
     }
+}
+
+/// ContainerStatus of each of `ids` at once, each call within `calls`: the statuses
+/// read, and the count of those that failed (any error, NotFound included: the
+/// container is then read as if there were no prefetch).
+async fn prefetch_statuses(
+    runtime: &dyn RuntimeClient,
+    ids: &[String],
+    calls: &Semaphore,
+) -> (HashMap<String, ContainerStatus>, PrefetchCounts) {
+    let reads = join_all(ids.iter().map(|id| async move {
+        let _permit = calls.acquire().await;
+        (id, runtime.container_status(id).await)
+    }))
+    .await;
+    let mut counts = PrefetchCounts::default();
+    let mut statuses = HashMap::new();
+    for (id, read) in reads {
+        match read {
+            Ok(st) => {
+                statuses.insert(id.clone(), st);
+            }
+            Err(e) => {
+                tracing::debug!(container = %id, error = %e, "prefetched status read failed");
+                counts.failed += 1;
+            }
+        }
+    }
+    (statuses, counts)
 }
 
 /// The list entries of a pod's new record (none if the pod is gone).

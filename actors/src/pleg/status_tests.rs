@@ -85,6 +85,7 @@ impl Node {
         self.relist(&RelistScope::Pod {
             uid: uid.into(),
             source: RelistSource::EventedPleg,
+            prefetch: vec![],
         })
         .await
     }
@@ -348,6 +349,7 @@ async fn reusing_statuses_gives_what_full_reads_give() {
                 Some((uid, _)) => RelistScope::Pod {
                     uid: uid.clone(),
                     source: RelistSource::EventedPleg,
+                    prefetch: vec![],
                 },
                 None => RelistScope::Global,
             };
@@ -406,6 +408,7 @@ async fn the_pod_cache_offers_no_status_after_a_failed_read() {
     let scope = RelistScope::Pod {
         uid: "u1".into(),
         source: RelistSource::EventedPleg,
+        prefetch: vec![],
     };
     let out = pleg.relist(&scope, &|_| false).await.unwrap();
     assert_eq!(out.status_errors, 1);

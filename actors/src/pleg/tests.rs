@@ -26,6 +26,7 @@ pub(super) async fn try_targeted(
         &RelistScope::Pod {
             uid: uid.into(),
             source: RelistSource::EventedPleg,
+            prefetch: vec![],
         },
         &|_| false,
     )

@@ -315,7 +315,7 @@ async fn reads_failing_in_a_middle_chunk_cost_only_their_pods() {
     assert!(p
         .dispatcher
         .queue
-        .request("p02", crate::event::RelistSource::EventedPleg, None));
+        .request("p02", crate::event::RelistSource::EventedPleg, None, None));
     wait_until("p02 read again", || {
         cache.all().iter().any(|a| {
             a.updates

@@ -27,7 +27,9 @@
 //!   yet): a storm on the node's pods never drops; a request for one more pod than
 //!   that (only requests for UIDs that are not pods can get there — the API takes
 //!   any) is dropped and counted like a full queue's; one for a pod already waiting is
-//!   always merged.
+//!   always merged. Merged requests keep the containers each asked to prefetch (the
+//!   one a CRI event is about: read together with the pod's lists), at most
+//!   [`MAX_PREFETCH`] per pod; more are just not prefetched.
 //! - A targeted request enqueued before the start of a global relist that has since
 //!   completed is skipped (that relist already saw the pod) — unless that relist left
 //!   the pod alone (a sync held it) or failed to read it; one for a pod a sync
@@ -63,7 +65,7 @@ use actix::prelude::*;
 use opentelemetry::trace::{Span as _, SpanContext};
 use opentelemetry::KeyValue;
 use plegd_telemetry::logging::RateLimiter;
-use plegd_telemetry::{Metrics, RelistPhase, RequestResult};
+use plegd_telemetry::{Metrics, PrefetchResult, RelistPhase, RequestResult};
 
 use super::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use super::queue::RelistQueue;
@@ -143,6 +145,10 @@ struct Logs {
 /// The most pods one batch relists, so that a due global relist never waits for more.
 pub const MAX_BATCH: usize = 256;
 
+/// The most containers prefetched for one pod (the requests merged into its
+/// relist asked for more: the rest are read as usual).
+pub const MAX_PREFETCH: usize = 4;
+
 /// Ask for a relist of one pod. Build with [`RelistQueue::request`], which stamps the
 /// enqueue time and never blocks.
 #[derive(Message, Clone, Debug)]
@@ -153,6 +159,10 @@ pub struct RequestRelist {
     pub enqueued_at: Instant,
     /// The span of what caused the request (a stream event), linked from the relist's.
     pub cause: Option<SpanContext>,
+    /// Containers whose status the relist reads together with the pod's lists (the
+    /// one the event is about; several once requests are merged, at most
+    /// [`MAX_PREFETCH`]).
+    pub prefetch: Vec<String>,
 }
 
 /// Stop once the unit of work in progress and the requests accepted are done.
@@ -341,8 +351,9 @@ impl RelistDispatcher {
     }
 
     /// A request that must wait for its turn: one per pod. The newer of two requests
-    /// for a pod is kept (a global relist that covers it covers the older too). A
-    /// request for one more pod beyond [`Self::pending_bound`] is dropped (counted).
+    /// for a pod is kept (a global relist that covers it covers the older too), with
+    /// the containers both asked to prefetch (at most [`MAX_PREFETCH`]). A request
+    /// for one more pod beyond [`Self::pending_bound`] is dropped (counted).
     fn enqueue(&mut self, req: RequestRelist) {
         let Some(&i) = self.pending_index.get(&req.uid) else {
             if self.pending.len() >= self.pending_bound() {
@@ -365,11 +376,17 @@ impl RelistDispatcher {
             self.deps.metrics.relist_pending.inc();
             return;
         };
-        let merged = if req.enqueued_at >= self.pending[i].enqueued_at {
+        let mut merged = if req.enqueued_at >= self.pending[i].enqueued_at {
             std::mem::replace(&mut self.pending[i], req)
         } else {
             req
         };
+        let kept = &mut self.pending[i].prefetch;
+        for id in merged.prefetch.drain(..) {
+            if kept.len() < MAX_PREFETCH && !kept.contains(&id) {
+                kept.push(id);
+            }
+        }
         self.deps
             .metrics
             .count_request(RequestResult::Merged, merged.source);
@@ -574,6 +591,15 @@ async fn apply(
         deps.metrics
             .count_relist_errors(RelistPhase::Status, out.status_errors as u64);
     }
+    let p = out.prefetch;
+    for (result, n) in [
+        (PrefetchResult::Used, p.used),
+        (PrefetchResult::ReadAgain, p.read_again),
+        (PrefetchResult::Failed, p.failed),
+        (PrefetchResult::Unused, p.unused),
+    ] {
+        deps.metrics.count_prefetches(result, n as u64);
+    }
     if deps
         .cache
         .send(ApplyRelist {
@@ -735,8 +761,10 @@ async fn targeted_relists(
         })
         .collect();
     let held = deps.held.clone();
-    let pods: Vec<(String, RelistSource)> =
-        reqs.iter().map(|r| (r.uid.clone(), r.source)).collect();
+    let pods: Vec<(String, RelistSource, Vec<String>)> = reqs
+        .iter()
+        .map(|r| (r.uid.clone(), r.source, r.prefetch.clone()))
+        .collect();
     // A sync that takes a pod meanwhile gets its request as its pending relist.
     let (out, failed) = core.relist_pods(&pods, &|uid| held.coalesce(uid)).await;
     let failed: HashMap<String, plegd_runtime::RuntimeError> = failed.into_iter().collect();

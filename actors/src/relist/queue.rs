@@ -47,9 +47,17 @@ impl RelistQueue {
     }
 
     /// Enqueues a targeted relist without blocking, remembering the span of its cause
-    /// (linked from the relist's). False if the queue was full (the request is dropped
-    /// and counted), or the dispatcher is stopping or gone (dropped and counted too).
-    pub fn request(&self, uid: &str, source: RelistSource, cause: Option<SpanContext>) -> bool {
+    /// (linked from the relist's) and the container it is about, if any (its status is
+    /// read together with the pod's lists). False if the queue was full (the request
+    /// is dropped and counted), or the dispatcher is stopping or gone (dropped and
+    /// counted too).
+    pub fn request(
+        &self,
+        uid: &str,
+        source: RelistSource,
+        cause: Option<SpanContext>,
+        container: Option<&str>,
+    ) -> bool {
         if self.closed.load(Ordering::SeqCst) {
             self.metrics.count_request(RequestResult::Dropped, source);
             return false;
@@ -59,6 +67,7 @@ impl RelistQueue {
             source,
             enqueued_at: Instant::now(),
             cause,
+            prefetch: container.map(String::from).into_iter().collect(),
         };
         match self.requests.try_send(msg) {
             Ok(()) => {

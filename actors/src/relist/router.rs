@@ -28,13 +28,21 @@ impl RelistRouter {
     }
 
     /// Never blocks; `cause` is the span of what caused the request (linked from the
-    /// relist). False only if the request was dropped (full queue, counted).
-    pub fn request(&self, uid: &str, source: RelistSource, cause: Option<SpanContext>) -> bool {
+    /// relist), `container` the container it is about (prefetched by the relist; a
+    /// request coalesced into a sync gate drops it). False only if the request was
+    /// dropped (full queue, counted).
+    pub fn request(
+        &self,
+        uid: &str,
+        source: RelistSource,
+        cause: Option<SpanContext>,
+        container: Option<&str>,
+    ) -> bool {
         if self.held.coalesce(uid) {
             self.metrics.count_request(RequestResult::Coalesced, source);
             return true;
         }
-        self.queue.request(uid, source, cause)
+        self.queue.request(uid, source, cause, container)
     }
 
     /// Asks for the next global relist now (honoured at most once per period).

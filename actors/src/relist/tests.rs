@@ -215,7 +215,7 @@ async fn a_slow_cache_delays_publishing_until_it_acknowledged() {
     assert!(b
         .dispatcher
         .queue
-        .request("u1", RelistSource::EventedPleg, None));
+        .request("u1", RelistSource::EventedPleg, None, None));
     let second_publish = nth_publish_after_its_cache_update(&b, 2).await;
     assert!(second_publish.map(|t| t.duration_since(asked)) >= Some(delay));
     let cached = b.cache.all();
@@ -285,7 +285,7 @@ async fn a_stalled_publisher_stalls_the_relist_schedule_until_released() {
             assert!(b
                 .dispatcher
                 .queue
-                .request("u1", RelistSource::EventedPleg, None));
+                .request("u1", RelistSource::EventedPleg, None, None));
             accepted += 1;
         }
         wait_until("the queue drained", || b.metrics.queue_depth.get() == 0).await;
@@ -368,7 +368,7 @@ async fn a_burst_beyond_the_mailbox_bound_is_dropped_and_counted() {
     let queues: Vec<_> = (0..SENDERS).map(|_| b.dispatcher.queue.clone()).collect();
     let mut accepted = 0;
     for i in 0..300 {
-        if queues[i % SENDERS].request(&format!("p{i}"), RelistSource::EventedPleg, None) {
+        if queues[i % SENDERS].request(&format!("p{i}"), RelistSource::EventedPleg, None, None) {
             accepted += 1;
         }
     }
@@ -390,7 +390,7 @@ async fn a_burst_beyond_the_mailbox_bound_is_dropped_and_counted() {
     // Drained, the parked senders take requests again; the three, for one pod and
     // handled in one drain of the mailbox, are one relist.
     for q in &queues {
-        assert!(q.request("p0", RelistSource::EventedPleg, None));
+        assert!(q.request("p0", RelistSource::EventedPleg, None, None));
     }
     wait_until("the new requests settled", || {
         b.settled() == (accepted + SENDERS) as u64
@@ -413,13 +413,13 @@ async fn covered_requests_are_skipped_and_held_pods_coalesced() {
         assert!(b
             .dispatcher
             .queue
-            .request("u1", RelistSource::EventedPleg, None));
+            .request("u1", RelistSource::EventedPleg, None, None));
     }
     for _ in 0..2 {
         assert!(b
             .dispatcher
             .queue
-            .request("u2", RelistSource::EventedPleg, None));
+            .request("u2", RelistSource::EventedPleg, None, None));
     }
     wait_until("five requests settled", || b.settled() == 5).await;
     // One request per pod waits for its turn (the others merged into it).
@@ -444,7 +444,7 @@ async fn covered_requests_are_skipped_and_held_pods_coalesced() {
     assert!(b
         .dispatcher
         .queue
-        .request("u2", RelistSource::PostSync, None));
+        .request("u2", RelistSource::PostSync, None, None));
     wait_until("u2 relisted", || {
         b.metrics
             .requests(RequestResult::Done, RelistSource::PostSync)
@@ -456,7 +456,7 @@ async fn covered_requests_are_skipped_and_held_pods_coalesced() {
     assert!(b
         .dispatcher
         .queue
-        .request("u1", RelistSource::EventedPleg, None));
+        .request("u1", RelistSource::EventedPleg, None, None));
     wait_until("u1 coalesced", || b.requests(RequestResult::Coalesced) == 2).await;
     assert!(b.held.release("u1"));
     assert_eq!(b.requests(RequestResult::Done), 0);
@@ -500,6 +500,7 @@ async fn a_request_whose_turn_comes_while_a_relist_runs_is_not_lost() {
         source: RelistSource::EventedPleg,
         enqueued_at: Instant::now(),
         cause: None,
+        prefetch: vec![],
     };
     b.dispatcher
         .stop
@@ -536,13 +537,13 @@ async fn each_relist_numbers_its_events_and_applies_the_last_revision_with_the_c
     assert!(b
         .dispatcher
         .queue
-        .request("u1", RelistSource::EventedPleg, None));
+        .request("u1", RelistSource::EventedPleg, None, None));
     wait_until("the targeted relist published", || b.published.len() == 2).await;
     // Nothing changed: applied, with the same revision, and nothing published.
     assert!(b
         .dispatcher
         .queue
-        .request("u1", RelistSource::EventedPleg, None));
+        .request("u1", RelistSource::EventedPleg, None, None));
     wait_until("the empty relist applied", || b.cache.len() == 3).await;
 
     let published = b.published.all();
@@ -587,7 +588,7 @@ async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
         } else {
             RelistSource::PostSync
         };
-        assert!(b.dispatcher.queue.request(uid, source, None));
+        assert!(b.dispatcher.queue.request(uid, source, None, None));
     }
     wait_until("every request done", || {
         b.metrics
@@ -625,7 +626,7 @@ async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
     assert!(b
         .dispatcher
         .queue
-        .request(&failed[0].0, RelistSource::EventedPleg, None));
+        .request(&failed[0].0, RelistSource::EventedPleg, None, None));
     wait_until("the failed pod's exit published", || b.published.len() == 3).await;
     assert_eq!(
         events(&b.published.all()[2]),
@@ -769,7 +770,7 @@ async fn a_batch_at_the_gate(
     assert!(b
         .dispatcher
         .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None));
+        .request(&pods[0].0, RelistSource::EventedPleg, None, None));
     wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
     (pods, gated, b)
 }
@@ -809,7 +810,7 @@ impl Bench {
                 assert!(
                     self.dispatcher
                         .queue
-                        .request(uid, RelistSource::EventedPleg, None),
+                        .request(uid, RelistSource::EventedPleg, None, None),
                     "request for {uid} refused"
                 );
             }
@@ -869,6 +870,7 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
             source: RelistSource::PostSync,
             enqueued_at: before_the_storm,
             cause: None,
+            prefetch: vec![],
         })
         .await
         .unwrap();
@@ -951,7 +953,7 @@ async fn reads_failing_mid_storm_cost_only_their_pod() {
     assert!(b
         .dispatcher
         .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None));
+        .request(&pods[0].0, RelistSource::EventedPleg, None, None));
     wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
     let uids: Vec<&str> = pods.iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
@@ -969,7 +971,7 @@ async fn reads_failing_mid_storm_cost_only_their_pod() {
     assert!(b
         .dispatcher
         .queue
-        .request(&pods[7].0, RelistSource::EventedPleg, None));
+        .request(&pods[7].0, RelistSource::EventedPleg, None, None));
     wait_until("the failed pod's death published", || {
         self::deaths(&b).len() == PODS
     })
@@ -999,7 +1001,7 @@ async fn a_stop_during_a_batch_relists_every_request_accepted_before_it() {
     assert!(!b
         .dispatcher
         .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None));
+        .request(&pods[0].0, RelistSource::EventedPleg, None, None));
     assert_eq!(b.requests(RequestResult::Dropped), 1);
     assert_eq!(b.requests(RequestResult::Queued), PODS as u64);
     tokio::task::yield_now().await;
@@ -1041,7 +1043,7 @@ async fn the_pending_set_is_bounded_by_the_known_pods_and_the_queue_capacity() {
     assert!(b
         .dispatcher
         .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None));
+        .request(&pods[0].0, RelistSource::EventedPleg, None, None));
     wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
     let unknown: Vec<String> = (0..UNKNOWN).map(|i| format!("x{i}")).collect();
     let uids: Vec<&str> = unknown.iter().map(String::as_str).collect();
@@ -1082,7 +1084,7 @@ async fn each_relist_writes_a_debug_line_under_a_budget() {
     assert!(b
         .dispatcher
         .queue
-        .request("u0", RelistSource::PostSync, None));
+        .request("u0", RelistSource::PostSync, None, None));
     wait_until("the relist's line", || {
         !log.matching(&["targeted relist batch"]).is_empty()
     })
@@ -1098,7 +1100,7 @@ async fn each_relist_writes_a_debug_line_under_a_budget() {
         assert!(b
             .dispatcher
             .queue
-            .request(uid, RelistSource::EventedPleg, None));
+            .request(uid, RelistSource::EventedPleg, None, None));
     }
     wait_until("the storm done", || {
         b.requests(RequestResult::Done) == PODS as u64
@@ -1121,7 +1123,7 @@ async fn each_relist_writes_a_debug_line_under_a_budget() {
         }
         b.dispatcher
             .queue
-            .request("u1", RelistSource::EventedPleg, None);
+            .request("u1", RelistSource::EventedPleg, None, None);
         false
     })
     .await;
@@ -1154,7 +1156,7 @@ async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
     assert!(b
         .dispatcher
         .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None));
+        .request(&pods[0].0, RelistSource::EventedPleg, None, None));
     wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
     let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
