@@ -48,7 +48,7 @@ pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};
 pub use hints::watcher::WatcherState;
 pub use hints::{HintSourceName, HintSourceState};
 pub use id_map::IdMap;
-pub use pleg::{GenericPleg, PodStatus, RelistOutput, RelistScope};
+pub use pleg::{GenericPleg, PodStatus, PrefetchCounts, RelistOutput, RelistScope};
 /// NRI's default socket (`--nri-socket`).
 pub use plegd_nri::DEFAULT_SOCKET as DEFAULT_NRI_SOCKET;
 pub use publisher::SubscribeError;

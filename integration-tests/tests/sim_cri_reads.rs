@@ -318,3 +318,57 @@ async fn the_node_lists_are_in_flight_together() {
     let view = lists.view().unwrap();
     assert_eq!((view.sandboxes.len(), view.containers.len()), (1, 1));
 }
+
+/// Issue 11 goal 5: the targeted relist a stop event asks for read the stopped
+/// container's status only after the pod's lists (a second round trip); it now reads
+/// it together with them, once, and the death it publishes carries the exit.
+#[tokio::test]
+async fn a_stopped_containers_status_is_read_together_with_its_pods_lists() {
+    use plegd_actors::{EventKind, GenericPleg, RelistScope, RelistSource};
+
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("uid-1", "web-1", "ns");
+    let c = rt.run_container(&sb, "app");
+    let (_dir, _server, client) = serve(&rt).await;
+    let mut pleg = GenericPleg::new(std::sync::Arc::new(client), 4);
+    pleg.relist(&RelistScope::Global, &|_| false).await.unwrap();
+    rt.oom_kill_container(&c);
+    let statuses = rt.calls(Op::ContainerStatus);
+    let lists = rt.calls(Op::ListContainers);
+    // ListContainers answers only once the prefetch has been called: one after the
+    // other, it would time out and the status would never be read.
+    rt.hold(Op::ListContainers);
+    let scope = RelistScope::Pod {
+        uid: "uid-1".into(),
+        source: RelistSource::EventedPleg,
+        prefetch: vec![c.clone()],
+    };
+    let release = async {
+        wait_until("ContainerStatus while ListContainers is in flight", || {
+            rt.calls(Op::ContainerStatus) == statuses + 1
+                && rt.calls(Op::ListContainers) == lists + 1
+        })
+        .await;
+        rt.release(Op::ListContainers);
+    };
+    let (out, ()) = tokio::join!(pleg.relist(&scope, &|_| false), release);
+    let out = out.unwrap();
+    let died: Vec<_> = out
+        .events
+        .iter()
+        .filter(|e| e.kind == EventKind::ContainerDied)
+        .collect();
+    assert_eq!(died.len(), 1, "{:?}", out.events);
+    assert_eq!(died[0].container_id, c);
+    let exit = died[0].exit.as_ref().expect("the death's exit");
+    assert_eq!(
+        (exit.code, exit.reason.as_deref()),
+        (137, Some("OOMKilled"))
+    );
+    assert_eq!(
+        rt.calls(Op::ContainerStatus),
+        statuses + 1,
+        "the prefetched status stood in for the read"
+    );
+    assert_eq!(out.prefetch.used, 1);
+}

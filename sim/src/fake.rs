@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use plegd_runtime::cri;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, Notify};
 
 use plegd_runtime::containerd_events::{self, Envelope, TaskEventStream};
 use plegd_runtime::convert;
@@ -73,6 +73,8 @@ struct State {
     next_id: u64,
     failures: HashMap<Op, InjectedFault>,
     latency: HashMap<Op, Duration>,
+    /// Calls of these ops wait (counted) until released.
+    held: HashSet<Op>,
     failing_pods: HashSet<String>,
     /// Like containerd: GetContainerEvents answers nothing until the first event.
     quiet_until_first_event: bool,
@@ -151,6 +153,8 @@ pub struct FakeRuntime {
     /// containerd's task events (exit, OOM), to every subscriber.
     task_events: broadcast::Sender<StreamSignal<Envelope>>,
     version: RuntimeVersion,
+    /// Wakes the calls [`FakeRuntime::hold`] keeps waiting.
+    released: Arc<Notify>,
 }
 
 impl Default for FakeRuntime {
@@ -167,6 +171,7 @@ impl FakeRuntime {
             state: Arc::default(),
             events,
             task_events,
+            released: Arc::default(),
             version: RuntimeVersion {
                 runtime_name: "plegd-sim".into(),
                 runtime_version: env!("CARGO_PKG_VERSION").into(),
@@ -434,6 +439,30 @@ impl FakeRuntime {
         self.lock().latency.insert(op, latency);
     }
 
+    /// Every call of `op` from now on waits, counted in [`Self::calls`], until
+    /// [`Self::release`]: a test sees what else is called while one is in flight.
+    pub fn hold(&self, op: Op) {
+        self.lock().held.insert(op);
+    }
+
+    /// Lets the calls of `op` held by [`Self::hold`] go on, and those to come.
+    pub fn release(&self, op: Op) {
+        self.lock().held.remove(&op);
+        self.released.notify_waiters();
+    }
+
+    async fn wait_while_held(&self, op: Op) {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if !self.lock().held.contains(&op) {
+                return;
+            }
+            released.await;
+        }
+    }
+
     /// Status reads (PodSandboxStatus, ContainerStatus) of this pod's sandboxes and
     /// containers fail with Unavailable while `failing` is true.
     pub fn fail_pod_status(&self, uid: &str, failing: bool) {
@@ -597,13 +626,15 @@ impl FakeRuntime {
         }
     }
 
-    /// Counts the call, applies latency, then the scripted failure if any.
+    /// Counts the call, waits while the op is held, applies latency, then the scripted
+    /// failure if any.
     async fn enter(&self, op: Op, pod_uid: Option<&str>) -> Result<(), RuntimeError> {
         let latency = {
             let mut st = self.lock();
             *st.calls.entry(op).or_default() += 1;
             st.latency.get(&op).copied().unwrap_or_default()
         };
+        self.wait_while_held(op).await;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }

@@ -10,7 +10,7 @@ mod record;
 mod status;
 
 pub use generic::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
-pub use status::PodStatus;
+pub use status::{PodStatus, PrefetchCounts};
 
 /// For fuzzing only (`crate::fuzzing`).
 #[cfg(feature = "fuzzing")]
@@ -20,6 +20,8 @@ pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
 mod chunk_tests;
 #[cfg(test)]
 mod list_tests;
+#[cfg(test)]
+mod prefetch_tests;
 #[cfg(test)]
 mod status_tests;
 #[cfg(test)]
