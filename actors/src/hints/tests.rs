@@ -131,6 +131,43 @@ fn stopped(uid: &str) -> ContainerEventResponse {
     event(ContainerEventType::ContainerStoppedEvent, Some(uid))
 }
 
+/// A container's stop asks the relist to prefetch that container's status (issue 11,
+/// goal 5); a sandbox's stop (its id is the pod sandbox's) or a stop without an id
+/// asks for the relist alone.
+#[actix_rt::test]
+async fn a_containers_stop_asks_to_prefetch_its_status() {
+    let h = Harness::start(
+        FakeRuntime::new(),
+        RecorderConfig::default(),
+        policy(Duration::from_millis(200)),
+    );
+    h.wait_streaming(1).await;
+    let container = stopped("u1");
+    let mut sandbox = stopped("u2");
+    sandbox.container_id = "sb-1".into();
+    let mut no_id = stopped("u3");
+    no_id.container_id = String::new();
+    for ev in [container, sandbox, no_id] {
+        assert_eq!(h.sim.inject_event(ev), 1);
+    }
+    let rec = h.requests.clone();
+    wait_until("three requests", || rec.len() == 3).await;
+    let asked: Vec<(String, Vec<String>)> = h
+        .requests
+        .all()
+        .into_iter()
+        .map(|r| (r.uid, r.prefetch))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            ("u1".to_string(), vec!["ctr-1".to_string()]),
+            ("u2".to_string(), vec![]),
+            ("u3".to_string(), vec![]),
+        ]
+    );
+}
+
 #[actix_rt::test]
 async fn only_a_stop_event_with_a_uid_requests_a_relist_one_per_event() {
     use ContainerEventType::*;

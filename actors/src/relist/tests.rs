@@ -1175,3 +1175,77 @@ async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
     assert!(b.metrics.relist_errors(plegd_telemetry::RelistPhase::List) >= 1);
     wait_until("every death published", || deaths(&b).len() == PODS).await;
 }
+
+/// Requests for one pod merged while a batch runs keep the containers each asked to
+/// prefetch (issue 11, goal 5), at most [`MAX_PREFETCH`]: the pod's relist prefetches
+/// them and reads each of its containers once, every death with its exit. A request
+/// without a container adds no call.
+#[actix_rt::test]
+async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
+    use super::dispatcher::MAX_PREFETCH;
+    use plegd_telemetry::PrefetchResult::*;
+    const CONTAINERS: usize = 6;
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u0", "p", "ns");
+    let cs: Vec<String> = (0..CONTAINERS)
+        .map(|i| rt.run_container(&sb, &format!("c{i}")))
+        .collect();
+    let other = rt.run_pod("u1", "p", "ns");
+    rt.run_container(&other, "app");
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    let (q, source) = (&b.dispatcher.queue, RelistSource::EventedPleg);
+    assert!(q.request("u1", source, None, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    for c in &cs {
+        rt.exit_container(c, 1);
+    }
+    assert!(q.request("u0", source, None, Some(&cs[0])));
+    assert!(q.request("u0", source, None, None));
+    for c in &cs {
+        assert!(q.request("u0", source, None, Some(c)));
+    }
+    wait_until("u0's requests merged", || {
+        b.requests(RequestResult::Merged) == CONTAINERS as u64 + 1
+    })
+    .await;
+    let statuses = rt.calls(Op::ContainerStatus);
+    gated.open();
+    wait_until("every request settled", || {
+        b.settled() == CONTAINERS as u64 + 3
+    })
+    .await;
+    // u1's container, then each of u0's once.
+    assert_eq!(
+        rt.calls(Op::ContainerStatus),
+        statuses + 1 + CONTAINERS as u64
+    );
+    let prefetches = |r| b.metrics.prefetches(r);
+    assert_eq!(prefetches(Used), MAX_PREFETCH as u64);
+    assert_eq!(
+        (prefetches(ReadAgain), prefetches(Failed), prefetches(Unused)),
+        (0, 0, 0)
+    );
+    let exits: Vec<_> = b
+        .published
+        .all()
+        .into_iter()
+        .flat_map(|p| p.0)
+        .filter(|e| e.kind == EventKind::ContainerDied)
+        .map(|e| (e.container_id, e.exit.map(|x| x.code)))
+        .collect();
+    assert_eq!(exits.len(), CONTAINERS, "{exits:?}");
+    assert!(exits.iter().all(|(c, code)| cs.contains(c) && *code == Some(1)));
+
+    // Without a container: each container read once, nothing prefetched.
+    let statuses = rt.calls(Op::ContainerStatus);
+    assert!(q.request("u0", source, None, None));
+    wait_until("the request settled", || {
+        b.settled() == CONTAINERS as u64 + 4
+    })
+    .await;
+    assert_eq!(rt.calls(Op::ContainerStatus), statuses + CONTAINERS as u64);
+    assert_eq!(prefetches(Used), MAX_PREFETCH as u64);
+}
