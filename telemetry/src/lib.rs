@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod traces;
 
 pub use labels::{
-    HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource, RequestResult, StreamEventType,
+    HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource, RequestResult,
+    StreamEventType,
 };
 pub use metrics::Metrics;

@@ -7,7 +7,8 @@ use prometheus::{
 };
 
 use crate::labels::{
-    HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource, RequestResult, StreamEventType,
+    HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource, RequestResult,
+    StreamEventType,
 };
 
 pub struct Metrics {

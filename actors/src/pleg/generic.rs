@@ -515,8 +515,10 @@ impl GenericPleg {
                 self.list_known_pod(&known).await
             }
         };
-        let (lists, (prefetched, mut counts)) =
-            futures::join!(lists, prefetch_statuses(self.runtime.as_ref(), prefetch, calls));
+        let (lists, (prefetched, mut counts)) = futures::join!(
+            lists,
+            prefetch_statuses(self.runtime.as_ref(), prefetch, calls)
+        );
         let (sandboxes, containers) = match lists {
             Ok(lists) => lists,
             Err(e) => {

@@ -243,7 +243,14 @@ async fn a_prefetch_of_a_container_not_read_goes_unused() {
         assert_eq!(out.prefetch, counts(0, 0, 0, 1), "{path:?}");
         // The pod is gone (its containers with it: a prefetch of one fails): nothing
         // read, a prefetch that answered unused.
-        let sb = p.record("u1").unwrap().sandboxes.keys().next().unwrap().clone();
+        let sb = p
+            .record("u1")
+            .unwrap()
+            .sandboxes
+            .keys()
+            .next()
+            .unwrap()
+            .clone();
         rt.remove_pod(&sb);
         let out = relist(&mut p, path, &[&c, &other]).await.unwrap();
         assert!(

@@ -25,6 +25,7 @@
 //!   prefetch failed (NotFound included), it is read as usual. Nothing else changes:
 //!   reused statuses stay, and global relists never prefetch.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use futures::future::try_join_all;
@@ -169,17 +170,17 @@ pub fn take_prefetched(
             counts.unused += 1;
             continue;
         };
-        if reuse.contains_key(&id) {
-            counts.unused += 1;
-        } else if st.id == entry.id
+        let agrees = st.id == entry.id
             && st.state == entry.state
             && st.attempt == entry.attempt
-            && st.created_at == entry.created_at
-        {
-            counts.used += 1;
-            reuse.insert(id, st);
-        } else {
-            counts.read_again += 1;
+            && st.created_at == entry.created_at;
+        match reuse.entry(id) {
+            Entry::Occupied(_) => counts.unused += 1,
+            Entry::Vacant(_) if !agrees => counts.read_again += 1,
+            Entry::Vacant(slot) => {
+                counts.used += 1;
+                slot.insert(st);
+            }
         }
     }
 }

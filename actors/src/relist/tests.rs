@@ -1225,7 +1225,11 @@ async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
     let prefetches = |r| b.metrics.prefetches(r);
     assert_eq!(prefetches(Used), MAX_PREFETCH as u64);
     assert_eq!(
-        (prefetches(ReadAgain), prefetches(Failed), prefetches(Unused)),
+        (
+            prefetches(ReadAgain),
+            prefetches(Failed),
+            prefetches(Unused)
+        ),
         (0, 0, 0)
     );
     let exits: Vec<_> = b
@@ -1237,7 +1241,9 @@ async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
         .map(|e| (e.container_id, e.exit.map(|x| x.code)))
         .collect();
     assert_eq!(exits.len(), CONTAINERS, "{exits:?}");
-    assert!(exits.iter().all(|(c, code)| cs.contains(c) && *code == Some(1)));
+    assert!(exits
+        .iter()
+        .all(|(c, code)| cs.contains(c) && *code == Some(1)));
 
     // Without a container: each container read once, nothing prefetched.
     let statuses = rt.calls(Op::ContainerStatus);

@@ -164,7 +164,8 @@ impl Handler<EndSync> for PodSyncGate {
         let relist = pending || msg.outcome == SyncOutcome::Success;
         if relist {
             // A full queue drops this (counted); the next global relist covers the pod.
-            self.queue.request(&self.uid, RelistSource::PostSync, None, None);
+            self.queue
+                .request(&self.uid, RelistSource::PostSync, None, None);
         }
         if let Some(mut span) = self.hold_span.take() {
             span.set_attributes([

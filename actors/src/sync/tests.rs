@@ -69,10 +69,14 @@ async fn requests_during_a_hold_become_one_relist_even_if_the_sync_failed() {
     let g = gates(RecorderConfig::default(), Duration::from_secs(60));
     let hold = g.gates.begin_sync("u1").await.unwrap();
     for _ in 0..5 {
-        assert!(g.router.request("u1", RelistSource::EventedPleg, None, None));
+        assert!(g
+            .router
+            .request("u1", RelistSource::EventedPleg, None, None));
     }
     // Another pod's request is not held.
-    assert!(g.router.request("u2", RelistSource::EventedPleg, None, None));
+    assert!(g
+        .router
+        .request("u2", RelistSource::EventedPleg, None, None));
     wait_until("u2's request", || g.requests.len() == 1).await;
     assert_eq!(
         g.metrics
@@ -154,7 +158,10 @@ async fn a_release_into_a_full_queue_is_dropped_and_counted_and_the_pod_is_relea
         Duration::from_secs(60),
     );
     let mut accepted = 0;
-    while g.router.request("filler", RelistSource::EventedPleg, None, None) {
+    while g
+        .router
+        .request("filler", RelistSource::EventedPleg, None, None)
+    {
         accepted += 1;
         assert!(accepted < 100, "the queue never filled");
     }
