@@ -20,7 +20,7 @@ use plegd_actors::Subscription;
 use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, RelistSource};
 use plegd_runtime::cri;
 use plegd_runtime::CriRuntime;
-use plegd_telemetry::{Metrics, RequestResult};
+use plegd_telemetry::{Metrics, PrefetchResult, RequestResult};
 
 /// No periodic global relist during a test: what is found fast, a hint found.
 const LONG_PERIOD: Duration = Duration::from_secs(60);
@@ -245,6 +245,17 @@ async fn cri_events_alone(flavor: Flavor) {
         deaths.sources.get(&RelistSource::EventedPleg).copied(),
         Some(EXITS as u32),
         "{deaths:?}"
+    );
+    // A stop event's relist read the stopped container's status together with the
+    // pod's lists (issue 11, goal 5): CRI publishes the stop once its status says so.
+    let prefetches: Vec<(&str, u64)> = PrefetchResult::ALL
+        .iter()
+        .map(|&r| (r.as_str(), pleg.metrics().prefetches(r)))
+        .collect();
+    eprintln!("[{}] prefetches: {prefetches:?}", flavor.as_str());
+    assert!(
+        pleg.metrics().prefetches(PrefetchResult::Used) > 0,
+        "{prefetches:?}"
     );
     if let Some(raw) = raw.as_mut() {
         // containerd 2.x gives every stream every event: the other subscriber saw
