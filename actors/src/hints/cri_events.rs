@@ -5,8 +5,9 @@
 //! created_at-to-receipt latency; for CONTAINER_STOPPED_EVENT only — any exit code,
 //! with or without container statuses — ask for a relist of the pod (source
 //! `evented_pleg`), naming the event's container (not a sandbox) so that the relist
-//! reads its status together with the pod's lists (a prefetch). It keeps the kubelet `kubelet_evented_pleg_*` metrics, and tells
-//! the early sources (`cri_stops.rs`) which stops it reported and whether it is up.
+//! reads its status together with the pod's lists (a prefetch). It keeps the kubelet
+//! `kubelet_evented_pleg_*` metrics, and tells the early sources (`cri_stops.rs`)
+//! which stops it reported and whether it is up.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -31,9 +31,9 @@
 //!   It returns what the item asks for, [`Hint`]s (usually one, or none):
 //!   [`Hint::Pod`] (a pod UID, and the container the item is about if it knows it:
 //!   the relist reads that container's status together with the pod's lists — a
-//!   prefetch that saves a round trip, never needed for correctness), [`Hint::Container`] (a container or sandbox ID,
-//!   mapped to its pod through the cache; an ID the cache does not know asks for
-//!   nothing), [`Hint::Global`] (bring the next global relist forward, honoured at
+//!   prefetch that saves a round trip, never needed for correctness; today only the
+//!   CRI source names one), [`Hint::Container`] (a container or sandbox ID, mapped
+//!   to its pod through the cache; an ID the cache does not know asks for nothing), [`Hint::Global`] (bring the next global relist forward, honoured at
 //!   most once per relist period — a resynchronisation), [`Hint::After`] (a hint
 //!   later, on the watcher's timer) and [`Hint::Recheck`] (a `Container` hint
 //!   skipped once the cache has had the container exited for one more relist, or once

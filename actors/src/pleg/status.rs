@@ -21,9 +21,9 @@
 //!   container (the CRI stream's) calls its ContainerStatus together with the pod's
 //!   lists, saving a round trip after them. A container the rules above read takes
 //!   the prefetched status instead if it has the id, state, attempt and created_at of
-//!   the list entry (the status is then as new as the list); otherwise, or if the
-//!   prefetch failed (NotFound included), it is read as usual. Nothing else changes:
-//!   reused statuses stay, and global relists never prefetch.
+//!   the list entry (read in the same round trip, it agrees with the list); otherwise,
+//!   or if the prefetch failed (NotFound included), it is read as usual. Nothing else
+//!   changes: reused statuses stay, and global relists never prefetch.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -186,10 +186,11 @@ pub fn take_prefetched(
 }
 
 /// Reads the record's pod: sandboxes from `listed` (PodSandboxStatus only for one not
-/// there), containers from `reuse` (reused or prefetched statuses) or ContainerStatus, concurrently within `calls`
-/// (the relist's bound on calls in flight). A container that answers NotFound is gone
-/// (it went away after the list) and is left out, as kubelet does; any other failure
-/// fails the whole read: a partial status would look like a change that did not happen.
+/// there), containers from `reuse` (reused or prefetched statuses) or ContainerStatus,
+/// concurrently within `calls` (the relist's bound on calls in flight). A container
+/// that answers NotFound is gone (it went away after the list) and is left out, as
+/// kubelet does; any other failure fails the whole read: a partial status would look
+/// like a change that did not happen.
 pub async fn read_pod_status(
     runtime: &dyn RuntimeClient,
     record: &PodRecord,
