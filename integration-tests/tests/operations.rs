@@ -92,6 +92,11 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
         "done",
         "list",
         "status",
+        // What became of a prefetched container status.
+        "used",
+        "read_again",
+        "failed",
+        "unused",
         "created",
         "started",
         "stopped",
