@@ -172,7 +172,12 @@ impl Plegd {
             .arg("--api-socket")
             .arg(&api_socket)
             .args(extra)
-            .env("RUST_LOG", "warn")
+            // Its log level: warn, or the environment's PLEGD_BENCH_LOG (a RUST_LOG
+            // filter, e.g. `plegd_actors=debug` to follow each hint and relist).
+            .env(
+                "RUST_LOG",
+                std::env::var("PLEGD_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

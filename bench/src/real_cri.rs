@@ -21,6 +21,8 @@ use tonic::transport::Channel;
 pub const BUSYBOX: &str = "localhost/pleg/busybox:1.0";
 /// Label on every pod made here.
 const LABEL: &str = "plegd-bench";
+/// Reads of a stopped container's pod until its status says EXITED.
+const VERIFY_TRIES: usize = 5;
 /// Deadline of each unary call (a loaded 2-core machine).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Runs until killed: the container's process is the sleep itself, so a SIGKILL of
@@ -294,6 +296,85 @@ impl RealCri {
         })
     }
 
+    /// Opens a raw GetContainerEvents stream on `rt` that reads each stopped
+    /// container's pod the moment its CONTAINER_STOPPED_EVENT arrives, as a client that
+    /// checks an event before it reports it must, with plegd's reads: both filtered
+    /// lists and the container's ContainerStatus, in flight together (again if the
+    /// status does not say EXITED yet). [`RawExits::wait`] gives when those answers
+    /// were all in, [`RawExits::arrived`] when the event came.
+    pub fn verified_stopped_events(&self, rt: &tokio::runtime::Runtime) -> RawExits {
+        let mut client = self.c();
+        let reader = self.clone();
+        RawExits::spawn(rt, move |sink| async move {
+            let mut stream = client
+                .get_container_events(cri::GetEventsRequest::default())
+                .await?
+                .into_inner();
+            while let Some(ev) = stream.message().await? {
+                let at = Instant::now();
+                if ev.container_event_type != cri::ContainerEventType::ContainerStoppedEvent as i32
+                {
+                    continue;
+                }
+                let sandbox = ev.pod_sandbox_status.map(|s| s.id).unwrap_or_default();
+                sink.arrive(ev.container_id.clone(), at);
+                let (reader, sink) = (reader.clone(), sink.clone());
+                tokio::spawn(async move {
+                    for _ in 0..VERIFY_TRIES {
+                        match reader.read_pod_of(&sandbox, &ev.container_id).await {
+                            Ok(true) => break,
+                            Ok(false) => continue,
+                            // Counted as never verified: the row shows fewer samples.
+                            Err(_) => return,
+                        }
+                    }
+                    sink.record(ev.container_id, Instant::now());
+                });
+            }
+            Ok(())
+        })
+    }
+
+    /// A targeted relist's reads of `sandbox`'s pod and `id`, all in flight together;
+    /// true if ContainerStatus said EXITED.
+    async fn read_pod_of(&self, sandbox: &str, id: &str) -> Result<bool> {
+        let (mut a, mut b, mut c) = (self.c(), self.c(), self.c());
+        let (_, _, st) = futures::try_join!(
+            async {
+                a.list_pod_sandbox(req(cri::ListPodSandboxRequest {
+                    filter: Some(cri::PodSandboxFilter {
+                        id: sandbox.to_string(),
+                        ..Default::default()
+                    }),
+                }))
+                .await
+                .with_context(|| format!("ListPodSandbox {sandbox}"))
+            },
+            async {
+                b.list_containers(req(cri::ListContainersRequest {
+                    filter: Some(cri::ContainerFilter {
+                        pod_sandbox_id: sandbox.to_string(),
+                        ..Default::default()
+                    }),
+                }))
+                .await
+                .with_context(|| format!("ListContainers of {sandbox}"))
+            },
+            async {
+                c.container_status(req(cri::ContainerStatusRequest {
+                    container_id: id.to_string(),
+                    verbose: false,
+                }))
+                .await
+                .with_context(|| format!("ContainerStatus {id}"))
+            }
+        )?;
+        Ok(st
+            .into_inner()
+            .status
+            .is_some_and(|s| s.state == cri::ContainerState::ContainerExited as i32))
+    }
+
     /// Subscribes on `rt` to containerd's own event service (the task exit, OOM and
     /// delete topics of the CRI namespace, as plegd's containerd-events source does),
     /// stamping every /tasks/exit when it arrives. containerd publishes these to every
@@ -349,6 +430,8 @@ pub fn kill(pids: &[u32]) -> Result<Instant> {
 #[derive(Default)]
 struct RawState {
     stopped: HashMap<String, Instant>,
+    /// A verifying stream's event arrivals (`stopped` then holds the reads' end).
+    arrived: HashMap<String, Instant>,
     ended: Option<String>,
 }
 
@@ -361,6 +444,11 @@ struct RawSeen {
 impl RawSeen {
     fn lock(&self) -> std::sync::MutexGuard<'_, RawState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A verifying stream's first exit event of `id` arrived `at`.
+    fn arrive(&self, id: String, at: Instant) {
+        self.lock().arrived.entry(id).or_insert(at);
     }
 
     /// The first exit event of `id` arrived `at`.
@@ -396,6 +484,11 @@ impl RawExits {
             sink.changed.notify_all();
         });
         RawExits { seen, task }
+    }
+
+    /// When a verifying stream got `id`'s exit event.
+    pub fn arrived(&self, id: &str) -> Option<Instant> {
+        self.seen.lock().arrived.get(id).copied()
     }
 
     /// Waits for the CONTAINER_STOPPED_EVENT of each of `ids` (or `patience`); returns

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::exit::{ConfigError, MAX_CONFIG_FILE};
 use crate::values::{
     true_or_false, ApiSocket, Count, HintSources, LogFormat, MessageSize, MetricsAddr,
-    OtlpEndpoint, PositiveDuration, DAY, HOUR,
+    OtlpEndpoint, PositiveDuration, TrimPeriod, DAY, HOUR,
 };
 
 /// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
@@ -132,6 +132,16 @@ pub struct Settings {
     /// status (at most 1d).
     #[arg(long, env = "PLEGD_TOMBSTONE_TTL", default_value = "5m")]
     pub tombstone_ttl: PositiveDuration<DAY>,
+    /// How often plegd gives the memory it freed back to the kernel (glibc's
+    /// malloc_trim, ≈ 0.2 ms at 10,000 pods), or off. Without it, what short-lived pods
+    /// freed stays in plegd's RSS (BENCHMARKS.md, "Memory"). At most 1h.
+    #[arg(
+        long,
+        env = "PLEGD_MEMORY_TRIM_PERIOD",
+        default_value = "10s",
+        value_name = "DURATION|off"
+    )]
+    pub memory_trim_period: TrimPeriod,
 }
 
 /// `--config` and `--print-config`: how to read and show the settings, not settings.

@@ -29,6 +29,8 @@ struct Checked {
     log_format: values::LogFormat,
     /// `plegd demo` was given a runtime endpoint (file or environment): it is not used.
     endpoint_ignored: bool,
+    /// `--memory-trim-period`.
+    memory_trim: Option<std::time::Duration>,
 }
 
 /// What to run.
@@ -87,6 +89,7 @@ fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Checked>, 
         job,
         log_format: settings.log_format,
         endpoint_ignored,
+        memory_trim: settings.memory_trim_period.get(),
     }))
 }
 
@@ -128,6 +131,11 @@ fn main() -> ExitCode {
         tracing::warn!(
             "glibc refused the fixed mmap/trim thresholds; memory may grow with its defaults"
         );
+    }
+    if let Some(period) = checked.memory_trim {
+        if let Err(e) = malloc::start_trimming(period) {
+            tracing::warn!(error = %e, "could not start the memory trim thread; freed memory stays in RSS");
+        }
     }
     let job = checked.job;
     let system = actix_rt::System::new();

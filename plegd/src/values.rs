@@ -236,6 +236,46 @@ impl fmt::Display for ApiSocket {
     }
 }
 
+/// How often plegd gives the heap's free pages back to the kernel: a duration (at
+/// most 1h), or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum TrimPeriod {
+    Off,
+    Every(PositiveDuration<HOUR>),
+}
+
+impl TrimPeriod {
+    /// The period, or None for `off`.
+    pub fn get(self) -> Option<Duration> {
+        match self {
+            TrimPeriod::Off => None,
+            TrimPeriod::Every(d) => Some(d.0),
+        }
+    }
+}
+
+impl FromStr for TrimPeriod {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(TrimPeriod::Off);
+        }
+        s.parse()
+            .map(TrimPeriod::Every)
+            .map_err(|e| format!("{e}, or 'off'"))
+    }
+}
+
+impl fmt::Display for TrimPeriod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrimPeriod::Off => f.write_str("off"),
+            TrimPeriod::Every(d) => d.fmt(f),
+        }
+    }
+}
+
 /// `--hint-sources`: a comma-separated list of relist hint sources (`cri-events`,
 /// `nri`, `containerd-events`), or `none` for polling only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -302,7 +342,8 @@ text_conversions!(
     MetricsAddr,
     OtlpEndpoint,
     ApiSocket,
-    HintSources
+    HintSources,
+    TrimPeriod
 );
 
 impl<const MAX_SECS: u64> TryFrom<String> for PositiveDuration<MAX_SECS> {
@@ -407,6 +448,26 @@ mod tests {
         }
         for bad in ["plegd.sock", "", "/"] {
             assert!(bad.parse::<ApiSocket>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn trim_periods_are_off_or_a_bounded_duration() {
+        for s in ["off", "10s", "500ms", "1h"] {
+            assert_eq!(s.parse::<TrimPeriod>().unwrap().to_string(), s);
+        }
+        assert_eq!("off".parse::<TrimPeriod>().unwrap().get(), None);
+        assert_eq!(
+            "2s".parse::<TrimPeriod>().unwrap().get(),
+            Some(Duration::from_secs(2))
+        );
+        for (bad, reason) in [
+            ("0s", "greater than zero"),
+            ("2h", "at most 1h"),
+            ("never", "'off'"),
+        ] {
+            let err = bad.parse::<TrimPeriod>().unwrap_err();
+            assert!(err.contains(reason), "{bad}: {err}");
         }
     }
 }
