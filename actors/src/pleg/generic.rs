@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use futures::future::{join_all, try_join_all};
 use futures::StreamExt;
@@ -30,8 +30,8 @@ use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
 use super::record::{group, PodRecord};
 use super::status::{
-    index_containers, index_sandboxes, read_pod_status, still_running, take_prefetched, LastReads,
-    Listed, PodStatus, PrefetchCounts,
+    index_containers, index_sandboxes, read_pod_status, reusable, take_prefetched, unsettled_exits,
+    LastReads, Listed, PodStatus, PrefetchCounts, EXIT_SETTLE,
 };
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use plegd_runtime::{
@@ -115,6 +115,8 @@ pub struct GenericPleg {
     last_reads: Option<Arc<dyn LastReads>>,
     /// Pods per chunk of a global relist.
     chunk_pods: usize,
+    /// How long after its exit a container's status is read again ([`EXIT_SETTLE`]).
+    exit_settle: Duration,
     /// Tests: every global relist rebuilds every pod at once, with the records (the
     /// reference chunks and the change check are compared with).
     #[cfg(test)]
@@ -146,6 +148,7 @@ impl GenericPleg {
             scratch: changes::Scratch::default(),
             last_reads: None,
             chunk_pods: CHUNK_PODS,
+            exit_settle: EXIT_SETTLE,
             #[cfg(test)]
             rebuild_all: false,
         }
@@ -162,6 +165,13 @@ impl GenericPleg {
     /// default [`CHUNK_PODS`]; `usize::MAX`: all at once).
     pub fn with_chunk_pods(mut self, pods: usize) -> Self {
         self.chunk_pods = pods.max(1);
+        self
+    }
+
+    /// An exited container's status is reused once a read that began `settle` after
+    /// its exit showed it (default [`EXIT_SETTLE`]; tests shorten it).
+    pub fn with_exit_settle(mut self, settle: Duration) -> Self {
+        self.exit_settle = settle;
         self
     }
 
@@ -515,9 +525,21 @@ impl GenericPleg {
                 self.list_known_pod(&known).await
             }
         };
+        // With the asked-for containers, the exits whose status has not settled: the
+        // read after the lists would call them anyway.
+        let mut prefetch = prefetch.to_vec();
+        if let (false, Some(last)) = (known.is_empty(), &self.last_reads) {
+            if let Some(last) = last.last_read(uid) {
+                for id in unsettled_exits(&last, self.exit_settle) {
+                    if !prefetch.iter().any(|p| p == id) {
+                        prefetch.push(id.to_string());
+                    }
+                }
+            }
+        }
         let (lists, (prefetched, mut counts)) = futures::join!(
             lists,
-            prefetch_statuses(self.runtime.as_ref(), prefetch, calls)
+            prefetch_statuses(self.runtime.as_ref(), &prefetch, calls)
         );
         let (sandboxes, containers) = match lists {
             Ok(lists) => lists,
@@ -625,7 +647,9 @@ impl GenericPleg {
                 // What the cache says now: the last relist that read this pod has
                 // been applied (the dispatcher awaits each apply).
                 let mut reuse = match (&w.new, &last_reads) {
-                    (Some(_), Some(last)) => still_running(&w.listed, last.last_read(&w.uid)),
+                    (Some(_), Some(last)) => {
+                        reusable(&w.listed, last.last_read(&w.uid), self.exit_settle)
+                    }
                     _ => HashMap::new(),
                 };
                 // A pod that is gone lists nothing: its prefetches go unused.

@@ -14,19 +14,32 @@
 //!   cache's, through [`LastReads`]) said Running with the same id, attempt and
 //!   created_at, has been running ever since (a container never goes back to Running):
 //!   the fields plegd keeps do not change while it runs, so that status is reused.
-//!   Everything else is read: exited containers (containerd can set the reason, e.g.
-//!   OOMKilled, after the exit), created or unknown ones, and every container of a pod
-//!   whose last read failed.
+//! - A container that the list says is Exited, and whose last status read said Exited
+//!   with the same id, attempt and created_at, is reused once that read began at least
+//!   [`EXIT_SETTLE`] after the container's `finished_at`: an exited container's
+//!   status can still change just after the exit (containerd records an OOM kill's
+//!   reason when it handles the OOM event, which may come after the exit's), never
+//!   later. Before that it is read at every read of its pod, as before; after it, a
+//!   pod's completed init and job containers cost nothing when the pod is read again
+//!   (before, a ContainerStatus each at every event in the pod or change of it, and a
+//!   second round trip after the lists).
+//!   Everything else is read: created or unknown containers, exited ones until their
+//!   status settled, and every container of a pod whose last read failed.
 //! - Prefetch (issue 11, goal 5): a targeted relist asked for by an event about one
 //!   container (the CRI stream's) calls its ContainerStatus together with the pod's
 //!   lists, saving a round trip after them. A container the rules above read takes
 //!   the prefetched status instead if it has the id, state, attempt and created_at of
 //!   the list entry (read in the same round trip, it agrees with the list); otherwise,
 //!   or if the prefetch failed (NotFound included), it is read as usual. Nothing else
-//!   changes: reused statuses stay, and global relists never prefetch.
+//!   changes: reused statuses stay, and global relists never prefetch. A targeted
+//!   relist of a known pod also prefetches the containers its last read found exited
+//!   and not yet settled ([`unsettled_exits`]): the rules above would read them after
+//!   the lists anyway (a pod with earlier exits would otherwise need that second round
+//!   trip on every exit).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::try_join_all;
 use tokio::sync::Semaphore;
@@ -45,24 +58,66 @@ pub struct PodStatus {
     pub containers: Vec<ContainerStatus>,
 }
 
+/// How long after its `finished_at` an exited container's status may still change
+/// (module docs). containerd handles a container's OOM and exit events within
+/// milliseconds of each other; 5 s leaves a wide margin on a loaded node and costs
+/// about 5 reads per exit at the default 1 s relist period.
+pub const EXIT_SETTLE: Duration = Duration::from_secs(5);
+
+/// A pod's last status read, and when that read began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LastRead {
+    pub status: PodStatus,
+    pub read_at: SystemTime,
+}
+
 /// Where a relist finds the last status read of a pod (plegd: the cache, which the
 /// dispatcher has updated with every earlier relist before it starts the next one).
 pub trait LastReads: Send + Sync + 'static {
     /// The pod's last status read, if it succeeded and no read of the pod failed
     /// since (None otherwise: every container is read again).
-    fn last_read(&self, uid: &str) -> Option<PodStatus>;
+    fn last_read(&self, uid: &str) -> Option<LastRead>;
 }
 
 /// Through [`PodCache::get`]: an entry whose last read failed (`error`) offers
-/// nothing, even though it keeps the status read before.
+/// nothing, even though it keeps the status read before. `modified` is when that
+/// successful read began.
 impl LastReads for PodCache {
-    fn last_read(&self, uid: &str) -> Option<PodStatus> {
+    fn last_read(&self, uid: &str) -> Option<LastRead> {
         let pod = self.get(uid)?;
         if pod.error.is_some() {
             return None;
         }
-        pod.status
+        Some(LastRead {
+            status: pod.status?,
+            read_at: pod.modified,
+        })
     }
+}
+
+/// True if `st` is an exit whose status a read that began `read_at` shows for good:
+/// Exited, with a `finished_at`, at least `settle` before `read_at`.
+fn settled_exit(st: &ContainerStatus, read_at: SystemTime, settle: Duration) -> bool {
+    let Ok(read_ns) = read_at.duration_since(UNIX_EPOCH) else {
+        return false;
+    };
+    let read_ns = i64::try_from(read_ns.as_nanos()).unwrap_or(i64::MAX);
+    let settle_ns = i64::try_from(settle.as_nanos()).unwrap_or(i64::MAX);
+    st.state == ContainerState::Exited
+        && st.finished_at > 0
+        && read_ns.saturating_sub(st.finished_at) >= settle_ns
+}
+
+/// The containers `last` found exited whose status had not settled then: a read of
+/// the pod will call their ContainerStatus (a targeted relist prefetches them).
+pub fn unsettled_exits(last: &LastRead, settle: Duration) -> impl Iterator<Item = &str> {
+    last.status
+        .containers
+        .iter()
+        .filter(move |st| {
+            st.state == ContainerState::Exited && !settled_exit(st, last.read_at, settle)
+        })
+        .map(|st| st.id.as_str())
 }
 
 /// The list entries a pod's record was built from (the last one listed of an id wins,
@@ -114,19 +169,28 @@ pub fn index_containers(list: &[Container]) -> HashMap<&str, &Container> {
 }
 
 /// The statuses of `last` that still hold: containers listed Running now whose last
-/// read said Running with the same id, attempt and created_at.
-pub fn still_running(listed: &Listed, last: Option<PodStatus>) -> HashMap<String, ContainerStatus> {
-    let Some(last) = last else {
+/// read said Running, and containers listed Exited whose last read showed that exit
+/// settled (`settle` after it), each with the same id, attempt and created_at.
+pub fn reusable(
+    listed: &Listed,
+    last: Option<LastRead>,
+    settle: Duration,
+) -> HashMap<String, ContainerStatus> {
+    let Some(LastRead { status, read_at }) = last else {
         return HashMap::new();
     };
-    last.containers
+    status
+        .containers
         .into_iter()
         .filter(|st| {
-            st.state == ContainerState::Running
+            let still = match st.state {
+                ContainerState::Running => true,
+                ContainerState::Exited => settled_exit(st, read_at, settle),
+                _ => false,
+            };
+            still
                 && listed.containers.get(&st.id).is_some_and(|c| {
-                    c.state == ContainerState::Running
-                        && c.attempt == st.attempt
-                        && c.created_at == st.created_at
+                    c.state == st.state && c.attempt == st.attempt && c.created_at == st.created_at
                 })
         })
         .map(|st| (st.id.clone(), st))

@@ -4,28 +4,38 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use super::status::LastReads;
+use super::status::{LastRead, LastReads, EXIT_SETTLE};
 use super::*;
 use crate::event::{EventKind::*, LifecycleEvent, RelistSource};
 use plegd_runtime::ContainerState;
 use plegd_sim::{FakeRuntime, Op};
 
-/// The cache as the CacheOwner keeps it (last good status, error of the last read),
-/// applied by the test after each relist as the dispatcher does.
+/// The cache as the CacheOwner keeps it (last good status, error of the last read,
+/// when the last read began), applied by the test after each relist as the
+/// dispatcher does.
 #[derive(Default)]
-struct TestCache(Mutex<HashMap<String, Entry>>);
+struct TestCache {
+    pods: Mutex<HashMap<String, Entry>>,
+    read_at: Mutex<HashMap<String, SystemTime>>,
+}
 
 /// The last good status, and the error of the last read if it failed.
 type Entry = (Option<PodStatus>, Option<String>);
 
 impl TestCache {
     fn apply(&self, out: &RelistOutput) {
-        let mut pods = self.0.lock().unwrap();
+        let mut pods = self.pods.lock().unwrap();
+        let mut read_at = self.read_at.lock().unwrap();
         for u in &out.cache {
             match u {
-                CacheUpdate::Set { uid, status, .. } => {
+                CacheUpdate::Set {
+                    uid,
+                    status,
+                    read_at: at,
+                } => {
+                    read_at.insert(uid.clone(), *at);
                     let e = pods.entry(uid.clone()).or_default();
                     match status {
                         Ok(st) => *e = (Some(st.clone()), None),
@@ -34,24 +44,28 @@ impl TestCache {
                 }
                 CacheUpdate::Delete { uid, .. } => {
                     pods.remove(uid);
+                    read_at.remove(uid);
                 }
             }
         }
     }
 
     fn status(&self, uid: &str) -> Option<PodStatus> {
-        self.0.lock().unwrap().get(uid).and_then(|e| e.0.clone())
+        self.pods.lock().unwrap().get(uid).and_then(|e| e.0.clone())
     }
 }
 
 impl LastReads for TestCache {
-    fn last_read(&self, uid: &str) -> Option<PodStatus> {
-        let pods = self.0.lock().unwrap();
+    fn last_read(&self, uid: &str) -> Option<LastRead> {
+        let pods = self.pods.lock().unwrap();
         let (status, error) = pods.get(uid)?;
         if error.is_some() {
             return None;
         }
-        status.clone()
+        Some(LastRead {
+            status: status.clone()?,
+            read_at: *self.read_at.lock().unwrap().get(uid)?,
+        })
     }
 }
 
@@ -68,6 +82,15 @@ impl Node {
         if reuse {
             pleg = pleg.with_last_reads(cache.clone());
         }
+        Node { pleg, cache }
+    }
+
+    /// Reusing statuses, an exit's once `settle` after it.
+    fn settling(rt: &FakeRuntime, settle: Duration) -> Node {
+        let cache = Arc::new(TestCache::default());
+        let pleg = GenericPleg::new(Arc::new(rt.clone()), 4)
+            .with_last_reads(cache.clone())
+            .with_exit_settle(settle);
         Node { pleg, cache }
     }
 
@@ -168,8 +191,9 @@ async fn restarted_and_exited_containers_are_read_again() {
         .events
         .iter()
         .any(|e| e.kind == ContainerStarted && e.container_id == again && e.attempt == Some(1)));
-    // Exited containers are read on every relist of their pod: containerd may give
-    // the reason after the exit.
+    // Exited containers are read at every relist of their pod until their status has
+    // settled (EXIT_SETTLE after the exit): containerd may give the reason after the
+    // exit.
     rt.oom_kill_container(&cs[9]);
     let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
     assert_eq!(calls, (0, 3), "c3 and c5 still exited, c9 exited now");
@@ -191,6 +215,82 @@ async fn restarted_and_exited_containers_are_read_again() {
             .state,
         ContainerState::Running
     );
+}
+
+/// Issue 11: an exit whose status has settled is not read again. Before, each exited
+/// container (a completed init or job container) cost a ContainerStatus at every read
+/// of its pod: every event in the pod, and a second round trip after the lists.
+#[tokio::test]
+async fn a_settled_exit_is_reused_and_an_unsettled_one_read() {
+    // Settled at once: the read after the exit began after its finished_at.
+    let rt = FakeRuntime::new();
+    let mut n = Node::settling(&rt, Duration::ZERO);
+    let (_, cs) = pod_of_20(&rt, &mut n).await;
+    rt.exit_container(&cs[0], 3);
+    let (calls, out) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 1), "the exit is read");
+    assert_eq!(out.events.len(), 1);
+    for _ in 0..3 {
+        let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+        assert_eq!(calls, (0, 0), "settled: reused");
+    }
+    // Another state in the list than in the settled read: read again.
+    rt.set_container_state(&cs[0], ContainerState::Unknown);
+    let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+    assert_eq!(calls, (0, 1));
+    let st = n.cache.status("u1").unwrap();
+    let c0 = st.containers.iter().find(|c| c.id == cs[0]).unwrap();
+    assert_eq!((c0.state, c0.exit_code), (ContainerState::Unknown, 3));
+
+    // Not settled within the test: read at every relist of its pod.
+    let rt = FakeRuntime::new();
+    let mut n = Node::settling(&rt, Duration::from_secs(3600));
+    let (_, cs) = pod_of_20(&rt, &mut n).await;
+    rt.exit_container(&cs[0], 3);
+    for _ in 0..3 {
+        let (calls, _) = calls_of(&rt, n.targeted("u1")).await;
+        assert_eq!(calls, (0, 1), "unsettled: read");
+    }
+}
+
+/// Issue 11 goal 5: a targeted relist calls ContainerStatus of the pod's unsettled
+/// exits together with its lists (they would be read after them anyway): with the
+/// stopped container's prefetch, the relist is one round trip however many earlier
+/// exits the pod has.
+#[tokio::test]
+async fn a_targeted_relist_reads_unsettled_exits_with_the_lists() {
+    let rt = FakeRuntime::new();
+    let mut n = Node::settling(&rt, Duration::from_secs(3600));
+    let (_, cs) = pod_of_20(&rt, &mut n).await;
+    rt.exit_container(&cs[0], 1);
+    rt.exit_container(&cs[1], 1);
+    n.targeted("u1").await;
+    rt.exit_container(&cs[2], 2);
+    let before = rt.calls(Op::ContainerStatus);
+    rt.hold(Op::ListContainers);
+    let release = async {
+        crate::testing::wait_until("three statuses asked while ListContainers waits", || {
+            rt.calls(Op::ContainerStatus) == before + 3
+        })
+        .await;
+        rt.release(Op::ListContainers);
+    };
+    let scope = RelistScope::Pod {
+        uid: "u1".into(),
+        source: RelistSource::EventedPleg,
+        prefetch: vec![cs[2].clone()],
+    };
+    let ((calls, out), ()) = tokio::join!(calls_of(&rt, n.relist(&scope)), release);
+    assert_eq!(calls, (0, 3), "each read once");
+    assert_eq!(out.prefetch.used, 3);
+    let died: Vec<_> = out
+        .events
+        .iter()
+        .map(|e| (e.kind, &e.container_id))
+        .collect();
+    assert_eq!(died, vec![(ContainerDied, &cs[2])]);
+    let exit = out.events[0].exit.as_ref().unwrap();
+    assert_eq!(exit.code, 2);
 }
 
 #[tokio::test]
@@ -278,7 +378,13 @@ pub(super) fn comparable(out: &RelistOutput) -> (Vec<String>, Vec<String>) {
 async fn reusing_statuses_gives_what_full_reads_give() {
     for seed in 1..=12u64 {
         let rt = FakeRuntime::new();
-        let mut reuse = Node::new(&rt, true);
+        // Odd seeds: exits settle at once, so their statuses are reused too.
+        let settle = if seed % 2 == 1 {
+            Duration::ZERO
+        } else {
+            EXIT_SETTLE
+        };
+        let mut reuse = Node::settling(&rt, settle);
         let mut full = Node::new(&rt, false);
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let mut pods: Vec<(String, String)> = Vec::new();
@@ -363,8 +469,8 @@ async fn reusing_statuses_gives_what_full_reads_give() {
                 "seed {seed} step {step} {scope:?}"
             );
             assert_eq!(
-                *reuse.cache.0.lock().unwrap(),
-                *full.cache.0.lock().unwrap(),
+                *reuse.cache.pods.lock().unwrap(),
+                *full.cache.pods.lock().unwrap(),
                 "seed {seed} step {step}"
             );
         }
@@ -401,7 +507,7 @@ async fn the_pod_cache_offers_no_status_after_a_failed_read() {
     let out = pleg.relist(&RelistScope::Global, &|_| false).await.unwrap();
     apply(out).await.unwrap();
     let good = cache.last_read("u1").unwrap();
-    assert_eq!(good.containers.len(), 2);
+    assert_eq!(good.status.containers.len(), 2);
     // The job's exit makes the next read call ContainerStatus, which fails.
     rt.exit_container(&job, 0);
     rt.fail_pod_status("u1", true);
