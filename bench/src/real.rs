@@ -18,6 +18,14 @@
 //!   to every subscriber, on 1.7 too) received the container's /tasks/exit; the exit
 //!   (the container's `finished_at`, set by the runtime) → plegd's ContainerDied; and
 //!   the kill → ContainerDied.
+//!
+//! First, before plegd starts, containerd's own floor: on 1.x, exit → a raw CRI event
+//! (the stream's only subscriber); on 2.x, a raw CRI event's arrival → the answers of
+//! the reads a client must make before it reports that exit as true (both filtered
+//! lists and the container's ContainerStatus, sent together on arrival, as plegd's
+//! targeted relist does), for single exits and bursts. plegd treats every event as a
+//! hint and reports what those reads say, so that floor is the least its ContainerDied
+//! can trail the raw event by.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
