@@ -199,18 +199,7 @@ fn verified_floor(
         o.singles, o.bursts
     );
     let raw = cri.verified_stopped_events(watch_rt);
-    let mut singles = Vec::new();
-    for (i, chunk) in (0..o.singles).collect::<Vec<_>>().chunks(BURST).enumerate() {
-        singles.extend(group(rt, cri, pods, &format!("vfloor-{i}"), chunk.len())?);
-    }
-    let mut bursts = Vec::new();
-    for i in 0..o.bursts {
-        let mut ids = Vec::with_capacity(BURST);
-        for j in 0..BURST {
-            ids.extend(group(rt, cri, pods, &format!("vfloor-burst-{i}-{j}"), 1)?);
-        }
-        bursts.push(ids);
-    }
+    let (singles, bursts) = containers_to_kill(o, rt, cri, pods, "vfloor-")?;
     let verified = |ids: &[String]| -> Result<Vec<f64>> {
         let pids: Vec<u32> = rt
             .block_on(join_all(ids.iter().map(|id| cri.pid(id))))
@@ -289,20 +278,7 @@ fn measure(
 ) -> Result<Measured> {
     eprintln!("plegd-bench: making containers");
     let warm = group(rt, cri, pods, "warmup", WARMUP)?;
-    let mut singles_ids = Vec::new();
-    for (i, chunk) in (0..o.singles).collect::<Vec<_>>().chunks(BURST).enumerate() {
-        singles_ids.extend(group(rt, cri, pods, &format!("single-{i}"), chunk.len())?);
-    }
-    let mut burst_ids = Vec::new();
-    // A burst's containers are in 20 pods: each pod has its own shim (containerd 2.x
-    // has one per pod), so the runtime handles the 20 exits side by side.
-    for i in 0..o.bursts {
-        let mut ids = Vec::with_capacity(BURST);
-        for j in 0..BURST {
-            ids.extend(group(rt, cri, pods, &format!("burst-{i}-{j}"), 1)?);
-        }
-        burst_ids.push(ids);
-    }
+    let (singles_ids, burst_ids) = containers_to_kill(o, rt, cri, pods, "")?;
     // plegd has seen every container running.
     workloads::relists(plegd, 2)?;
     eprintln!("plegd-bench: warm-up");
@@ -326,6 +302,38 @@ fn measure(
         bursts.push(exits(rt, cri, plegd, raws, ids)?);
     }
     Ok((singles, bursts, warmup))
+}
+
+/// The containers of --singles single exits (pods of 20) and of --bursts bursts of 20,
+/// in pods named with `prefix`. A burst's containers are in 20 pods: each pod has its
+/// own shim (containerd 2.x has one per pod), so the runtime handles the 20 exits side
+/// by side.
+fn containers_to_kill(
+    o: &Options<'_>,
+    rt: &tokio::runtime::Runtime,
+    cri: &RealCri,
+    pods: &mut Vec<Pod>,
+    prefix: &str,
+) -> Result<(Vec<String>, Vec<Vec<String>>)> {
+    let mut singles = Vec::new();
+    for (i, chunk) in (0..o.singles).collect::<Vec<_>>().chunks(BURST).enumerate() {
+        singles.extend(group(
+            rt,
+            cri,
+            pods,
+            &format!("{prefix}single-{i}"),
+            chunk.len(),
+        )?);
+    }
+    let mut bursts = Vec::new();
+    for i in 0..o.bursts {
+        let mut ids = Vec::with_capacity(BURST);
+        for j in 0..BURST {
+            ids.extend(group(rt, cri, pods, &format!("{prefix}burst-{i}-{j}"), 1)?);
+        }
+        bursts.push(ids);
+    }
+    Ok((singles, bursts))
 }
 
 /// A pod with `n` running containers (4 made at a time); returns their IDs.

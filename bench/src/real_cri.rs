@@ -228,13 +228,23 @@ impl RealCri {
             .next()
             .with_context(|| format!("ListContainers {id}: not listed"))?
             .pod_sandbox_id;
-        let (mut a, mut b) = (self.c(), self.c());
         let start = Instant::now();
+        self.pod_lists(&sandbox).await?;
+        let lists = start.elapsed();
+        let start = Instant::now();
+        self.finished_at(id).await?;
+        Ok((lists, start.elapsed()))
+    }
+
+    /// A targeted relist's lists of `sandbox`'s pod: ListPodSandbox and ListContainers
+    /// filtered by it, in flight together.
+    async fn pod_lists(&self, sandbox: &str) -> Result<()> {
+        let (mut a, mut b) = (self.c(), self.c());
         futures::try_join!(
             async {
                 a.list_pod_sandbox(req(cri::ListPodSandboxRequest {
                     filter: Some(cri::PodSandboxFilter {
-                        id: sandbox.clone(),
+                        id: sandbox.to_string(),
                         ..Default::default()
                     }),
                 }))
@@ -244,7 +254,7 @@ impl RealCri {
             async {
                 b.list_containers(req(cri::ListContainersRequest {
                     filter: Some(cri::ContainerFilter {
-                        pod_sandbox_id: sandbox.clone(),
+                        pod_sandbox_id: sandbox.to_string(),
                         ..Default::default()
                     }),
                 }))
@@ -252,10 +262,7 @@ impl RealCri {
                 .with_context(|| format!("ListContainers of {sandbox}"))
             }
         )?;
-        let lists = start.elapsed();
-        let start = Instant::now();
-        self.finished_at(id).await?;
-        Ok((lists, start.elapsed()))
+        Ok(())
     }
 
     /// StopPodSandbox then RemovePodSandbox (its containers go with it).
@@ -338,37 +345,15 @@ impl RealCri {
     /// A targeted relist's reads of `sandbox`'s pod and `id`, all in flight together;
     /// true if ContainerStatus said EXITED.
     async fn read_pod_of(&self, sandbox: &str, id: &str) -> Result<bool> {
-        let (mut a, mut b, mut c) = (self.c(), self.c(), self.c());
-        let (_, _, st) = futures::try_join!(
-            async {
-                a.list_pod_sandbox(req(cri::ListPodSandboxRequest {
-                    filter: Some(cri::PodSandboxFilter {
-                        id: sandbox.to_string(),
-                        ..Default::default()
-                    }),
-                }))
-                .await
-                .with_context(|| format!("ListPodSandbox {sandbox}"))
-            },
-            async {
-                b.list_containers(req(cri::ListContainersRequest {
-                    filter: Some(cri::ContainerFilter {
-                        pod_sandbox_id: sandbox.to_string(),
-                        ..Default::default()
-                    }),
-                }))
-                .await
-                .with_context(|| format!("ListContainers of {sandbox}"))
-            },
-            async {
-                c.container_status(req(cri::ContainerStatusRequest {
-                    container_id: id.to_string(),
-                    verbose: false,
-                }))
-                .await
-                .with_context(|| format!("ContainerStatus {id}"))
-            }
-        )?;
+        let mut c = self.c();
+        let (_, st) = futures::try_join!(self.pod_lists(sandbox), async {
+            c.container_status(req(cri::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: false,
+            }))
+            .await
+            .with_context(|| format!("ContainerStatus {id}"))
+        })?;
         Ok(st
             .into_inner()
             .status
