@@ -11,7 +11,8 @@
 //! - on containerd 2.x, which broadcasts CRI events to every subscriber: when a raw
 //!   GetContainerEvents subscriber in this process received the same container's
 //!   CONTAINER_STOPPED_EVENT (the runtime's own speed), so plegd − raw is what plegd
-//!   adds;
+//!   adds; and when that subscriber's own check of the event (the reads of plegd's
+//!   targeted relist, sent on arrival) was answered, side by side with plegd's;
 //! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
 //!   subscriber would take events from plegd's stream): no raw CRI subscriber;
 //! - on both: when a raw subscriber of containerd's own event service (which publishes
@@ -52,6 +53,9 @@ struct Sample {
     plegd: Option<Seen>,
     /// The raw CRI CONTAINER_STOPPED_EVENT's arrival (containerd 2.x only).
     raw_cri: Option<Instant>,
+    /// When the raw subscriber's check of that event (the reads of plegd's targeted
+    /// relist, sent on arrival) was answered, beside plegd's own (containerd 2.x only).
+    checked: Option<Instant>,
     /// The raw /tasks/exit's arrival (containerd's event service).
     raw_task: Option<Instant>,
     /// The reads of a targeted relist of the pod, made by the harness after plegd
@@ -127,7 +131,7 @@ pub fn run(
         }
     };
     let raws = Raws {
-        cri: broadcast.then(|| cri.raw_stopped_events(watch_rt)),
+        cri: broadcast.then(|| cri.verified_stopped_events(watch_rt)),
         task: cri.raw_task_exits(watch_rt),
     };
     let out =
@@ -373,13 +377,14 @@ fn exits(
         .collect::<Result<_>>()?;
     let killed = kill(&pids)?;
     let seen = plegd.events.wait_died(ids, PATIENCE);
-    let raw_cri = match &raws.cri {
+    let checked = match &raws.cri {
         Some(r) => r.wait(ids, PATIENCE)?,
         None => vec![None; ids.len()],
     };
     let raw_task = raws.task.wait(ids, PATIENCE)?;
     let mut out = Vec::with_capacity(ids.len());
-    for (((id, seen), raw_cri), raw_task) in ids.iter().zip(seen).zip(raw_cri).zip(raw_task) {
+    for (((id, seen), checked), raw_task) in ids.iter().zip(seen).zip(checked).zip(raw_task) {
+        let raw_cri = raws.cri.as_ref().and_then(|r| r.arrived(id));
         let finished_ns = rt.block_on(cri.finished_at(id))?;
         if finished_ns == 0 {
             bail!("{id} was killed but has no finished_at");
@@ -394,6 +399,7 @@ fn exits(
             finished_ns,
             plegd: seen.into_iter().next(),
             raw_cri,
+            checked,
             raw_task,
             reads,
         });
@@ -477,6 +483,18 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor
             println!(
                 "| {what}: plegd's ContainerDied − the raw CRI CONTAINER_STOPPED_EVENT (arrival) | {} |",
                 cell(&minus(|s| s.raw_cri))
+            );
+            let checked: Vec<f64> = set
+                .iter()
+                .filter_map(|s| Some(ms_between(s.checked?, s.raw_cri?)))
+                .collect();
+            println!(
+                "| {what}: beside plegd, the raw subscriber's own check of the event answered − its arrival | {} |",
+                cell(&checked)
+            );
+            println!(
+                "| {what}: plegd's ContainerDied − the raw subscriber's check answered | {} |",
+                cell(&minus(|s| s.checked))
             );
         }
         println!(
