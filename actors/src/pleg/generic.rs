@@ -101,6 +101,11 @@ impl RelistOutput {
     }
 }
 
+/// The records' table is shrunk when its room is above this many times its pods (at
+/// least 256): 3 catches the doubling a churn causes, 2 would shrink a table that
+/// inserts just grew and have it grow again.
+const RECORDS_SHRINK_RATIO: usize = 3;
+
 /// The Generic PLEG's state: the last reconciled record of each pod and the pods
 /// to reinspect. Owned by exactly one RelistDispatcher.
 pub struct GenericPleg {
@@ -327,7 +332,20 @@ impl GenericPleg {
             out.held.extend(left_held);
             each(out, i == last).await;
         }
+        // A churn of short-lived pods leaves the records' table at the size its peak
+        // grew it to (a hash table that removes and inserts at over half its capacity
+        // doubles once, even with the same live pods): give the room back once it is
+        // well above what the pods need (issue 11, memory after a churn).
+        if self.records.capacity() > RECORDS_SHRINK_RATIO * self.records.len().max(256) {
+            self.records.shrink_to_fit();
+        }
         Ok(())
+    }
+
+    /// Tests: the records' table's room.
+    #[cfg(test)]
+    pub(crate) fn records_capacity(&self) -> usize {
+        self.records.capacity()
     }
 
     /// Which pods this global relist visits, and how its chunks find their entries.

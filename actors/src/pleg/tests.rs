@@ -591,3 +591,39 @@ async fn events_carry_names_attempts_images_and_how_containers_ended() {
         .unwrap();
     assert!(died.exit.is_none() && died.attempt.is_none() && died.image.is_none());
 }
+
+/// Issue 11 (memory after a churn): short-lived pods at 1,000 live ones double the
+/// records' table once (a hash table that removes and inserts at over half its
+/// capacity resizes), and it kept that room for good.
+#[tokio::test]
+async fn the_records_give_back_the_room_a_churn_doubled() {
+    let rt = FakeRuntime::new();
+    for i in 0..1000 {
+        let sb = rt.run_pod(&format!("live-{i}"), "p", "ns");
+        rt.run_container(&sb, "app");
+    }
+    let mut p = GenericPleg::new(Arc::new(rt.clone()), 8);
+    global(&mut p).await;
+    let before = p.records_capacity();
+    let mut previous: Vec<String> = Vec::new();
+    for b in 0..20 {
+        let batch: Vec<String> = (0..250)
+            .map(|i| rt.run_pod(&format!("churn-{b}-{i}"), "p", "ns"))
+            .collect();
+        global(&mut p).await;
+        for sb in previous.drain(..) {
+            rt.remove_pod(&sb);
+        }
+        previous = batch;
+    }
+    for sb in previous.drain(..) {
+        rt.remove_pod(&sb);
+    }
+    global(&mut p).await;
+    assert_eq!(p.pod_count(), 1000);
+    assert!(
+        p.records_capacity() <= before,
+        "room for {} pods after the churn, {before} before",
+        p.records_capacity()
+    );
+}
