@@ -44,6 +44,10 @@ pub const MAX_GRACE: Duration = Duration::from_millis(600);
 const RETAIN: Duration = Duration::from_secs(10);
 /// The most stops remembered of each kind; beyond it the oldest are forgotten.
 const MAX_REMEMBERED: usize = 4096;
+/// A table of remembered stops gives its room back above this many times its entries
+/// (at least [`MIN_ROOM`]).
+const SHRINK_RATIO: usize = 3;
+const MIN_ROOM: usize = 64;
 
 /// What an early source may expect of the CRI stream for a stop it saw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,9 +69,9 @@ struct Inner {
     streaming: bool,
     /// Stops an early source announced that the stream has not reported: when first
     /// announced.
-    announced: HashMap<String, Instant>,
+    announced: Remembered,
     /// Stops the stream reported, and when.
-    reported: HashMap<String, Instant>,
+    reported: Remembered,
     /// The last lags from an announcement to the stream's report.
     lags: VecDeque<Duration>,
 }
@@ -93,8 +97,8 @@ impl CriStops {
             }
             st.lags.push_back(lag);
         }
-        forget_old(&mut st.reported, now);
-        st.reported.insert(id.to_string(), now);
+        st.announced.forget_old(now);
+        st.reported.insert(id, now);
     }
 
     /// Whether the CRI stream has reported this stop (recently).
@@ -109,8 +113,8 @@ impl CriStops {
             return Expect::Reported;
         }
         if !st.announced.contains_key(id) {
-            forget_old(&mut st.announced, now);
-            st.announced.insert(id.to_string(), now);
+            st.reported.forget_old(now);
+            st.announced.insert(id, now);
         }
         match st.grace() {
             Some(grace) => Expect::Within(grace),
@@ -136,15 +140,71 @@ impl Inner {
     }
 }
 
-/// Forgets what is older than [`RETAIN`] once a map is full, and everything if that is
-/// not enough (a storm of stops only costs reads).
-fn forget_old(map: &mut HashMap<String, Instant>, now: Instant) {
-    if map.len() < MAX_REMEMBERED {
-        return;
+/// Stops remembered for [`RETAIN`], at most [`MAX_REMEMBERED`]: after a churn of
+/// short-lived pods it holds the last seconds' stops, not thousands for good.
+#[derive(Default)]
+struct Remembered {
+    at: HashMap<String, Instant>,
+    /// Every insertion in order (an id removed or inserted again stays here until it
+    /// is older than RETAIN, then is checked against `at`).
+    order: VecDeque<(Instant, String)>,
+}
+
+impl Remembered {
+    fn contains_key(&self, id: &str) -> bool {
+        self.at.contains_key(id)
     }
-    map.retain(|_, at| now.saturating_duration_since(*at) < RETAIN);
-    if map.len() >= MAX_REMEMBERED {
-        map.clear();
+
+    fn remove(&mut self, id: &str) -> Option<Instant> {
+        self.at.remove(id)
+    }
+
+    /// Remembers `id` from `now` on, forgetting what is too old or too many.
+    fn insert(&mut self, id: &str, now: Instant) {
+        self.forget_old(now);
+        while self.at.len() >= MAX_REMEMBERED {
+            match self.order.pop_front() {
+                Some((at, old)) => self.forget(&old, at),
+                None => self.at.clear(),
+            }
+        }
+        self.at.insert(id.to_string(), now);
+        self.order.push_back((now, id.to_string()));
+    }
+
+    /// Forgets what was remembered longer than [`RETAIN`] before `now`.
+    fn forget_old(&mut self, now: Instant) {
+        while let Some((at, _)) = self.order.front() {
+            if now.saturating_duration_since(*at) < RETAIN {
+                break;
+            }
+            if let Some((at, id)) = self.order.pop_front() {
+                self.forget(&id, at);
+            }
+        }
+        if self.at.capacity() > SHRINK_RATIO * self.at.len().max(MIN_ROOM) {
+            self.at.shrink_to_fit();
+        }
+        if self.order.capacity() > SHRINK_RATIO * self.order.len().max(MIN_ROOM) {
+            self.order.shrink_to_fit();
+        }
+    }
+
+    /// Forgets `id` if it is still remembered from `at` (not inserted again since).
+    fn forget(&mut self, id: &str, at: Instant) {
+        if self.at.get(id) == Some(&at) {
+            self.at.remove(id);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    #[cfg(test)]
+    fn room(&self) -> usize {
+        self.at.capacity() + self.order.capacity()
     }
 }
 
@@ -255,5 +315,48 @@ mod tests {
         assert!(st.announced.len() <= MAX_REMEMBERED);
         assert!(st.reported.len() <= MAX_REMEMBERED);
         assert!(st.lags.len() <= LAGS);
+    }
+
+    /// Issue 11 (memory after a churn): what a churn's stops filled is forgotten once
+    /// older than RETAIN, and its room given back; before, up to 4,096 ids of each kind
+    /// stayed for good (forgotten only once the table was full).
+    #[test]
+    fn a_churns_stops_are_forgotten_after_a_while() {
+        let stops = CriStops::default();
+        let t0 = Instant::now();
+        for i in 0..3000 {
+            stops.announce(&format!("early-{i}"), t0);
+            stops.reported(&format!("c{i}"), t0);
+        }
+        let room = {
+            let st = stops.lock();
+            assert_eq!((st.announced.len(), st.reported.len()), (3000, 3000));
+            st.reported.room()
+        };
+        let later = t0 + RETAIN + MS;
+        assert_eq!(stops.announce("one", later), Expect::Unknown);
+        stops.reported("two", later);
+        assert!(!stops.was_reported("c0"));
+        let st = stops.lock();
+        assert_eq!((st.announced.len(), st.reported.len()), (1, 1));
+        assert!(
+            st.reported.room() < room / 10,
+            "{} of {room}",
+            st.reported.room()
+        );
+    }
+
+    /// A stop reported again is remembered from its last report.
+    #[test]
+    fn a_stop_reported_again_is_remembered_from_then() {
+        let stops = CriStops::default();
+        let t0 = Instant::now();
+        stops.reported("c1", t0);
+        stops.reported("c1", t0 + RETAIN / 2);
+        stops.reported("c2", t0 + RETAIN + MS);
+        assert!(stops.was_reported("c1"));
+        stops.reported("c3", t0 + RETAIN + RETAIN / 2 + MS);
+        assert!(!stops.was_reported("c1"));
+        assert!(stops.was_reported("c2"));
     }
 }
