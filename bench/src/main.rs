@@ -95,7 +95,8 @@ struct Args {
     #[arg(long, default_value_t = 1024)]
     bounded_history_events: usize,
     /// plegd's --tombstone-ttl in the bounded churn (the churn's RSS "after" is read
-    /// 3 global relists after the last pod went, so keep it under 3 s).
+    /// 3 global relists, and at least 1.5 --memory-trim-period, after the last pod
+    /// went: keep it under 3 s).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     bounded_tombstone_ttl: Duration,
     /// Watcher counts of the fan-out rows (0: none). Each gets a fresh node and plegd.
@@ -149,6 +150,15 @@ impl Args {
         self.fanout_pods = 60;
         self.fanout_connections = 2;
         self.fanout_pace = Duration::from_millis(50);
+        // The churn row waits 1.5 trim periods for each reading (default 10 s): the
+        // smoke run checks the harness, not plegd's memory.
+        if !self
+            .plegd_args
+            .iter()
+            .any(|a| a.starts_with("--memory-trim-period"))
+        {
+            self.plegd_args.push("--memory-trim-period=1s".into());
+        }
         self
     }
 }
@@ -273,9 +283,11 @@ fn run_churn(
     rt: &tokio::runtime::Runtime,
     settings: &[&str],
 ) -> Result<Churn> {
+    let plegd_args = plegd_args(args, settings);
+    let settle = memory_settles_in(&bins.0, &plegd_args)?;
     let sim = Sim::start(&bins.1, args.churn_live, CONTAINERS)?;
-    let plegd = start_plegd(&bins.0, &sim, &plegd_args(args, settings))?;
-    workloads::relists(&plegd, 3)?;
+    let plegd = start_plegd(&bins.0, &sim, &plegd_args)?;
+    settled(&plegd, settle)?;
     let before_kib = plegd.rss_kib()?;
     let cri = Cri::new(sim.socket());
     let stop = std::sync::atomic::AtomicBool::new(false);
@@ -293,7 +305,7 @@ fn run_churn(
         (took, sampler.join().unwrap_or(0))
     });
     let took = took?;
-    workloads::relists(&plegd, 3)?;
+    settled(&plegd, settle)?;
     Ok(Churn {
         settings: settings.join(" "),
         live: args.churn_live,
@@ -303,6 +315,51 @@ fn run_churn(
         peak_kib,
         after_kib: plegd.rss_kib()?,
     })
+}
+
+/// How long plegd's memory takes to settle: plegd gives its heap's free pages back
+/// every `--memory-trim-period` (plegd/src/malloc.rs), and what a churn freed shows in
+/// its RSS until then. One and a half periods contain a whole period, so a trim that
+/// began after the wait did; read from the effective configuration (`--print-config`:
+/// the defaults, the environment and the given flags), not assumed. Zero with the trim
+/// off.
+fn memory_settles_in(bin: &Path, plegd_args: &[String]) -> Result<Duration> {
+    let out = std::process::Command::new(bin)
+        .args(["run", "--runtime-endpoint", "unix:///dev/null"])
+        .args(plegd_args)
+        .arg("--print-config")
+        .output()
+        .with_context(|| format!("{} --print-config", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} --print-config failed: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let config = String::from_utf8_lossy(&out.stdout);
+    let period = config
+        .lines()
+        .find_map(|l| l.strip_prefix("memory-trim-period = "))
+        .map(|v| v.trim().trim_matches('"'))
+        .context("no memory-trim-period in plegd's --print-config")?;
+    if period == "off" {
+        return Ok(Duration::ZERO);
+    }
+    let period = humantime::parse_duration(period)
+        .with_context(|| format!("plegd's memory-trim-period {period:?}"))?;
+    Ok(period * 3 / 2)
+}
+
+/// Waits until plegd's memory has settled: 3 global relists, and at least `settle`
+/// (the same wait before the churn's "before" reading as before its "after").
+fn settled(plegd: &Plegd, settle: Duration) -> Result<()> {
+    let start = std::time::Instant::now();
+    workloads::relists(plegd, 3)?;
+    while start.elapsed() < settle {
+        workloads::relists(plegd, 1)?;
+    }
+    Ok(())
 }
 
 /// One fan-out row: a fresh node of --fanout-pods pods and plegd, `watchers` watchers.
