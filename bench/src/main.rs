@@ -275,6 +275,8 @@ struct Churn {
     before_kib: u64,
     peak_kib: u64,
     after_kib: u64,
+    /// RssAnon before and after.
+    anon_kib: (u64, u64),
 }
 
 fn run_churn(
@@ -289,6 +291,7 @@ fn run_churn(
     let plegd = start_plegd(&bins.0, &sim, &plegd_args)?;
     settled(&plegd, settle)?;
     let before_kib = plegd.rss_kib()?;
+    let before_anon_kib = plegd.anon_kib()?;
     let cri = Cri::new(sim.socket());
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (took, peak_kib) = std::thread::scope(|s| {
@@ -314,6 +317,7 @@ fn run_churn(
         before_kib,
         peak_kib,
         after_kib: plegd.rss_kib()?,
+        anon_kib: (before_anon_kib, plegd.anon_kib()?),
     })
 }
 
@@ -526,14 +530,16 @@ fn print_table(
             format!(", plegd {}", churn.settings)
         };
         println!(
-            "| churn: {} short-lived pods ({} live) in {:.0} s{settings}: RSS before; peak; after | {} | {}; {}; {} |",
+            "| churn: {} short-lived pods ({} live) in {:.0} s{settings}: RSS before; peak; after; after − before, RSS and RssAnon (heap) | {} | {}; {}; {}; {:+} KiB, {:+} KiB |",
             churn.pods,
             churn.live,
             churn.took.as_secs_f64(),
             churn.live,
             mib(churn.before_kib),
             mib(churn.peak_kib),
-            mib(churn.after_kib)
+            mib(churn.after_kib),
+            churn.after_kib as i64 - churn.before_kib as i64,
+            churn.anon_kib.1 as i64 - churn.anon_kib.0 as i64
         );
     }
     for f in fanouts {

@@ -264,6 +264,12 @@ impl Plegd {
     pub fn rss_kib(&self) -> Result<u64> {
         rss_kib_of(self.pid())
     }
+
+    /// Its anonymous resident memory (heap, stacks: RSS without the pages of files it
+    /// mapped, its own binary's code among them), KiB.
+    pub fn anon_kib(&self) -> Result<u64> {
+        status_kib(self.pid(), "RssAnon:")
+    }
 }
 
 /// One scrape of plegd's `/metrics`.
@@ -367,11 +373,16 @@ fn threads_cpu(tasks: &str, name: Option<&str>) -> Result<Duration> {
 }
 
 fn rss_kib_of(pid: u32) -> Result<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A `/proc/PID/status` field in KiB (`field` with its colon).
+fn status_kib(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .context("VmRSS in /proc/PID/status")
+        .with_context(|| format!("{field} in /proc/PID/status"))
 }

@@ -562,3 +562,93 @@ async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
     let uids: Vec<String> = requests.all().into_iter().map(|q| q.uid).collect();
     assert_eq!(uids, ["u2"]);
 }
+
+/// A read of pod `uid` with one running container `cid` into the cache.
+fn write_pod(owner: &mut CacheOwner, uid: &str, cid: &str) {
+    let pod = plegd_runtime::PodRef {
+        uid: uid.into(),
+        name: uid.into(),
+        namespace: "ns".into(),
+    };
+    let sb = format!("sb-{uid}");
+    let status = crate::pleg::PodStatus {
+        pod: pod.clone(),
+        sandboxes: vec![plegd_runtime::Sandbox {
+            id: sb.clone(),
+            pod,
+            attempt: 0,
+            state: plegd_runtime::SandboxState::Ready,
+            created_at: 1,
+            labels: Default::default(),
+        }],
+        containers: vec![plegd_runtime::ContainerStatus {
+            id: cid.into(),
+            sandbox_id: sb,
+            name: "app".into(),
+            attempt: 0,
+            state: plegd_runtime::ContainerState::Running,
+            created_at: 1,
+            started_at: 1,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+        }],
+    };
+    owner.apply(crate::pleg::CacheUpdate::Set {
+        uid: uid.into(),
+        status: Ok(status),
+        read_at: std::time::SystemTime::now(),
+    });
+}
+
+/// Issue 11 (memory after a churn): a watcher's record of the pods it asked for
+/// forgot them only once it held 4,096, so after a churn of short-lived pods it kept
+/// thousands for good; now a request no longer pending is forgotten within a second
+/// or so.
+#[actix_rt::test]
+async fn requests_no_longer_pending_are_forgotten() {
+    let metrics = Arc::new(Metrics::new());
+    let (requests_addr, requests) = Recorder::<RequestRelist>::start(RecorderConfig::default());
+    let (soon_addr, _soon) = Recorder::<BringForward>::start(RecorderConfig::default());
+    let queue = RelistQueue::new(
+        requests_addr.recipient(),
+        soon_addr.recipient(),
+        metrics.clone(),
+    );
+    let (mut owner, cache) = CacheOwner::new(Duration::from_secs(300));
+    write_pod(&mut owner, "u1", "c1");
+    write_pod(&mut owner, "u2", "c2");
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    let deps = WatcherDeps {
+        router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
+        cache,
+        metrics: metrics.clone(),
+        policy: policy(Duration::from_millis(200)),
+        on_reconnect: None,
+        cri_stops: CriStops::default(),
+    };
+    let watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
+    let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
+    send(Hint::Container { id: "c1".into() });
+    let r = requests.clone();
+    wait_until("u1's request", || r.len() == 1).await;
+    let tracked = || async { watcher.send(GetState).await.unwrap().tracked };
+    assert_eq!(tracked().await, 1);
+    send(Hint::Container { id: "c2".into() });
+    let r = requests.clone();
+    wait_until("u2's request", || r.len() == 2).await;
+    // u2's requests go on; u1's, never read, stops counting as pending after a second
+    // and is forgotten at a later request.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tracked().await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "u1's request never forgotten: {} tracked",
+            tracked().await
+        );
+        send(Hint::Container { id: "c2".into() });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -94,6 +94,10 @@ pub struct HintWatcher<S: HintSource> {
     requested: HashMap<String, SystemTime>,
     /// Containers a recheck found exited in the cache and asked for once more.
     confirmed: HashSet<String>,
+    /// When `requested` and `confirmed` last forgot what no longer counts (at most
+    /// once per [`PENDING_FOR`]): after a churn of short-lived pods they hold the last
+    /// second's requests and the containers still known, not thousands for good.
+    swept: SystemTime,
     /// Budget of the per-hint debug lines.
     hint_log: LogBudget,
 }
@@ -170,6 +174,7 @@ impl<S: HintSource> HintWatcher<S> {
             state_log: RateLimiter::new(Duration::from_secs(30)),
             requested: HashMap::new(),
             confirmed: HashSet::new(),
+            swept: SystemTime::UNIX_EPOCH,
             hint_log: LogBudget::new(LINES_PER_WINDOW, WINDOW),
         }
     }
@@ -349,6 +354,7 @@ impl<S: HintSource> HintWatcher<S> {
                     return;
                 }
                 if self.deps.cache.container_exited(&id) {
+                    self.sweep(SystemTime::now());
                     if self.confirmed.len() >= MAX_TRACKED {
                         self.confirmed.clear();
                     }
@@ -428,6 +434,7 @@ impl<S: HintSource> HintWatcher<S> {
             .router
             .request(uid, self.source.relist_source(), None, None);
         if queued {
+            self.sweep(now);
             if self.requested.len() >= MAX_TRACKED {
                 let cache = &self.deps.cache;
                 self.requested
@@ -437,6 +444,28 @@ impl<S: HintSource> HintWatcher<S> {
         }
         Outcome::of_request(queued)
     }
+
+    /// At most once per [`PENDING_FOR`]: forgets the requests no longer pending and the
+    /// confirmed containers the cache no longer knows, and gives back the room.
+    fn sweep(&mut self, now: SystemTime) {
+        if now.duration_since(self.swept).unwrap_or_default() < PENDING_FOR {
+            return;
+        }
+        self.swept = now;
+        let cache = &self.deps.cache;
+        self.requested.retain(|uid, &mut at| {
+            now.duration_since(at).unwrap_or_default() < PENDING_FOR
+                && cache.get(uid).is_some_and(|e| e.modified < at)
+        });
+        self.confirmed
+            .retain(|id| cache.pod_of_container(id).is_some());
+        if self.requested.capacity() > SHRINK_RATIO * self.requested.len().max(MIN_ROOM) {
+            self.requested.shrink_to_fit();
+        }
+        if self.confirmed.capacity() > SHRINK_RATIO * self.confirmed.len().max(MIN_ROOM) {
+            self.confirmed.shrink_to_fit();
+        }
+    }
 }
 
 /// How long a request counts as pending at most (see `request_unless_pending`).
@@ -445,6 +474,10 @@ const PENDING_FOR: Duration = Duration::from_secs(1);
 /// Pods whose last request a watcher remembers before it forgets those no longer
 /// pending.
 const MAX_TRACKED: usize = 4096;
+/// `requested` and `confirmed` give their room back above this many times their
+/// entries (at least [`MIN_ROOM`]).
+const SHRINK_RATIO: usize = 3;
+const MIN_ROOM: usize = 64;
 
 impl<S: HintSource> Actor for HintWatcher<S> {
     type Context = Context<Self>;
@@ -512,6 +545,8 @@ pub struct WatcherState {
     /// Futures alive in the watcher (connection attempt, open stream, retry timer):
     /// one at most, whatever happened before.
     pub live_futures: usize,
+    /// Pods and containers its hint bookkeeping remembers (`requested`, `confirmed`).
+    pub tracked: usize,
 }
 
 /// Reports the watcher's [`WatcherState`].
@@ -528,6 +563,7 @@ impl<S: HintSource> Handler<GetState> for HintWatcher<S> {
             attempts: self.machine.attempts(),
             last_delay: self.machine.last_delay(),
             live_futures: self.live.count(),
+            tracked: self.requested.len() + self.confirmed.len(),
         })
     }
 }
