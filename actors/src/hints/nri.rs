@@ -432,15 +432,26 @@ pub(super) mod tests {
         c1_state: ContainerState,
         s1_state: SandboxState,
     ) {
+        write_pod(owner, ("u1", "s1", "c1"), c1_state, s1_state);
+    }
+
+    /// A read (now) into the cache of pod `uid` (name `web`, namespace `ns`) with
+    /// sandbox `sandbox` and container `container` (`app`).
+    pub(in crate::hints) fn write_pod(
+        owner: &mut crate::cache::CacheOwner,
+        (uid, sandbox, container): (&str, &str, &str),
+        c1_state: ContainerState,
+        s1_state: SandboxState,
+    ) {
         let pod_ref = plegd_runtime::PodRef {
-            uid: "u1".into(),
+            uid: uid.into(),
             name: "web".into(),
             namespace: "ns".into(),
         };
         let status = crate::pleg::PodStatus {
             pod: pod_ref.clone(),
             sandboxes: vec![plegd_runtime::Sandbox {
-                id: "s1".into(),
+                id: sandbox.into(),
                 pod: pod_ref,
                 attempt: 0,
                 state: s1_state,
@@ -448,8 +459,8 @@ pub(super) mod tests {
                 labels: Default::default(),
             }],
             containers: vec![plegd_runtime::ContainerStatus {
-                id: "c1".into(),
-                sandbox_id: "s1".into(),
+                id: container.into(),
+                sandbox_id: sandbox.into(),
                 name: "app".into(),
                 attempt: 0,
                 state: c1_state,
@@ -463,7 +474,7 @@ pub(super) mod tests {
             }],
         };
         owner.apply(crate::pleg::CacheUpdate::Set {
-            uid: "u1".into(),
+            uid: uid.into(),
             status: Ok(status),
             read_at: SystemTime::now(),
         });

@@ -522,12 +522,16 @@ fn cache_with_c1() -> (CacheOwner, crate::cache::PodCache) {
     (owner, cache)
 }
 
-/// Regression (issue 11): a recheck of a stop the CRI event stream has reported asked
-/// for one more relist of the pod (until the cache had the container exited), beside
-/// the stream's own: now it asks for nothing — the stream's relist reads the pod after
-/// the runtime recorded the stop.
-#[actix_rt::test]
-async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
+/// A watcher of [`Scripted`] hints over `cache`, its requests recorded: the hint
+/// sender, the watcher and the recorded requests.
+fn scripted_watcher(
+    cache: crate::cache::PodCache,
+    stops: CriStops,
+) -> (
+    futures::channel::mpsc::UnboundedSender<Hint>,
+    Addr<HintWatcher<Scripted>>,
+    Recorded<RequestRelist>,
+) {
     let metrics = Arc::new(Metrics::new());
     let (requests_addr, requests) = Recorder::<RequestRelist>::start(RecorderConfig::default());
     let (soon_addr, _soon) = Recorder::<BringForward>::start(RecorderConfig::default());
@@ -536,18 +540,28 @@ async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
         soon_addr.recipient(),
         metrics.clone(),
     );
-    let (_owner, cache) = cache_with_c1();
-    let stops = CriStops::default();
     let (tx, rx) = futures::channel::mpsc::unbounded();
     let deps = WatcherDeps {
         router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
         cache,
-        metrics: metrics.clone(),
+        metrics,
         policy: policy(Duration::from_millis(200)),
         on_reconnect: None,
-        cri_stops: stops.clone(),
+        cri_stops: stops,
     };
-    let _watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
+    let watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
+    (tx, watcher, requests)
+}
+
+/// Regression (issue 11): a recheck of a stop the CRI event stream has reported asked
+/// for one more relist of the pod (until the cache had the container exited), beside
+/// the stream's own: now it asks for nothing — the stream's relist reads the pod after
+/// the runtime recorded the stop.
+#[actix_rt::test]
+async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
+    let (_owner, cache) = cache_with_c1();
+    let stops = CriStops::default();
+    let (tx, _watcher, requests) = scripted_watcher(cache, stops.clone());
     let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
     // Reported: the recheck asks for nothing (the pod that follows marks the end).
     stops.reported("c1", Instant::now());
@@ -563,73 +577,17 @@ async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
     assert_eq!(uids, ["u2"]);
 }
 
-/// A read of pod `uid` with one running container `cid` into the cache.
-fn write_pod(owner: &mut CacheOwner, uid: &str, cid: &str) {
-    let pod = plegd_runtime::PodRef {
-        uid: uid.into(),
-        name: uid.into(),
-        namespace: "ns".into(),
-    };
-    let sb = format!("sb-{uid}");
-    let status = crate::pleg::PodStatus {
-        pod: pod.clone(),
-        sandboxes: vec![plegd_runtime::Sandbox {
-            id: sb.clone(),
-            pod,
-            attempt: 0,
-            state: plegd_runtime::SandboxState::Ready,
-            created_at: 1,
-            labels: Default::default(),
-        }],
-        containers: vec![plegd_runtime::ContainerStatus {
-            id: cid.into(),
-            sandbox_id: sb,
-            name: "app".into(),
-            attempt: 0,
-            state: plegd_runtime::ContainerState::Running,
-            created_at: 1,
-            started_at: 1,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            image: String::new(),
-        }],
-    };
-    owner.apply(crate::pleg::CacheUpdate::Set {
-        uid: uid.into(),
-        status: Ok(status),
-        read_at: std::time::SystemTime::now(),
-    });
-}
-
 /// Issue 11 (memory after a churn): a watcher's record of the pods it asked for
 /// forgot them only once it held 4,096, so after a churn of short-lived pods it kept
 /// thousands for good; now a request no longer pending is forgotten within a second
 /// or so.
 #[actix_rt::test]
 async fn requests_no_longer_pending_are_forgotten() {
-    let metrics = Arc::new(Metrics::new());
-    let (requests_addr, requests) = Recorder::<RequestRelist>::start(RecorderConfig::default());
-    let (soon_addr, _soon) = Recorder::<BringForward>::start(RecorderConfig::default());
-    let queue = RelistQueue::new(
-        requests_addr.recipient(),
-        soon_addr.recipient(),
-        metrics.clone(),
-    );
+    use plegd_runtime::{ContainerState::Running, SandboxState::Ready};
     let (mut owner, cache) = CacheOwner::new(Duration::from_secs(300));
-    write_pod(&mut owner, "u1", "c1");
-    write_pod(&mut owner, "u2", "c2");
-    let (tx, rx) = futures::channel::mpsc::unbounded();
-    let deps = WatcherDeps {
-        router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
-        cache,
-        metrics: metrics.clone(),
-        policy: policy(Duration::from_millis(200)),
-        on_reconnect: None,
-        cri_stops: CriStops::default(),
-    };
-    let watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
+    super::nri::tests::write_pod(&mut owner, ("u1", "s1", "c1"), Running, Ready);
+    super::nri::tests::write_pod(&mut owner, ("u2", "s2", "c2"), Running, Ready);
+    let (tx, watcher, requests) = scripted_watcher(cache, CriStops::default());
     let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
     send(Hint::Container { id: "c1".into() });
     let r = requests.clone();
