@@ -411,14 +411,17 @@ impl HintSource for Scripted {
     }
 }
 
-/// Issue 11: one debug line per hint a source gives — the source, what it asked for,
-/// what became of it — under a budget, so that a storm cannot flood the log; the next
-/// line let through counts the lines suppressed.
-#[actix_rt::test]
-async fn each_hint_writes_a_debug_line_under_a_budget() {
-    use crate::relist::log_budget::{capture::Captured, LINES_PER_WINDOW};
-    let log = Captured::default();
-    let _guard = log.install();
+/// A watcher of [`Scripted`] hints over `cache`, its requests and bring-forwards
+/// recorded: the hint sender, the watcher and the two recorders.
+fn scripted_watcher(
+    cache: crate::cache::PodCache,
+    stops: CriStops,
+) -> (
+    futures::channel::mpsc::UnboundedSender<Hint>,
+    Addr<HintWatcher<Scripted>>,
+    Recorded<RequestRelist>,
+    Recorded<BringForward>,
+) {
     let metrics = Arc::new(Metrics::new());
     let (requests_addr, requests) = Recorder::<RequestRelist>::start(RecorderConfig::default());
     let (soon_addr, soon) = Recorder::<BringForward>::start(RecorderConfig::default());
@@ -430,13 +433,26 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
     let (tx, rx) = futures::channel::mpsc::unbounded();
     let deps = WatcherDeps {
         router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
-        cache: CacheOwner::new(Duration::from_secs(300)).1,
-        metrics: metrics.clone(),
+        cache,
+        metrics,
         policy: policy(Duration::from_millis(200)),
         on_reconnect: None,
-        cri_stops: CriStops::default(),
+        cri_stops: stops,
     };
-    let _watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
+    let watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
+    (tx, watcher, requests, soon)
+}
+
+/// Issue 11: one debug line per hint a source gives — the source, what it asked for,
+/// what became of it — under a budget, so that a storm cannot flood the log; the next
+/// line let through counts the lines suppressed.
+#[actix_rt::test]
+async fn each_hint_writes_a_debug_line_under_a_budget() {
+    use crate::relist::log_budget::{capture::Captured, LINES_PER_WINDOW};
+    let log = Captured::default();
+    let _guard = log.install();
+    let cache = CacheOwner::new(Duration::from_secs(300)).1;
+    let (tx, _watcher, requests, soon) = scripted_watcher(cache, CriStops::default());
     let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
     send(Hint::Pod {
         uid: "u1".into(),
@@ -522,37 +538,6 @@ fn cache_with_c1() -> (CacheOwner, crate::cache::PodCache) {
     (owner, cache)
 }
 
-/// A watcher of [`Scripted`] hints over `cache`, its requests recorded: the hint
-/// sender, the watcher and the recorded requests.
-fn scripted_watcher(
-    cache: crate::cache::PodCache,
-    stops: CriStops,
-) -> (
-    futures::channel::mpsc::UnboundedSender<Hint>,
-    Addr<HintWatcher<Scripted>>,
-    Recorded<RequestRelist>,
-) {
-    let metrics = Arc::new(Metrics::new());
-    let (requests_addr, requests) = Recorder::<RequestRelist>::start(RecorderConfig::default());
-    let (soon_addr, _soon) = Recorder::<BringForward>::start(RecorderConfig::default());
-    let queue = RelistQueue::new(
-        requests_addr.recipient(),
-        soon_addr.recipient(),
-        metrics.clone(),
-    );
-    let (tx, rx) = futures::channel::mpsc::unbounded();
-    let deps = WatcherDeps {
-        router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
-        cache,
-        metrics,
-        policy: policy(Duration::from_millis(200)),
-        on_reconnect: None,
-        cri_stops: stops,
-    };
-    let watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
-    (tx, watcher, requests)
-}
-
 /// Regression (issue 11): a recheck of a stop the CRI event stream has reported asked
 /// for one more relist of the pod (until the cache had the container exited), beside
 /// the stream's own: now it asks for nothing — the stream's relist reads the pod after
@@ -561,7 +546,7 @@ fn scripted_watcher(
 async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
     let (_owner, cache) = cache_with_c1();
     let stops = CriStops::default();
-    let (tx, _watcher, requests) = scripted_watcher(cache, stops.clone());
+    let (tx, _watcher, requests, _) = scripted_watcher(cache, stops.clone());
     let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
     // Reported: the recheck asks for nothing (the pod that follows marks the end).
     stops.reported("c1", Instant::now());
@@ -587,7 +572,7 @@ async fn requests_no_longer_pending_are_forgotten() {
     let (mut owner, cache) = CacheOwner::new(Duration::from_secs(300));
     super::nri::tests::write_pod(&mut owner, ("u1", "s1", "c1"), Running, Ready);
     super::nri::tests::write_pod(&mut owner, ("u2", "s2", "c2"), Running, Ready);
-    let (tx, watcher, requests) = scripted_watcher(cache, CriStops::default());
+    let (tx, watcher, requests, _) = scripted_watcher(cache, CriStops::default());
     let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
     send(Hint::Container { id: "c1".into() });
     let r = requests.clone();
