@@ -15,23 +15,22 @@
 //! list entry at hand, which today's paths never leave).
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::future::{join_all, try_join_all};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 
 use super::changes;
 use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
+use super::pod_read::{PodPlan, PodRead, Reader};
 use super::record::{group, PodRecord};
 use super::status::{
-    index_containers, index_sandboxes, read_pod_status, reusable, take_prefetched, unsettled_exits,
-    LastReads, Listed, PodStatus, PrefetchCounts, EXIT_SETTLE,
+    index_containers, index_sandboxes, LastReads, Listed, PodStatus, PrefetchCounts, EXIT_SETTLE,
 };
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use plegd_runtime::{
@@ -99,6 +98,14 @@ impl RelistOutput {
         self.held.extend(other.held);
         self.prefetch.add(other.prefetch);
     }
+
+    /// Nothing to apply: no cache update, no event, nothing counted (`held` aside).
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+            && self.events.is_empty()
+            && self.status_errors == 0
+            && self.prefetch == PrefetchCounts::default()
+    }
 }
 
 /// The records' table is shrunk when its room is above this many times its pods (at
@@ -128,17 +135,18 @@ pub struct GenericPleg {
     rebuild_all: bool,
 }
 
-struct Work {
-    uid: String,
+/// One pod a relist reads: what the lists say of it, against its record.
+pub(super) struct Work {
+    pub uid: String,
     /// Which relist asked: the events' `relist_source`.
-    source: RelistSource,
-    new: Option<PodRecord>,
-    changes: Vec<(String, EventKind)>,
-    reinspect: bool,
+    pub source: RelistSource,
+    pub new: Option<PodRecord>,
+    pub changes: Vec<(String, EventKind)>,
+    pub reinspect: bool,
     /// The list entries `new` was built from.
-    listed: Listed,
+    pub listed: Listed,
     /// Container statuses read together with the lists (targeted relists only).
-    prefetched: HashMap<String, ContainerStatus>,
+    pub prefetched: HashMap<String, ContainerStatus>,
 }
 
 impl GenericPleg {
@@ -211,84 +219,125 @@ impl GenericPleg {
         scope: &RelistScope,
         held: &dyn Fn(&str) -> bool,
     ) -> Result<RelistOutput, RuntimeError> {
-        let source = scope.source();
-        let mut left_held = Vec::new();
-        let mut prefetch = PrefetchCounts::default();
-        let work = match scope {
-            RelistScope::Global => {
-                // Its chunks, one after the other, as one output.
-                let mut all = RelistOutput::default();
-                self.relist_global(held, |out, _| {
-                    all.append(out);
-                    std::future::ready(())
-                })
-                .await?;
-                return Ok(all);
-            }
-            RelistScope::Pod {
-                uid, prefetch: ids, ..
-            } => {
-                if held(uid) {
-                    left_held.push(uid.clone());
-                    Vec::new()
-                } else {
-                    let calls = Semaphore::new(self.concurrency);
-                    let (work, counts) = self.pod_work(uid, source, ids, &calls).await;
-                    prefetch = counts;
-                    work?
-                }
-            }
+        let RelistScope::Pod {
+            uid,
+            source,
+            prefetch,
+        } = scope
+        else {
+            // Its chunks, one after the other, as one output.
+            let mut all = RelistOutput::default();
+            self.relist_global(held, |out, _| {
+                all.append(out);
+                std::future::ready(())
+            })
+            .await?;
+            return Ok(all);
         };
-        let mut out = self.process(work, held).await;
-        out.held.extend(left_held);
-        out.prefetch.add(prefetch);
-        Ok(out)
+        let pods = [(uid.clone(), *source, prefetch.clone())];
+        let mut result = Ok(RelistOutput::default());
+        self.relist_pods_each(&pods, held, |_, out, error| {
+            result = match error {
+                Some(e) => Err(e),
+                None => Ok(out),
+            };
+            std::future::ready(())
+        })
+        .await;
+        result
     }
 
-    /// Targeted relists of several pods as one (the dispatcher's batch): each pod is
-    /// read as [`Self::relist`] of its scope would, `concurrency` pods' lists at once
-    /// and one bound on status calls for all. A pod whose lists fail changes nothing
-    /// and is returned with its error; the others go on. Each pod's events carry its
-    /// request's source. `pods` holds each UID once, with the containers to prefetch
-    /// (as [`RelistScope::Pod`]'s); the prefetches share the status calls' bound.
+    /// Targeted relists of several pods as one output (see
+    /// [`Self::relist_pods_each`]): the pods whose lists failed are returned with
+    /// their errors.
     pub async fn relist_pods(
         &mut self,
         pods: &[(String, RelistSource, Vec<String>)],
         held: &dyn Fn(&str) -> bool,
     ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
-        let mut left_held = Vec::new();
+        let mut all = RelistOutput::default();
         let mut failed = Vec::new();
-        let mut asked = Vec::new();
+        self.relist_pods_each(pods, held, |uid, out, error| {
+            all.append(out);
+            if let Some(e) = error {
+                failed.push((uid, e));
+            }
+            std::future::ready(())
+        })
+        .await;
+        (all, failed)
+    }
+
+    /// Targeted relists of several pods (the dispatcher's batch), each handed over
+    /// as soon as it is read: `each(uid, output, error)` is called once for every
+    /// pod of `pods`, in the order their reads end, and awaited before the next pod
+    /// is committed (the dispatcher applies and publishes each meanwhile, while the
+    /// other pods' reads go on; issue 11: none of 20 exits at once waits for the
+    /// slowest pod's read). Each pod is read as `pod_read` says, `concurrency` pods
+    /// at once and one bound on their status calls (prefetches included).
+    /// `pods` holds each UID once, with the containers to prefetch (as
+    /// [`RelistScope::Pod`]'s); each pod's events carry its request's source.
+    /// A pod a sync holds at the start comes first, in `output.held` (as does one
+    /// taken while it was read). A pod whose lists fail changes nothing and comes
+    /// with its error (its output counts only its prefetches); the others go on.
+    pub async fn relist_pods_each<F, Fut>(
+        &mut self,
+        pods: &[(String, RelistSource, Vec<String>)],
+        held: &dyn Fn(&str) -> bool,
+        mut each: F,
+    ) where
+        F: FnMut(String, RelistOutput, Option<RuntimeError>) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut plans = Vec::with_capacity(pods.len());
         for (uid, source, prefetch) in pods {
             if held(uid) {
-                left_held.push(uid.clone());
-            } else {
-                asked.push((uid, *source, prefetch));
+                let out = RelistOutput {
+                    held: vec![uid.clone()],
+                    ..RelistOutput::default()
+                };
+                each(uid.clone(), out, None).await;
+                continue;
             }
+            let previous = self.records.get(uid);
+            let last = match (&self.last_reads, previous) {
+                (Some(last), Some(_)) => last.last_read(uid),
+                _ => None,
+            };
+            plans.push(PodPlan::new(
+                uid,
+                *source,
+                prefetch,
+                previous,
+                self.reinspect.contains(uid),
+                last,
+                self.exit_settle,
+            ));
         }
-        let this = &*self;
+        let reader = self.reader();
         let calls = Semaphore::new(self.concurrency);
-        let calls = &calls;
-        let reads = futures::stream::iter(asked)
-            .map(|(uid, source, prefetch)| async move {
-                (uid, this.pod_work(uid, source, prefetch, calls).await)
+        let (reader, calls) = (&reader, &calls);
+        let mut reads = futures::stream::iter(plans)
+            .map(|plan| async move {
+                let uid = plan.uid.clone();
+                (uid, reader.read_pod(plan, calls).await)
             })
-            .buffered(self.concurrency)
-            .collect::<Vec<_>>()
-            .await;
-        let mut work = Vec::new();
-        let mut prefetch = PrefetchCounts::default();
-        for (uid, (read, counts)) in reads {
-            prefetch.add(counts);
-            match read {
-                Ok(w) => work.extend(w),
-                Err(e) => failed.push((uid.clone(), e)),
-            }
+            .buffer_unordered(self.concurrency);
+        while let Some((uid, (read, prefetch))) = reads.next().await {
+            let mut out = RelistOutput {
+                prefetch,
+                ..RelistOutput::default()
+            };
+            let error = match read {
+                Ok(Some(read)) => {
+                    self.commit(read, held, &mut out);
+                    None
+                }
+                Ok(None) => None,
+                Err(e) => Some(e),
+            };
+            each(uid, out, error).await;
         }
-        let mut out = self.process(work, held).await;
-        out.held.extend(left_held);
-        out.prefetch.add(prefetch);
-        (out, failed)
     }
 
     /// A global relist, handed over in chunks of at most `chunk_pods` pods (see
@@ -505,340 +554,155 @@ impl GenericPleg {
         Ok(work)
     }
 
-    /// A targeted relist reads only this pod. A known pod's sandboxes and containers
-    /// are listed by sandbox id, all at once (its cost does not grow with the node);
-    /// a pod plegd has not seen yet can only be found in the whole list. Always
-    /// re-reads the status (that is what was asked for); a pod that is gone and unknown
-    /// is a no-op. A new sandbox of a known pod (a recreated sandbox) is found by the
-    /// next global relist.
-    ///
-    /// The containers in `prefetch` have their ContainerStatus called together with
-    /// the lists (within `calls`); a prefetch that fails only means "not prefetched".
-    /// Returns, besides the work, what became of the prefetches already settled (those
-    /// that failed; all of them if the pod is not read: its lists failed, or it is gone
-    /// and unknown).
-    async fn pod_work(
-        &self,
-        uid: &str,
-        source: RelistSource,
-        prefetch: &[String],
-        calls: &Semaphore,
-    ) -> (Result<Vec<Work>, RuntimeError>, PrefetchCounts) {
-        // Sorted (`list_known_pod` searches it).
-        let known: Vec<String> = self
-            .records
-            .get(uid)
-            .map(|r| {
-                r.sandbox_ids()
-                    .collect::<BTreeSet<_>>()
-                    .into_iter()
-                    .map(String::from)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let lists = async {
-            if known.is_empty() {
-                self.list_new_pod(uid).await
-            } else {
-                self.list_known_pod(&known).await
-            }
-        };
-        // With the asked-for containers, the exits whose status has not settled: the
-        // read after the lists would call them anyway.
-        let mut prefetch = prefetch.to_vec();
-        if let (false, Some(last)) = (known.is_empty(), &self.last_reads) {
-            if let Some(last) = last.last_read(uid) {
-                for id in unsettled_exits(&last, self.exit_settle) {
-                    if !prefetch.iter().any(|p| p == id) {
-                        prefetch.push(id.to_string());
-                    }
-                }
-            }
+    /// The handles a pod's read calls through.
+    fn reader(&self) -> Reader {
+        Reader {
+            runtime: self.runtime.clone(),
+            last_reads: self.last_reads.clone(),
+            exit_settle: self.exit_settle,
         }
-        let (lists, (prefetched, mut counts)) = futures::join!(
-            lists,
-            prefetch_statuses(self.runtime.as_ref(), &prefetch, calls)
-        );
-        let (sandboxes, containers) = match lists {
-            Ok(lists) => lists,
-            Err(e) => {
-                counts.unused += prefetched.len();
-                return (Err(e), counts);
-            }
-        };
-        let previous: HashMap<String, PodRecord> = self
-            .records
-            .get(uid)
-            .map(|r| (uid.to_string(), r.clone()))
-            .into_iter()
-            .collect();
-        let new = group(&sandboxes, &containers, &previous).remove(uid);
-        if new.is_none() && !self.records.contains_key(uid) && !self.reinspect.contains(uid) {
-            counts.unused += prefetched.len();
-            return (Ok(Vec::new()), counts);
-        }
-        let changes = pod_events(self.records.get(uid), new.as_ref());
-        let listed = listed_of(
-            uid,
-            new.as_ref(),
-            &index_sandboxes(&sandboxes),
-            &index_containers(&containers),
-        );
-        let work = Work {
-            uid: uid.to_string(),
-            source,
-            new,
-            changes,
-            reinspect: self.reinspect.contains(uid),
-            listed,
-            prefetched,
-        };
-        (Ok(vec![work]), counts)
     }
 
-    /// The lists of a pod plegd has not seen: its sandboxes can only be found in the
-    /// whole list, then their containers are listed by sandbox id.
-    async fn list_new_pod(
-        &self,
-        uid: &str,
-    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
-        let sandboxes: Vec<Sandbox> = self
-            .runtime
-            .list_sandboxes(None)
-            .await?
-            .into_iter()
-            .filter(|s| s.pod.uid == uid)
-            .collect();
-        let ids: BTreeSet<&str> = sandboxes.iter().map(|s| s.id.as_str()).collect();
-        let containers = self.list_containers_of(ids).await?;
-        Ok((sandboxes, containers))
-    }
-
-    /// The lists of a known pod, by its sandbox ids: each sandbox and each sandbox's
-    /// containers, all at once (one round trip, not one per call: a single exit's
-    /// relist waits for these before its status read). Containers are listed by every
-    /// known id, listed now or not: a sandbox missing from one list keeps its
-    /// containers attached. Any call that fails fails the pod's lists.
-    async fn list_known_pod(
-        &self,
-        known: &[String],
-    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
-        let sandboxes = try_join_all(known.iter().map(|id| self.runtime.list_sandboxes(Some(id))));
-        let containers = self.list_containers_of(known.iter().map(String::as_str));
-        let (sandboxes, mut containers) = futures::try_join!(sandboxes, containers)?;
-        let sandboxes: Vec<Sandbox> = sandboxes.into_iter().flatten().collect();
-        // A sandbox listed under an id plegd did not ask by (a runtime whose filter
-        // matched another sandbox): its containers too, as for any listed sandbox.
-        let more: BTreeSet<&str> = sandboxes
-            .iter()
-            .map(|s| s.id.as_str())
-            .filter(|id| known.binary_search_by(|k| k.as_str().cmp(id)).is_err())
-            .collect();
-        if !more.is_empty() {
-            containers.extend(self.list_containers_of(more).await?);
-        }
-        Ok((sandboxes, containers))
-    }
-
-    /// ListContainers by each of these sandbox ids, at once.
-    async fn list_containers_of<'a>(
-        &self,
-        ids: impl IntoIterator<Item = &'a str>,
-    ) -> Result<Vec<Container>, RuntimeError> {
-        let lists = try_join_all(
-            ids.into_iter()
-                .map(|id| self.runtime.list_containers(Some(id))),
-        );
-        Ok(lists.await?.into_iter().flatten().collect())
-    }
-
+    /// Reads the status of every pod of `work` (`concurrency` at once, one bound on
+    /// the calls in flight for the whole relist), then commits them in order.
     async fn process(&mut self, work: Vec<Work>, held: &dyn Fn(&str) -> bool) -> RelistOutput {
-        let runtime = self.runtime.clone();
-        let last_reads = self.last_reads.clone();
-        // One bound for the whole relist: `concurrency` status calls in flight, however
-        // the pods and their containers are spread.
+        let reader = self.reader();
         let calls = Semaphore::new(self.concurrency);
-        let mut prefetch = PrefetchCounts::default();
+        let mut out = RelistOutput::default();
         let reads = futures::stream::iter(work)
-            .map(|mut w| {
-                let (runtime, calls) = (runtime.clone(), &calls);
-                // What the cache says now: the last relist that read this pod has
-                // been applied (the dispatcher awaits each apply).
-                let mut reuse = match (&w.new, &last_reads) {
-                    (Some(_), Some(last)) => {
-                        reusable(&w.listed, last.last_read(&w.uid), self.exit_settle)
-                    }
-                    _ => HashMap::new(),
-                };
-                // A pod that is gone lists nothing: its prefetches go unused.
-                let prefetched = std::mem::take(&mut w.prefetched);
-                take_prefetched(&w.listed, &mut reuse, prefetched, &mut prefetch);
-                async move {
-                    let read_at = SystemTime::now();
-                    let status = match &w.new {
-                        Some(rec) => Some(
-                            read_pod_status(runtime.as_ref(), rec, &w.listed, &reuse, calls).await,
-                        ),
-                        None => None,
-                    };
-                    (w, read_at, status)
-                }
-            })
+            .map(|w| reader.read_status(w, &calls, &mut out.prefetch))
             .buffered(self.concurrency)
             .collect::<Vec<_>>()
             .await;
-
-        let mut out = RelistOutput {
-            prefetch,
-            ..RelistOutput::default()
-        };
-        for (w, read_at, status) in reads {
-            // A sync took the pod while it was being read: what was read may be an
-            // intermediate state. Leave record and cache as they were; the pod is
-            // diffed again after the release.
-            if held(&w.uid) {
-                out.held.push(w.uid);
-                continue;
-            }
-            out.pods_inspected += 1;
-            let pod = match (&w.new, self.records.get(&w.uid)) {
-                (Some(rec), _) | (None, Some(rec)) => rec.pod.clone(),
-                (None, None) => {
-                    // Known only from a failed first read, and now gone.
-                    out.cache.push(CacheUpdate::Delete {
-                        uid: w.uid.clone(),
-                        read_at,
-                    });
-                    self.reinspect.remove(&w.uid);
-                    continue;
-                }
-            };
-            // What the events will say of each sandbox and container, from this read
-            // (and, for one that is gone, only what the records knew).
-            let mut sandbox_ids: HashSet<String> = self
-                .records
-                .get(&w.uid)
-                .map(|r| r.sandboxes.keys().cloned().collect())
-                .unwrap_or_default();
-            if let Some(rec) = &w.new {
-                sandbox_ids.extend(rec.sandboxes.keys().cloned());
-            }
-            let details = match &status {
-                Some(Ok(st)) => details_of(st),
-                _ => HashMap::new(),
-            };
-            match status {
-                None => {
-                    out.cache.push(CacheUpdate::Delete {
-                        uid: w.uid.clone(),
-                        read_at,
-                    });
-                    self.records.remove(&w.uid);
-                    self.reinspect.remove(&w.uid);
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(pod = %w.uid, error = %e, "status read failed; will reinspect");
-                    out.status_errors += 1;
-                    out.cache.push(CacheUpdate::Set {
-                        uid: w.uid.clone(),
-                        status: Err(e.to_string()),
-                        read_at,
-                    });
-                    self.reinspect.insert(w.uid);
-                    continue;
-                }
-                Some(Ok(status)) => {
-                    out.cache.push(CacheUpdate::Set {
-                        uid: w.uid.clone(),
-                        status: Ok(status),
-                        read_at,
-                    });
-                    self.reinspect.remove(&w.uid);
-                    if let Some(rec) = w.new {
-                        // The key moves in: kept where it was made (the first
-                        // relist makes every record's key before anything else).
-                        self.records.insert(w.uid, rec);
-                    }
-                }
-            }
-            // The event's time is when this relist read the pod (the read's start).
-            let now = read_at;
-            let source = w.source;
-            let published: Vec<_> = w
-                .changes
-                .iter()
-                .filter(|(_, k)| *k != EventKind::ContainerChanged)
-                .collect();
-            if published.is_empty() && w.reinspect {
-                out.events.push(LifecycleEvent {
-                    revision: 0,
-                    time: now,
-                    pod: pod.clone(),
-                    kind: EventKind::PodSync,
-                    container_id: String::new(),
-                    relist_source: source,
-                    container_name: String::new(),
-                    sandbox: false,
-                    attempt: None,
-                    image: None,
-                    exit: None,
-                });
-            }
-            for (id, kind) in published {
-                let detail = details.get(id);
-                out.events.push(LifecycleEvent {
-                    revision: 0,
-                    time: now,
-                    pod: pod.clone(),
-                    kind: *kind,
-                    container_id: id.clone(),
-                    relist_source: source,
-                    container_name: detail.map(|d| d.name.clone()).unwrap_or_default(),
-                    sandbox: sandbox_ids.contains(id),
-                    attempt: detail.map(|d| d.attempt),
-                    image: detail.and_then(|d| d.image.clone()),
-                    exit: match kind {
-                        EventKind::ContainerDied => detail.and_then(|d| d.exit.clone()),
-                        _ => None,
-                    },
-                });
-            }
+        for read in reads {
+            self.commit(read, held, &mut out);
         }
         out
     }
-}
 
-/// ContainerStatus of each of `ids` at once, each call within `calls`: the statuses
-/// read, and the count of those that failed (any error, NotFound included: the
-/// container is then read as if there were no prefetch).
-async fn prefetch_statuses(
-    runtime: &dyn RuntimeClient,
-    ids: &[String],
-    calls: &Semaphore,
-) -> (HashMap<String, ContainerStatus>, PrefetchCounts) {
-    let reads = join_all(ids.iter().map(|id| async move {
-        let _permit = calls.acquire().await;
-        (id, runtime.container_status(id).await)
-    }))
-    .await;
-    let mut counts = PrefetchCounts::default();
-    let mut statuses = HashMap::new();
-    for (id, read) in reads {
-        match read {
-            Ok(st) => {
-                statuses.insert(id.clone(), st);
+    /// Commits one pod's read: its record, its cache update and its events, into
+    /// `out`.
+    fn commit(&mut self, read: PodRead, held: &dyn Fn(&str) -> bool, out: &mut RelistOutput) {
+        let PodRead {
+            work: w,
+            read_at,
+            status,
+        } = read;
+        // A sync took the pod while it was being read: what was read may be an
+        // intermediate state. Leave record and cache as they were; the pod is
+        // diffed again after the release.
+        if held(&w.uid) {
+            out.held.push(w.uid);
+            return;
+        }
+        out.pods_inspected += 1;
+        let pod = match (&w.new, self.records.get(&w.uid)) {
+            (Some(rec), _) | (None, Some(rec)) => rec.pod.clone(),
+            (None, None) => {
+                // Known only from a failed first read, and now gone.
+                out.cache.push(CacheUpdate::Delete {
+                    uid: w.uid.clone(),
+                    read_at,
+                });
+                self.reinspect.remove(&w.uid);
+                return;
             }
-            Err(e) => {
-                tracing::debug!(container = %id, error = %e, "prefetched status read failed");
-                counts.failed += 1;
+        };
+        // What the events will say of each sandbox and container, from this read
+        // (and, for one that is gone, only what the records knew).
+        let mut sandbox_ids: HashSet<String> = self
+            .records
+            .get(&w.uid)
+            .map(|r| r.sandboxes.keys().cloned().collect())
+            .unwrap_or_default();
+        if let Some(rec) = &w.new {
+            sandbox_ids.extend(rec.sandboxes.keys().cloned());
+        }
+        let details = match &status {
+            Some(Ok(st)) => details_of(st),
+            _ => HashMap::new(),
+        };
+        match status {
+            None => {
+                out.cache.push(CacheUpdate::Delete {
+                    uid: w.uid.clone(),
+                    read_at,
+                });
+                self.records.remove(&w.uid);
+                self.reinspect.remove(&w.uid);
+            }
+            Some(Err(e)) => {
+                tracing::debug!(pod = %w.uid, error = %e, "status read failed; will reinspect");
+                out.status_errors += 1;
+                out.cache.push(CacheUpdate::Set {
+                    uid: w.uid.clone(),
+                    status: Err(e.to_string()),
+                    read_at,
+                });
+                self.reinspect.insert(w.uid);
+                return;
+            }
+            Some(Ok(status)) => {
+                out.cache.push(CacheUpdate::Set {
+                    uid: w.uid.clone(),
+                    status: Ok(status),
+                    read_at,
+                });
+                self.reinspect.remove(&w.uid);
+                if let Some(rec) = w.new {
+                    // The key moves in: kept where it was made (the first
+                    // relist makes every record's key before anything else).
+                    self.records.insert(w.uid, rec);
+                }
             }
         }
+        // The event's time is when this relist read the pod (the read's start).
+        let now = read_at;
+        let source = w.source;
+        let published: Vec<_> = w
+            .changes
+            .iter()
+            .filter(|(_, k)| *k != EventKind::ContainerChanged)
+            .collect();
+        if published.is_empty() && w.reinspect {
+            out.events.push(LifecycleEvent {
+                revision: 0,
+                time: now,
+                pod: pod.clone(),
+                kind: EventKind::PodSync,
+                container_id: String::new(),
+                relist_source: source,
+                container_name: String::new(),
+                sandbox: false,
+                attempt: None,
+                image: None,
+                exit: None,
+            });
+        }
+        for (id, kind) in published {
+            let detail = details.get(id);
+            out.events.push(LifecycleEvent {
+                revision: 0,
+                time: now,
+                pod: pod.clone(),
+                kind: *kind,
+                container_id: id.clone(),
+                relist_source: source,
+                container_name: detail.map(|d| d.name.clone()).unwrap_or_default(),
+                sandbox: sandbox_ids.contains(id),
+                attempt: detail.map(|d| d.attempt),
+                image: detail.and_then(|d| d.image.clone()),
+                exit: match kind {
+                    EventKind::ContainerDied => detail.and_then(|d| d.exit.clone()),
+                    _ => None,
+                },
+            });
+        }
     }
-    (statuses, counts)
 }
 
 /// The list entries of a pod's new record (none if the pod is gone).
-fn listed_of(
+pub(super) fn listed_of(
     uid: &str,
     new: Option<&PodRecord>,
     sandboxes: &HashMap<&str, &Sandbox>,

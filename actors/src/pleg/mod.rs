@@ -6,6 +6,7 @@ mod changes;
 mod chunks;
 mod diff;
 mod generic;
+mod pod_read;
 mod record;
 mod status;
 

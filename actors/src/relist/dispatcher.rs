@@ -21,8 +21,9 @@
 //! - Batches: every request taken off the mailbox joins the pending requests, one per
 //!   pod (a newer request for a pod already waiting takes its place; the older is
 //!   counted `merged`), also while a unit runs; the next unit relists them together
-//!   (at most [`MAX_BATCH`] pods), their lists read `--status-concurrency` pods at a
-//!   time and their status reads under the same bound. The pending requests are
+//!   (at most [`MAX_BATCH`] pods), `--status-concurrency` pods read at a time and
+//!   their status reads under the same bound; each pod is applied and published as
+//!   soon as it is read (none waits for the batch's slowest read). The pending requests are
 //!   bounded by the pods plegd knows plus twice the queue's capacity (pods not listed
 //!   yet): a storm on the node's pods never drops; a request for one more pod than
 //!   that (only requests for UIDs that are not pods can get there — the API takes
@@ -517,6 +518,7 @@ impl RelistDispatcher {
                 continue;
             };
             let waited_ms = pod.waited.as_secs_f64() * 1e3;
+            let took_ms = pod.took.as_secs_f64() * 1e3;
             match &pod.error {
                 None => tracing::debug!(
                     pod = %pod.uid,
@@ -732,13 +734,16 @@ struct PodOutcome {
     source: RelistSource,
     /// From the request's enqueue to the batch's start.
     waited: Duration,
+    /// From the batch's start to the end of this pod's read.
+    took: Duration,
     events: usize,
     error: Option<String>,
 }
 
 /// The relists of a batch of pods the dispatcher has settled must run: one span per
-/// request (linked to its cause), one read of all, one application of the result.
-/// `detail`: report each pod's outcome (for the debug lines).
+/// request (linked to its cause), all read at once, each pod applied and published
+/// as soon as it is read (`GenericPleg::relist_pods_each`: none waits for the
+/// batch's slowest read). `detail`: report each pod's outcome (for the debug lines).
 async fn targeted_relists(
     core: &mut GenericPleg,
     deps: &DispatcherDeps,
@@ -746,10 +751,10 @@ async fn targeted_relists(
     detail: bool,
 ) -> BatchSummary {
     let start = Instant::now();
-    let mut spans: Vec<_> = reqs
+    let mut spans: HashMap<&str, _> = reqs
         .iter()
         .map(|req| {
-            spans::start(
+            let span = spans::start(
                 spans::TARGETED_RELIST,
                 vec![
                     KeyValue::new("relist_source", req.source.as_str()),
@@ -757,7 +762,8 @@ async fn targeted_relists(
                     KeyValue::new("batch", reqs.len() as i64),
                 ],
                 req.cause.as_ref(),
-            )
+            );
+            (req.uid.as_str(), (req, span))
         })
         .collect();
     let held = deps.held.clone();
@@ -765,53 +771,62 @@ async fn targeted_relists(
         .iter()
         .map(|r| (r.uid.clone(), r.source, r.prefetch.clone()))
         .collect();
-    // A sync that takes a pod meanwhile gets its request as its pending relist.
-    let (out, failed) = core.relist_pods(&pods, &|uid| held.coalesce(uid)).await;
-    let failed: HashMap<String, plegd_runtime::RuntimeError> = failed.into_iter().collect();
-    if !failed.is_empty() {
-        deps.metrics
-            .count_relist_errors(RelistPhase::List, failed.len() as u64);
-    }
-    let mut pods_detail = Vec::new();
-    for (req, span) in reqs.iter().zip(spans.iter_mut()) {
-        let events = out.events.iter().filter(|ev| ev.pod.uid == req.uid).count();
-        let error = failed.get(&req.uid);
-        match error {
-            Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
-            None => span.set_attribute(KeyValue::new("events", events as i64)),
-        }
-        span.end();
-        if detail {
-            pods_detail.push(PodOutcome {
-                uid: req.uid.clone(),
-                source: req.source,
-                waited: start.saturating_duration_since(req.enqueued_at),
-                events,
-                error: error.map(|e| e.to_string()),
-            });
-        }
-    }
-    let max_waited = reqs
-        .iter()
-        .map(|r| start.saturating_duration_since(r.enqueued_at))
-        .max()
-        .unwrap_or_default();
-    let (events, failed) = (out.events.len(), failed.len());
-    apply(deps, out, None, false).await;
-    let took = start.elapsed();
-    for req in reqs {
-        deps.metrics
-            .observe_pod_relist(req.source, took.as_secs_f64());
-        deps.metrics.count_request(RequestResult::Done, req.source);
-    }
-    BatchSummary {
+    let mut summary = BatchSummary {
         pods: reqs.len(),
-        events,
-        failed,
-        took,
-        max_waited,
-        pods_detail,
-    }
+        events: 0,
+        failed: 0,
+        took: Duration::ZERO,
+        max_waited: reqs
+            .iter()
+            .map(|r| start.saturating_duration_since(r.enqueued_at))
+            .max()
+            .unwrap_or_default(),
+        pods_detail: Vec::new(),
+    };
+    // A sync that takes a pod meanwhile gets its request as its pending relist.
+    core.relist_pods_each(&pods, &|uid| held.coalesce(uid), |uid, out, error| {
+        let events = out.events.len();
+        let source = match spans.remove(uid.as_str()) {
+            Some((req, mut span)) => {
+                match &error {
+                    Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
+                    None => span.set_attribute(KeyValue::new("events", events as i64)),
+                }
+                span.end();
+                if detail {
+                    summary.pods_detail.push(PodOutcome {
+                        uid: uid.clone(),
+                        source: req.source,
+                        waited: start.saturating_duration_since(req.enqueued_at),
+                        took: start.elapsed(),
+                        events,
+                        error: error.as_ref().map(|e| e.to_string()),
+                    });
+                }
+                Some(req.source)
+            }
+            // Cannot happen: every pod of the batch is one request's.
+            None => None,
+        };
+        summary.events += events;
+        if error.is_some() {
+            summary.failed += 1;
+            deps.metrics.count_relist_errors(RelistPhase::List, 1);
+        }
+        async move {
+            if !out.is_empty() {
+                apply(deps, out, None, false).await;
+            }
+            if let Some(source) = source {
+                deps.metrics
+                    .observe_pod_relist(source, start.elapsed().as_secs_f64());
+                deps.metrics.count_request(RequestResult::Done, source);
+            }
+        }
+    })
+    .await;
+    summary.took = start.elapsed();
+    summary
 }
 
 impl Actor for RelistDispatcher {

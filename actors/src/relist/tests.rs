@@ -557,10 +557,10 @@ async fn each_relist_numbers_its_events_and_applies_the_last_revision_with_the_c
     assert_eq!(b.published.len(), 2);
 }
 
-/// Issue 11: requests that wait together run as one batch — one read of all their
-/// pods, one cache update, one publication — each pod's events with its request's
-/// source; a pod whose lists fail in the batch changes nothing, is counted, and does
-/// not stop the others.
+/// Issue 11: requests that wait together run as one batch — their pods read at once,
+/// each pod's cache update applied and its events published as soon as it is read —
+/// each pod's events with its request's source; a pod whose lists fail in the batch
+/// changes nothing (nothing applied), is counted, and does not stop the others.
 #[actix_rt::test]
 async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
     const PODS: usize = 20;
@@ -598,9 +598,13 @@ async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
             == PODS as u64
     })
     .await;
-    assert_eq!(b.cache.len(), applied + 1, "one cache update for the batch");
-    wait_until("published", || b.published.len() == 2).await;
-    let published = events(&b.published.all()[1]);
+    assert_eq!(
+        b.cache.len(),
+        applied + PODS - 1,
+        "one cache update for each pod read"
+    );
+    wait_until("published", || b.published.len() == PODS).await;
+    let published: Vec<_> = b.published.all()[1..].iter().flat_map(events).collect();
     assert_eq!(
         published.len(),
         PODS - 1,
@@ -627,9 +631,12 @@ async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
         .dispatcher
         .queue
         .request(&failed[0].0, RelistSource::EventedPleg, None, None));
-    wait_until("the failed pod's exit published", || b.published.len() == 3).await;
+    wait_until("the failed pod's exit published", || {
+        b.published.len() == PODS + 1
+    })
+    .await;
     assert_eq!(
-        events(&b.published.all()[2]),
+        events(&b.published.all()[PODS]),
         vec![(
             EventKind::ContainerDied,
             failed[0].1.clone(),
@@ -651,6 +658,8 @@ struct Gated {
     /// Unfiltered sandbox lists (global relists) fail after 30 ms of the runtime's
     /// time.
     global_fails: std::sync::atomic::AtomicBool,
+    /// Only this sandbox's reads wait at the gate (None: every targeted read).
+    gate_only: std::sync::Mutex<Option<String>>,
 }
 
 impl Gated {
@@ -662,7 +671,13 @@ impl Gated {
             failures: Default::default(),
             unfiltered_lists: Default::default(),
             global_fails: Default::default(),
+            gate_only: Default::default(),
         }))
+    }
+
+    /// From now on only this sandbox's targeted reads wait at the gate.
+    fn gate_only(&self, sandbox: &str) {
+        *self.gate_only.lock().unwrap() = Some(sandbox.to_string());
     }
 
     fn close(&self) {
@@ -722,12 +737,18 @@ impl Intercept for Gated {
         sb: Option<&str>,
     ) -> Result<Vec<plegd_runtime::Container>, plegd_runtime::RuntimeError> {
         if let Some(sb) = sb {
-            let mut open = self.closed.subscribe();
-            self.waiting
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let _ = open.wait_for(|closed| !*closed).await;
-            self.waiting
-                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            let gated = match &*self.gate_only.lock().unwrap() {
+                Some(only) => only == sb,
+                None => true,
+            };
+            if gated {
+                let mut open = self.closed.subscribe();
+                self.waiting
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = open.wait_for(|closed| !*closed).await;
+                self.waiting
+                    .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
             let fail = match self.failures.lock().unwrap().get_mut(sb) {
                 Some(n) if *n > 0 => {
                     *n -= 1;
@@ -892,8 +913,9 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
             == accepted
     })
     .await;
-    // The batch that waited, then all the pending pods as one batch.
-    assert_eq!(b.cache.len(), applied + 2);
+    // The batch that waited, then all the pending pods as one batch, each pod
+    // applied as it was read.
+    assert_eq!(b.cache.len(), applied + 1 + PODS);
     assert_eq!(b.requests(RequestResult::Done), 1 + PODS as u64);
     // The older request lost to the newer one, whose source the event carries.
     assert_eq!(
@@ -908,6 +930,48 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
     }
     assert_eq!(b.metrics.queue_depth.get(), 0);
     assert_eq!(b.metrics.relist_pending.get(), 0);
+    assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
+}
+
+/// Issue 11, goal 5: a batch publishes each pod as soon as it is read. One pod whose
+/// lists are slow holds back none of the other deaths of its batch (the batch used to
+/// apply and publish once its slowest pod was read), and is published once read.
+#[actix_rt::test]
+async fn a_slow_pod_holds_back_no_other_pod_of_its_batch() {
+    const PODS: usize = 6;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.gate_only(&pods[0].1);
+    gated.close();
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    // Sent without yielding: the dispatcher sees them all in one drain.
+    for (uid, _, _) in &pods {
+        assert!(b
+            .dispatcher
+            .queue
+            .request(uid, RelistSource::EventedPleg, None, None));
+    }
+    wait_until("every other pod's death published", || {
+        deaths(&b).len() == PODS - 1
+    })
+    .await;
+    assert_eq!(gated.waiting(), 1, "the slow pod is still being read");
+    assert!(!deaths(&b).contains_key(&pods[0].2));
+    assert_eq!(b.requests(RequestResult::Done), PODS as u64 - 1);
+    gated.open();
+    wait_until("the slow pod's death published", || {
+        deaths(&b).len() == PODS
+    })
+    .await;
+    assert_eq!(b.requests(RequestResult::Done), PODS as u64);
+    for (_, _, c) in &pods {
+        assert_eq!(deaths(&b)[c], vec![RelistSource::EventedPleg], "{c}");
+    }
     assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
 }
 
