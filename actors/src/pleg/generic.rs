@@ -15,13 +15,15 @@
 //! list entry at hand, which today's paths never leave).
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::Semaphore;
 
 use super::changes;
@@ -58,6 +60,18 @@ impl RelistScope {
             RelistScope::Pod { source, .. } => *source,
         }
     }
+}
+
+/// A pod a batch of targeted relists reads ([`GenericPleg::relist_pods_each`]): its
+/// UID, the source of the request (its events' `relist_source`), the containers whose
+/// status is read together with its lists (as [`RelistScope::Pod`]'s), and the
+/// caller's `tag`, handed back with the pod's output.
+#[derive(Debug)]
+pub struct PodAsk<T> {
+    pub uid: String,
+    pub source: RelistSource,
+    pub prefetch: Vec<String>,
+    pub tag: T,
 }
 
 /// A change for the CacheOwner.
@@ -234,9 +248,14 @@ impl GenericPleg {
             .await?;
             return Ok(all);
         };
-        let pods = [(uid.clone(), *source, prefetch.clone())];
+        let pods = vec![PodAsk {
+            uid: uid.clone(),
+            source: *source,
+            prefetch: prefetch.clone(),
+            tag: (),
+        }];
         let mut result = Ok(RelistOutput::default());
-        self.relist_pods_each(&pods, held, |_, out, error| {
+        self.relist_pods_each(pods, None, held, |(), out, error| {
             result = match error {
                 Some(e) => Err(e),
                 None => Ok(out),
@@ -255,9 +274,18 @@ impl GenericPleg {
         pods: &[(String, RelistSource, Vec<String>)],
         held: &dyn Fn(&str) -> bool,
     ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
+        let asks = pods
+            .iter()
+            .map(|(uid, source, prefetch)| PodAsk {
+                uid: uid.clone(),
+                source: *source,
+                prefetch: prefetch.clone(),
+                tag: uid.clone(),
+            })
+            .collect();
         let mut all = RelistOutput::default();
         let mut failed = Vec::new();
-        self.relist_pods_each(pods, held, |uid, out, error| {
+        self.relist_pods_each(asks, None, held, |uid, out, error| {
             all.append(out);
             if let Some(e) = error {
                 failed.push((uid, e));
@@ -269,75 +297,112 @@ impl GenericPleg {
     }
 
     /// Targeted relists of several pods (the dispatcher's batch), each handed over
-    /// as soon as it is read: `each(uid, output, error)` is called once for every
-    /// pod of `pods`, in the order their reads end, and awaited before the next pod
-    /// is committed (the dispatcher applies and publishes each meanwhile, while the
+    /// as soon as it is read: `each(tag, output, error)` is called once for every
+    /// pod asked, in the order their reads end, and awaited before the next pod is
+    /// committed (the dispatcher applies and publishes each meanwhile, while the
     /// other pods' reads go on; issue 11: none of 20 exits at once waits for the
     /// slowest pod's read). Each pod is read as `pod_read` says, `concurrency` pods
-    /// at once and one bound on their status calls (prefetches included).
-    /// `pods` holds each UID once, with the containers to prefetch (as
-    /// [`RelistScope::Pod`]'s); each pod's events carry its request's source.
-    /// A pod a sync holds at the start comes first, in `output.held` (as does one
-    /// taken while it was read). A pod whose lists fail changes nothing and comes
-    /// with its error (its output counts only its prefetches); the others go on.
-    pub async fn relist_pods_each<F, Fut>(
+    /// at once (in the order asked) and one bound on their status calls
+    /// (prefetches included); each pod's events carry its ask's source.
+    ///
+    /// `more`: pods asked while the others are read (the dispatcher's requests that
+    /// come meanwhile) join them; once nothing is being read and nothing more is
+    /// there, the call ends (what comes later is the caller's business). Each UID is
+    /// asked at most once per call.
+    ///
+    /// A pod a sync holds when its read is due is handed back unread, in
+    /// `output.held` (as is one taken while it was read). A pod whose lists fail
+    /// changes nothing and comes with its error (its output counts only its
+    /// prefetches); the others go on.
+    pub async fn relist_pods_each<T, F, Fut>(
         &mut self,
-        pods: &[(String, RelistSource, Vec<String>)],
+        pods: Vec<PodAsk<T>>,
+        mut more: Option<&mut UnboundedReceiver<PodAsk<T>>>,
         held: &dyn Fn(&str) -> bool,
         mut each: F,
     ) where
-        F: FnMut(String, RelistOutput, Option<RuntimeError>) -> Fut,
+        F: FnMut(T, RelistOutput, Option<RuntimeError>) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let mut plans = Vec::with_capacity(pods.len());
-        for (uid, source, prefetch) in pods {
-            if held(uid) {
-                let out = RelistOutput {
-                    held: vec![uid.clone()],
-                    ..RelistOutput::default()
-                };
-                each(uid.clone(), out, None).await;
-                continue;
-            }
-            let previous = self.records.get(uid);
-            let last = match (&self.last_reads, previous) {
-                (Some(last), Some(_)) => last.last_read(uid),
-                _ => None,
-            };
-            plans.push(PodPlan::new(
-                uid,
-                *source,
-                prefetch,
-                previous,
-                self.reinspect.contains(uid),
-                last,
-                self.exit_settle,
-            ));
-        }
         let reader = self.reader();
         let calls = Semaphore::new(self.concurrency);
         let (reader, calls) = (&reader, &calls);
-        let mut reads = futures::stream::iter(plans)
-            .map(|plan| async move {
-                let uid = plan.uid.clone();
-                (uid, reader.read_pod(plan, calls).await)
-            })
-            .buffer_unordered(self.concurrency);
-        while let Some((uid, (read, prefetch))) = reads.next().await {
-            let mut out = RelistOutput {
-                prefetch,
-                ..RelistOutput::default()
-            };
-            let error = match read {
-                Ok(Some(read)) => {
-                    self.commit(read, held, &mut out);
-                    None
+        let mut asked: VecDeque<PodAsk<T>> = pods.into();
+        let mut reads = FuturesUnordered::new();
+        let mut open = more.is_some();
+        loop {
+            while reads.len() < self.concurrency {
+                let Some(ask) = asked.pop_front() else {
+                    break;
+                };
+                if held(&ask.uid) {
+                    let out = RelistOutput {
+                        held: vec![ask.uid],
+                        ..RelistOutput::default()
+                    };
+                    each(ask.tag, out, None).await;
+                    continue;
                 }
-                Ok(None) => None,
-                Err(e) => Some(e),
+                let plan = self.plan(&ask);
+                let tag = ask.tag;
+                reads.push(async move { (tag, reader.read_pod(plan, calls).await) });
+            }
+            if reads.is_empty() {
+                // Nothing is being read: what was asked meanwhile, or the end.
+                match more.as_mut().map(|rx| rx.try_recv()) {
+                    Some(Ok(ask)) => {
+                        asked.push_back(ask);
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+            let next_ask = async {
+                match more.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
             };
-            each(uid, out, error).await;
+            tokio::select! {
+                Some((tag, (read, prefetch))) = reads.next() => {
+                    let mut out = RelistOutput {
+                        prefetch,
+                        ..RelistOutput::default()
+                    };
+                    let error = match read {
+                        Ok(Some(read)) => {
+                            self.commit(read, held, &mut out);
+                            None
+                        }
+                        Ok(None) => None,
+                        Err(e) => Some(e),
+                    };
+                    each(tag, out, error).await;
+                }
+                ask = next_ask, if open => match ask {
+                    Some(ask) => asked.push_back(ask),
+                    None => open = false,
+                },
+            }
         }
+    }
+
+    /// What a read of `ask`'s pod needs of the state (`pod_read`).
+    fn plan<T>(&self, ask: &PodAsk<T>) -> PodPlan {
+        let previous = self.records.get(&ask.uid);
+        let last = match (&self.last_reads, previous) {
+            (Some(last), Some(_)) => last.last_read(&ask.uid),
+            _ => None,
+        };
+        PodPlan::new(
+            &ask.uid,
+            ask.source,
+            &ask.prefetch,
+            previous,
+            self.reinspect.contains(&ask.uid),
+            last,
+            self.exit_settle,
+        )
     }
 
     /// A global relist, handed over in chunks of at most `chunk_pods` pods (see

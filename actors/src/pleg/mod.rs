@@ -10,7 +10,7 @@ mod pod_read;
 mod record;
 mod status;
 
-pub use generic::{CacheUpdate, GenericPleg, RelistOutput, RelistScope};
+pub use generic::{CacheUpdate, GenericPleg, PodAsk, RelistOutput, RelistScope};
 pub use status::{PodStatus, PrefetchCounts};
 
 /// For fuzzing only (`crate::fuzzing`).

@@ -23,7 +23,13 @@
 //!   counted `merged`), also while a unit runs; the next unit relists them together
 //!   (at most [`MAX_BATCH`] pods), `--status-concurrency` pods read at a time and
 //!   their status reads under the same bound; each pod is applied and published as
-//!   soon as it is read (none waits for the batch's slowest read). The pending requests are
+//!   soon as it is read (none waits for the batch's slowest read).
+//! - A batch in progress takes the requests that come while it runs (issue 11, goal
+//!   5: a burst's later exits need not wait for its first reads), settled at once,
+//!   unless a global relist is due (that runs next), the batch has taken
+//!   [`MAX_BATCH`] pods, or the pod is already in it (its read may predate the
+//!   request's cause) or waiting: those join the pending requests. So a storm still
+//!   delays a due global relist by at most one batch. The pending requests are
 //!   bounded by the pods plegd knows plus twice the queue's capacity (pods not listed
 //!   yet): a storm on the node's pods never drops; a request for one more pod than
 //!   that (only requests for UIDs that are not pods can get there — the API takes
@@ -63,10 +69,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
+use opentelemetry::global::BoxedSpan;
 use opentelemetry::trace::{Span as _, SpanContext};
 use opentelemetry::KeyValue;
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{Metrics, PrefetchResult, RelistPhase, RequestResult};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use super::queue::RelistQueue;
@@ -74,7 +82,7 @@ use super::schedule::{GlobalSchedule, Verdict};
 use crate::cache::ApplyRelist;
 use crate::event::RelistSource;
 use crate::health::Health;
-use crate::pleg::{CacheUpdate, GenericPleg, RelistOutput};
+use crate::pleg::{CacheUpdate, GenericPleg, PodAsk, RelistOutput};
 use crate::publisher::Publish;
 use crate::revision::Revisions;
 use crate::spans;
@@ -126,11 +134,23 @@ pub struct RelistDispatcher {
     queue_capacity: usize,
     /// A batch is scheduled to start once the mailbox is drained.
     batch_scheduled: bool,
+    /// The batch in progress, while it takes more requests.
+    open_batch: Option<OpenBatch>,
+    /// Batches take requests while they run (tests of the pending requests alone
+    /// turn it off).
+    admission: bool,
     /// The pending requests are owed the next unit: a global relist ran in the last
     /// one. Alternating, a due global relist waits for at most one batch and a batch
     /// for at most one global relist.
     batch_next: bool,
     logs: Logs,
+}
+
+/// The batch in progress: where requests that come while it runs join it, and the
+/// pods it has taken.
+struct OpenBatch {
+    more: UnboundedSender<PodAsk<Taken>>,
+    pods: HashSet<String>,
 }
 
 /// The dispatcher's debug lines, each kind under its own budget.
@@ -234,6 +254,8 @@ impl RelistDispatcher {
             pending_index: HashMap::new(),
             queue_capacity,
             batch_scheduled: false,
+            open_batch: None,
+            admission: true,
             batch_next: false,
             logs: Logs {
                 unit: LogBudget::new(LINES_PER_WINDOW, WINDOW),
@@ -498,15 +520,50 @@ impl RelistDispatcher {
         };
         let deps = self.deps.clone();
         let detail = tracing::enabled!(tracing::Level::DEBUG);
+        let (more, taken) = unbounded_channel();
+        self.open_batch = Some(OpenBatch {
+            more,
+            pods: reqs.iter().map(|r| r.uid.clone()).collect(),
+        });
         let fut = async move {
-            let summary = targeted_relists(&mut core, &deps, &reqs, detail).await;
+            let summary = targeted_relists(&mut core, &deps, reqs, taken, detail).await;
             (core, summary)
         };
         ctx.spawn(fut.into_actor(self).map(|(core, summary), act, ctx| {
+            act.open_batch = None;
             act.put_core(core);
             act.log_batch(&summary);
             act.unit_done(ctx);
         }));
+    }
+
+    /// Whether the batch in progress may take this request: it has room, its pod is
+    /// neither in it already (its read may have begun before the request's cause)
+    /// nor waiting, and no global relist is due (that one runs next, and covers it).
+    fn admissible(&self, req: &RequestRelist) -> bool {
+        self.open_batch.as_ref().is_some_and(|open| {
+            self.admission
+                && open.pods.len() < MAX_BATCH
+                && !open.pods.contains(&req.uid)
+                && !self.pending_index.contains_key(&req.uid)
+                && !self.schedule.due(Instant::now())
+        })
+    }
+
+    /// Hands a request that must run to the batch in progress; gives it back if the
+    /// batch has ended.
+    fn admit(&mut self, req: RequestRelist) -> Option<RequestRelist> {
+        let Some(open) = &mut self.open_batch else {
+            return Some(req);
+        };
+        let uid = req.uid.clone();
+        match open.more.send(Taken::new(req)) {
+            Ok(()) => {
+                open.pods.insert(uid);
+                None
+            }
+            Err(e) => Some(e.0.tag.req),
+        }
     }
 
     /// The batch's debug line, and one per pod it relisted (each under its budget).
@@ -722,7 +779,7 @@ struct BatchSummary {
     events: usize,
     failed: usize,
     took: Duration,
-    /// The longest a request of the batch waited for it to start.
+    /// The longest a request of the batch waited for the batch to take it.
     max_waited: Duration,
     /// Each pod's outcome, if debug lines are on.
     pods_detail: Vec<PodOutcome>,
@@ -732,96 +789,108 @@ struct BatchSummary {
 struct PodOutcome {
     uid: String,
     source: RelistSource,
-    /// From the request's enqueue to the batch's start.
+    /// From the request's enqueue to the batch taking it.
     waited: Duration,
-    /// From the batch's start to the end of this pod's read.
+    /// From the batch taking it to the end of this pod's read.
     took: Duration,
     events: usize,
     error: Option<String>,
 }
 
-/// The relists of a batch of pods the dispatcher has settled must run: one span per
-/// request (linked to its cause), all read at once, each pod applied and published
-/// as soon as it is read (`GenericPleg::relist_pods_each`: none waits for the
-/// batch's slowest read). `detail`: report each pod's outcome (for the debug lines).
+/// A request a batch relists, with its span (linked to its cause) and when the
+/// batch took it.
+struct Taken {
+    req: RequestRelist,
+    span: BoxedSpan,
+    taken_at: Instant,
+}
+
+impl Taken {
+    fn new(req: RequestRelist) -> PodAsk<Taken> {
+        let span = spans::start(
+            spans::TARGETED_RELIST,
+            vec![
+                KeyValue::new("relist_source", req.source.as_str()),
+                KeyValue::new("pod.uid", req.uid.clone()),
+            ],
+            req.cause.as_ref(),
+        );
+        PodAsk {
+            uid: req.uid.clone(),
+            source: req.source,
+            prefetch: req.prefetch.clone(),
+            tag: Taken {
+                req,
+                span,
+                taken_at: Instant::now(),
+            },
+        }
+    }
+}
+
+/// The relists of a batch of pods the dispatcher has settled must run, and of those
+/// it takes into the batch while it runs (`more`): all read at once, each pod
+/// applied and published as soon as it is read (`GenericPleg::relist_pods_each`:
+/// none waits for the batch's slowest read, nor for the batch to end). `detail`:
+/// report each pod's outcome (for the debug lines).
 async fn targeted_relists(
     core: &mut GenericPleg,
     deps: &DispatcherDeps,
-    reqs: &[RequestRelist],
+    reqs: Vec<RequestRelist>,
+    mut more: UnboundedReceiver<PodAsk<Taken>>,
     detail: bool,
 ) -> BatchSummary {
     let start = Instant::now();
-    let mut spans: HashMap<&str, _> = reqs
-        .iter()
-        .map(|req| {
-            let span = spans::start(
-                spans::TARGETED_RELIST,
-                vec![
-                    KeyValue::new("relist_source", req.source.as_str()),
-                    KeyValue::new("pod.uid", req.uid.clone()),
-                    KeyValue::new("batch", reqs.len() as i64),
-                ],
-                req.cause.as_ref(),
-            );
-            (req.uid.as_str(), (req, span))
-        })
-        .collect();
-    let held = deps.held.clone();
-    let pods: Vec<(String, RelistSource, Vec<String>)> = reqs
-        .iter()
-        .map(|r| (r.uid.clone(), r.source, r.prefetch.clone()))
-        .collect();
     let mut summary = BatchSummary {
-        pods: reqs.len(),
+        pods: 0,
         events: 0,
         failed: 0,
         took: Duration::ZERO,
-        max_waited: reqs
-            .iter()
-            .map(|r| start.saturating_duration_since(r.enqueued_at))
-            .max()
-            .unwrap_or_default(),
+        max_waited: Duration::ZERO,
         pods_detail: Vec::new(),
     };
+    let asks = reqs.into_iter().map(Taken::new).collect();
+    let held = deps.held.clone();
     // A sync that takes a pod meanwhile gets its request as its pending relist.
-    core.relist_pods_each(&pods, &|uid| held.coalesce(uid), |uid, out, error| {
+    let held = |uid: &str| held.coalesce(uid);
+    core.relist_pods_each(asks, Some(&mut more), &held, |taken, out, error| {
+        let Taken {
+            req,
+            mut span,
+            taken_at,
+        } = taken;
         let events = out.events.len();
-        let source = match spans.remove(uid.as_str()) {
-            Some((req, mut span)) => {
-                match &error {
-                    Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
-                    None => span.set_attribute(KeyValue::new("events", events as i64)),
-                }
-                span.end();
-                if detail {
-                    summary.pods_detail.push(PodOutcome {
-                        uid: uid.clone(),
-                        source: req.source,
-                        waited: start.saturating_duration_since(req.enqueued_at),
-                        took: start.elapsed(),
-                        events,
-                        error: error.as_ref().map(|e| e.to_string()),
-                    });
-                }
-                Some(req.source)
-            }
-            // Cannot happen: every pod of the batch is one request's.
-            None => None,
-        };
+        match &error {
+            Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
+            None => span.set_attribute(KeyValue::new("events", events as i64)),
+        }
+        span.end();
+        let waited = taken_at.saturating_duration_since(req.enqueued_at);
+        summary.pods += 1;
         summary.events += events;
+        summary.max_waited = summary.max_waited.max(waited);
         if error.is_some() {
             summary.failed += 1;
             deps.metrics.count_relist_errors(RelistPhase::List, 1);
         }
+        if detail {
+            summary.pods_detail.push(PodOutcome {
+                uid: req.uid,
+                source: req.source,
+                waited,
+                took: taken_at.elapsed(),
+                events,
+                error: error.as_ref().map(|e| e.to_string()),
+            });
+        }
+        let source = req.source;
         async move {
             if !out.is_empty() {
                 apply(deps, out, None, false).await;
             }
-            if let Some(source) = source {
-                deps.metrics
-                    .observe_pod_relist(source, start.elapsed().as_secs_f64());
-                deps.metrics.count_request(RequestResult::Done, source);
-            }
+            deps.metrics
+                .observe_pod_relist(source, taken_at.elapsed().as_secs_f64());
+            deps.metrics.count_request(RequestResult::Done, source);
         }
     })
     .await;
@@ -860,6 +929,19 @@ impl Handler<RequestRelist> for RelistDispatcher {
 
     fn handle(&mut self, msg: RequestRelist, ctx: &mut Self::Context) {
         self.deps.metrics.queue_depth.dec();
+        // The batch in progress takes it at once if it may (its verdict taken now:
+        // no global relist completes while a batch runs).
+        let msg = if self.admissible(&msg) {
+            if let Some(req) = self.settle(msg).and_then(|req| self.admit(req)) {
+                self.enqueue(req);
+                if self.core.is_some() {
+                    self.schedule_batch(ctx);
+                }
+            }
+            return;
+        } else {
+            msg
+        };
         // A request a completed global relist already covers is settled at once; any
         // other waits for its turn in the next batch, after a due global relist (a
         // unit in progress starts it when it ends).
@@ -902,6 +984,21 @@ impl Handler<TwoUnitsAtOnce> for RelistDispatcher {
         self.run(ctx);
         self.enqueue(msg.1);
         self.run(ctx);
+    }
+}
+
+/// Test only: batches take no request while they run (tests of the pending requests).
+#[cfg(test)]
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct NoAdmission;
+
+#[cfg(test)]
+impl Handler<NoAdmission> for RelistDispatcher {
+    type Result = ();
+
+    fn handle(&mut self, _: NoAdmission, _: &mut Self::Context) {
+        self.admission = false;
     }
 }
 

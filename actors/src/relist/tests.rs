@@ -11,8 +11,8 @@ use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
 use plegd_telemetry::{Metrics, RequestResult};
 
 use super::dispatcher::{
-    DispatcherConfig, DispatcherDeps, DispatcherHandle, RelistDispatcher, RequestRelist,
-    TwoUnitsAtOnce,
+    DispatcherConfig, DispatcherDeps, DispatcherHandle, NoAdmission, RelistDispatcher,
+    RequestRelist, TwoUnitsAtOnce,
 };
 use crate::cache::ApplyRelist;
 use crate::event::{EventKind, RelistSource};
@@ -60,6 +60,9 @@ struct Setup {
     health_threshold: Duration,
     cache: RecorderConfig,
     publisher: RecorderConfig,
+    /// Batches take requests while they run (off: every request waits in the
+    /// pending set, whose rules a test then sees alone).
+    admission: bool,
 }
 
 impl Default for Setup {
@@ -71,6 +74,7 @@ impl Default for Setup {
             health_threshold: Duration::from_secs(180),
             cache: RecorderConfig::default(),
             publisher: RecorderConfig::default(),
+            admission: true,
         }
     }
 }
@@ -100,6 +104,10 @@ fn start_on(runtime: Arc<dyn RuntimeClient>, setup: Setup) -> Bench {
             revisions: Default::default(),
         },
     );
+    if !setup.admission {
+        // The first message: before any request.
+        dispatcher.stop.addr().do_send(NoAdmission);
+    }
     Bench {
         dispatcher,
         cache,
@@ -855,7 +863,8 @@ impl Bench {
 /// requests overflowed the queue while a batch ran): while a batch's reads wait, far
 /// more requests than the queue holds arrive — each pod twice, one out of order — and
 /// none is dropped: they wait in the pending set, one per pod, and run as the next
-/// batch once the reads complete. Every death is published exactly once.
+/// batch once the reads complete. Every death is published exactly once. (The
+/// batch takes no request while it runs here: the pending set's rules alone.)
 #[actix_rt::test]
 async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped() {
     const PODS: usize = 100;
@@ -866,6 +875,7 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
         PODS,
         Setup {
             capacity: CAPACITY,
+            admission: false,
             ..Setup::default()
         },
     )
@@ -975,16 +985,78 @@ async fn a_slow_pod_holds_back_no_other_pod_of_its_batch() {
     assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
 }
 
+/// Issue 11, goal 5: a request that comes while a batch runs joins it at once: its
+/// pod is read and published while the batch's slow pod is still being read (it used
+/// to wait for the batch to end). A second request for a pod the batch has taken
+/// waits for the next unit (the read in progress may predate its cause): the pod is
+/// read again, its death published once.
+#[actix_rt::test]
+async fn a_request_that_comes_while_a_batch_runs_joins_it() {
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, 3);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.gate_only(&pods[0].1);
+    gated.close();
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    let q = &b.dispatcher.queue;
+    assert!(q.request(&pods[0].0, RelistSource::EventedPleg, None, None));
+    wait_until("the batch waits for the slow pod", || gated.waiting() == 1).await;
+    let lists = rt.calls(Op::ListContainers);
+
+    assert!(q.request(&pods[1].0, RelistSource::EventedPleg, None, None));
+    wait_until("the second pod's death published", || {
+        deaths(&b).contains_key(&pods[1].2)
+    })
+    .await;
+    assert_eq!(gated.waiting(), 1, "the batch still runs");
+    assert_eq!(b.requests(RequestResult::Done), 1);
+
+    // The second pod again: it waits. The third joins.
+    assert!(q.request(&pods[1].0, RelistSource::EventedPleg, None, None));
+    wait_until("the second request waits", || {
+        b.metrics.relist_pending.get() == 1
+    })
+    .await;
+    assert!(q.request(&pods[2].0, RelistSource::EventedPleg, None, None));
+    wait_until("the third pod's death published", || {
+        deaths(&b).contains_key(&pods[2].2)
+    })
+    .await;
+    assert_eq!(gated.waiting(), 1, "the batch still runs");
+    assert_eq!(b.metrics.relist_pending.get(), 1);
+
+    gated.open();
+    wait_until("every request done", || {
+        b.requests(RequestResult::Done) == 4
+    })
+    .await;
+    assert_eq!(
+        rt.calls(Op::ListContainers) - lists,
+        4,
+        "the second pod read twice"
+    );
+    for (_, _, c) in &pods {
+        assert_eq!(deaths(&b)[c], vec![RelistSource::EventedPleg], "{c}");
+    }
+    assert_eq!(b.metrics.relist_pending.get(), 0);
+    assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
+}
+
 /// A global relist that becomes due while a batch waits runs next, before the
-/// requests that came meanwhile (KEP-3386: a due global relist has priority); it
-/// started after they were made, so they are skipped, and it publishes the deaths.
+/// requests that came meanwhile (KEP-3386: a due global relist has priority: the
+/// batch takes none of them once it is due); it started after they were made, so
+/// they are skipped, and it publishes the deaths.
 #[actix_rt::test]
 async fn a_global_relist_due_during_a_batch_runs_next_and_covers_the_requests_that_waited() {
     const PODS: usize = 10;
     let (pods, gated, b) = a_batch_at_the_gate(PODS, Setup::default()).await;
+    b.dispatcher.queue.bring_forward();
     let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
-    b.dispatcher.queue.bring_forward();
     gated.open();
     wait_until("every request settled", || b.settled() == PODS as u64).await;
     assert_eq!(b.requests(RequestResult::Done), 1);
@@ -1099,6 +1171,7 @@ async fn the_pending_set_is_bounded_by_the_known_pods_and_the_queue_capacity() {
         gated.clone(),
         Setup {
             capacity: CAPACITY,
+            admission: false,
             ..Setup::default()
         },
     );
@@ -1222,11 +1295,12 @@ async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
         .queue
         .request(&pods[0].0, RelistSource::EventedPleg, None, None));
     wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let lists = gated.unfiltered_lists();
+    // Due now (if the period has not passed yet), so it runs once the batch ends
+    // (and the batch takes none of the requests that follow).
+    b.dispatcher.queue.bring_forward();
     let uids: Vec<&str> = pods[1..].iter().map(|(u, _, _)| u.as_str()).collect();
     b.request_in_chunks(&uids, 1024).await;
-    let lists = gated.unfiltered_lists();
-    // Due now (if the period has not passed yet), so it runs once the batch ends.
-    b.dispatcher.queue.bring_forward();
     gated.open();
     wait_until("every request done", || {
         b.requests(RequestResult::Done) == PODS as u64
@@ -1257,7 +1331,13 @@ async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
     let other = rt.run_pod("u1", "p", "ns");
     rt.run_container(&other, "app");
     let gated = Gated::new(rt.clone());
-    let b = start_on(gated.clone(), Setup::default());
+    let b = start_on(
+        gated.clone(),
+        Setup {
+            admission: false,
+            ..Setup::default()
+        },
+    );
     wait_until("the first relist published", || b.published.len() == 1).await;
     gated.close();
     let (q, source) = (&b.dispatcher.queue, RelistSource::EventedPleg);
