@@ -3,7 +3,7 @@
 //! ≈ 1.3 KB of heap in 14 blocks (each sandbox repeats the pod's three strings); packed
 //! it takes ≈ 250 bytes (issue 11). Readers get the structs back ([`PackedStatus::unpack`]);
 //! the IDs and container states come first, so the hint sources' lookups by container
-//! ID ([`PackedStatus::has_id`], [`PackedStatus::container_state`]) read them without
+//! ID ([`PackedStatus::find_id`], [`PackedStatus::container_state`]) read them without
 //! unpacking anything.
 
 use std::collections::BTreeMap;
@@ -189,9 +189,17 @@ impl PackedStatus {
         false
     }
 
-    /// True if `id` is one of the pod's sandboxes or containers.
-    pub(crate) fn has_id(&self, id: &str) -> bool {
-        self.any_id(|x, _| x == id)
+    /// If `id` is one of the pod's sandboxes or containers: its state if it is a
+    /// container (None: a sandbox).
+    pub(crate) fn find_id(&self, id: &str) -> Option<Option<ContainerState>> {
+        let mut found = None;
+        self.any_id(|x, state| {
+            if x == id {
+                found = Some(state);
+            }
+            found.is_some()
+        });
+        found
     }
 
     /// The state of container `id` (None: not a container of this pod).
@@ -427,11 +435,12 @@ mod tests {
     fn ids_and_container_states_are_found_without_unpacking() {
         let mut buf = Vec::new();
         let p = PackedStatus::pack(&status(), &mut buf);
-        assert!(p.has_id(&"s".repeat(64)));
-        assert!(p.has_id("old"));
-        assert!(p.has_id("c4"));
-        assert!(!p.has_id("c5"));
-        assert!(!p.has_id("c"));
+        assert_eq!(p.find_id(&"s".repeat(64)), Some(None));
+        assert_eq!(p.find_id("old"), Some(None));
+        assert_eq!(p.find_id("c4"), Some(Some(ContainerState::Unknown)));
+        assert_eq!(p.find_id("c2"), Some(Some(ContainerState::Exited)));
+        assert_eq!(p.find_id("c5"), None);
+        assert_eq!(p.find_id("c"), None);
         assert_eq!(p.container_state("c1"), Some(ContainerState::Running));
         assert_eq!(p.container_state("c2"), Some(ContainerState::Exited));
         assert_eq!(p.container_state("c3"), Some(ContainerState::Created));
@@ -459,7 +468,7 @@ mod tests {
             let p = PackedStatus(bytes[..len].into());
             assert_eq!(p.unpack(), None, "{len}");
             // Whatever is complete is still found; nothing past the end is.
-            let _ = p.has_id("c4");
+            let _ = p.find_id("c4");
             assert_eq!(p.container_state("nope"), None);
         }
     }

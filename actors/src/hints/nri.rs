@@ -206,10 +206,15 @@ fn hint_of(item: NriHint) -> Option<Hint> {
     };
     match item {
         NriHint::Synchronized { .. } => Some(Hint::Global),
+        // The container's status is read together with its pod's lists (prefetch).
         NriHint::Container {
             pod, container_id, ..
         } => match pod.filter(|p| !p.uid.is_empty()) {
-            Some(pod) => Some(by_uid(pod.uid)),
+            Some(pod) => Some(Hint::Pod {
+                uid: pod.uid,
+                cause: None,
+                container: Some(container_id).filter(|id| !id.is_empty()),
+            }),
             None => Some(Hint::Container { id: container_id }),
         },
         NriHint::Sandbox { pod, .. } if !pod.uid.is_empty() => Some(by_uid(pod.uid)),
@@ -339,7 +344,8 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_call_names_its_pod_by_uid_or_by_id_and_a_synchronize_is_global() {
+    fn a_call_names_its_pod_by_uid_or_by_id_its_container_to_prefetch_and_a_synchronize_is_global()
+    {
         let pod_hint = |uid: &str| {
             Some(Hint::Pod {
                 uid: uid.into(),
@@ -352,7 +358,15 @@ pub(super) mod tests {
             pod,
             container_id: "c1".into(),
         };
-        assert_eq!(hint_of(container(Some(pod("u1", "s1")))), pod_hint("u1"));
+        // By UID, its container's status read together with the pod's lists.
+        assert_eq!(
+            hint_of(container(Some(pod("u1", "s1")))),
+            Some(Hint::Pod {
+                uid: "u1".into(),
+                cause: None,
+                container: Some("c1".into()),
+            })
+        );
         // Without a pod, or with an empty UID: the cache maps the container.
         let by_id = Some(Hint::Container { id: "c1".into() });
         assert_eq!(hint_of(container(None)), by_id);

@@ -595,3 +595,36 @@ async fn requests_no_longer_pending_are_forgotten() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Issue 11, goal 5: a hint by container ID (containerd's event service, NRI without
+/// a pod UID), and a recheck, ask to prefetch that container's status with its pod's
+/// lists (they asked for the relist alone); a hint by a sandbox's ID asks for the
+/// relist alone.
+#[actix_rt::test]
+async fn a_hint_by_container_id_asks_to_prefetch_it_and_one_by_sandbox_id_does_not() {
+    use plegd_runtime::{ContainerState::Running, SandboxState::Ready};
+    let (mut owner, cache) = CacheOwner::new(Duration::from_secs(300));
+    super::nri::tests::write_pod(&mut owner, ("u1", "s1", "c1"), Running, Ready);
+    super::nri::tests::write_pod(&mut owner, ("u2", "s2", "c2"), Running, Ready);
+    super::nri::tests::write_pod(&mut owner, ("u3", "s3", "c3"), Running, Ready);
+    let (tx, _watcher, requests, _) = scripted_watcher(cache, CriStops::default());
+    let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
+    send(Hint::Container { id: "c1".into() });
+    send(Hint::Container { id: "s2".into() });
+    send(Hint::Recheck { id: "c3".into() });
+    let r = requests.clone();
+    wait_until("three requests", || r.len() == 3).await;
+    let asked: Vec<(String, Vec<String>)> = requests
+        .all()
+        .into_iter()
+        .map(|q| (q.uid, q.prefetch))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            ("u1".to_string(), vec!["c1".to_string()]),
+            ("u2".to_string(), vec![]),
+            ("u3".to_string(), vec!["c3".to_string()]),
+        ]
+    );
+}

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
 use futures::StreamExt as _;
+use plegd_runtime::ContainerState;
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{HintSourceState, Metrics};
 
@@ -338,9 +339,12 @@ impl<S: HintSource> HintWatcher<S> {
                     .request(&uid, source, cause, container.as_deref());
                 self.log_hint(what, None, Some(&uid), Outcome::of_request(queued), None);
             }
-            Hint::Container { id } => match self.deps.cache.pod_of_container(&id) {
-                Some(uid) => {
-                    let outcome = self.request_unless_pending(&uid);
+            // A container's status is read together with its pod's lists (prefetch);
+            // a sandbox's is not (its relist takes it from the list).
+            Hint::Container { id } => match self.deps.cache.owner_of(&id) {
+                Some((uid, state)) => {
+                    let container = state.is_some().then_some(id.as_str());
+                    let outcome = self.request_unless_pending(&uid, container);
                     self.log_hint(what, Some(&id), Some(&uid), outcome, None);
                 }
                 None => self.log_hint(what, Some(&id), None, Outcome::UnknownContainer, None),
@@ -353,7 +357,12 @@ impl<S: HintSource> HintWatcher<S> {
                     self.log_hint(what, Some(&id), None, Outcome::ReportedByCri, None);
                     return;
                 }
-                if self.deps.cache.container_exited(&id) {
+                // One scan of the cache for both questions.
+                let owner = self.deps.cache.owner_of(&id);
+                if owner
+                    .as_ref()
+                    .is_some_and(|(_, state)| *state == Some(ContainerState::Exited))
+                {
                     self.sweep(SystemTime::now());
                     if self.confirmed.len() >= MAX_TRACKED {
                         self.confirmed.clear();
@@ -363,9 +372,10 @@ impl<S: HintSource> HintWatcher<S> {
                         return;
                     }
                 }
-                match self.deps.cache.pod_of_container(&id) {
-                    Some(uid) => {
-                        let outcome = self.request_unless_pending(&uid);
+                match owner {
+                    Some((uid, state)) => {
+                        let container = state.is_some().then_some(id.as_str());
+                        let outcome = self.request_unless_pending(&uid, container);
                         self.log_hint(what, Some(&id), Some(&uid), outcome, None);
                     }
                     None => self.log_hint(what, Some(&id), None, Outcome::UnknownContainer, None),
@@ -418,7 +428,7 @@ impl<S: HintSource> HintWatcher<S> {
     /// cost one relist at a time, not a queue of them. A request whose relist failed
     /// before reading the pod (its lists failed) never advances the cache's read time,
     /// so it counts as pending only for [`PENDING_FOR`].
-    fn request_unless_pending(&mut self, uid: &str) -> Outcome {
+    fn request_unless_pending(&mut self, uid: &str, container: Option<&str>) -> Outcome {
         let now = SystemTime::now();
         let pending = |cache: &PodCache, uid: &str, at: SystemTime| {
             now.duration_since(at).unwrap_or_default() < PENDING_FOR
@@ -432,7 +442,7 @@ impl<S: HintSource> HintWatcher<S> {
         let queued = self
             .deps
             .router
-            .request(uid, self.source.relist_source(), None, None);
+            .request(uid, self.source.relist_source(), None, container);
         if queued {
             self.sweep(now);
             if self.requested.len() >= MAX_TRACKED {
