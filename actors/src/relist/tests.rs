@@ -1046,6 +1046,49 @@ async fn a_request_that_comes_while_a_batch_runs_joins_it() {
     assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
 }
 
+/// The requests a running batch takes are settled as any other: one for a pod a
+/// sync holds becomes the gate's pending relist (coalesced), not a read; the relist
+/// the gate asks for on release (made here) joins the batch and publishes.
+#[actix_rt::test]
+async fn a_running_batch_leaves_a_held_pods_request_to_its_sync() {
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, 3);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.gate_only(&pods[0].1);
+    gated.close();
+    for (_, _, c) in &pods {
+        rt.exit_container(c, 1);
+    }
+    let q = &b.dispatcher.queue;
+    assert!(q.request(&pods[0].0, RelistSource::EventedPleg, None, None));
+    wait_until("the batch waits for the slow pod", || gated.waiting() == 1).await;
+    b.held.hold(&pods[1].0);
+    assert!(q.request(&pods[1].0, RelistSource::EventedPleg, None, None));
+    assert!(q.request(&pods[2].0, RelistSource::EventedPleg, None, None));
+    wait_until("the third pod's death published", || {
+        deaths(&b).contains_key(&pods[2].2)
+    })
+    .await;
+    assert_eq!(b.requests(RequestResult::Coalesced), 1);
+    assert!(!deaths(&b).contains_key(&pods[1].2));
+    assert_eq!(b.metrics.relist_pending.get(), 0, "nothing waits");
+    assert!(b.held.release(&pods[1].0), "a relist is pending on release");
+    assert!(q.request(&pods[1].0, RelistSource::PostSync, None, None));
+    wait_until("the held pod's death published", || {
+        deaths(&b).contains_key(&pods[1].2)
+    })
+    .await;
+    assert_eq!(deaths(&b)[&pods[1].2], vec![RelistSource::PostSync]);
+    assert_eq!(gated.waiting(), 1, "the batch still runs");
+    gated.open();
+    wait_until("every death published", || deaths(&b).len() == 3).await;
+    for (_, _, c) in &pods {
+        assert_eq!(deaths(&b)[c].len(), 1, "{c}");
+    }
+}
+
 /// A global relist that becomes due while a batch waits runs next, before the
 /// requests that came meanwhile (KEP-3386: a due global relist has priority: the
 /// batch takes none of them once it is due); it started after they were made, so
