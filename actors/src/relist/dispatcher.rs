@@ -26,10 +26,12 @@
 //!   soon as it is read (none waits for the batch's slowest read).
 //! - A batch in progress takes the requests that come while it runs (issue 11, goal
 //!   5: a burst's later exits need not wait for its first reads), settled at once,
-//!   unless a global relist is due (that runs next), the batch has taken
-//!   [`MAX_BATCH`] pods, or the pod is already in it (its read may predate the
-//!   request's cause) or waiting: those join the pending requests. So a storm still
-//!   delays a due global relist by at most one batch. The pending requests are
+//!   unless a global relist is due (that runs next), the pod is waiting already, or
+//!   the batch has taken [`MAX_BATCH`] pods: those join the pending requests. So a
+//!   storm still delays a due global relist by at most one batch. A request for a
+//!   pod whose read is in progress (it may have begun before the request's cause)
+//!   runs again in the batch once that read ends (requests that come meanwhile are
+//!   merged into it); one for a pod the batch has read already reads it again. The pending requests are
 //!   bounded by the pods plegd knows plus twice the queue's capacity (pods not listed
 //!   yet): a storm on the node's pods never drops; a request for one more pod than
 //!   that (only requests for UIDs that are not pods can get there — the API takes
@@ -63,7 +65,9 @@
 //!   how long the batch took, its events or its error), each kind under a
 //!   [`LogBudget`]; the first line after suppressed ones counts them.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -146,12 +150,18 @@ pub struct RelistDispatcher {
     logs: Logs,
 }
 
-/// The batch in progress: where requests that come while it runs join it, and the
-/// pods it has taken.
+/// The batch in progress: where requests that come while it runs join it, the pods
+/// it is reading, and how many it has taken.
 struct OpenBatch {
     more: UnboundedSender<PodAsk<Taken>>,
-    pods: HashSet<String>,
+    pods: BatchPods,
+    taken: usize,
 }
+
+/// The pods a running batch is reading, each with the request that came for it
+/// meanwhile (run again once the read ends). Shared by the actor, which adds to it,
+/// and the batch, which removes each pod once read (both on the actor's thread).
+type BatchPods = Rc<RefCell<HashMap<String, Option<RequestRelist>>>>;
 
 /// The dispatcher's debug lines, each kind under its own budget.
 struct Logs {
@@ -399,20 +409,7 @@ impl RelistDispatcher {
             self.deps.metrics.relist_pending.inc();
             return;
         };
-        let mut merged = if req.enqueued_at >= self.pending[i].enqueued_at {
-            std::mem::replace(&mut self.pending[i], req)
-        } else {
-            req
-        };
-        let kept = &mut self.pending[i].prefetch;
-        for id in merged.prefetch.drain(..) {
-            if kept.len() < MAX_PREFETCH && !kept.contains(&id) {
-                kept.push(id);
-            }
-        }
-        self.deps
-            .metrics
-            .count_request(RequestResult::Merged, merged.source);
+        merge(&mut self.pending[i], req, &self.deps.metrics);
     }
 
     fn take_core(&mut self) -> Option<GenericPleg> {
@@ -521,12 +518,22 @@ impl RelistDispatcher {
         let deps = self.deps.clone();
         let detail = tracing::enabled!(tracing::Level::DEBUG);
         let (more, taken) = unbounded_channel();
+        let pods: BatchPods = Rc::new(RefCell::new(
+            reqs.iter().map(|r| (r.uid.clone(), None)).collect(),
+        ));
         self.open_batch = Some(OpenBatch {
-            more,
-            pods: reqs.iter().map(|r| r.uid.clone()).collect(),
+            more: more.clone(),
+            pods: pods.clone(),
+            taken: reqs.len(),
         });
         let fut = async move {
-            let summary = targeted_relists(&mut core, &deps, reqs, taken, detail).await;
+            let batch = Batch {
+                reqs,
+                more: taken,
+                again: more,
+                pods,
+            };
+            let summary = targeted_relists(&mut core, &deps, batch, detail).await;
             (core, summary)
         };
         ctx.spawn(fut.into_actor(self).map(|(core, summary), act, ctx| {
@@ -537,29 +544,39 @@ impl RelistDispatcher {
         }));
     }
 
-    /// Whether the batch in progress may take this request: it has room, its pod is
-    /// neither in it already (its read may have begun before the request's cause)
-    /// nor waiting, and no global relist is due (that one runs next, and covers it).
+    /// Whether the batch in progress may take this request: no global relist is due
+    /// (that one runs next, and covers it), the pod is not waiting for the next unit,
+    /// and the batch has room or is reading the pod already.
     fn admissible(&self, req: &RequestRelist) -> bool {
         self.open_batch.as_ref().is_some_and(|open| {
             self.admission
-                && open.pods.len() < MAX_BATCH
-                && !open.pods.contains(&req.uid)
-                && !self.pending_index.contains_key(&req.uid)
                 && !self.schedule.due(Instant::now())
+                && !self.pending_index.contains_key(&req.uid)
+                && (open.taken < MAX_BATCH || open.pods.borrow().contains_key(&req.uid))
         })
     }
 
     /// Hands a request that must run to the batch in progress; gives it back if the
-    /// batch has ended.
+    /// batch has ended. A request for a pod whose read is in progress (it may have
+    /// begun before the request's cause) runs again in the batch once that read ends
+    /// (merged with any other that came meanwhile).
     fn admit(&mut self, req: RequestRelist) -> Option<RequestRelist> {
         let Some(open) = &mut self.open_batch else {
             return Some(req);
         };
+        let mut pods = open.pods.borrow_mut();
+        if let Some(again) = pods.get_mut(&req.uid) {
+            match again {
+                Some(kept) => merge(kept, req, &self.deps.metrics),
+                None => *again = Some(req),
+            }
+            return None;
+        }
         let uid = req.uid.clone();
         match open.more.send(Taken::new(req)) {
             Ok(()) => {
-                open.pods.insert(uid);
+                pods.insert(uid, None);
+                open.taken += 1;
                 None
             }
             Err(e) => Some(e.0.tag.req),
@@ -629,6 +646,24 @@ impl RelistDispatcher {
         self.deps.metrics.count_request(result, req.source);
         None
     }
+}
+
+/// Merges two requests for one pod into `kept`: the newer is kept (a global relist
+/// that covers it covers the older too), with the containers both asked to prefetch
+/// (at most [`MAX_PREFETCH`]); the other is counted `merged`.
+fn merge(kept: &mut RequestRelist, req: RequestRelist, metrics: &Metrics) {
+    let mut merged = if req.enqueued_at >= kept.enqueued_at {
+        std::mem::replace(kept, req)
+    } else {
+        req
+    };
+    let ids = &mut kept.prefetch;
+    for id in merged.prefetch.drain(..) {
+        if ids.len() < MAX_PREFETCH && !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    metrics.count_request(RequestResult::Merged, merged.source);
 }
 
 /// Applies a relist's output: revisions issued, cache first (acknowledged, with the
@@ -797,6 +832,15 @@ struct PodOutcome {
     error: Option<String>,
 }
 
+/// A batch of targeted relists: the requests it starts with, where it takes more
+/// (`more`, and `again` for the pods it reads once more), and the pods it reads.
+struct Batch {
+    reqs: Vec<RequestRelist>,
+    more: UnboundedReceiver<PodAsk<Taken>>,
+    again: UnboundedSender<PodAsk<Taken>>,
+    pods: BatchPods,
+}
+
 /// A request a batch relists, with its span (linked to its cause) and when the
 /// batch took it.
 struct Taken {
@@ -836,10 +880,15 @@ impl Taken {
 async fn targeted_relists(
     core: &mut GenericPleg,
     deps: &DispatcherDeps,
-    reqs: Vec<RequestRelist>,
-    mut more: UnboundedReceiver<PodAsk<Taken>>,
+    batch: Batch,
     detail: bool,
 ) -> BatchSummary {
+    let Batch {
+        reqs,
+        mut more,
+        again,
+        pods,
+    } = batch;
     let start = Instant::now();
     let mut summary = BatchSummary {
         pods: 0,
@@ -859,6 +908,22 @@ async fn targeted_relists(
             mut span,
             taken_at,
         } = taken;
+        // A request that came while the pod was read runs now; else the pod leaves
+        // the batch (a later request takes it again).
+        let rerun = {
+            let mut pods = pods.borrow_mut();
+            let rerun = pods.get_mut(&req.uid).and_then(Option::take);
+            if rerun.is_none() {
+                pods.remove(&req.uid);
+            }
+            rerun
+        };
+        if let Some(rerun) = rerun {
+            if again.send(Taken::new(rerun)).is_err() {
+                // Cannot happen: this batch holds the receiver.
+                tracing::error!("a batch's own queue is gone; a targeted relist is lost");
+            }
+        }
         let events = out.events.len();
         match &error {
             Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),

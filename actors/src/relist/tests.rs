@@ -987,9 +987,10 @@ async fn a_slow_pod_holds_back_no_other_pod_of_its_batch() {
 
 /// Issue 11, goal 5: a request that comes while a batch runs joins it at once: its
 /// pod is read and published while the batch's slow pod is still being read (it used
-/// to wait for the batch to end). A second request for a pod the batch has taken
-/// waits for the next unit (the read in progress may predate its cause): the pod is
-/// read again, its death published once.
+/// to wait for the batch to end). A request for a pod the batch has read already
+/// reads it again at once; one for the pod whose read is in progress (that read may
+/// predate its cause) runs once that read ends, still in the batch. Each death is
+/// published once.
 #[actix_rt::test]
 async fn a_request_that_comes_while_a_batch_runs_joins_it() {
     let rt = FakeRuntime::new();
@@ -1015,35 +1016,67 @@ async fn a_request_that_comes_while_a_batch_runs_joins_it() {
     assert_eq!(gated.waiting(), 1, "the batch still runs");
     assert_eq!(b.requests(RequestResult::Done), 1);
 
-    // The second pod again: it waits. The third joins.
+    // The second pod again: read again at once.
     assert!(q.request(&pods[1].0, RelistSource::EventedPleg, None, None));
-    wait_until("the second request waits", || {
-        b.metrics.relist_pending.get() == 1
+    wait_until("the second pod read again", || {
+        b.requests(RequestResult::Done) == 2
     })
     .await;
+    assert_eq!(rt.calls(Op::ListContainers) - lists, 2);
+    // The slow pod again: it waits for its read in progress.
+    assert!(q.request(&pods[0].0, RelistSource::EventedPleg, None, None));
     assert!(q.request(&pods[2].0, RelistSource::EventedPleg, None, None));
     wait_until("the third pod's death published", || {
         deaths(&b).contains_key(&pods[2].2)
     })
     .await;
     assert_eq!(gated.waiting(), 1, "the batch still runs");
-    assert_eq!(b.metrics.relist_pending.get(), 1);
+    assert_eq!(b.requests(RequestResult::Done), 3);
+    assert_eq!(
+        b.metrics.relist_pending.get(),
+        0,
+        "nothing waits for a batch"
+    );
 
     gated.open();
     wait_until("every request done", || {
-        b.requests(RequestResult::Done) == 4
+        b.requests(RequestResult::Done) == 5
     })
     .await;
     assert_eq!(
         rt.calls(Op::ListContainers) - lists,
-        4,
-        "the second pod read twice"
+        5,
+        "the slow pod read twice"
     );
     for (_, _, c) in &pods {
         assert_eq!(deaths(&b)[c], vec![RelistSource::EventedPleg], "{c}");
     }
-    assert_eq!(b.metrics.relist_pending.get(), 0);
     assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
+}
+
+/// Stop while a batch holds a request to run again for the pod it is reading: the
+/// batch runs it before the dispatcher stops (a request accepted is never lost).
+#[actix_rt::test]
+async fn a_stop_while_a_batch_holds_a_rerun_runs_it_first() {
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, 1);
+    let gated = Gated::new(rt.clone());
+    let b = start_on(gated.clone(), Setup::default());
+    wait_until("the first relist published", || b.published.len() == 1).await;
+    gated.close();
+    rt.exit_container(&pods[0].2, 1);
+    let q = &b.dispatcher.queue;
+    assert!(q.request(&pods[0].0, RelistSource::EventedPleg, None, None));
+    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let lists = rt.calls(Op::ListContainers);
+    assert!(q.request(&pods[0].0, RelistSource::EventedPleg, None, None));
+    wait_until("the request taken", || b.metrics.queue_depth.get() == 0).await;
+    b.dispatcher.stop.stop();
+    gated.open();
+    wait_until("stopped", || b.dispatcher.stop.stopped()).await;
+    assert_eq!(b.requests(RequestResult::Done), 2);
+    assert_eq!(rt.calls(Op::ListContainers) - lists, 2, "read twice");
+    assert_eq!(deaths(&b)[&pods[0].2], vec![RelistSource::EventedPleg]);
 }
 
 /// The requests a running batch takes are settled as any other: one for a pod a
