@@ -122,6 +122,25 @@ impl CriStops {
         }
     }
 
+    /// Forgets the stops remembered longer than [`RETAIN`] and gives back the room
+    /// (the hint watchers call this every second: without new stops, nothing else
+    /// would).
+    pub fn tidy(&self, now: Instant) {
+        let mut st = self.lock();
+        st.announced.forget_old(now);
+        st.reported.forget_old(now);
+    }
+
+    /// Stops remembered, announced and reported, and the room their tables hold.
+    #[cfg(test)]
+    pub fn remembered(&self) -> (usize, usize) {
+        let st = self.lock();
+        (
+            st.announced.len() + st.reported.len(),
+            st.announced.room() + st.reported.room(),
+        )
+    }
+
     /// The grace an early source now waits for the stream, if it waits.
     pub fn grace(&self) -> Option<Duration> {
         self.lock().grace()

@@ -628,3 +628,28 @@ async fn a_hint_by_container_id_asks_to_prefetch_it_and_one_by_sandbox_id_does_n
         ]
     );
 }
+
+/// Issue 11 (memory after a churn): the record of the stops the CRI stream reported
+/// forgot old ones only when a new stop came, so after a churn it held up to 4,096
+/// (≈ 0.6 MB) until the next stop; the watchers now tidy it every second, stops or
+/// not.
+#[actix_rt::test]
+async fn old_stops_are_forgotten_without_a_new_one() {
+    let stops = CriStops::default();
+    let long_ago = Instant::now()
+        .checked_sub(Duration::from_secs(11))
+        .expect("the clock is past 11 s");
+    for i in 0..4096 {
+        stops.reported(&format!("c{i}"), long_ago);
+    }
+    let (count, room) = stops.remembered();
+    assert_eq!(count, 4096);
+    assert!(room >= 4096, "{room}");
+    let cache = CacheOwner::new(Duration::from_secs(300)).1;
+    let (_tx, _watcher, _, _) = scripted_watcher(cache, stops.clone());
+    wait_until("the old stops forgotten", || {
+        let (count, room) = stops.remembered();
+        count == 0 && room < 1024
+    })
+    .await;
+}

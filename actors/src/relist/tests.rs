@@ -787,11 +787,38 @@ async fn a_batch_at_the_gate(
     Arc<Intercepted<Gated>>,
     Bench,
 ) {
+    batch_at_the_gate(n, setup, false).await
+}
+
+/// As [`a_batch_at_the_gate`], but only the first pod's reads wait at the gate: a
+/// batch slow on that pod alone.
+async fn a_slow_pod_in_a_batch(
+    n: usize,
+) -> (
+    Vec<(String, String, String)>,
+    Arc<Intercepted<Gated>>,
+    Bench,
+) {
+    batch_at_the_gate(n, Setup::default(), true).await
+}
+
+async fn batch_at_the_gate(
+    n: usize,
+    setup: Setup,
+    only_the_first: bool,
+) -> (
+    Vec<(String, String, String)>,
+    Arc<Intercepted<Gated>>,
+    Bench,
+) {
     let rt = FakeRuntime::new();
     let pods = pods_with_a_container(&rt, n);
     let gated = Gated::new(rt.clone());
     let b = start_on(gated.clone(), setup);
     wait_until("the first relist published", || b.published.len() == 1).await;
+    if only_the_first {
+        gated.gate_only(&pods[0].1);
+    }
     gated.close();
     for (_, _, c) in &pods {
         rt.exit_container(c, 1);
@@ -949,18 +976,8 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
 #[actix_rt::test]
 async fn a_slow_pod_holds_back_no_other_pod_of_its_batch() {
     const PODS: usize = 6;
-    let rt = FakeRuntime::new();
-    let pods = pods_with_a_container(&rt, PODS);
-    let gated = Gated::new(rt.clone());
-    let b = start_on(gated.clone(), Setup::default());
-    wait_until("the first relist published", || b.published.len() == 1).await;
-    gated.gate_only(&pods[0].1);
-    gated.close();
-    for (_, _, c) in &pods {
-        rt.exit_container(c, 1);
-    }
-    // Sent without yielding: the dispatcher sees them all in one drain.
-    for (uid, _, _) in &pods {
+    let (pods, gated, b) = a_slow_pod_in_a_batch(PODS).await;
+    for (uid, _, _) in &pods[1..] {
         assert!(b
             .dispatcher
             .queue
@@ -993,19 +1010,8 @@ async fn a_slow_pod_holds_back_no_other_pod_of_its_batch() {
 /// published once.
 #[actix_rt::test]
 async fn a_request_that_comes_while_a_batch_runs_joins_it() {
-    let rt = FakeRuntime::new();
-    let pods = pods_with_a_container(&rt, 3);
-    let gated = Gated::new(rt.clone());
-    let b = start_on(gated.clone(), Setup::default());
-    wait_until("the first relist published", || b.published.len() == 1).await;
-    gated.gate_only(&pods[0].1);
-    gated.close();
-    for (_, _, c) in &pods {
-        rt.exit_container(c, 1);
-    }
-    let q = &b.dispatcher.queue;
-    assert!(q.request(&pods[0].0, RelistSource::EventedPleg, None, None));
-    wait_until("the batch waits for the slow pod", || gated.waiting() == 1).await;
+    let (pods, gated, b) = a_slow_pod_in_a_batch(3).await;
+    let (rt, q) = (&gated.inner, &b.dispatcher.queue);
     let lists = rt.calls(Op::ListContainers);
 
     assert!(q.request(&pods[1].0, RelistSource::EventedPleg, None, None));
@@ -1084,19 +1090,8 @@ async fn a_stop_while_a_batch_holds_a_rerun_runs_it_first() {
 /// the gate asks for on release (made here) joins the batch and publishes.
 #[actix_rt::test]
 async fn a_running_batch_leaves_a_held_pods_request_to_its_sync() {
-    let rt = FakeRuntime::new();
-    let pods = pods_with_a_container(&rt, 3);
-    let gated = Gated::new(rt.clone());
-    let b = start_on(gated.clone(), Setup::default());
-    wait_until("the first relist published", || b.published.len() == 1).await;
-    gated.gate_only(&pods[0].1);
-    gated.close();
-    for (_, _, c) in &pods {
-        rt.exit_container(c, 1);
-    }
+    let (pods, gated, b) = a_slow_pod_in_a_batch(3).await;
     let q = &b.dispatcher.queue;
-    assert!(q.request(&pods[0].0, RelistSource::EventedPleg, None, None));
-    wait_until("the batch waits for the slow pod", || gated.waiting() == 1).await;
     b.held.hold(&pods[1].0);
     assert!(q.request(&pods[1].0, RelistSource::EventedPleg, None, None));
     assert!(q.request(&pods[2].0, RelistSource::EventedPleg, None, None));
