@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 use super::changes;
 use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
-use super::pod_read::{PodPlan, PodRead, Reader};
+use super::pod_read::{PodPlan, PodRead, Reader, WHOLE_NODE_LISTS};
 use super::record::{group, PodRecord};
 use super::status::{
     index_containers, index_sandboxes, LastReads, Listed, PodStatus, PrefetchCounts, EXIT_SETTLE,
@@ -326,7 +326,8 @@ impl GenericPleg {
     {
         let reader = self.reader();
         let calls = Semaphore::new(self.concurrency);
-        let (reader, calls) = (&reader, &calls);
+        let whole_node = Semaphore::new(WHOLE_NODE_LISTS);
+        let (reader, calls, whole_node) = (&reader, &calls, &whole_node);
         let mut asked: VecDeque<PodAsk<T>> = pods.into();
         let mut reads = FuturesUnordered::new();
         let mut open = more.is_some();
@@ -345,7 +346,7 @@ impl GenericPleg {
                 }
                 let plan = self.plan(&ask);
                 let tag = ask.tag;
-                reads.push(async move { (tag, reader.read_pod(plan, calls).await) });
+                reads.push(async move { (tag, reader.read_pod(plan, calls, whole_node).await) });
             }
             if reads.is_empty() {
                 // Nothing is being read: what was asked meanwhile, or the end.

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use super::tests::{global, try_targeted as targeted};
 use super::*;
-use crate::event::{EventKind, EventKind::*};
+use crate::event::{EventKind, EventKind::*, RelistSource};
 use plegd_runtime::{Container, RuntimeClient, RuntimeError, Sandbox};
 use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
 
@@ -302,4 +302,67 @@ async fn a_sandbox_answered_beside_the_one_asked_for_brings_its_containers() {
         ])
     );
     assert!(p.record("u1").unwrap().containers.contains_key(&c2));
+}
+
+/// The fake runtime, counting the whole-node sandbox lists in flight at once (each
+/// takes a little while, as a real one of many sandboxes does).
+#[derive(Clone)]
+struct WholeNodeLists {
+    inner: FakeRuntime,
+    now: Arc<Mutex<(usize, usize)>>,
+}
+
+#[async_trait::async_trait]
+impl Intercept for WholeNodeLists {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+
+    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
+        if id.is_some() {
+            return self.inner.list_sandboxes(id).await;
+        }
+        {
+            let mut n = self.now.lock().unwrap();
+            n.0 += 1;
+            n.1 = n.1.max(n.0);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let out = self.inner.list_sandboxes(None).await;
+        self.now.lock().unwrap().0 -= 1;
+        out
+    }
+}
+
+/// Issue 11 (memory after a churn): a batch of pods plegd has not seen reads the
+/// whole node's sandbox list for each, and read them all at once (`concurrency`):
+/// the heap's peak grew with the node times the batch. At most
+/// [`pod_read::WHOLE_NODE_LISTS`] are in flight now, and every pod is still found.
+#[tokio::test]
+async fn a_batch_of_new_pods_holds_few_whole_node_lists_at_once() {
+    use super::pod_read::WHOLE_NODE_LISTS;
+    const PODS: usize = 12;
+    let rt = FakeRuntime::new();
+    let spy = WholeNodeLists {
+        inner: rt.clone(),
+        now: Arc::default(),
+    };
+    let mut p = GenericPleg::new(Arc::new(Intercepted(spy.clone())), 8);
+    let pods: Vec<(String, RelistSource, Vec<String>)> = (0..PODS)
+        .map(|i| {
+            let uid = format!("u{i}");
+            let sb = rt.run_pod(&uid, "p", "ns");
+            rt.run_container(&sb, "app");
+            (uid, RelistSource::EventedPleg, Vec::new())
+        })
+        .collect();
+    let (out, failed) = p.relist_pods(&pods, &|_| false).await;
+    assert!(failed.is_empty(), "{failed:?}");
+    let found: HashSet<&str> = out.events.iter().map(|e| e.pod.uid.as_str()).collect();
+    assert_eq!(found.len(), PODS, "every new pod found");
+    let most = spy.now.lock().unwrap().1;
+    assert!(
+        (1..=WHOLE_NODE_LISTS).contains(&most),
+        "{most} whole-node lists at once"
+    );
 }
