@@ -11,6 +11,9 @@
 # (default /var/lib/plegd-ci), $PLEGD_CRI_BASE-2.1 and $PLEGD_CRI_BASE-1.6.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# A clean build gains nothing from incremental data; it only fills the disk, which on
+# the CI machine is shared.
+export CARGO_INCREMENTAL=0
 bash scripts/setup.sh
 # the linters' Debian packages now: containerd-up.sh, started next, uses apt too
 bash scripts/lint-tools.sh --system
