@@ -344,6 +344,29 @@ impl CacheOwner {
                     Err(e) => entry.error = Some(e.into_boxed_str()),
                 }
             }
+            CacheUpdate::Container {
+                uid,
+                status,
+                read_at,
+            } => {
+                let Some(mut entry) = self.shared.pods.get_mut(&uid) else {
+                    return;
+                };
+                // A read of the whole pod that began later has it already.
+                if read_at < entry.modified {
+                    return;
+                }
+                let Some(mut pod) = entry.status.as_ref().and_then(PackedStatus::unpack) else {
+                    return;
+                };
+                let Some(old) = pod.containers.iter_mut().find(|c| c.id == status.id) else {
+                    return;
+                };
+                *old = status;
+                // `modified` stays the pod's last read's: the other containers were
+                // not read again (what `LastReads` reuses is judged by it).
+                entry.status = Some(PackedStatus::pack(&pod, &mut self.buf));
+            }
         }
     }
 }
@@ -573,7 +596,7 @@ impl Handler<Snapshot> for CacheOwner {
 mod tests {
     //! The CacheOwner alone: snapshots between applies, tombstones, newer-than.
 
-    use plegd_runtime::PodRef;
+    use plegd_runtime::{ContainerStatus, PodRef};
 
     use super::*;
 
@@ -619,6 +642,73 @@ mod tests {
 
     fn at(secs: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 + secs)
+    }
+
+    /// A container `c` of pod `a` in `state`.
+    fn container(state: plegd_runtime::ContainerState, exit_code: i32) -> ContainerStatus {
+        ContainerStatus {
+            id: "c".into(),
+            sandbox_id: "s".into(),
+            name: "app".into(),
+            attempt: 0,
+            state,
+            created_at: 1,
+            started_at: 2,
+            finished_at: 0,
+            exit_code,
+            reason: String::new(),
+            message: String::new(),
+            image: String::new(),
+        }
+    }
+
+    /// An early death (`pleg::early`): one container's status replaced, the pod's
+    /// read time kept; nothing for a read older than the pod's, an unknown container
+    /// or an unknown pod.
+    #[test]
+    fn a_container_update_replaces_that_container_only() {
+        use plegd_runtime::ContainerState::{Exited, Running};
+        let (mut owner, cache) = CacheOwner::new(TTL);
+        let mut st = status("a");
+        st.containers.push(container(Running, 0));
+        let mut other = container(Running, 0);
+        other.id = "d".into();
+        st.containers.push(other.clone());
+        owner.apply(CacheUpdate::Set {
+            uid: "a".into(),
+            status: Ok(st),
+            read_at: at(5),
+        });
+        let update = |read_at, status: ContainerStatus| CacheUpdate::Container {
+            uid: "a".into(),
+            status,
+            read_at,
+        };
+        let state_of = |id: &str| {
+            let pod = cache.get("a").unwrap();
+            let st = pod.status.unwrap();
+            let c = st.containers.into_iter().find(|c| c.id == id).unwrap();
+            (c.state, c.exit_code, pod.modified)
+        };
+        owner.apply(update(at(4), container(Exited, 9)));
+        assert_eq!(
+            state_of("c"),
+            (Running, 0, at(5)),
+            "older than the pod's read"
+        );
+        owner.apply(update(at(6), container(Exited, 2)));
+        assert_eq!(state_of("c"), (Exited, 2, at(5)));
+        assert_eq!(state_of("d"), (Running, 0, at(5)));
+        let mut unknown = container(Exited, 1);
+        unknown.id = "x".into();
+        owner.apply(update(at(7), unknown));
+        assert_eq!(cache.get("a").unwrap().status.unwrap().containers.len(), 2);
+        owner.apply(CacheUpdate::Container {
+            uid: "nobody".into(),
+            status: container(Exited, 1),
+            read_at: at(7),
+        });
+        assert!(cache.get("nobody").is_none());
     }
 
     #[actix_rt::test]

@@ -22,6 +22,10 @@ impl<V> IdMap<V> {
         self.find(id).ok().map(|i| &self.0[i].1)
     }
 
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut V> {
+        self.find(id).ok().map(|i| &mut self.0[i].1)
+    }
+
     pub fn contains_key(&self, id: &str) -> bool {
         self.find(id).is_ok()
     }

@@ -317,13 +317,7 @@ async fn each_pod_is_in_one_chunk_and_the_last_chunk_is_flagged() {
     let mut p = GenericPleg::new(runtime, 3).with_chunk_pods(4);
     let mut chunks = Vec::new();
     p.relist_global(&|_| false, |out, last| {
-        let uids: Vec<String> = out
-            .cache
-            .iter()
-            .map(|u| match u {
-                CacheUpdate::Set { uid, .. } | CacheUpdate::Delete { uid, .. } => uid.clone(),
-            })
-            .collect();
+        let uids: Vec<String> = out.cache.iter().map(|u| u.uid().to_string()).collect();
         chunks.push((uids, last));
         std::future::ready(())
     })

@@ -23,14 +23,15 @@ use std::time::{Duration, SystemTime};
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::Semaphore;
 
 use super::changes;
 use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
+use super::early::{self, EarlyExits};
 use super::pod_read::{PodPlan, PodRead, Reader, WHOLE_NODE_LISTS};
-use super::record::{group, PodRecord};
+use super::record::{group, PlegState, PodRecord};
 use super::status::{
     index_containers, index_sandboxes, LastReads, Listed, PodStatus, PrefetchCounts, EXIT_SETTLE,
 };
@@ -74,6 +75,16 @@ pub struct PodAsk<T> {
     pub tag: T,
 }
 
+/// What a batch of targeted relists hands over ([`GenericPleg::relist_pods_each`]).
+#[derive(Debug)]
+pub enum PodStep<T> {
+    /// Deaths a pod's prefetched statuses showed while its lists were still being
+    /// read (`early` module): already in the records, to be applied and published.
+    Early(RelistOutput),
+    /// A pod's read ended: its tag, its output, and its lists' error if they failed.
+    Read(T, RelistOutput, Option<RuntimeError>),
+}
+
 /// A change for the CacheOwner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CacheUpdate {
@@ -85,6 +96,25 @@ pub enum CacheUpdate {
     },
     /// The pod is gone from the runtime, as the read that began at `read_at` found.
     Delete { uid: String, read_at: SystemTime },
+    /// One container's status, read at `read_at` while the pod's lists were still
+    /// being read (`early`): it replaces that container's in the pod's status, which
+    /// keeps the time of the pod's last read (the others were not read again).
+    Container {
+        uid: String,
+        status: ContainerStatus,
+        read_at: SystemTime,
+    },
+}
+
+impl CacheUpdate {
+    /// The pod it changes.
+    pub fn uid(&self) -> &str {
+        match self {
+            CacheUpdate::Set { uid, .. }
+            | CacheUpdate::Delete { uid, .. }
+            | CacheUpdate::Container { uid, .. } => uid,
+        }
+    }
 }
 
 /// The result of one relist, to be applied in order: cache first, then events.
@@ -143,6 +173,10 @@ pub struct GenericPleg {
     chunk_pods: usize,
     /// How long after its exit a container's status is read again ([`EXIT_SETTLE`]).
     exit_settle: Duration,
+    /// Containers whose death a batch reported early (`early` module), by pod, until
+    /// the pod's read is committed: that read's diff is taken again against the
+    /// record, and they stay exited whatever its lists said.
+    early: HashMap<String, Vec<String>>,
     /// Tests: every global relist rebuilds every pod at once, with the records (the
     /// reference chunks and the change check are compared with).
     #[cfg(test)]
@@ -176,6 +210,7 @@ impl GenericPleg {
             last_reads: None,
             chunk_pods: CHUNK_PODS,
             exit_settle: EXIT_SETTLE,
+            early: HashMap::new(),
             #[cfg(test)]
             rebuild_all: false,
         }
@@ -255,11 +290,14 @@ impl GenericPleg {
             tag: (),
         }];
         let mut result = Ok(RelistOutput::default());
-        self.relist_pods_each(pods, None, held, |(), out, error| {
-            result = match error {
-                Some(e) => Err(e),
-                None => Ok(out),
-            };
+        // No early deaths: an error here must mean that nothing changed.
+        self.relist_pods_each(pods, None, held, false, |step| {
+            if let PodStep::Read((), out, error) = step {
+                result = match error {
+                    Some(e) => Err(e),
+                    None => Ok(out),
+                };
+            }
             std::future::ready(())
         })
         .await;
@@ -267,12 +305,13 @@ impl GenericPleg {
     }
 
     /// Targeted relists of several pods as one output (see
-    /// [`Self::relist_pods_each`]): the pods whose lists failed are returned with
-    /// their errors.
+    /// [`Self::relist_pods_each`], `early` deaths included): the pods whose lists
+    /// failed are returned with their errors.
     pub async fn relist_pods(
         &mut self,
         pods: &[(String, RelistSource, Vec<String>)],
         held: &dyn Fn(&str) -> bool,
+        early: bool,
     ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
         let asks = pods
             .iter()
@@ -285,10 +324,15 @@ impl GenericPleg {
             .collect();
         let mut all = RelistOutput::default();
         let mut failed = Vec::new();
-        self.relist_pods_each(asks, None, held, |uid, out, error| {
-            all.append(out);
-            if let Some(e) = error {
-                failed.push((uid, e));
+        self.relist_pods_each(asks, None, held, early, |step| {
+            match step {
+                PodStep::Early(out) => all.append(out),
+                PodStep::Read(uid, out, error) => {
+                    all.append(out);
+                    if let Some(e) = error {
+                        failed.push((uid, e));
+                    }
+                }
             }
             std::future::ready(())
         })
@@ -297,13 +341,18 @@ impl GenericPleg {
     }
 
     /// Targeted relists of several pods (the dispatcher's batch), each handed over
-    /// as soon as it is read: `each(tag, output, error)` is called once for every
-    /// pod asked, in the order their reads end, and awaited before the next pod is
-    /// committed (the dispatcher applies and publishes each meanwhile, while the
-    /// other pods' reads go on; issue 11: none of 20 exits at once waits for the
-    /// slowest pod's read). Each pod is read as `pod_read` says, `concurrency` pods
-    /// at once (in the order asked) and one bound on their status calls
+    /// as soon as it is read: `each(PodStep::Read(tag, output, error))` is called
+    /// once for every pod asked, in the order their reads end, and awaited before the
+    /// next pod is committed (the dispatcher applies and publishes each meanwhile,
+    /// while the other pods' reads go on; issue 11: none of 20 exits at once waits for
+    /// the slowest pod's read). Each pod is read as `pod_read` says, `concurrency`
+    /// pods at once (in the order asked) and one bound on their status calls
     /// (prefetches included); each pod's events carry its ask's source.
+    ///
+    /// `early`: a prefetch that shows a death of a container the record knows is
+    /// handed over at once, as `each(PodStep::Early(output))`, before the pod's lists
+    /// answer (`early` module). Such a pod's read may then fail with some of its
+    /// deaths already applied.
     ///
     /// `more`: pods asked while the others are read (the dispatcher's requests that
     /// come meanwhile) join them; once nothing is being read and nothing more is
@@ -319,14 +368,17 @@ impl GenericPleg {
         pods: Vec<PodAsk<T>>,
         mut more: Option<&mut UnboundedReceiver<PodAsk<T>>>,
         held: &dyn Fn(&str) -> bool,
+        early: bool,
         mut each: F,
     ) where
-        F: FnMut(T, RelistOutput, Option<RuntimeError>) -> Fut,
+        F: FnMut(PodStep<T>) -> Fut,
         Fut: Future<Output = ()>,
     {
         let reader = self.reader();
         let calls = Semaphore::new(self.concurrency);
         let whole_node = Semaphore::new(WHOLE_NODE_LISTS);
+        let (early_tx, mut early_rx) = unbounded_channel();
+        let early_tx = early.then_some(&early_tx);
         let (reader, calls, whole_node) = (&reader, &calls, &whole_node);
         let mut asked: VecDeque<PodAsk<T>> = pods.into();
         let mut reads = FuturesUnordered::new();
@@ -341,12 +393,15 @@ impl GenericPleg {
                         held: vec![ask.uid],
                         ..RelistOutput::default()
                     };
-                    each(ask.tag, out, None).await;
+                    each(PodStep::Read(ask.tag, out, None)).await;
                     continue;
                 }
                 let plan = self.plan(&ask);
                 let tag = ask.tag;
-                reads.push(async move { (tag, reader.read_pod(plan, calls, whole_node).await) });
+                reads.push(async move {
+                    let read = reader.read_pod(plan, calls, whole_node, early_tx).await;
+                    (tag, read)
+                });
             }
             if reads.is_empty() {
                 // Nothing is being read: what was asked meanwhile, or the end.
@@ -365,6 +420,14 @@ impl GenericPleg {
                 }
             };
             tokio::select! {
+                // A read's early deaths before its end (it sends them first).
+                biased;
+                Some(exits) = early_rx.recv() => {
+                    let out = self.early_deaths(exits, held);
+                    if !out.is_empty() {
+                        each(PodStep::Early(out)).await;
+                    }
+                }
                 Some((tag, (read, prefetch))) = reads.next() => {
                     let mut out = RelistOutput {
                         prefetch,
@@ -378,7 +441,7 @@ impl GenericPleg {
                         Ok(None) => None,
                         Err(e) => Some(e),
                     };
-                    each(tag, out, error).await;
+                    each(PodStep::Read(tag, out, error)).await;
                 }
                 ask = next_ask, if open => match ask {
                     Some(ask) => asked.push_back(ask),
@@ -386,6 +449,35 @@ impl GenericPleg {
                 },
             }
         }
+        // A read that sent its deaths and ended in the same poll: they come last.
+        while let Ok(exits) = early_rx.try_recv() {
+            let out = self.early_deaths(exits, held);
+            if !out.is_empty() {
+                each(PodStep::Early(out)).await;
+            }
+        }
+        // No read of this call is left to commit.
+        self.early.clear();
+    }
+
+    /// Applies a pod's early deaths (`early` module) to its record, unless a sync
+    /// holds the pod; what to apply to the cache and publish.
+    fn early_deaths(&mut self, exits: EarlyExits, held: &dyn Fn(&str) -> bool) -> RelistOutput {
+        if held(&exits.uid) {
+            return RelistOutput::default();
+        }
+        let Some(record) = self.records.get_mut(&exits.uid) else {
+            return RelistOutput::default();
+        };
+        let uid = exits.uid.clone();
+        let out = early::apply(record, exits);
+        if !out.events.is_empty() {
+            self.early
+                .entry(uid)
+                .or_default()
+                .extend(out.events.iter().map(|e| e.container_id.clone()));
+        }
+        out
     }
 
     /// What a read of `ask`'s pod needs of the state (`pod_read`).
@@ -650,7 +742,7 @@ impl GenericPleg {
     /// `out`.
     fn commit(&mut self, read: PodRead, held: &dyn Fn(&str) -> bool, out: &mut RelistOutput) {
         let PodRead {
-            work: w,
+            work: mut w,
             read_at,
             status,
         } = read;
@@ -660,6 +752,22 @@ impl GenericPleg {
         if held(&w.uid) {
             out.held.push(w.uid);
             return;
+        }
+        // Deaths reported while this pod was read: the record has them, and a
+        // container never comes back from its exit (a list read before it says
+        // otherwise).
+        let early = self.early.remove(&w.uid);
+        if let Some(ids) = &early {
+            if let Some(new) = &mut w.new {
+                for id in ids {
+                    if let Some((_, state)) = new.containers.get_mut(id) {
+                        if *state != PlegState::NonExistent {
+                            *state = PlegState::Exited;
+                        }
+                    }
+                }
+            }
+            w.changes = pod_events(self.records.get(&w.uid), w.new.as_ref());
         }
         out.pods_inspected += 1;
         let pod = match (&w.new, self.records.get(&w.uid)) {
@@ -730,7 +838,7 @@ impl GenericPleg {
             .iter()
             .filter(|(_, k)| *k != EventKind::ContainerChanged)
             .collect();
-        if published.is_empty() && w.reinspect {
+        if published.is_empty() && w.reinspect && early.is_none() {
             out.events.push(LifecycleEvent {
                 revision: 0,
                 time: now,
@@ -801,14 +909,14 @@ struct Detail {
 }
 
 /// Nanoseconds since the epoch (CRI's unit, 0 when unset) as a time.
-fn cri_time(ns: i64) -> Option<SystemTime> {
+pub(super) fn cri_time(ns: i64) -> Option<SystemTime> {
     u64::try_from(ns)
         .ok()
         .filter(|&ns| ns > 0)
         .map(|ns| SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
 }
 
-fn non_empty(s: &str) -> Option<String> {
+pub(super) fn non_empty(s: &str) -> Option<String> {
     Some(s.to_string()).filter(|s| !s.is_empty())
 }
 

@@ -5,12 +5,13 @@
 mod changes;
 mod chunks;
 mod diff;
+mod early;
 mod generic;
 mod pod_read;
 mod record;
 mod status;
 
-pub use generic::{CacheUpdate, GenericPleg, PodAsk, RelistOutput, RelistScope};
+pub use generic::{CacheUpdate, GenericPleg, PodAsk, PodStep, RelistOutput, RelistScope};
 pub use status::{PodStatus, PrefetchCounts};
 
 /// For fuzzing only (`crate::fuzzing`).
@@ -19,6 +20,8 @@ pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
 
 #[cfg(test)]
 mod chunk_tests;
+#[cfg(test)]
+mod early_tests;
 #[cfg(test)]
 mod list_tests;
 #[cfg(test)]

@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::future::{join_all, try_join_all};
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Semaphore;
 
 use super::diff::pod_events;
+use super::early::{deaths_in, EarlyExits};
 use super::generic::{listed_of, Work};
 use super::record::{group, PodRecord};
 use super::status::{
@@ -156,12 +158,15 @@ impl Reader {
     /// pod (a recreated sandbox) is found by the next global relist. A prefetch that
     /// fails only means "not prefetched".
     /// A new pod's whole-node list waits for one of `whole_node` (at most
-    /// [`WHOLE_NODE_LISTS`] per batch).
+    /// [`WHOLE_NODE_LISTS`] per batch). `early`: where the prefetches that show a
+    /// death of a container the record knows go as soon as they are read, before the
+    /// lists answer (`early` module).
     pub async fn read_pod(
         &self,
         plan: PodPlan,
         calls: &Semaphore,
         whole_node: &Semaphore,
+        early: Option<&UnboundedSender<EarlyExits>>,
     ) -> PodOutcome {
         let lists = async {
             if plan.known.is_empty() {
@@ -170,10 +175,24 @@ impl Reader {
                 self.list_known_pod(&plan.known).await
             }
         };
-        let (lists, (prefetched, mut counts)) = futures::join!(
-            lists,
-            prefetch_statuses(self.runtime.as_ref(), &plan.prefetch, calls)
-        );
+        let prefetch = async {
+            let read_at = SystemTime::now();
+            let read = prefetch_statuses(self.runtime.as_ref(), &plan.prefetch, calls).await;
+            if let Some(early) = early {
+                let exited = deaths_in(plan.previous.as_ref(), read.0.values());
+                if !exited.is_empty() {
+                    // The receiver is the batch's, alive while this read is.
+                    let _ = early.send(EarlyExits {
+                        uid: plan.uid.clone(),
+                        source: plan.source,
+                        read_at,
+                        exited,
+                    });
+                }
+            }
+            read
+        };
+        let (lists, (prefetched, mut counts)) = futures::join!(lists, prefetch);
         let (sandboxes, containers) = match lists {
             Ok(lists) => lists,
             Err(e) => {

@@ -46,6 +46,18 @@ impl TestCache {
                     pods.remove(uid);
                     read_at.remove(uid);
                 }
+                // As the CacheOwner: the container's status replaced, the pod's read
+                // time kept.
+                CacheUpdate::Container { uid, status, .. } => {
+                    let st = pods.get_mut(uid).and_then(|e| e.0.as_mut());
+                    if let Some(c) = st
+                        .into_iter()
+                        .flat_map(|st| st.containers.iter_mut())
+                        .find(|c| c.id == status.id)
+                    {
+                        *c = status.clone();
+                    }
+                }
             }
         }
     }
@@ -356,6 +368,7 @@ pub(super) fn comparable(out: &RelistOutput) -> (Vec<String>, Vec<String>) {
         .map(|u| match u {
             CacheUpdate::Set { uid, status, .. } => format!("set {uid} {status:?}"),
             CacheUpdate::Delete { uid, .. } => format!("delete {uid}"),
+            CacheUpdate::Container { uid, status, .. } => format!("container {uid} {status:?}"),
         })
         .collect();
     let events = out

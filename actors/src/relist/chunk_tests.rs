@@ -154,13 +154,7 @@ async fn a_first_relist_is_applied_chunk_by_chunk_and_ready_after_the_last() {
     assert_eq!(applied[3].2, ["p01"]);
     let uids: Vec<Vec<String>> = applied
         .iter()
-        .map(|a| {
-            a.0.iter()
-                .map(|u| match u {
-                    CacheUpdate::Set { uid, .. } | CacheUpdate::Delete { uid, .. } => uid.clone(),
-                })
-                .collect()
-        })
+        .map(|a| a.0.iter().map(|u| u.uid().to_string()).collect())
         .collect();
     assert_eq!(
         uids,

@@ -73,6 +73,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
+use futures::future::Either;
 use opentelemetry::global::BoxedSpan;
 use opentelemetry::trace::{Span as _, SpanContext};
 use opentelemetry::KeyValue;
@@ -86,7 +87,7 @@ use super::schedule::{GlobalSchedule, Verdict};
 use crate::cache::ApplyRelist;
 use crate::event::RelistSource;
 use crate::health::Health;
-use crate::pleg::{CacheUpdate, GenericPleg, PodAsk, RelistOutput};
+use crate::pleg::{CacheUpdate, GenericPleg, PodAsk, PodStep, RelistOutput};
 use crate::publisher::Publish;
 use crate::revision::Revisions;
 use crate::spans;
@@ -618,6 +619,7 @@ impl RelistDispatcher {
             tracing::debug!(
                 pods = summary.pods,
                 events = summary.events,
+                early_deaths = summary.early,
                 failed = summary.failed,
                 took_ms,
                 max_waited_ms = summary.max_waited.as_secs_f64() * 1e3,
@@ -812,6 +814,8 @@ async fn global_relist(core: &mut GenericPleg, deps: &DispatcherDeps) -> (Instan
 struct BatchSummary {
     pods: usize,
     events: usize,
+    /// Of `events`, the deaths published before their pod's lists answered.
+    early: usize,
     failed: usize,
     took: Duration,
     /// The longest a request of the batch waited for the batch to take it.
@@ -893,6 +897,7 @@ async fn targeted_relists(
     let mut summary = BatchSummary {
         pods: 0,
         events: 0,
+        early: 0,
         failed: 0,
         took: Duration::ZERO,
         max_waited: Duration::ZERO,
@@ -902,7 +907,15 @@ async fn targeted_relists(
     let held = deps.held.clone();
     // A sync that takes a pod meanwhile gets its request as its pending relist.
     let held = |uid: &str| held.coalesce(uid);
-    core.relist_pods_each(asks, Some(&mut more), &held, |taken, out, error| {
+    core.relist_pods_each(asks, Some(&mut more), &held, true, |step| {
+        let (taken, out, error) = match step {
+            PodStep::Early(out) => {
+                summary.events += out.events.len();
+                summary.early += out.events.len();
+                return Either::Left(async move { apply(deps, out, None, false).await });
+            }
+            PodStep::Read(taken, out, error) => (taken, out, error),
+        };
         let Taken {
             req,
             mut span,
@@ -949,14 +962,14 @@ async fn targeted_relists(
             });
         }
         let source = req.source;
-        async move {
+        Either::Right(async move {
             if !out.is_empty() {
                 apply(deps, out, None, false).await;
             }
             deps.metrics
                 .observe_pod_relist(source, taken_at.elapsed().as_secs_f64());
             deps.metrics.count_request(RequestResult::Done, source);
-        }
+        })
     })
     .await;
     summary.took = start.elapsed();

@@ -10,6 +10,8 @@ pub(crate) mod router;
 pub(crate) mod schedule;
 
 #[cfg(test)]
+mod batch_tests;
+#[cfg(test)]
 mod chunk_tests;
 #[cfg(test)]
 mod tests;

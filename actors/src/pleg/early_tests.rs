@@ -1,0 +1,268 @@
+//! Deaths a batch reports from a prefetch before the pod's lists answer (`early`
+//! module): handed over at once, never twice, never for a held pod, kept when the
+//! lists fail, and not undone by a list read before the exit.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::tests::global;
+use super::*;
+use crate::event::{EventKind, RelistSource};
+use crate::testing::wait_until;
+use plegd_runtime::{Container, ContainerState, RuntimeClient, RuntimeError};
+use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
+
+/// What a batch handed over, in order: ("early" | "read", events as (kind, id), the
+/// pods handed back held, the lists' error).
+type Step = (&'static str, Vec<(EventKind, String)>, Vec<String>, bool);
+
+fn step<T>(s: PodStep<T>) -> Step {
+    let events = |out: &RelistOutput| {
+        out.events
+            .iter()
+            .map(|e| (e.kind, e.container_id.clone()))
+            .collect()
+    };
+    match s {
+        PodStep::Early(out) => ("early", events(&out), out.held, false),
+        PodStep::Read(_, out, error) => ("read", events(&out), out.held, error.is_some()),
+    }
+}
+
+/// Pod `u1` with one running container `c`, its first relist done, behind `runtime`.
+async fn one_pod(rt: &FakeRuntime, runtime: Arc<dyn RuntimeClient>) -> (GenericPleg, String) {
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let mut p = GenericPleg::new(runtime, 4);
+    global(&mut p).await;
+    (p, c)
+}
+
+/// A batch of one targeted relist of `u1` that names `c`, with early deaths; `held`
+/// as the dispatcher's; `meanwhile` runs beside it. What it handed over.
+async fn batch(
+    p: &mut GenericPleg,
+    c: &str,
+    held: &dyn Fn(&str) -> bool,
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> Vec<Step> {
+    let steps = Mutex::new(Vec::new());
+    let ask = PodAsk {
+        uid: "u1".to_string(),
+        source: RelistSource::EventedPleg,
+        prefetch: vec![c.to_string()],
+        tag: (),
+    };
+    let run = p.relist_pods_each(vec![ask], None, held, true, |s| {
+        steps.lock().unwrap().push(step(s));
+        std::future::ready(())
+    });
+    tokio::join!(run, meanwhile);
+    steps.into_inner().unwrap()
+}
+
+fn died(c: &str) -> Vec<(EventKind, String)> {
+    vec![(EventKind::ContainerDied, c.to_string())]
+}
+
+#[tokio::test]
+async fn a_death_in_a_prefetch_is_handed_over_before_the_lists_answer() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.exit_container(&c, 3);
+    rt.hold(Op::ListContainers);
+    let seen = Mutex::new(Vec::new());
+    let steps = Mutex::new(Vec::new());
+    let ask = PodAsk {
+        uid: "u1".to_string(),
+        source: RelistSource::EventedPleg,
+        prefetch: vec![c.clone()],
+        tag: (),
+    };
+    let run = p.relist_pods_each(vec![ask], None, &|_| false, true, |s| {
+        if let PodStep::Early(out) = &s {
+            seen.lock().unwrap().extend(out.events.clone());
+            let patched = out.cache.iter().any(|u| {
+                matches!(u, CacheUpdate::Container { uid, status, .. }
+                    if uid == "u1" && status.id == c && status.state == ContainerState::Exited)
+            });
+            assert!(
+                patched,
+                "the cache gets the container's status with its death"
+            );
+        }
+        steps.lock().unwrap().push(step(s));
+        std::future::ready(())
+    });
+    let lists_wait = async {
+        wait_until("the death handed over early", || {
+            !seen.lock().unwrap().is_empty()
+        })
+        .await;
+        assert_eq!(
+            steps.lock().unwrap().len(),
+            1,
+            "the pod's read has not ended"
+        );
+        rt.release(Op::ListContainers);
+    };
+    tokio::join!(run, lists_wait);
+    let steps = steps.into_inner().unwrap();
+    assert_eq!(
+        steps,
+        vec![
+            ("early", died(&c), vec![], false),
+            ("read", vec![], vec![], false)
+        ],
+        "one ContainerDied, before the lists answered; none after"
+    );
+    let seen = seen.into_inner().unwrap();
+    let exit = seen[0]
+        .exit
+        .as_ref()
+        .expect("the exit from the status read");
+    assert_eq!(exit.code, 3);
+    assert_eq!(seen[0].container_name, "app");
+    assert_eq!(seen[0].relist_source, RelistSource::EventedPleg);
+    assert!(
+        global(&mut p).await.events.is_empty(),
+        "the next global relist finds the death already reported"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_a_sync_takes_during_its_read_reports_no_death_early() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.exit_container(&c, 1);
+    rt.hold(Op::ListContainers);
+    // Not held when the read is due; held from the next question on (a sync that
+    // took the pod while it was read).
+    let asked = AtomicUsize::new(0);
+    let held = |_: &str| asked.fetch_add(1, Ordering::SeqCst) > 0;
+    let release = async {
+        wait_until("the early deaths asked whether the pod is held", || {
+            asked.load(Ordering::SeqCst) >= 2
+        })
+        .await;
+        rt.release(Op::ListContainers);
+    };
+    let steps = batch(&mut p, &c, &held, release).await;
+    assert_eq!(steps, vec![("read", vec![], vec!["u1".to_string()], false)]);
+    let kinds: Vec<_> = global(&mut p)
+        .await
+        .events
+        .iter()
+        .map(|e| (e.kind, e.container_id.clone()))
+        .collect();
+    assert_eq!(kinds, died(&c), "the death is found once the pod is free");
+}
+
+#[tokio::test]
+async fn a_pod_whose_lists_fail_after_an_early_death_reports_it_once() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.exit_container(&c, 1);
+    rt.fail(Op::ListContainers, tonic::Code::Unavailable, Some(1));
+    let steps = batch(&mut p, &c, &|_| false, async {}).await;
+    let mut kinds: Vec<_> = steps.iter().map(|s| (s.0, s.1.clone(), s.3)).collect();
+    kinds.sort_by_key(|k| k.0);
+    assert_eq!(
+        kinds,
+        vec![("early", died(&c), false), ("read", vec![], true)],
+        "the death verified by its status read is reported although the lists failed"
+    );
+    let next = global(&mut p).await;
+    assert!(
+        !next
+            .events
+            .iter()
+            .any(|e| e.kind == EventKind::ContainerDied),
+        "and not again: {:?}",
+        next.events
+    );
+}
+
+/// The fake runtime, whose ListContainers answers a list taken earlier (set by
+/// [`Stale::keep`]): a list served before the container's exit, its status read after.
+#[derive(Clone)]
+struct Stale {
+    inner: FakeRuntime,
+    kept: Arc<Mutex<Option<Vec<Container>>>>,
+}
+
+impl Stale {
+    async fn keep(&self, sandbox: &str) {
+        let list = self.inner.list_containers(Some(sandbox)).await.unwrap();
+        *self.kept.lock().unwrap() = Some(list);
+    }
+}
+
+#[async_trait::async_trait]
+impl Intercept for Stale {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+
+    async fn list_containers(&self, sb: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
+        let now = self.inner.list_containers(sb).await?;
+        Ok(self.kept.lock().unwrap().take().unwrap_or(now))
+    }
+}
+
+#[tokio::test]
+async fn a_list_read_before_the_exit_does_not_undo_an_early_death() {
+    let rt = FakeRuntime::new();
+    let stale = Stale {
+        inner: rt.clone(),
+        kept: Arc::default(),
+    };
+    let (mut p, c) = one_pod(&rt, Arc::new(Intercepted(stale.clone()))).await;
+    let sb = rt.sandboxes_of("u1").remove(0);
+    stale.keep(&sb).await;
+    rt.exit_container(&c, 1);
+    rt.hold(Op::ListContainers);
+    let steps = Mutex::new(Vec::new());
+    let ask = PodAsk {
+        uid: "u1".to_string(),
+        source: RelistSource::EventedPleg,
+        prefetch: vec![c.clone()],
+        tag: (),
+    };
+    let run = p.relist_pods_each(vec![ask], None, &|_| false, true, |s| {
+        steps.lock().unwrap().push(step(s));
+        std::future::ready(())
+    });
+    let release = async {
+        wait_until("the death handed over early", || {
+            !steps.lock().unwrap().is_empty()
+        })
+        .await;
+        rt.release(Op::ListContainers);
+    };
+    tokio::join!(run, release);
+    assert_eq!(
+        steps.into_inner().unwrap(),
+        vec![
+            ("early", died(&c), vec![], false),
+            ("read", vec![], vec![], false)
+        ],
+        "the list that still says running brings no ContainerStarted"
+    );
+    assert_eq!(
+        p.record("u1").map(|r| r.state_of(&c)),
+        Some(super::record::PlegState::Exited)
+    );
+    assert!(
+        global(&mut p).await.events.is_empty(),
+        "the next global relist finds nothing new"
+    );
+}
+
+#[tokio::test]
+async fn a_status_that_says_running_waits_for_the_lists() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    let steps = batch(&mut p, &c, &|_| false, async {}).await;
+    assert_eq!(steps, vec![("read", vec![], vec![], false)]);
+}
