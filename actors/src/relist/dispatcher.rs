@@ -23,7 +23,9 @@
 //!   counted `merged`), also while a unit runs; the next unit relists them together
 //!   (at most [`MAX_BATCH`] pods), `--status-concurrency` pods read at a time and
 //!   their status reads under the same bound; each pod is applied and published as
-//!   soon as it is read (none waits for the batch's slowest read).
+//!   soon as it is read (none waits for the batch's slowest read), and a death the
+//!   prefetched status of a named container shows, as soon as that status is read
+//!   (`pleg/early.rs`). A batch runs in `batch.rs`, a global relist in `global.rs`.
 //! - A batch in progress takes the requests that come while it runs (issue 11, goal
 //!   5: a burst's later exits need not wait for its first reads), settled at once,
 //!   unless a global relist is due (that runs next), the pod is waiting already, or
@@ -70,27 +72,25 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use futures::future::Either;
-use opentelemetry::global::BoxedSpan;
-use opentelemetry::trace::{Span as _, SpanContext};
-use opentelemetry::KeyValue;
+use opentelemetry::trace::SpanContext;
 use plegd_telemetry::logging::RateLimiter;
-use plegd_telemetry::{Metrics, PrefetchResult, RelistPhase, RequestResult};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use plegd_telemetry::{Metrics, RequestResult};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
+use super::batch::{targeted_relists, Batch, BatchPods, BatchSummary, Taken};
+use super::global::global_relist;
 use super::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use super::queue::RelistQueue;
 use super::schedule::{GlobalSchedule, Verdict};
 use crate::cache::ApplyRelist;
 use crate::event::RelistSource;
 use crate::health::Health;
-use crate::pleg::{CacheUpdate, GenericPleg, PodAsk, PodStep, RelistOutput};
+use crate::pleg::{GenericPleg, PodAsk};
 use crate::publisher::Publish;
 use crate::revision::Revisions;
-use crate::spans;
 use crate::sync::HeldPods;
 
 #[derive(Clone, Debug)]
@@ -158,11 +158,6 @@ struct OpenBatch {
     pods: BatchPods,
     taken: usize,
 }
-
-/// The pods a running batch is reading, each with the request that came for it
-/// meanwhile (run again once the read ends). Shared by the actor, which adds to it,
-/// and the batch, which removes each pod once read (both on the actor's thread).
-type BatchPods = Rc<RefCell<HashMap<String, Option<RequestRelist>>>>;
 
 /// The dispatcher's debug lines, each kind under its own budget.
 struct Logs {
@@ -666,314 +661,6 @@ fn merge(kept: &mut RequestRelist, req: RequestRelist, metrics: &Metrics) {
         }
     }
     metrics.count_request(RequestResult::Merged, merged.source);
-}
-
-/// Applies a relist's output: revisions issued, cache first (acknowledged, with the
-/// revision it now reflects), then events. `more`: this is a chunk of a global relist
-/// and more follow (the cache answers no snapshot until the last is applied).
-async fn apply(
-    deps: &DispatcherDeps,
-    mut out: RelistOutput,
-    global_timestamp: Option<SystemTime>,
-    more: bool,
-) {
-    let revision = deps.revisions.issue(&mut out.events);
-    let events = out
-        .events
-        .iter()
-        .map(|e| (e.pod.uid.clone(), e.container_id.clone(), e.kind))
-        .collect();
-    if out.status_errors > 0 {
-        deps.metrics
-            .count_relist_errors(RelistPhase::Status, out.status_errors as u64);
-    }
-    let p = out.prefetch;
-    for (result, n) in [
-        (PrefetchResult::Used, p.used),
-        (PrefetchResult::ReadAgain, p.read_again),
-        (PrefetchResult::Failed, p.failed),
-        (PrefetchResult::Unused, p.unused),
-    ] {
-        deps.metrics.count_prefetches(result, n as u64);
-    }
-    if deps
-        .cache
-        .send(ApplyRelist {
-            updates: out.cache,
-            held: if global_timestamp.is_some() {
-                out.held
-            } else {
-                Vec::new()
-            },
-            global_timestamp,
-            revision,
-            events,
-            more,
-        })
-        .await
-        .is_err()
-    {
-        tracing::error!("cache owner is gone; cache updates lost");
-    }
-    if !out.events.is_empty() && deps.publisher.send(Publish(out.events)).await.is_err() {
-        tracing::error!("event publisher is gone; events lost");
-    }
-}
-
-/// What a global relist did, for its debug line.
-struct GlobalSummary {
-    pods_inspected: usize,
-    events: usize,
-    status_errors: usize,
-    took: Duration,
-}
-
-/// The pods a global relist did not read (held, or read failed), and what it did.
-type GlobalResult = Result<(HashSet<String>, GlobalSummary), plegd_runtime::RuntimeError>;
-
-/// One global relist; on success, the pods it did not read (held, or read failed).
-/// Applied chunk by chunk (`GenericPleg::relist_global`): each chunk's revisions,
-/// cache updates and events in turn; the global timestamp and the pods held go with
-/// the last chunk, and only then is plegd ready (the cache answers no snapshot while
-/// a relist is partly applied).
-async fn global_relist(core: &mut GenericPleg, deps: &DispatcherDeps) -> (Instant, GlobalResult) {
-    let start = Instant::now();
-    let started_wall = SystemTime::now();
-    let mut span = spans::start(spans::GLOBAL_RELIST, vec![], None);
-    let held = deps.held.clone();
-    let mut summary = GlobalSummary {
-        pods_inspected: 0,
-        events: 0,
-        status_errors: 0,
-        took: Duration::ZERO,
-    };
-    let mut not_read: HashSet<String> = HashSet::new();
-    let mut held_pods: Vec<String> = Vec::new();
-    // A chunk that is not the last has been applied: the cache waits for the rest.
-    let mut open = false;
-    let result = core
-        .relist_global(&|uid| held.contains(uid), |mut out, last| {
-            summary.pods_inspected += out.pods_inspected;
-            summary.events += out.events.len();
-            summary.status_errors += out.status_errors;
-            let failed = out.cache.iter().filter_map(|u| match u {
-                CacheUpdate::Set {
-                    uid,
-                    status: Err(_),
-                    ..
-                } => Some(uid.clone()),
-                _ => None,
-            });
-            not_read.extend(out.held.iter().cloned().chain(failed));
-            held_pods.append(&mut out.held);
-            if last {
-                out.held = std::mem::take(&mut held_pods);
-            }
-            open = !last;
-            apply(deps, out, last.then_some(started_wall), !last)
-        })
-        .await;
-    let result = match result {
-        Ok(()) => {
-            span.set_attributes([
-                KeyValue::new("pods_inspected", summary.pods_inspected as i64),
-                KeyValue::new("events", summary.events as i64),
-                KeyValue::new("status_errors", summary.status_errors as i64),
-            ]);
-            span.end();
-            deps.health.relist_succeeded(Instant::now());
-            if let Ok(d) = SystemTime::now().duration_since(UNIX_EPOCH) {
-                deps.metrics.last_seen.set(d.as_secs_f64());
-            }
-            Ok((
-                not_read,
-                GlobalSummary {
-                    took: start.elapsed(),
-                    ..summary
-                },
-            ))
-        }
-        Err(e) => {
-            if open {
-                // Failed after some chunks (see `relist_global`): what they applied
-                // stands; the cache answers snapshots again. No global timestamp.
-                apply(deps, RelistOutput::default(), None, false).await;
-            }
-            deps.metrics.count_relist_errors(RelistPhase::List, 1);
-            spans::end_error(span, e.to_string());
-            Err(e)
-        }
-    };
-    deps.metrics
-        .relist_duration
-        .observe(start.elapsed().as_secs_f64());
-    (start, result)
-}
-
-/// What a batch did, for its debug lines.
-struct BatchSummary {
-    pods: usize,
-    events: usize,
-    /// Of `events`, the deaths published before their pod's lists answered.
-    early: usize,
-    failed: usize,
-    took: Duration,
-    /// The longest a request of the batch waited for the batch to take it.
-    max_waited: Duration,
-    /// Each pod's outcome, if debug lines are on.
-    pods_detail: Vec<PodOutcome>,
-}
-
-/// One pod of a batch, for its debug line.
-struct PodOutcome {
-    uid: String,
-    source: RelistSource,
-    /// From the request's enqueue to the batch taking it.
-    waited: Duration,
-    /// From the batch taking it to the end of this pod's read.
-    took: Duration,
-    events: usize,
-    error: Option<String>,
-}
-
-/// A batch of targeted relists: the requests it starts with, where it takes more
-/// (`more`, and `again` for the pods it reads once more), and the pods it reads.
-struct Batch {
-    reqs: Vec<RequestRelist>,
-    more: UnboundedReceiver<PodAsk<Taken>>,
-    again: UnboundedSender<PodAsk<Taken>>,
-    pods: BatchPods,
-}
-
-/// A request a batch relists, with its span (linked to its cause) and when the
-/// batch took it.
-struct Taken {
-    req: RequestRelist,
-    span: BoxedSpan,
-    taken_at: Instant,
-}
-
-impl Taken {
-    fn new(req: RequestRelist) -> PodAsk<Taken> {
-        let span = spans::start(
-            spans::TARGETED_RELIST,
-            vec![
-                KeyValue::new("relist_source", req.source.as_str()),
-                KeyValue::new("pod.uid", req.uid.clone()),
-            ],
-            req.cause.as_ref(),
-        );
-        PodAsk {
-            uid: req.uid.clone(),
-            source: req.source,
-            prefetch: req.prefetch.clone(),
-            tag: Taken {
-                req,
-                span,
-                taken_at: Instant::now(),
-            },
-        }
-    }
-}
-
-/// The relists of a batch of pods the dispatcher has settled must run, and of those
-/// it takes into the batch while it runs (`more`): all read at once, each pod
-/// applied and published as soon as it is read (`GenericPleg::relist_pods_each`:
-/// none waits for the batch's slowest read, nor for the batch to end). `detail`:
-/// report each pod's outcome (for the debug lines).
-async fn targeted_relists(
-    core: &mut GenericPleg,
-    deps: &DispatcherDeps,
-    batch: Batch,
-    detail: bool,
-) -> BatchSummary {
-    let Batch {
-        reqs,
-        mut more,
-        again,
-        pods,
-    } = batch;
-    let start = Instant::now();
-    let mut summary = BatchSummary {
-        pods: 0,
-        events: 0,
-        early: 0,
-        failed: 0,
-        took: Duration::ZERO,
-        max_waited: Duration::ZERO,
-        pods_detail: Vec::new(),
-    };
-    let asks = reqs.into_iter().map(Taken::new).collect();
-    let held = deps.held.clone();
-    // A sync that takes a pod meanwhile gets its request as its pending relist.
-    let held = |uid: &str| held.coalesce(uid);
-    core.relist_pods_each(asks, Some(&mut more), &held, true, |step| {
-        let (taken, out, error) = match step {
-            PodStep::Early(out) => {
-                summary.events += out.events.len();
-                summary.early += out.events.len();
-                return Either::Left(async move { apply(deps, out, None, false).await });
-            }
-            PodStep::Read(taken, out, error) => (taken, out, error),
-        };
-        let Taken {
-            req,
-            mut span,
-            taken_at,
-        } = taken;
-        // A request that came while the pod was read runs now; else the pod leaves
-        // the batch (a later request takes it again).
-        let rerun = {
-            let mut pods = pods.borrow_mut();
-            let rerun = pods.get_mut(&req.uid).and_then(Option::take);
-            if rerun.is_none() {
-                pods.remove(&req.uid);
-            }
-            rerun
-        };
-        if let Some(rerun) = rerun {
-            if again.send(Taken::new(rerun)).is_err() {
-                // Cannot happen: this batch holds the receiver.
-                tracing::error!("a batch's own queue is gone; a targeted relist is lost");
-            }
-        }
-        let events = out.events.len();
-        match &error {
-            Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
-            None => span.set_attribute(KeyValue::new("events", events as i64)),
-        }
-        span.end();
-        let waited = taken_at.saturating_duration_since(req.enqueued_at);
-        summary.pods += 1;
-        summary.events += events;
-        summary.max_waited = summary.max_waited.max(waited);
-        if error.is_some() {
-            summary.failed += 1;
-            deps.metrics.count_relist_errors(RelistPhase::List, 1);
-        }
-        if detail {
-            summary.pods_detail.push(PodOutcome {
-                uid: req.uid,
-                source: req.source,
-                waited,
-                took: taken_at.elapsed(),
-                events,
-                error: error.as_ref().map(|e| e.to_string()),
-            });
-        }
-        let source = req.source;
-        Either::Right(async move {
-            if !out.is_empty() {
-                apply(deps, out, None, false).await;
-            }
-            deps.metrics
-                .observe_pod_relist(source, taken_at.elapsed().as_secs_f64());
-            deps.metrics.count_request(RequestResult::Done, source);
-        })
-    })
-    .await;
-    summary.took = start.elapsed();
-    summary
 }
 
 impl Actor for RelistDispatcher {

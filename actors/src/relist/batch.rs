@@ -1,0 +1,194 @@
+//! A batch of targeted relists as the dispatcher runs it (`dispatcher` module docs):
+//! the requests it starts with and those it takes while it runs, each pod applied and
+//! published as soon as it is read (deaths a prefetch shows, before its lists
+//! answer), a request that came during a pod's read run again after it, and what the
+//! batch did for its debug lines.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures::future::Either;
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::Span as _;
+use opentelemetry::KeyValue;
+use plegd_telemetry::{RelistPhase, RequestResult};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+use super::apply::apply;
+use super::dispatcher::{DispatcherDeps, RequestRelist};
+use crate::event::RelistSource;
+use crate::pleg::{GenericPleg, PodAsk, PodStep};
+use crate::spans;
+
+/// The pods a running batch is reading, each with the request that came for it
+/// meanwhile (run again once the read ends). Shared by the actor, which adds to it,
+/// and the batch, which removes each pod once read (both on the actor's thread).
+pub(super) type BatchPods = Rc<RefCell<HashMap<String, Option<RequestRelist>>>>;
+
+/// What a batch did, for its debug lines.
+pub(super) struct BatchSummary {
+    pub(super) pods: usize,
+    pub(super) events: usize,
+    /// Of `events`, the deaths published before their pod's lists answered.
+    pub(super) early: usize,
+    pub(super) failed: usize,
+    pub(super) took: Duration,
+    /// The longest a request of the batch waited for the batch to take it.
+    pub(super) max_waited: Duration,
+    /// Each pod's outcome, if debug lines are on.
+    pub(super) pods_detail: Vec<PodOutcome>,
+}
+
+/// One pod of a batch, for its debug line.
+pub(super) struct PodOutcome {
+    pub(super) uid: String,
+    pub(super) source: RelistSource,
+    /// From the request's enqueue to the batch taking it.
+    pub(super) waited: Duration,
+    /// From the batch taking it to the end of this pod's read.
+    pub(super) took: Duration,
+    pub(super) events: usize,
+    pub(super) error: Option<String>,
+}
+
+/// A batch of targeted relists: the requests it starts with, where it takes more
+/// (`more`, and `again` for the pods it reads once more), and the pods it reads.
+pub(super) struct Batch {
+    pub(super) reqs: Vec<RequestRelist>,
+    pub(super) more: UnboundedReceiver<PodAsk<Taken>>,
+    pub(super) again: UnboundedSender<PodAsk<Taken>>,
+    pub(super) pods: BatchPods,
+}
+
+/// A request a batch relists, with its span (linked to its cause) and when the
+/// batch took it.
+pub(super) struct Taken {
+    pub(super) req: RequestRelist,
+    pub(super) span: BoxedSpan,
+    pub(super) taken_at: Instant,
+}
+
+impl Taken {
+    pub(super) fn new(req: RequestRelist) -> PodAsk<Taken> {
+        let span = spans::start(
+            spans::TARGETED_RELIST,
+            vec![
+                KeyValue::new("relist_source", req.source.as_str()),
+                KeyValue::new("pod.uid", req.uid.clone()),
+            ],
+            req.cause.as_ref(),
+        );
+        PodAsk {
+            uid: req.uid.clone(),
+            source: req.source,
+            prefetch: req.prefetch.clone(),
+            tag: Taken {
+                req,
+                span,
+                taken_at: Instant::now(),
+            },
+        }
+    }
+}
+
+/// The relists of a batch of pods the dispatcher has settled must run, and of those
+/// it takes into the batch while it runs (`more`): all read at once, each pod
+/// applied and published as soon as it is read (`GenericPleg::relist_pods_each`:
+/// none waits for the batch's slowest read, nor for the batch to end). `detail`:
+/// report each pod's outcome (for the debug lines).
+pub(super) async fn targeted_relists(
+    core: &mut GenericPleg,
+    deps: &DispatcherDeps,
+    batch: Batch,
+    detail: bool,
+) -> BatchSummary {
+    let Batch {
+        reqs,
+        mut more,
+        again,
+        pods,
+    } = batch;
+    let start = Instant::now();
+    let mut summary = BatchSummary {
+        pods: 0,
+        events: 0,
+        early: 0,
+        failed: 0,
+        took: Duration::ZERO,
+        max_waited: Duration::ZERO,
+        pods_detail: Vec::new(),
+    };
+    let asks = reqs.into_iter().map(Taken::new).collect();
+    let held = deps.held.clone();
+    // A sync that takes a pod meanwhile gets its request as its pending relist.
+    let held = |uid: &str| held.coalesce(uid);
+    core.relist_pods_each(asks, Some(&mut more), &held, true, |step| {
+        let (taken, out, error) = match step {
+            PodStep::Early(out) => {
+                summary.events += out.events.len();
+                summary.early += out.events.len();
+                return Either::Left(async move { apply(deps, out, None, false).await });
+            }
+            PodStep::Read(taken, out, error) => (taken, out, error),
+        };
+        let Taken {
+            req,
+            mut span,
+            taken_at,
+        } = taken;
+        // A request that came while the pod was read runs now; else the pod leaves
+        // the batch (a later request takes it again).
+        let rerun = {
+            let mut pods = pods.borrow_mut();
+            let rerun = pods.get_mut(&req.uid).and_then(Option::take);
+            if rerun.is_none() {
+                pods.remove(&req.uid);
+            }
+            rerun
+        };
+        if let Some(rerun) = rerun {
+            if again.send(Taken::new(rerun)).is_err() {
+                // Cannot happen: this batch holds the receiver.
+                tracing::error!("a batch's own queue is gone; a targeted relist is lost");
+            }
+        }
+        let events = out.events.len();
+        match &error {
+            Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
+            None => span.set_attribute(KeyValue::new("events", events as i64)),
+        }
+        span.end();
+        let waited = taken_at.saturating_duration_since(req.enqueued_at);
+        summary.pods += 1;
+        summary.events += events;
+        summary.max_waited = summary.max_waited.max(waited);
+        if error.is_some() {
+            summary.failed += 1;
+            deps.metrics.count_relist_errors(RelistPhase::List, 1);
+        }
+        if detail {
+            summary.pods_detail.push(PodOutcome {
+                uid: req.uid,
+                source: req.source,
+                waited,
+                took: taken_at.elapsed(),
+                events,
+                error: error.as_ref().map(|e| e.to_string()),
+            });
+        }
+        let source = req.source;
+        Either::Right(async move {
+            if !out.is_empty() {
+                apply(deps, out, None, false).await;
+            }
+            deps.metrics
+                .observe_pod_relist(source, taken_at.elapsed().as_secs_f64());
+            deps.metrics.count_request(RequestResult::Done, source);
+        })
+    })
+    .await;
+    summary.took = start.elapsed();
+    summary
+}
