@@ -305,13 +305,12 @@ impl GenericPleg {
     }
 
     /// Targeted relists of several pods as one output (see
-    /// [`Self::relist_pods_each`], `early` deaths included): the pods whose lists
+    /// [`Self::relist_pods_each`], without early deaths): the pods whose lists
     /// failed are returned with their errors.
     pub async fn relist_pods(
         &mut self,
         pods: &[(String, RelistSource, Vec<String>)],
         held: &dyn Fn(&str) -> bool,
-        early: bool,
     ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
         let asks = pods
             .iter()
@@ -324,14 +323,11 @@ impl GenericPleg {
             .collect();
         let mut all = RelistOutput::default();
         let mut failed = Vec::new();
-        self.relist_pods_each(asks, None, held, early, |step| {
-            match step {
-                PodStep::Early(out) => all.append(out),
-                PodStep::Read(uid, out, error) => {
-                    all.append(out);
-                    if let Some(e) = error {
-                        failed.push((uid, e));
-                    }
+        self.relist_pods_each(asks, None, held, false, |step| {
+            if let PodStep::Read(uid, out, error) = step {
+                all.append(out);
+                if let Some(e) = error {
+                    failed.push((uid, e));
                 }
             }
             std::future::ready(())

@@ -356,7 +356,7 @@ async fn a_batch_of_new_pods_holds_few_whole_node_lists_at_once() {
             (uid, RelistSource::EventedPleg, Vec::new())
         })
         .collect();
-    let (out, failed) = p.relist_pods(&pods, &|_| false, false).await;
+    let (out, failed) = p.relist_pods(&pods, &|_| false).await;
     assert!(failed.is_empty(), "{failed:?}");
     let found: HashSet<&str> = out.events.iter().map(|e| e.pod.uid.as_str()).collect();
     assert_eq!(found.len(), PODS, "every new pod found");

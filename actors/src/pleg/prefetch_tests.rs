@@ -81,7 +81,7 @@ async fn relist(
         }
         Path::Batch => {
             let pods = [("u1".to_string(), RelistSource::EventedPleg, prefetch)];
-            let (out, mut failed) = p.relist_pods(&pods, &|_| false, false).await;
+            let (out, mut failed) = p.relist_pods(&pods, &|_| false).await;
             match failed.pop() {
                 Some((_, e)) => Err(e),
                 None => Ok(out),
@@ -222,7 +222,7 @@ async fn a_prefetch_whose_lists_fail_goes_unused() {
     rt.exit_container(&c, 1);
     rt.fail(Op::ListContainers, tonic::Code::Unavailable, Some(1));
     let pods = [("u1".to_string(), RelistSource::EventedPleg, vec![c.clone()])];
-    let (out, failed) = p.relist_pods(&pods, &|_| false, false).await;
+    let (out, failed) = p.relist_pods(&pods, &|_| false).await;
     assert_eq!(failed.len(), 1);
     assert!(out.events.is_empty());
     assert_eq!(out.prefetch, counts(0, 0, 0, 1));
