@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::tests::global;
 use super::*;
-use crate::event::{EventKind, RelistSource};
+use crate::event::{EventKind, LifecycleEvent, RelistSource};
 use crate::testing::wait_until;
 use plegd_runtime::{Container, ContainerState, RuntimeClient, RuntimeError};
 use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
@@ -38,6 +38,16 @@ async fn one_pod(rt: &FakeRuntime, runtime: Arc<dyn RuntimeClient>) -> (GenericP
     (p, c)
 }
 
+/// A targeted relist of `u1` as a CRI event about `c` asks for it.
+fn ask(c: &str) -> PodAsk<()> {
+    PodAsk {
+        uid: "u1".to_string(),
+        source: RelistSource::EventedPleg,
+        prefetch: vec![c.to_string()],
+        tag: (),
+    }
+}
+
 /// A batch of one targeted relist of `u1` that names `c`, with early deaths; `held`
 /// as the dispatcher's; `meanwhile` runs beside it. What it handed over.
 async fn batch(
@@ -47,18 +57,49 @@ async fn batch(
     meanwhile: impl std::future::Future<Output = ()>,
 ) -> Vec<Step> {
     let steps = Mutex::new(Vec::new());
-    let ask = PodAsk {
-        uid: "u1".to_string(),
-        source: RelistSource::EventedPleg,
-        prefetch: vec![c.to_string()],
-        tag: (),
-    };
-    let run = p.relist_pods_each(vec![ask], None, held, true, |s| {
+    let run = p.relist_pods_each(vec![ask(c)], None, held, true, |s| {
         steps.lock().unwrap().push(step(s));
         std::future::ready(())
     });
     tokio::join!(run, meanwhile);
     steps.into_inner().unwrap()
+}
+
+/// As [`batch`], with the pod's container lists held until the batch has handed
+/// something over (checked to be an early output, the read not ended), then let go.
+/// What it handed over, and the early outputs' events and cache updates.
+async fn early_before_the_lists(
+    p: &mut GenericPleg,
+    rt: &FakeRuntime,
+    c: &str,
+) -> (Vec<Step>, Vec<LifecycleEvent>, Vec<CacheUpdate>) {
+    rt.hold(Op::ListContainers);
+    let steps = Mutex::new(Vec::new());
+    let early = Mutex::new((Vec::new(), Vec::new()));
+    let run = p.relist_pods_each(vec![ask(c)], None, &|_| false, true, |s| {
+        if let PodStep::Early(out) = &s {
+            let mut early = early.lock().unwrap();
+            early.0.extend(out.events.iter().cloned());
+            early.1.extend(out.cache.iter().cloned());
+        }
+        steps.lock().unwrap().push(step(s));
+        std::future::ready(())
+    });
+    let release = async {
+        wait_until("something handed over", || {
+            !steps.lock().unwrap().is_empty()
+        })
+        .await;
+        assert_eq!(
+            steps.lock().unwrap()[0].0,
+            "early",
+            "before the pod's read ended"
+        );
+        rt.release(Op::ListContainers);
+    };
+    tokio::join!(run, release);
+    let (events, cache) = early.into_inner().unwrap();
+    (steps.into_inner().unwrap(), events, cache)
 }
 
 fn died(c: &str) -> Vec<(EventKind, String)> {
@@ -70,44 +111,15 @@ async fn a_death_in_a_prefetch_is_handed_over_before_the_lists_answer() {
     let rt = FakeRuntime::new();
     let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
     rt.exit_container(&c, 3);
-    rt.hold(Op::ListContainers);
-    let seen = Mutex::new(Vec::new());
-    let steps = Mutex::new(Vec::new());
-    let ask = PodAsk {
-        uid: "u1".to_string(),
-        source: RelistSource::EventedPleg,
-        prefetch: vec![c.clone()],
-        tag: (),
-    };
-    let run = p.relist_pods_each(vec![ask], None, &|_| false, true, |s| {
-        if let PodStep::Early(out) = &s {
-            seen.lock().unwrap().extend(out.events.clone());
-            let patched = out.cache.iter().any(|u| {
-                matches!(u, CacheUpdate::Container { uid, status, .. }
-                    if uid == "u1" && status.id == c && status.state == ContainerState::Exited)
-            });
-            assert!(
-                patched,
-                "the cache gets the container's status with its death"
-            );
-        }
-        steps.lock().unwrap().push(step(s));
-        std::future::ready(())
+    let (steps, seen, cache) = early_before_the_lists(&mut p, &rt, &c).await;
+    let patched = cache.iter().any(|u| {
+        matches!(u, CacheUpdate::Container { uid, status, .. }
+            if uid == "u1" && status.id == c && status.state == ContainerState::Exited)
     });
-    let lists_wait = async {
-        wait_until("the death handed over early", || {
-            !seen.lock().unwrap().is_empty()
-        })
-        .await;
-        assert_eq!(
-            steps.lock().unwrap().len(),
-            1,
-            "the pod's read has not ended"
-        );
-        rt.release(Op::ListContainers);
-    };
-    tokio::join!(run, lists_wait);
-    let steps = steps.into_inner().unwrap();
+    assert!(
+        patched,
+        "the cache gets the container's status with its death"
+    );
     assert_eq!(
         steps,
         vec![
@@ -116,7 +128,6 @@ async fn a_death_in_a_prefetch_is_handed_over_before_the_lists_answer() {
         ],
         "one ContainerDied, before the lists answered; none after"
     );
-    let seen = seen.into_inner().unwrap();
     let exit = seen[0]
         .exit
         .as_ref()
@@ -221,28 +232,9 @@ async fn a_list_read_before_the_exit_does_not_undo_an_early_death() {
     let sb = rt.sandboxes_of("u1").remove(0);
     stale.keep(&sb).await;
     rt.exit_container(&c, 1);
-    rt.hold(Op::ListContainers);
-    let steps = Mutex::new(Vec::new());
-    let ask = PodAsk {
-        uid: "u1".to_string(),
-        source: RelistSource::EventedPleg,
-        prefetch: vec![c.clone()],
-        tag: (),
-    };
-    let run = p.relist_pods_each(vec![ask], None, &|_| false, true, |s| {
-        steps.lock().unwrap().push(step(s));
-        std::future::ready(())
-    });
-    let release = async {
-        wait_until("the death handed over early", || {
-            !steps.lock().unwrap().is_empty()
-        })
-        .await;
-        rt.release(Op::ListContainers);
-    };
-    tokio::join!(run, release);
+    let (steps, _, _) = early_before_the_lists(&mut p, &rt, &c).await;
     assert_eq!(
-        steps.into_inner().unwrap(),
+        steps,
         vec![
             ("early", died(&c), vec![], false),
             ("read", vec![], vec![], false)

@@ -94,11 +94,7 @@ impl Intercept for Gated {
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if self.global_fails.load(std::sync::atomic::Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(30)).await;
-                return Err(plegd_runtime::RuntimeError::Rpc {
-                    op: "ListPodSandbox",
-                    code: tonic::Code::Unavailable,
-                    message: "injected".into(),
-                });
+                return Err(injected("ListPodSandbox"));
             }
         }
         self.inner.list_sandboxes(id).await
@@ -129,14 +125,19 @@ impl Intercept for Gated {
                 _ => false,
             };
             if fail {
-                return Err(plegd_runtime::RuntimeError::Rpc {
-                    op: "ListContainers",
-                    code: tonic::Code::Unavailable,
-                    message: "injected".into(),
-                });
+                return Err(injected("ListContainers"));
             }
         }
         self.inner.list_containers(sb).await
+    }
+}
+
+/// The error an injected failure of `op` answers.
+fn injected(op: &'static str) -> plegd_runtime::RuntimeError {
+    plegd_runtime::RuntimeError::Rpc {
+        op,
+        code: tonic::Code::Unavailable,
+        message: "injected".into(),
     }
 }
 
