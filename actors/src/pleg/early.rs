@@ -19,10 +19,19 @@
 //! - the pod's read, when its lists answer, is diffed against the record so changed
 //!   (its own diff was taken against the record before the read).
 //!
+//! - the pod's status read, if its lists were taken before the exit, does not reuse
+//!   the cache's running status of the container (`status::take_prefetched`), so the
+//!   cache does not say running after the death, whichever comes first.
+//!
 //! Nothing else is taken from the prefetch early: a container the record does not
 //! have (its sandbox is not known from a status read), a sandbox, a running or
 //! created container all wait for the lists as before. A pod a sync holds reports
-//! nothing early (its read is handed back unread or not committed either).
+//! nothing early (its read is handed back unread or not committed either), nor does
+//! a pod awaiting reinspection (its cache entry holds the error of its last read; the
+//! read that clears it reports the change).
+//!
+//! A read whose lists answer in the same poll as its prefetch is committed first;
+//! its early message then finds the death in the record and does nothing.
 
 use std::time::SystemTime;
 

@@ -183,6 +183,7 @@ async fn a_pod_whose_lists_fail_after_an_early_death_reports_it_once() {
         vec![("early", died(&c), false), ("read", vec![], true)],
         "the death verified by its status read is reported although the lists failed"
     );
+    assert_eq!(p.early_pending(), 0, "nothing is left for a later commit");
     let next = global(&mut p).await;
     assert!(
         !next
@@ -192,6 +193,45 @@ async fn a_pod_whose_lists_fail_after_an_early_death_reports_it_once() {
         "and not again: {:?}",
         next.events
     );
+}
+
+/// The fake runtime answers at once: the pod's lists and its prefetch end in the
+/// same poll, so the read is committed before its early message is handled.
+#[tokio::test]
+async fn a_read_that_ends_with_its_prefetch_reports_the_death_once() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.exit_container(&c, 1);
+    let steps = batch(&mut p, &c, &|_| false, async {}).await;
+    assert_eq!(steps, vec![("read", died(&c), vec![], false)]);
+}
+
+#[tokio::test]
+async fn a_pod_awaiting_reinspection_reports_no_death_early() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    // A change whose status read fails: the pod keeps its record and awaits
+    // reinspection.
+    let sb = rt.sandboxes_of("u1").remove(0);
+    rt.run_container(&sb, "side");
+    rt.fail_pod_status("u1", true);
+    assert_eq!(global(&mut p).await.status_errors, 1);
+    assert!(p.needs_reinspection("u1"));
+    rt.fail_pod_status("u1", false);
+    rt.exit_container(&c, 1);
+    rt.hold(Op::ListContainers);
+    let statuses = rt.calls(Op::ContainerStatus);
+    let release = async {
+        wait_until("the prefetch answered", || {
+            rt.calls(Op::ContainerStatus) > statuses
+        })
+        .await;
+        rt.release(Op::ListContainers);
+    };
+    let steps = batch(&mut p, &c, &|_| false, release).await;
+    assert_eq!(steps.len(), 1, "nothing early: {steps:?}");
+    assert_eq!(steps[0].0, "read");
+    assert!(steps[0].1.contains(&(EventKind::ContainerDied, c.clone())));
 }
 
 /// The fake runtime, whose ListContainers answers a list taken earlier (set by
@@ -257,4 +297,66 @@ async fn a_status_that_says_running_waits_for_the_lists() {
     let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
     let steps = batch(&mut p, &c, &|_| false, async {}).await;
     assert_eq!(steps, vec![("read", vec![], vec![], false)]);
+}
+
+/// The pod's lists were taken before the exit and answer in the same poll as the
+/// prefetch that shows it: the read is committed first, then the death is published
+/// early. The cache (plegd's, the status reads' `LastReads`) must not keep the
+/// container's running status after that death.
+#[actix_rt::test]
+async fn a_list_taken_before_the_exit_leaves_no_running_status_in_the_cache() {
+    use crate::cache::{ApplyRelist, CacheOwner};
+    use actix::Actor;
+    let (owner, cache) = CacheOwner::new(std::time::Duration::from_secs(60));
+    let owner = owner.start();
+    let rt = FakeRuntime::new();
+    let stale = Stale {
+        inner: rt.clone(),
+        kept: Arc::default(),
+    };
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let mut p = GenericPleg::new(Arc::new(Intercepted(stale.clone())), 4)
+        .with_last_reads(Arc::new(cache.clone()));
+    let apply = |out: RelistOutput| {
+        let events = out
+            .events
+            .iter()
+            .map(|e| (e.pod.uid.clone(), e.container_id.clone(), e.kind))
+            .collect();
+        owner.send(ApplyRelist {
+            updates: out.cache,
+            global_timestamp: None,
+            held: Vec::new(),
+            revision: 0,
+            events,
+            more: false,
+        })
+    };
+    apply(global(&mut p).await).await.unwrap();
+    stale.keep(&sb).await;
+    rt.exit_container(&c, 1);
+    let published = Mutex::new(Vec::new());
+    p.relist_pods_each(vec![ask(&c)], None, &|_| false, true, |s| {
+        let out = match s {
+            PodStep::Early(out) | PodStep::Read(_, out, _) => out,
+        };
+        published
+            .lock()
+            .unwrap()
+            .extend(out.events.iter().map(|e| e.kind));
+        let applied = apply(out);
+        async move { applied.await.unwrap() }
+    })
+    .await;
+    assert_eq!(published.into_inner().unwrap(), [EventKind::ContainerDied]);
+    let state_in_cache = || {
+        let st = cache.get("u1").and_then(|pod| pod.status).unwrap();
+        st.containers.into_iter().find(|x| x.id == c).unwrap().state
+    };
+    assert_eq!(state_in_cache(), ContainerState::Exited);
+    let next = global(&mut p).await;
+    assert!(next.events.is_empty(), "{:?}", next.events);
+    apply(next).await.unwrap();
+    assert_eq!(state_in_cache(), ContainerState::Exited);
 }

@@ -456,10 +456,21 @@ impl GenericPleg {
         self.early.clear();
     }
 
+    /// Containers reported early whose pod's read is not committed yet (none once a
+    /// batch has ended).
+    #[cfg(test)]
+    pub(crate) fn early_pending(&self) -> usize {
+        self.early.values().map(Vec::len).sum()
+    }
+
     /// Applies a pod's early deaths (`early` module) to its record, unless a sync
-    /// holds the pod; what to apply to the cache and publish.
+    /// holds the pod or it awaits reinspection; what to apply to the cache and
+    /// publish.
     fn early_deaths(&mut self, exits: EarlyExits, held: &dyn Fn(&str) -> bool) -> RelistOutput {
-        if held(&exits.uid) {
+        // A pod awaiting reinspection (its last status read failed) reports nothing
+        // early: its cache entry holds the error, and the read that clears it says
+        // what changed (or PodSync).
+        if held(&exits.uid) || self.reinspect.contains(&exits.uid) {
             return RelistOutput::default();
         }
         let Some(record) = self.records.get_mut(&exits.uid) else {
@@ -834,7 +845,7 @@ impl GenericPleg {
             .iter()
             .filter(|(_, k)| *k != EventKind::ContainerChanged)
             .collect();
-        if published.is_empty() && w.reinspect && early.is_none() {
+        if published.is_empty() && w.reinspect {
             out.events.push(LifecycleEvent {
                 revision: 0,
                 time: now,

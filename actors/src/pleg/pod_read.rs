@@ -178,7 +178,7 @@ impl Reader {
         let prefetch = async {
             let read_at = SystemTime::now();
             let read = prefetch_statuses(self.runtime.as_ref(), &plan.prefetch, calls).await;
-            if let Some(early) = early {
+            if let (Some(early), false) = (early, plan.reinspect) {
                 let exited = deaths_in(plan.previous.as_ref(), read.0.values());
                 if !exited.is_empty() {
                     // The receiver is the batch's, alive while this read is.

@@ -223,6 +223,12 @@ impl PrefetchCounts {
 /// Adds to `reuse` the prefetched statuses a read may take: those of containers it
 /// would read (listed, not in `reuse`) that have their list entry's id, state,
 /// attempt and created_at. Counts what became of each in `counts`.
+///
+/// A prefetch that says the container exited takes the place of a reused status that
+/// says otherwise, or is read again if the list disagrees: a container never comes
+/// back from its exit, so the last read is out of date (a list taken before the exit
+/// still says running; `early`: the death may be published from this prefetch, and
+/// the pod's status must not say running after it).
 pub fn take_prefetched(
     listed: &Listed,
     reuse: &mut HashMap<String, ContainerStatus>,
@@ -238,6 +244,13 @@ pub fn take_prefetched(
             && st.state == entry.state
             && st.attempt == entry.attempt
             && st.created_at == entry.created_at;
+        if st.state == ContainerState::Exited
+            && reuse
+                .get(&id)
+                .is_some_and(|old| old.state != ContainerState::Exited)
+        {
+            reuse.remove(&id);
+        }
         match reuse.entry(id) {
             Entry::Occupied(_) => counts.unused += 1,
             Entry::Vacant(_) if !agrees => counts.read_again += 1,
