@@ -152,7 +152,7 @@ async fn a_batch_at_the_gate(
     Arc<Intercepted<Gated>>,
     Bench,
 ) {
-    batch_at_the_gate(n, setup, false).await
+    batch_at_the_gate(n, setup, |_, _| {}).await
 }
 
 /// As [`a_batch_at_the_gate`], but only the first pod's reads wait at the gate: a
@@ -164,13 +164,18 @@ async fn a_slow_pod_in_a_batch(
     Arc<Intercepted<Gated>>,
     Bench,
 ) {
-    batch_at_the_gate(n, Setup::default(), true).await
+    batch_at_the_gate(n, Setup::default(), |gated, sandbox| {
+        gated.gate_only(sandbox)
+    })
+    .await
 }
 
+/// `prepare(gated, first pod's sandbox)` runs once the first relist is published,
+/// before the gate closes.
 async fn batch_at_the_gate(
     n: usize,
     setup: Setup,
-    only_the_first: bool,
+    prepare: impl FnOnce(&Gated, &str),
 ) -> (
     Vec<(String, String, String)>,
     Arc<Intercepted<Gated>>,
@@ -181,9 +186,7 @@ async fn batch_at_the_gate(
     let gated = Gated::new(rt.clone());
     let b = start_on(gated.clone(), setup);
     wait_until("the first relist published", || b.published.len() == 1).await;
-    if only_the_first {
-        gated.gate_only(&pods[0].1);
-    }
+    prepare(&gated, &pods[0].1);
     gated.close();
     for (_, _, c) in &pods {
         rt.exit_container(c, 1);
@@ -708,29 +711,16 @@ async fn each_relist_writes_a_debug_line_under_a_budget() {
 #[actix_rt::test]
 async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
     const PODS: usize = 5;
-    let rt = FakeRuntime::new();
-    let pods = pods_with_a_container(&rt, PODS);
-    let gated = Gated::new(rt.clone());
-    let b = start_on(
-        gated.clone(),
-        Setup {
-            period: Duration::from_millis(20),
-            ..Setup::default()
-        },
-    );
-    wait_until("the first relist published", || b.published.len() == 1).await;
-    gated.close();
-    gated
-        .global_fails
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    for (_, _, c) in &pods {
-        rt.exit_container(c, 1);
-    }
-    assert!(b
-        .dispatcher
-        .queue
-        .request(&pods[0].0, RelistSource::EventedPleg, None, None));
-    wait_until("the batch waits at the gate", || gated.waiting() == 1).await;
+    let setup = Setup {
+        period: Duration::from_millis(20),
+        ..Setup::default()
+    };
+    let (pods, gated, b) = batch_at_the_gate(PODS, setup, |gated, _| {
+        gated
+            .global_fails
+            .store(true, std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
     let lists = gated.unfiltered_lists();
     // Due now (if the period has not passed yet), so it runs once the batch ends
     // (and the batch takes none of the requests that follow).
