@@ -9,6 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
+use plegd_telemetry::Metrics;
+
+use crate::relist::dispatcher::BringForward;
+use crate::relist::queue::{Inbox, RelistQueue, RequestRelist, Wake};
 
 /// What a [`Recorder`] has received, readable from the test.
 pub struct Recorded<M> {
@@ -122,6 +126,60 @@ where
             }
             .into_actor(self),
         )
+    }
+}
+
+/// Stands in for the dispatcher behind a [`RelistQueue`]: records every request it
+/// takes from the queue's inbox. `capacity` is the inbox's (default 1024); a stalled
+/// reader takes nothing until [`Recorded::release`], so the inbox fills.
+pub fn recording_queue(
+    cfg: RecorderConfig,
+    soon: Recipient<BringForward>,
+    metrics: Arc<Metrics>,
+) -> (RelistQueue, Recorded<RequestRelist>) {
+    let inbox = Inbox::new(cfg.capacity.unwrap_or(1024));
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let stalled = Arc::new(AtomicBool::new(cfg.stalled));
+    let reader = InboxReader {
+        inbox: inbox.clone(),
+        got: got.clone(),
+        stalled: stalled.clone(),
+        metrics: metrics.clone(),
+    }
+    .start();
+    let queue = RelistQueue::new(inbox, reader.recipient(), soon, metrics);
+    (queue, Recorded { got, stalled })
+}
+
+struct InboxReader {
+    inbox: Arc<Inbox>,
+    got: Arc<Mutex<Vec<RequestRelist>>>,
+    stalled: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+}
+
+impl InboxReader {
+    fn read(&mut self, ctx: &mut Context<Self>) {
+        if self.stalled.load(Ordering::SeqCst) {
+            ctx.run_later(Duration::from_millis(1), Self::read);
+            return;
+        }
+        let reqs = self.inbox.take(&self.metrics);
+        if let Ok(mut g) = self.got.lock() {
+            g.extend(reqs);
+        }
+    }
+}
+
+impl Actor for InboxReader {
+    type Context = Context<Self>;
+}
+
+impl Handler<Wake> for InboxReader {
+    type Result = ();
+
+    fn handle(&mut self, _: Wake, ctx: &mut Self::Context) {
+        self.read(ctx);
     }
 }
 

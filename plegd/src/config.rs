@@ -41,8 +41,9 @@ pub struct Settings {
     /// is 16MiB. A relist whose answer is larger fails, and the log names the call.
     #[arg(long, env = "PLEGD_RUNTIME_MAX_MESSAGE_SIZE", default_value = "16MiB")]
     pub runtime_max_message_size: MessageSize,
-    /// Capacity of the on-demand (targeted) relist queue; a full queue drops requests
-    /// (counted) and the next global relist reconciles.
+    /// Pods the on-demand (targeted) relist queue holds, one request per pod (a newer
+    /// request for a pod merges); a request for one more pod is dropped (counted) and
+    /// the next global relist reconciles.
     #[arg(long, env = "PLEGD_QUEUE_CAPACITY", default_value = "1024")]
     pub queue_capacity: Count<1_000_000>,
     /// Status calls (PodSandboxStatus, ContainerStatus) in flight at once during a

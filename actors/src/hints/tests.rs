@@ -25,9 +25,9 @@ use crate::hints::cri_events::CriEvents;
 use crate::hints::cri_stops::CriStops;
 use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
 use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
-use crate::mock::{Recorded, Recorder, RecorderConfig};
-use crate::relist::dispatcher::{BringForward, RequestRelist};
-use crate::relist::queue::RelistQueue;
+use crate::mock::{recording_queue, Recorded, Recorder, RecorderConfig};
+use crate::relist::dispatcher::BringForward;
+use crate::relist::queue::RequestRelist;
 use crate::relist::router::RelistRouter;
 use crate::stream::reconnect::ReconnectPolicy;
 use crate::sync::HeldPods;
@@ -52,13 +52,9 @@ struct Harness {
 impl Harness {
     fn start(sim: FakeRuntime, requests: RecorderConfig, policy: ReconnectPolicy) -> Harness {
         let metrics = Arc::new(Metrics::new());
-        let (requests_addr, requests) = Recorder::<RequestRelist>::start(requests);
         let (soon_addr, soon) = Recorder::<BringForward>::start(RecorderConfig::default());
-        let queue = RelistQueue::new(
-            requests_addr.recipient(),
-            soon_addr.clone().recipient(),
-            metrics.clone(),
-        );
+        let (queue, requests) =
+            recording_queue(requests, soon_addr.clone().recipient(), metrics.clone());
         let router = RelistRouter::new(queue.clone(), HeldPods::default(), metrics.clone());
         let source = CriEvents::new(Arc::new(sim.clone()), metrics.clone(), CriStops::default());
         let deps = WatcherDeps {
@@ -198,7 +194,7 @@ async fn only_a_stop_event_with_a_uid_requests_a_relist_one_per_event() {
         no_metadata,
         stopped(""),
         event(ContainerDeletedEvent, None),
-        // Duplicates: one request each (the dispatcher dedups, not the watcher).
+        // Duplicates: one request each (the queue merges them: one per pod waits).
         stopped("u1"),
         stopped("u1"),
         with_statuses,
@@ -213,7 +209,9 @@ async fn only_a_stop_event_with_a_uid_requests_a_relist_one_per_event() {
         rec.all().iter().any(|r| r.uid == "u-last")
     })
     .await;
-    assert_eq!(h.uids(), ["u1", "u1", "u1", "u2", "u-last"]);
+    let mut uids = h.uids();
+    uids.dedup();
+    assert_eq!(uids, ["u1", "u2", "u-last"]);
     assert!(h
         .requests
         .all()
@@ -229,6 +227,11 @@ async fn only_a_stop_event_with_a_uid_requests_a_relist_one_per_event() {
     assert_eq!(
         m.requests(RequestResult::Queued, RelistSource::EventedPleg),
         5
+    );
+    assert_eq!(
+        m.requests(RequestResult::Merged, RelistSource::EventedPleg),
+        5 - h.uids().len() as u64,
+        "the queue merged the duplicates it held at once"
     );
     assert_eq!(m.connection_latency.get_sample_count(), 8);
     // Bad events are not stream failures.
@@ -423,10 +426,9 @@ fn scripted_watcher(
     Recorded<BringForward>,
 ) {
     let metrics = Arc::new(Metrics::new());
-    let (requests_addr, requests) = Recorder::<RequestRelist>::start(RecorderConfig::default());
     let (soon_addr, soon) = Recorder::<BringForward>::start(RecorderConfig::default());
-    let queue = RelistQueue::new(
-        requests_addr.recipient(),
+    let (queue, requests) = recording_queue(
+        RecorderConfig::default(),
         soon_addr.recipient(),
         metrics.clone(),
     );

@@ -232,7 +232,12 @@ impl<S: HintSource> HintWatcher<S> {
             Action::ReadStream { attempt } => {
                 if let Some(stream) = stream.take() {
                     let live = self.live.token();
-                    let tagged = stream
+                    // No item is taken while a global relist is due or running.
+                    let tagged = self
+                        .deps
+                        .router
+                        .priority()
+                        .pace(stream)
                         .map(move |item| StreamItem {
                             attempt,
                             item: Some(item),

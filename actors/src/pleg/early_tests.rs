@@ -57,7 +57,7 @@ async fn batch(
     meanwhile: impl std::future::Future<Output = ()>,
 ) -> Vec<Step> {
     let steps = Mutex::new(Vec::new());
-    let run = p.relist_pods_each(vec![ask(c)], None, held, true, |s| {
+    let run = p.relist_pods_each(vec![ask(c)], None, None, held, true, |s| {
         steps.lock().unwrap().push(step(s));
         std::future::ready(())
     });
@@ -76,7 +76,7 @@ async fn early_before_the_lists(
     rt.hold(Op::ListContainers);
     let steps = Mutex::new(Vec::new());
     let early = Mutex::new((Vec::new(), Vec::new()));
-    let run = p.relist_pods_each(vec![ask(c)], None, &|_| false, true, |s| {
+    let run = p.relist_pods_each(vec![ask(c)], None, None, &|_| false, true, |s| {
         if let PodStep::Early(out) = &s {
             let mut early = early.lock().unwrap();
             early.0.extend(out.events.iter().cloned());
@@ -337,7 +337,7 @@ async fn a_list_taken_before_the_exit_leaves_no_running_status_in_the_cache() {
     stale.keep(&sb).await;
     rt.exit_container(&c, 1);
     let published = Mutex::new(Vec::new());
-    p.relist_pods_each(vec![ask(&c)], None, &|_| false, true, |s| {
+    p.relist_pods_each(vec![ask(&c)], None, None, &|_| false, true, |s| {
         let out = match s {
             PodStep::Early(out) | PodStep::Read(_, out, _) => out,
         };

@@ -291,7 +291,7 @@ impl GenericPleg {
         }];
         let mut result = Ok(RelistOutput::default());
         // No early deaths: an error here must mean that nothing changed.
-        self.relist_pods_each(pods, None, held, false, |step| {
+        self.relist_pods_each(pods, None, None, held, false, |step| {
             if let PodStep::Read((), out, error) = step {
                 result = match error {
                     Some(e) => Err(e),
@@ -323,7 +323,7 @@ impl GenericPleg {
             .collect();
         let mut all = RelistOutput::default();
         let mut failed = Vec::new();
-        self.relist_pods_each(asks, None, held, false, |step| {
+        self.relist_pods_each(asks, None, None, held, false, |step| {
             if let PodStep::Read(uid, out, error) = step {
                 all.append(out);
                 if let Some(e) = error {
@@ -355,6 +355,10 @@ impl GenericPleg {
     /// there, the call ends (what comes later is the caller's business). Each UID is
     /// asked at most once per call.
     ///
+    /// `give_way`: once it says true (a global relist is due), no read starts but the
+    /// first `concurrency`: once the reads in progress end, the call returns the pods
+    /// not read yet, those asked meanwhile included, unread and not handed over.
+    ///
     /// A pod a sync holds when its read is due is handed back unread, in
     /// `output.held` (as is one taken while it was read). A pod whose lists fail
     /// changes nothing and comes with its error (its output counts only its
@@ -363,10 +367,12 @@ impl GenericPleg {
         &mut self,
         pods: Vec<PodAsk<T>>,
         mut more: Option<&mut UnboundedReceiver<PodAsk<T>>>,
+        give_way: Option<&dyn Fn() -> bool>,
         held: &dyn Fn(&str) -> bool,
         early: bool,
         mut each: F,
-    ) where
+    ) -> Vec<PodAsk<T>>
+    where
         F: FnMut(PodStep<T>) -> Fut,
         Fut: Future<Output = ()>,
     {
@@ -379,8 +385,15 @@ impl GenericPleg {
         let mut asked: VecDeque<PodAsk<T>> = pods.into();
         let mut reads = FuturesUnordered::new();
         let mut open = more.is_some();
+        // Reads started: the first `concurrency` start whatever `give_way` says, so a
+        // batch always makes progress, even one that starts when it says true.
+        let mut started = 0usize;
         loop {
-            while reads.len() < self.concurrency {
+            let over = started >= self.concurrency && give_way.is_some_and(|f| f());
+            if over {
+                open = false;
+            }
+            while !over && reads.len() < self.concurrency {
                 let Some(ask) = asked.pop_front() else {
                     break;
                 };
@@ -394,12 +407,16 @@ impl GenericPleg {
                 }
                 let plan = self.plan(&ask);
                 let tag = ask.tag;
+                started += 1;
                 reads.push(async move {
                     let read = reader.read_pod(plan, calls, whole_node, early_tx).await;
                     (tag, read)
                 });
             }
             if reads.is_empty() {
+                if over {
+                    break;
+                }
                 // Nothing is being read: what was asked meanwhile, or the end.
                 match more.as_mut().map(|rx| rx.try_recv()) {
                     Some(Ok(ask)) => {
@@ -454,6 +471,14 @@ impl GenericPleg {
         }
         // No read of this call is left to commit.
         self.early.clear();
+        // What was not read: asked, or asked meanwhile (none unless it gave way).
+        let mut left: Vec<PodAsk<T>> = asked.into();
+        if let Some(rx) = more {
+            while let Ok(ask) = rx.try_recv() {
+                left.push(ask);
+            }
+        }
+        left
     }
 
     /// Containers reported early whose pod's read is not committed yet (none once a

@@ -17,7 +17,9 @@ use plegd_telemetry::{RelistPhase, RequestResult};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::apply::apply;
-use super::dispatcher::{DispatcherDeps, RequestRelist};
+use super::dispatcher::DispatcherDeps;
+use super::priority::GlobalPriority;
+use super::queue::RequestRelist;
 use crate::event::RelistSource;
 use crate::pleg::{GenericPleg, PodAsk, PodStep};
 use crate::spans;
@@ -39,6 +41,9 @@ pub(super) struct BatchSummary {
     pub(super) max_waited: Duration,
     /// Each pod's outcome, if debug lines are on.
     pub(super) pods_detail: Vec<PodOutcome>,
+    /// Requests the batch took but did not start before a global relist came due:
+    /// they wait again (a global relist that starts after them covers them).
+    pub(super) deferred: Vec<RequestRelist>,
 }
 
 /// One pod of a batch, for its debug line.
@@ -54,9 +59,11 @@ pub(super) struct PodOutcome {
 }
 
 /// A batch of targeted relists: the requests it starts with, where it takes more
-/// (`more`, and `again` for the pods it reads once more), and the pods it reads.
+/// (`more`, and `again` for the pods it reads once more), the pods it reads, and
+/// whether a global relist is due (no read starts then but the first round).
 pub(super) struct Batch {
     pub(super) reqs: Vec<RequestRelist>,
+    pub(super) priority: GlobalPriority,
     pub(super) more: UnboundedReceiver<PodAsk<Taken>>,
     pub(super) again: UnboundedSender<PodAsk<Taken>>,
     pub(super) pods: BatchPods,
@@ -106,6 +113,7 @@ pub(super) async fn targeted_relists(
 ) -> BatchSummary {
     let Batch {
         reqs,
+        priority,
         mut more,
         again,
         pods,
@@ -119,76 +127,95 @@ pub(super) async fn targeted_relists(
         took: Duration::ZERO,
         max_waited: Duration::ZERO,
         pods_detail: Vec::new(),
+        deferred: Vec::new(),
     };
     let asks = reqs.into_iter().map(Taken::new).collect();
     let held = deps.held.clone();
     // A sync that takes a pod meanwhile gets its request as its pending relist.
     let held = |uid: &str| held.coalesce(uid);
-    core.relist_pods_each(asks, Some(&mut more), &held, true, |step| {
-        let (taken, out, error) = match step {
-            PodStep::Early(out) => {
-                summary.events += out.events.len();
-                summary.early += out.events.len();
-                return Either::Left(async move { apply(deps, out, None, false).await });
-            }
-            PodStep::Read(taken, out, error) => (taken, out, error),
-        };
-        let Taken {
-            req,
-            mut span,
-            taken_at,
-        } = taken;
-        // A request that came while the pod was read runs now; else the pod leaves
-        // the batch (a later request takes it again).
-        let rerun = {
-            let mut pods = pods.borrow_mut();
-            let rerun = pods.get_mut(&req.uid).and_then(Option::take);
-            if rerun.is_none() {
-                pods.remove(&req.uid);
-            }
-            rerun
-        };
-        if let Some(rerun) = rerun {
-            if again.send(Taken::new(rerun)).is_err() {
-                // Cannot happen: this batch holds the receiver.
-                tracing::error!("a batch's own queue is gone; a targeted relist is lost");
-            }
-        }
-        let events = out.events.len();
-        match &error {
-            Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
-            None => span.set_attribute(KeyValue::new("events", events as i64)),
-        }
-        span.end();
-        let waited = taken_at.saturating_duration_since(req.enqueued_at);
-        summary.pods += 1;
-        summary.events += events;
-        summary.max_waited = summary.max_waited.max(waited);
-        if error.is_some() {
-            summary.failed += 1;
-            deps.metrics.count_relist_errors(RelistPhase::List, 1);
-        }
-        if detail {
-            summary.pods_detail.push(PodOutcome {
-                uid: req.uid,
-                source: req.source,
-                waited,
-                took: taken_at.elapsed(),
-                events,
-                error: error.as_ref().map(|e| e.to_string()),
-            });
-        }
-        let source = req.source;
-        Either::Right(async move {
-            if !out.is_empty() {
-                apply(deps, out, None, false).await;
-            }
-            deps.metrics
-                .observe_pod_relist(source, taken_at.elapsed().as_secs_f64());
-            deps.metrics.count_request(RequestResult::Done, source);
+    let give_way = || priority.first(Instant::now());
+    let left = core
+        .relist_pods_each(
+            asks,
+            Some(&mut more),
+            Some(&give_way),
+            &held,
+            true,
+            |step| {
+                let (taken, out, error) = match step {
+                    PodStep::Early(out) => {
+                        summary.events += out.events.len();
+                        summary.early += out.events.len();
+                        return Either::Left(async move { apply(deps, out, None, false).await });
+                    }
+                    PodStep::Read(taken, out, error) => (taken, out, error),
+                };
+                let Taken {
+                    req,
+                    mut span,
+                    taken_at,
+                } = taken;
+                // A request that came while the pod was read runs now; else the pod leaves
+                // the batch (a later request takes it again).
+                let rerun = {
+                    let mut pods = pods.borrow_mut();
+                    let rerun = pods.get_mut(&req.uid).and_then(Option::take);
+                    if rerun.is_none() {
+                        pods.remove(&req.uid);
+                    }
+                    rerun
+                };
+                if let Some(rerun) = rerun {
+                    if again.send(Taken::new(rerun)).is_err() {
+                        // Cannot happen: this batch holds the receiver.
+                        tracing::error!("a batch's own queue is gone; a targeted relist is lost");
+                    }
+                }
+                let events = out.events.len();
+                match &error {
+                    Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
+                    None => span.set_attribute(KeyValue::new("events", events as i64)),
+                }
+                span.end();
+                let waited = taken_at.saturating_duration_since(req.enqueued_at);
+                summary.pods += 1;
+                summary.events += events;
+                summary.max_waited = summary.max_waited.max(waited);
+                if error.is_some() {
+                    summary.failed += 1;
+                    deps.metrics.count_relist_errors(RelistPhase::List, 1);
+                }
+                if detail {
+                    summary.pods_detail.push(PodOutcome {
+                        uid: req.uid,
+                        source: req.source,
+                        waited,
+                        took: taken_at.elapsed(),
+                        events,
+                        error: error.as_ref().map(|e| e.to_string()),
+                    });
+                }
+                let source = req.source;
+                Either::Right(async move {
+                    if !out.is_empty() {
+                        apply(deps, out, None, false).await;
+                    }
+                    deps.metrics
+                        .observe_pod_relist(source, taken_at.elapsed().as_secs_f64());
+                    deps.metrics.count_request(RequestResult::Done, source);
+                })
+            },
+        )
+        .await;
+    summary.deferred = left
+        .into_iter()
+        .map(|ask| {
+            let Taken { req, mut span, .. } = ask.tag;
+            span.set_attribute(KeyValue::new("deferred", true));
+            span.end();
+            req
         })
-    })
-    .await;
+        .collect();
     summary.took = start.elapsed();
     summary
 }

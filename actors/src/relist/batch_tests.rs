@@ -11,7 +11,7 @@ use plegd_runtime::RuntimeClient;
 use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
 use plegd_telemetry::RequestResult;
 
-use super::dispatcher::RequestRelist;
+use super::queue::RequestRelist;
 use super::tests::*;
 use crate::event::{EventKind, RelistSource};
 use crate::pleg::CacheUpdate;
@@ -285,21 +285,14 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
         accepted += b.request_in_chunks(&uids, CAPACITY).await;
     }
     // One arrives out of order: older than the request waiting for its pod.
-    b.metrics.queue_depth.inc();
-    b.metrics
-        .count_request(RequestResult::Queued, RelistSource::PostSync);
-    b.dispatcher
-        .stop
-        .addr()
-        .send(RequestRelist {
-            uid: "u5".into(),
-            source: RelistSource::PostSync,
-            enqueued_at: before_the_storm,
-            cause: None,
-            prefetch: vec![],
-        })
-        .await
-        .unwrap();
+    assert!(b.dispatcher.queue.push(RequestRelist {
+        uid: "u5".into(),
+        source: RelistSource::PostSync,
+        enqueued_at: before_the_storm,
+        cause: None,
+        prefetch: vec![],
+    }));
+    wait_until("the old request taken", || b.metrics.queue_depth.get() == 0).await;
     accepted += 1;
     assert_eq!(b.all_requests(RequestResult::Dropped), 0);
     assert_eq!(
@@ -506,6 +499,41 @@ async fn a_global_relist_due_during_a_batch_runs_next_and_covers_the_requests_th
     for (_, _, c) in &pods[1..] {
         assert_eq!(deaths[c], vec![RelistSource::Global], "{c}");
     }
+}
+
+/// The KEP's priority rule, bounded: a global relist that comes due while a batch
+/// runs waits only for the reads in progress (one round, the status concurrency);
+/// the batch starts no other, and the requests it took but did not start wait again
+/// — the global relist, which starts after them, covers them.
+#[actix_rt::test]
+async fn a_due_global_relist_waits_for_the_reads_in_progress_only() {
+    const PODS: usize = 10;
+    const CONCURRENCY: usize = 4; // `start_on`'s GenericPleg
+    let (pods, gated, b) = a_batch_at_the_gate(PODS, Setup::default()).await;
+    for (uid, _, _) in &pods[1..] {
+        assert!(b
+            .dispatcher
+            .queue
+            .request(uid, RelistSource::EventedPleg, None, None));
+    }
+    wait_until("a round of reads at the gate", || {
+        gated.waiting() == CONCURRENCY
+    })
+    .await;
+    b.dispatcher.queue.bring_forward();
+    gated.open();
+    wait_until("every request settled", || b.settled() == PODS as u64).await;
+    assert_eq!(b.requests(RequestResult::Done), CONCURRENCY as u64);
+    assert_eq!(
+        b.requests(RequestResult::Skipped),
+        (PODS - CONCURRENCY) as u64
+    );
+    assert_eq!(b.global_relists(), 2);
+    let deaths = deaths(&b);
+    assert_eq!(deaths.len(), PODS);
+    let by = |source| deaths.values().filter(|s| **s == vec![source]).count();
+    assert_eq!(by(RelistSource::EventedPleg), CONCURRENCY);
+    assert_eq!(by(RelistSource::Global), PODS - CONCURRENCY);
 }
 
 /// The read of the batch in progress fails after more requests came, one of them for
@@ -746,7 +774,7 @@ async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
 /// without a container adds no call.
 #[actix_rt::test]
 async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
-    use super::dispatcher::MAX_PREFETCH;
+    use super::queue::MAX_PREFETCH;
     use plegd_telemetry::PrefetchResult::*;
     const CONTAINERS: usize = 6;
     let rt = FakeRuntime::new();

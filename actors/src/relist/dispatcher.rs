@@ -2,23 +2,25 @@
 //! serialized and race-free (KEP-3386 "Design Details").
 //!
 //! - A global relist runs every `relist_period`, whatever the event stream does; when,
-//!   and which requests it covers, is the [`GlobalSchedule`]'s business.
-//! - Its bounded mailbox is the on-demand queue: [`RelistQueue::request`] uses
-//!   `try_send`; a full mailbox drops the request (counted) — the next global relist
-//!   reconciles anyway. (actix's real bound: capacity - 1, plus one message from each
-//!   sender handle, which that message parks.)
+//!   and which requests it covers, is the [`GlobalSchedule`]'s business. It goes
+//!   first: a batch starts no read once one is due (but its first round), and hint
+//!   sources take no event while one is due or running ([`GlobalPriority`]).
+//! - The on-demand queue is the [`Inbox`] behind [`RelistQueue`]: one request per
+//!   pod, bounded, filled under a lock by any thread; a [`Wake`] in the mailbox (one
+//!   per drain) has the dispatcher take it whole after the mailbox is handled. So no
+//!   rate of requests keeps the actor in its mailbox (actix handles messages until
+//!   none is left before it polls the spawned units and timers).
 //! - Units of work: a global relist, or a batch of targeted relists. One runs at a
 //!   time (it takes the Generic PLEG, `core`, and puts it back when it ends), as a
-//!   spawned future: the mailbox keeps being drained while it runs (issue 11: a batch
-//!   that held the mailbox let a storm overflow the queue whenever the machine was
-//!   busy). Only the unit's end, on the actor, writes the dispatcher's state.
+//!   spawned future: the queue keeps being drained while it runs (a batch that held
+//!   the actor let a storm overflow the queue whenever the machine was busy). Only the unit's end, on the actor, writes the dispatcher's state.
 //! - Order of work: a due global relist, then targeted relists: every unit of work
 //!   first runs a due global relist — unless the last unit was one and requests wait
 //!   that came before it started: then they get this unit — so a storm of targeted
-//!   requests delays a global relist by at most one batch, and global relists slower
-//!   than their period never starve the requests (those that came during a global
-//!   relist are covered by the next, due one).
-//! - Batches: every request taken off the mailbox joins the pending requests, one per
+//!   requests delays a global relist by at most one round of reads, and global
+//!   relists slower than their period never starve the requests (those that came
+//!   during a global relist are covered by the next, due one).
+//! - Batches: every request taken from the queue joins the pending requests, one per
 //!   pod (a newer request for a pod already waiting takes its place; the older is
 //!   counted `merged`), also while a unit runs; the next unit relists them together
 //!   (at most [`MAX_BATCH`] pods), `--status-concurrency` pods read at a time and
@@ -26,11 +28,11 @@
 //!   soon as it is read (none waits for the batch's slowest read), and a death the
 //!   prefetched status of a named container shows, as soon as that status is read
 //!   (`pleg/early.rs`). A batch runs in `batch.rs`, a global relist in `global.rs`.
-//! - A batch in progress takes the requests that come while it runs (issue 11, goal
-//!   5: a burst's later exits need not wait for its first reads), settled at once,
+//! - A batch in progress takes the requests that come while it runs (a
+//!   burst's later exits need not wait for its first reads), settled at once,
 //!   unless a global relist is due (that runs next), the pod is waiting already, or
 //!   the batch has taken [`MAX_BATCH`] pods: those join the pending requests. So a
-//!   storm still delays a due global relist by at most one batch. A request for a
+//!   storm still delays a due global relist by at most one round of reads. A request for a
 //!   pod whose read is in progress (it may have begun before the request's cause)
 //!   runs again in the batch once that read ends (requests that come meanwhile are
 //!   merged into it); one for a pod the batch has read already reads it again. The pending requests are
@@ -49,7 +51,7 @@
 //! - Each relist's events get their revisions here (`revision`), before its cache
 //!   updates are applied (and acknowledged) with the last of them, then the events are
 //!   published: the cache and the revision it reflects change together. A global
-//!   relist does this chunk by chunk (a few hundred pods each: issue 11, memory); the
+//!   relist does this chunk by chunk (a few hundred pods each, for memory); the
 //!   cache holds snapshots back until its last chunk, which alone carries the global
 //!   timestamp and makes plegd ready.
 //! - Each relist's cache updates are applied (and acknowledged) before its events are
@@ -62,20 +64,19 @@
 //!   request accepted before the stop is relisted, in batches, no global relist
 //!   started; then the actor stops. A request accepted is never lost: it ends
 //!   `done`, `skipped`, `coalesced` or `merged`.
-//! - Debug lines (issue 11: follow a relist's latency without traces): one per global
+//! - Debug lines (to follow a relist's latency without traces): one per global
 //!   relist, one per batch, one per pod a batch relisted (how long its request waited,
 //!   how long the batch took, its events or its error), each kind under a
 //!   [`LogBudget`]; the first line after suppressed ones counts them.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use opentelemetry::trace::SpanContext;
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{Metrics, RequestResult};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
@@ -83,10 +84,10 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use super::batch::{targeted_relists, Batch, BatchPods, BatchSummary, Taken};
 use super::global::global_relist;
 use super::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
-use super::queue::RelistQueue;
+use super::priority::GlobalPriority;
+use super::queue::{merge, Inbox, PodRequests, RelistQueue, RequestRelist, Wake};
 use super::schedule::{GlobalSchedule, Verdict};
 use crate::cache::ApplyRelist;
-use crate::event::RelistSource;
 use crate::health::Health;
 use crate::pleg::{GenericPleg, PodAsk};
 use crate::publisher::Publish;
@@ -128,11 +129,17 @@ pub struct RelistDispatcher {
     stopping: Arc<AtomicBool>,
     timer: Option<SpawnHandle>,
     list_errors: RateLimiter,
+    /// Where request sources put their requests; taken whole on each [`Wake`].
+    inbox: Arc<Inbox>,
+    /// A drain of the inbox is scheduled (after the mailbox).
+    drain_scheduled: bool,
+    /// Tells hint sources when a global relist is due or running (they wait then).
+    priority: GlobalPriority,
+    /// A global relist is in progress.
+    global_running: bool,
     /// Requests waiting for the next batch, one per pod, in arrival order: every
-    /// request taken off the mailbox that must run, also while a unit of work runs.
-    pending: Vec<RequestRelist>,
-    /// Pod UID → its index in `pending`.
-    pending_index: HashMap<String, usize>,
+    /// request taken from the inbox that must run, also while a unit of work runs.
+    pending: PodRequests,
     /// Pods the Generic PLEG had a record of when the last unit of work ended.
     known_pods: usize,
     /// The queue's capacity: with `known_pods`, the bound of `pending`.
@@ -169,28 +176,11 @@ struct Logs {
     pending_full: RateLimiter,
 }
 
-/// The most pods one batch relists, so that a due global relist never waits for more.
+/// The most pods one batch takes.
 pub const MAX_BATCH: usize = 256;
 
-/// The most containers prefetched for one pod (the requests merged into its
-/// relist asked for more: the rest are read as usual).
-pub const MAX_PREFETCH: usize = 4;
-
-/// Ask for a relist of one pod. Build with [`RelistQueue::request`], which stamps the
-/// enqueue time and never blocks.
-#[derive(Message, Clone, Debug)]
-#[rtype(result = "()")]
-pub struct RequestRelist {
-    pub uid: String,
-    pub source: RelistSource,
-    pub enqueued_at: Instant,
-    /// The span of what caused the request (a stream event), linked from the relist's.
-    pub cause: Option<SpanContext>,
-    /// Containers whose status the relist reads together with the pod's lists (the
-    /// one the event is about; several once requests are merged, at most
-    /// [`MAX_PREFETCH`]).
-    pub prefetch: Vec<String>,
-}
+/// The dispatcher's mailbox: [`Wake`] (one at a time), [`BringForward`], [`Stop`].
+const MAILBOX: usize = 64;
 
 /// Stop once the unit of work in progress and the requests accepted are done.
 #[derive(Message)]
@@ -246,18 +236,25 @@ impl RelistDispatcher {
         let metrics = deps.metrics.clone();
         let mut ctx = Context::new();
         let queue_capacity = cfg.queue_capacity.max(1);
-        ctx.set_mailbox_capacity(queue_capacity);
+        ctx.set_mailbox_capacity(MAILBOX);
+        let inbox = Inbox::new(queue_capacity);
+        let priority = GlobalPriority::default();
+        let schedule = GlobalSchedule::new(cfg.relist_period, Instant::now());
+        priority.set(false, schedule.next_due());
         let actor = RelistDispatcher {
+            inbox: inbox.clone(),
+            drain_scheduled: false,
+            priority: priority.clone(),
+            global_running: false,
             known_pods: core.pod_count(),
             core: Some(core),
             deps,
-            schedule: GlobalSchedule::new(cfg.relist_period, Instant::now()),
+            schedule,
             not_read: HashSet::new(),
             stopping: stopping.clone(),
             timer: None,
             list_errors: RateLimiter::new(Duration::from_secs(30)),
-            pending: Vec::new(),
-            pending_index: HashMap::new(),
+            pending: PodRequests::default(),
             queue_capacity,
             batch_scheduled: false,
             open_batch: None,
@@ -271,8 +268,14 @@ impl RelistDispatcher {
         };
         let addr = ctx.run(actor);
         DispatcherHandle {
-            queue: RelistQueue::new(addr.clone().recipient(), addr.clone().recipient(), metrics)
-                .refusing_once(stopping.clone()),
+            queue: RelistQueue::new(
+                inbox,
+                addr.clone().recipient(),
+                addr.clone().recipient(),
+                metrics,
+            )
+            .refusing_once(stopping.clone())
+            .with_priority(priority),
             stop: StopHandle {
                 addr,
                 flag: stopping,
@@ -309,6 +312,7 @@ impl RelistDispatcher {
         if !self.stopping.load(Ordering::SeqCst) {
             return false;
         }
+        self.drain(ctx);
         if self.core.is_some() {
             if self.pending.is_empty() {
                 ctx.stop();
@@ -327,6 +331,7 @@ impl RelistDispatcher {
         if self.core.is_none() {
             return;
         }
+        self.drain(ctx);
         let stopping = self.stopping.load(Ordering::SeqCst);
         if stopping && self.pending.is_empty() {
             ctx.stop();
@@ -381,31 +386,56 @@ impl RelistDispatcher {
 
     /// A request that must wait for its turn: one per pod. The newer of two requests
     /// for a pod is kept (a global relist that covers it covers the older too), with
-    /// the containers both asked to prefetch (at most [`MAX_PREFETCH`]). A request
+    /// the containers both asked to prefetch (at most `MAX_PREFETCH`). A request
     /// for one more pod beyond [`Self::pending_bound`] is dropped (counted).
     fn enqueue(&mut self, req: RequestRelist) {
-        let Some(&i) = self.pending_index.get(&req.uid) else {
-            if self.pending.len() >= self.pending_bound() {
-                self.deps
-                    .metrics
-                    .count_request(RequestResult::Dropped, req.source);
-                if let Some(suppressed) = self.logs.pending_full.allow(Instant::now()) {
-                    tracing::warn!(
-                        pending = self.pending.len(),
-                        suppressed,
-                        "more pods wait for a targeted relist than plegd knows; request \
-                         dropped (the next global relist reconciles)"
-                    );
-                }
-                return;
+        let bound = self.pending_bound();
+        if let Some(req) = self.pending.add(req, bound, &self.deps.metrics) {
+            self.deps
+                .metrics
+                .count_request(RequestResult::Dropped, req.source);
+            if let Some(suppressed) = self.logs.pending_full.allow(Instant::now()) {
+                tracing::warn!(
+                    pending = self.pending.len(),
+                    suppressed,
+                    "more pods wait for a targeted relist than plegd knows; request \
+                     dropped (the next global relist reconciles)"
+                );
             }
-            self.pending_index
-                .insert(req.uid.clone(), self.pending.len());
-            self.pending.push(req);
-            self.deps.metrics.relist_pending.inc();
-            return;
+        }
+        self.deps
+            .metrics
+            .relist_pending
+            .set(self.pending.len() as i64);
+    }
+
+    /// Takes every request from the inbox (at most its capacity: the work between
+    /// two looks at the schedule is bounded whatever the rate of requests).
+    fn drain(&mut self, ctx: &mut Context<Self>) {
+        for req in self.inbox.take(&self.deps.metrics) {
+            self.accept(req, ctx);
+        }
+    }
+
+    /// A request from the inbox: the batch in progress takes it at once if it may
+    /// (its verdict taken now: no global relist completes while a batch runs); a
+    /// request a completed global relist already covers is settled at once; any other
+    /// waits for its turn in the next batch, after a due global relist (a unit in
+    /// progress starts it when it ends).
+    fn accept(&mut self, req: RequestRelist, ctx: &mut Context<Self>) {
+        let waits = if self.admissible(&req) {
+            self.settle(req).and_then(|req| self.admit(req))
+        } else if self.schedule.covers(req.enqueued_at) {
+            self.settle(req)
+        } else {
+            Some(req)
         };
-        merge(&mut self.pending[i], req, &self.deps.metrics);
+        if let Some(req) = waits {
+            self.enqueue(req);
+            if self.core.is_some() {
+                self.schedule_batch(ctx);
+            }
+        }
     }
 
     fn take_core(&mut self) -> Option<GenericPleg> {
@@ -430,6 +460,8 @@ impl RelistDispatcher {
             return;
         };
         let deps = self.deps.clone();
+        self.global_running = true;
+        self.priority.set(true, self.schedule.next_due());
         let fut = async move {
             let (start, result) = global_relist(&mut core, &deps).await;
             (core, start, result)
@@ -444,6 +476,8 @@ impl RelistDispatcher {
                             .relist_interval
                             .observe(interval.as_secs_f64());
                     }
+                    act.global_running = false;
+                    act.priority.set(false, act.schedule.next_due());
                     match result {
                         Ok((not_read, summary)) => {
                             act.not_read = not_read;
@@ -481,7 +515,7 @@ impl RelistDispatcher {
     /// [`MAX_BATCH`] must run; those are relisted together.
     fn batch(&mut self, ctx: &mut Context<Self>) {
         let mut reqs = Vec::with_capacity(MAX_BATCH.min(self.pending.len()));
-        let mut pending = std::mem::take(&mut self.pending).into_iter();
+        let mut pending = self.pending.take().into_iter();
         for req in pending.by_ref() {
             if let Some(req) = self.settle(req) {
                 reqs.push(req);
@@ -490,17 +524,11 @@ impl RelistDispatcher {
                 }
             }
         }
-        self.pending = pending.collect();
+        self.pending.put_back(pending);
         self.deps
             .metrics
             .relist_pending
             .set(self.pending.len() as i64);
-        self.pending_index = self
-            .pending
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.uid.clone(), i))
-            .collect();
         if reqs.is_empty() {
             return self.unit_done(ctx);
         }
@@ -522,9 +550,11 @@ impl RelistDispatcher {
             pods: pods.clone(),
             taken: reqs.len(),
         });
+        let priority = self.priority.clone();
         let fut = async move {
             let batch = Batch {
                 reqs,
+                priority,
                 more: taken,
                 again: more,
                 pods,
@@ -532,12 +562,30 @@ impl RelistDispatcher {
             let summary = targeted_relists(&mut core, &deps, batch, detail).await;
             (core, summary)
         };
-        ctx.spawn(fut.into_actor(self).map(|(core, summary), act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(|(core, mut summary), act, ctx| {
             act.open_batch = None;
             act.put_core(core);
+            act.defer(std::mem::take(&mut summary.deferred));
             act.log_batch(&summary);
             act.unit_done(ctx);
         }));
+    }
+
+    /// Requests a batch took but did not start (a global relist came due) wait again,
+    /// ahead of those that came after them.
+    fn defer(&mut self, deferred: Vec<RequestRelist>) {
+        if deferred.is_empty() {
+            return;
+        }
+        let later = self.pending.take();
+        for req in deferred.into_iter().chain(later) {
+            // Never dropped: each was accepted already.
+            let _ = self.pending.add(req, usize::MAX, &self.deps.metrics);
+        }
+        self.deps
+            .metrics
+            .relist_pending
+            .set(self.pending.len() as i64);
     }
 
     /// Whether the batch in progress may take this request: no global relist is due
@@ -547,7 +595,7 @@ impl RelistDispatcher {
         self.open_batch.as_ref().is_some_and(|open| {
             self.admission
                 && !self.schedule.due(Instant::now())
-                && !self.pending_index.contains_key(&req.uid)
+                && !self.pending.contains(&req.uid)
                 && (open.taken < MAX_BATCH || open.pods.borrow().contains_key(&req.uid))
         })
     }
@@ -645,24 +693,6 @@ impl RelistDispatcher {
     }
 }
 
-/// Merges two requests for one pod into `kept`: the newer is kept (a global relist
-/// that covers it covers the older too), with the containers both asked to prefetch
-/// (at most [`MAX_PREFETCH`]); the other is counted `merged`.
-fn merge(kept: &mut RequestRelist, req: RequestRelist, metrics: &Metrics) {
-    let mut merged = if req.enqueued_at >= kept.enqueued_at {
-        std::mem::replace(kept, req)
-    } else {
-        req
-    };
-    let ids = &mut kept.prefetch;
-    for id in merged.prefetch.drain(..) {
-        if ids.len() < MAX_PREFETCH && !ids.contains(&id) {
-            ids.push(id);
-        }
-    }
-    metrics.count_request(RequestResult::Merged, merged.source);
-}
-
 impl Actor for RelistDispatcher {
     type Context = Context<Self>;
 
@@ -670,6 +700,7 @@ impl Actor for RelistDispatcher {
     /// pending; but actix hands it the mailbox once more before it stops, and a
     /// request taken off then runs first.
     fn stopping(&mut self, ctx: &mut Self::Context) -> Running {
+        self.drain(ctx);
         if self.core.is_none() || !self.pending.is_empty() {
             if self.core.is_some() {
                 self.schedule_batch(ctx);
@@ -680,6 +711,12 @@ impl Actor for RelistDispatcher {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
+        // Requests that passed the queue's check as it closed: dropped, counted.
+        for req in self.inbox.take(&self.deps.metrics) {
+            self.deps
+                .metrics
+                .count_request(RequestResult::Dropped, req.source);
+        }
         self.deps.metrics.queue_depth.set(0);
         self.deps.metrics.relist_pending.set(0);
     }
@@ -689,38 +726,20 @@ impl Actor for RelistDispatcher {
     }
 }
 
-impl Handler<RequestRelist> for RelistDispatcher {
+impl Handler<Wake> for RelistDispatcher {
     type Result = ();
 
-    fn handle(&mut self, msg: RequestRelist, ctx: &mut Self::Context) {
-        self.deps.metrics.queue_depth.dec();
-        // The batch in progress takes it at once if it may (its verdict taken now:
-        // no global relist completes while a batch runs).
-        let msg = if self.admissible(&msg) {
-            if let Some(req) = self.settle(msg).and_then(|req| self.admit(req)) {
-                self.enqueue(req);
-                if self.core.is_some() {
-                    self.schedule_batch(ctx);
-                }
-            }
+    /// Drains the inbox once the mailbox is handled: one drain per [`Wake`], and no
+    /// [`Wake`] until the inbox is taken, so requests never hold the mailbox.
+    fn handle(&mut self, _: Wake, ctx: &mut Self::Context) {
+        if self.drain_scheduled {
             return;
-        } else {
-            msg
-        };
-        // A request a completed global relist already covers is settled at once; any
-        // other waits for its turn in the next batch, after a due global relist (a
-        // unit in progress starts it when it ends).
-        let pending = if self.schedule.covers(msg.enqueued_at) {
-            self.settle(msg)
-        } else {
-            Some(msg)
-        };
-        if let Some(req) = pending {
-            self.enqueue(req);
-            if self.core.is_some() {
-                self.schedule_batch(ctx);
-            }
         }
+        self.drain_scheduled = true;
+        ctx.spawn(fut::ready(()).map(|(), act: &mut Self, ctx| {
+            act.drain_scheduled = false;
+            act.drain(ctx);
+        }));
     }
 }
 
@@ -775,6 +794,8 @@ impl Handler<BringForward> for RelistDispatcher {
             return;
         }
         if self.schedule.bring_forward(Instant::now()) {
+            self.priority
+                .set(self.global_running, self.schedule.next_due());
             self.schedule_tick(ctx);
         }
     }

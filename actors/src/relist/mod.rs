@@ -10,6 +10,7 @@ mod batch;
 pub(crate) mod dispatcher;
 mod global;
 pub(crate) mod log_budget;
+pub(crate) mod priority;
 pub(crate) mod queue;
 pub(crate) mod router;
 pub(crate) mod schedule;

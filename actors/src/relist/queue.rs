@@ -1,44 +1,234 @@
-//! The on-demand relist queue: the handle every request source holds. It stamps each
-//! request with its enqueue time and `try_send`s it into the dispatcher's bounded
-//! mailbox, never blocking; a full mailbox drops the request and counts it (the next
-//! global relist reconciles). Once the dispatcher is asked to stop, it refuses every
-//! request the same way (the dispatcher relists those it accepted before it stops).
+//! The on-demand relist queue: the handle every request source holds, and the inbox
+//! behind it. A request is stamped with its enqueue time and put in the inbox under a
+//! lock, never blocking: one per pod (a newer request for a pod already there takes
+//! its place, the older counted `merged`), at most `capacity` pods (a request for one
+//! more is dropped and counted; the next global relist reconciles). The dispatcher is
+//! woken by one message per drain, whatever the rate of requests, and takes the whole
+//! inbox at once: no number of senders on any number of threads can keep its mailbox
+//! busy and starve its schedule (actix handles mailbox messages until none is left
+//! before it polls anything else). Once the dispatcher is asked to stop, the queue
+//! refuses every request the same way (the dispatcher relists those it accepted).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use actix::prelude::*;
 use opentelemetry::trace::SpanContext;
 use plegd_telemetry::{Metrics, RequestResult};
 
-use super::dispatcher::{BringForward, RequestRelist};
+use super::dispatcher::BringForward;
+use super::priority::GlobalPriority;
 use crate::event::RelistSource;
+
+/// The most containers prefetched for one pod (the requests merged into its
+/// relist asked for more: the rest are read as usual).
+pub const MAX_PREFETCH: usize = 4;
+
+/// A request for a relist of one pod. Built by [`RelistQueue::request`], which stamps
+/// the enqueue time.
+#[derive(Clone, Debug)]
+pub struct RequestRelist {
+    pub uid: String,
+    pub source: RelistSource,
+    pub enqueued_at: Instant,
+    /// The span of what caused the request (a stream event), linked from the relist's.
+    pub cause: Option<SpanContext>,
+    /// Containers whose status the relist reads together with the pod's lists (the
+    /// one the event is about; several once requests are merged, at most
+    /// [`MAX_PREFETCH`]).
+    pub prefetch: Vec<String>,
+}
+
+/// Requests waiting, one per pod, in arrival order: the inbox, and the dispatcher's
+/// pending requests.
+#[derive(Default)]
+pub(crate) struct PodRequests {
+    reqs: Vec<RequestRelist>,
+    /// Pod UID → its index in `reqs`.
+    index: HashMap<String, usize>,
+}
+
+impl PodRequests {
+    pub(crate) fn len(&self) -> usize {
+        self.reqs.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+
+    pub(crate) fn contains(&self, uid: &str) -> bool {
+        self.index.contains_key(uid)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &RequestRelist> {
+        self.reqs.iter()
+    }
+
+    /// Adds `req`: merged into the request waiting for its pod (counted), else
+    /// appended if fewer than `bound` pods wait; else given back (refused).
+    pub(crate) fn add(
+        &mut self,
+        req: RequestRelist,
+        bound: usize,
+        metrics: &Metrics,
+    ) -> Option<RequestRelist> {
+        if let Some(&i) = self.index.get(&req.uid) {
+            merge(&mut self.reqs[i], req, metrics);
+            return None;
+        }
+        if self.reqs.len() >= bound {
+            return Some(req);
+        }
+        self.index.insert(req.uid.clone(), self.reqs.len());
+        self.reqs.push(req);
+        None
+    }
+
+    /// Takes every request, in arrival order.
+    pub(crate) fn take(&mut self) -> Vec<RequestRelist> {
+        self.index.clear();
+        std::mem::take(&mut self.reqs)
+    }
+
+    /// Puts back requests taken (in their order, ahead of none: the set is empty or
+    /// they come last).
+    pub(crate) fn put_back(&mut self, reqs: impl IntoIterator<Item = RequestRelist>) {
+        for req in reqs {
+            if let Some(&i) = self.index.get(&req.uid) {
+                // Cannot merge twice (one per pod), but keep the newer if it happens.
+                if req.enqueued_at > self.reqs[i].enqueued_at {
+                    self.reqs[i] = req;
+                }
+                continue;
+            }
+            self.index.insert(req.uid.clone(), self.reqs.len());
+            self.reqs.push(req);
+        }
+    }
+}
+
+/// Merges two requests for one pod into `kept`: the newer is kept (a global relist
+/// that covers it covers the older too), with the containers both asked to prefetch
+/// (at most [`MAX_PREFETCH`]); the other is counted `merged`.
+pub(crate) fn merge(kept: &mut RequestRelist, req: RequestRelist, metrics: &Metrics) {
+    let mut merged = if req.enqueued_at >= kept.enqueued_at {
+        std::mem::replace(kept, req)
+    } else {
+        req
+    };
+    let ids = &mut kept.prefetch;
+    for id in merged.prefetch.drain(..) {
+        if ids.len() < MAX_PREFETCH && !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    metrics.count_request(RequestResult::Merged, merged.source);
+}
+
+/// Tells the inbox's reader that requests wait. Sent once per drain.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Wake;
+
+/// Where requests wait until the dispatcher takes them.
+pub(crate) struct Inbox {
+    pods: Mutex<PodRequests>,
+    capacity: usize,
+    /// A [`Wake`] is on its way (or the reader will look anyway): set by the request
+    /// that finds it clear, cleared by [`Inbox::take`].
+    woken: AtomicBool,
+}
+
+impl Inbox {
+    /// An inbox of at most `capacity` pods (at least one).
+    pub(crate) fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Inbox {
+            pods: Mutex::new(PodRequests::default()),
+            capacity: capacity.max(1),
+            woken: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PodRequests> {
+        // A panic while holding the lock leaves a consistent set (every mutation is
+        // one push or one swap): go on with it.
+        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every request waiting, in arrival order; the next request wakes the reader.
+    pub(crate) fn take(&self, metrics: &Metrics) -> Vec<RequestRelist> {
+        self.woken.store(false, Ordering::SeqCst);
+        let reqs = self.lock().take();
+        metrics.queue_depth.set(0);
+        reqs
+    }
+
+    /// Adds a request; false if the inbox was full (the request is dropped, counted).
+    /// True if it was added and the reader must be woken.
+    fn push(&self, req: RequestRelist, metrics: &Metrics) -> Result<bool, ()> {
+        let source = req.source;
+        let depth = {
+            let mut pods = self.lock();
+            if pods.add(req, self.capacity, metrics).is_some() {
+                metrics.count_request(RequestResult::Dropped, source);
+                return Err(());
+            }
+            pods.len()
+        };
+        metrics.count_request(RequestResult::Queued, source);
+        metrics.queue_depth.set(depth as i64);
+        Ok(!self.woken.swap(true, Ordering::SeqCst))
+    }
+
+    /// The reader could not be woken: the next request tries again.
+    fn wake_failed(&self) {
+        self.woken.store(false, Ordering::SeqCst);
+    }
+}
 
 /// The handle every request source uses. Cheap to clone.
 #[derive(Clone)]
 pub struct RelistQueue {
-    requests: Recipient<RequestRelist>,
+    inbox: Arc<Inbox>,
+    wake: Recipient<Wake>,
     soon: Recipient<BringForward>,
     metrics: Arc<Metrics>,
     /// Set when the dispatcher is asked to stop: requests are refused from then on.
     closed: Arc<AtomicBool>,
+    /// Whether a global relist is due or running (hint sources wait then).
+    priority: GlobalPriority,
 }
 
 impl RelistQueue {
-    /// A queue in front of whatever handles the two messages: the dispatcher, or a
-    /// recording actor in a component test.
+    /// A queue whose inbox `wake` reads: the dispatcher, or a recording actor in a
+    /// component test.
     pub(crate) fn new(
-        requests: Recipient<RequestRelist>,
+        inbox: Arc<Inbox>,
+        wake: Recipient<Wake>,
         soon: Recipient<BringForward>,
         metrics: Arc<Metrics>,
     ) -> Self {
         RelistQueue {
-            requests,
+            inbox,
+            wake,
             soon,
             metrics,
             closed: Arc::new(AtomicBool::new(false)),
+            priority: GlobalPriority::default(),
         }
+    }
+
+    /// The same queue, whose reader sets `priority`.
+    pub(crate) fn with_priority(self, priority: GlobalPriority) -> Self {
+        RelistQueue { priority, ..self }
+    }
+
+    /// Whether the global relist goes first now: hint sources wait for it.
+    pub fn priority(&self) -> &GlobalPriority {
+        &self.priority
     }
 
     /// The same queue, refusing every request once `closed` is set.
@@ -48,7 +238,7 @@ impl RelistQueue {
 
     /// Enqueues a targeted relist without blocking, remembering the span of its cause
     /// (linked from the relist's) and the container it is about, if any (its status is
-    /// read together with the pod's lists). False if the queue was full (the request
+    /// read together with the pod's lists). False if the inbox was full (the request
     /// is dropped and counted), or the dispatcher is stopping or gone (dropped and
     /// counted too).
     pub fn request(
@@ -58,26 +248,30 @@ impl RelistQueue {
         cause: Option<SpanContext>,
         container: Option<&str>,
     ) -> bool {
-        if self.closed.load(Ordering::SeqCst) {
-            self.metrics.count_request(RequestResult::Dropped, source);
-            return false;
-        }
-        let msg = RequestRelist {
+        self.push(RequestRelist {
             uid: uid.to_string(),
             source,
             enqueued_at: Instant::now(),
             cause,
             prefetch: container.map(String::from).into_iter().collect(),
-        };
-        match self.requests.try_send(msg) {
-            Ok(()) => {
-                self.metrics.count_request(RequestResult::Queued, source);
-                self.metrics.queue_depth.inc();
+        })
+    }
+
+    /// Enqueues a request as it is (tests: one stamped in the past).
+    pub(crate) fn push(&self, req: RequestRelist) -> bool {
+        if self.closed.load(Ordering::SeqCst) || !self.wake.connected() {
+            self.metrics
+                .count_request(RequestResult::Dropped, req.source);
+            return false;
+        }
+        match self.inbox.push(req, &self.metrics) {
+            Err(()) => false,
+            Ok(false) => true,
+            Ok(true) => {
+                if self.wake.try_send(Wake).is_err() {
+                    self.inbox.wake_failed();
+                }
                 true
-            }
-            Err(_) => {
-                self.metrics.count_request(RequestResult::Dropped, source);
-                false
             }
         }
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use opentelemetry::trace::SpanContext;
 use plegd_telemetry::{Metrics, RequestResult};
 
+use super::priority::GlobalPriority;
 use super::queue::RelistQueue;
 use crate::event::RelistSource;
 use crate::sync::HeldPods;
@@ -43,6 +44,11 @@ impl RelistRouter {
             return true;
         }
         self.queue.request(uid, source, cause, container)
+    }
+
+    /// Whether the global relist goes first now: hint sources wait for it.
+    pub fn priority(&self) -> &GlobalPriority {
+        self.queue.priority()
     }
 
     /// Asks for the next global relist now (honoured at most once per period).

@@ -11,9 +11,9 @@ use plegd_telemetry::{Metrics, RelistSource, RequestResult};
 use super::gate::{SyncError, SyncOutcome};
 use super::registry::{SyncGateRegistry, SyncGates};
 use super::HeldPods;
-use crate::mock::{Recorded, Recorder, RecorderConfig};
-use crate::relist::dispatcher::{BringForward, RequestRelist};
-use crate::relist::queue::RelistQueue;
+use crate::mock::{recording_queue, Recorded, Recorder, RecorderConfig};
+use crate::relist::dispatcher::BringForward;
+use crate::relist::queue::RequestRelist;
 use crate::relist::router::RelistRouter;
 use crate::testing::wait_until;
 
@@ -27,13 +27,8 @@ struct Gates {
 
 fn gates(queue: RecorderConfig, idle: Duration) -> Gates {
     let metrics = Arc::new(Metrics::new());
-    let (requests_addr, requests) = Recorder::<RequestRelist>::start(queue);
     let (soon_addr, _) = Recorder::<BringForward>::start(RecorderConfig::default());
-    let queue = RelistQueue::new(
-        requests_addr.recipient(),
-        soon_addr.recipient(),
-        metrics.clone(),
-    );
+    let (queue, requests) = recording_queue(queue, soon_addr.recipient(), metrics.clone());
     let held = HeldPods::default();
     let registry =
         SyncGateRegistry::new(queue.clone(), held.clone(), metrics.clone(), idle).start();
@@ -148,52 +143,41 @@ async fn idle_gates_stop_and_are_forgotten() {
 
 #[actix_rt::test]
 async fn a_release_into_a_full_queue_is_dropped_and_counted_and_the_pod_is_released() {
-    // The dispatcher is busy: its mailbox of capacity 1 takes one message per sender.
+    // The dispatcher is busy: its queue holds two pods, and one is there already.
     let g = gates(
         RecorderConfig {
-            capacity: Some(1),
+            capacity: Some(2),
             stalled: true,
             ..RecorderConfig::default()
         },
         Duration::from_secs(60),
     );
-    let mut accepted = 0;
-    while g
+    assert!(g
         .router
-        .request("filler", RelistSource::EventedPleg, None, None)
-    {
-        accepted += 1;
-        assert!(accepted < 100, "the queue never filled");
-    }
-    // Each sender handle may put one message beyond the capacity (actix's real
-    // bound): the gate's own handle takes its first release, later ones are dropped.
-    let dropped = || {
-        g.metrics
-            .requests(RequestResult::Dropped, RelistSource::PostSync)
-    };
-    let mut rounds = 0;
-    while dropped() == 0 {
+        .request("filler", RelistSource::EventedPleg, None, None));
+    // The first release takes the last place; the next is merged into it.
+    for _ in 0..2 {
         let hold = g.gates.begin_sync("u1").await.unwrap();
         hold.end(SyncOutcome::Success);
-        // Never left held, whatever the queue did.
         wait_until("released", || !g.held.contains("u1")).await;
-        rounds += 1;
-        assert!(rounds < 10, "no release was ever dropped");
     }
-    let queued = g
-        .metrics
-        .requests(RequestResult::Queued, RelistSource::PostSync) as usize;
-    assert_eq!(queued + 1, rounds, "one release dropped, the others queued");
+    let count = |r| g.metrics.requests(r, RelistSource::PostSync);
+    assert_eq!(count(RequestResult::Queued), 2);
+    assert_eq!(count(RequestResult::Merged), 1);
+    // The queue is full: another pod's release is dropped, and the pod released
+    // all the same.
+    let hold = g.gates.begin_sync("u2").await.unwrap();
+    hold.end(SyncOutcome::Success);
+    // Never left held, whatever the queue did.
+    wait_until("released", || !g.held.contains("u2")).await;
+    assert_eq!(count(RequestResult::Dropped), 1);
     g.requests.release();
-    wait_until("the queue drained", || {
-        g.requests.len() == accepted + queued
-    })
-    .await;
+    wait_until("the queue drained", || g.requests.len() == 2).await;
     assert_eq!(
-        sources(&g.requests)
-            .iter()
-            .filter(|(uid, _)| uid == "u1")
-            .count(),
-        queued
+        sources(&g.requests),
+        [
+            ("filler".to_string(), RelistSource::EventedPleg),
+            ("u1".to_string(), RelistSource::PostSync)
+        ]
     );
 }

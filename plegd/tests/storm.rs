@@ -1,0 +1,155 @@
+//! The KEP's priority rule through the real binary: `plegd run` against the simulated
+//! runtime while several threads inject CRI stop events as fast as they can (for the
+//! node's pods and for pods that do not exist) and every container exits. Global
+//! relists go on (README "Relist scheduling": a due global relist waits for one round
+//! of targeted reads at most), and each exit is written to stdout exactly once.
+//! Prints the global relist's interval and what became of the requests.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use integration_tests::process::{
+    command, free_port, http_get, signal, wait_exit, wait_until, Reaped,
+};
+use integration_tests::soak::metric_sum;
+use plegd_runtime::cri;
+use plegd_sim::{spawn_in_thread, FakeRuntime};
+
+const PODS: usize = 20;
+const THREADS: usize = 3;
+
+fn metric(port: u16, name: &str, labels: &str) -> u64 {
+    http_get(port, "/metrics")
+        .and_then(|(_, body)| metric_sum(&body, name, labels))
+        .unwrap_or(0)
+}
+
+fn stop_event(uid: &str) -> cri::ContainerEventResponse {
+    cri::ContainerEventResponse {
+        container_id: format!("c-{uid}"),
+        container_event_type: cri::ContainerEventType::ContainerStoppedEvent as i32,
+        created_at: plegd_runtime::now_ns(),
+        pod_sandbox_status: Some(cri::PodSandboxStatus {
+            id: format!("sb-{uid}"),
+            metadata: Some(cri::PodSandboxMetadata {
+                uid: uid.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        containers_statuses: vec![],
+    }
+}
+
+#[test]
+fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = FakeRuntime::new();
+    let containers: Vec<String> = (0..PODS)
+        .map(|i| {
+            let sb = sim.run_pod(&format!("u{i}"), "p", "ns");
+            sim.run_container(&sb, "app")
+        })
+        .collect();
+    let server = spawn_in_thread(&dir.path().join("cri.sock"), sim.clone()).unwrap();
+    let port = free_port();
+    let mut child = command(env!("CARGO_BIN_EXE_plegd"))
+        .args(["run", "--runtime-endpoint", &server.endpoint()])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(["--relist-period", "100ms", "--hint-sources", "cri-events"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Every ContainerDied line, counted by container.
+    let died: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let stdout = child.stdout.take().unwrap();
+    let reader = {
+        let died = died.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if v["type"] == "ContainerDied" {
+                    let id = v["container_id"].as_str().unwrap_or_default().to_string();
+                    *died.lock().unwrap().entry(id).or_default() += 1;
+                }
+            }
+        })
+    };
+    let plegd = Reaped(child);
+    let relists = || metric(port, "kubelet_pleg_relist_duration_seconds_count", "");
+    wait_until("plegd relists", || relists() >= 2);
+    wait_until("the event stream is open", || sim.event_streams() >= 1);
+
+    let storming = Arc::new(AtomicBool::new(true));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (sim, storming) = (sim.clone(), storming.clone());
+            std::thread::spawn(move || {
+                let mut sent = 0usize;
+                while storming.load(Ordering::Relaxed) {
+                    let n = sent * THREADS + t;
+                    let uid = match n % 3 {
+                        0 => format!("u{}", n % PODS),
+                        _ => format!("storm-{}", n % 1000),
+                    };
+                    sim.inject_event(stop_event(&uid));
+                    sent += 1;
+                }
+                sent
+            })
+        })
+        .collect();
+    wait_until("the storm reaches plegd", || {
+        metric(port, "plegd_relist_requests_total", "result=\"queued\"") > 10_000
+    });
+    let (before, sum_before) = (
+        relists(),
+        metric(port, "kubelet_pleg_relist_interval_seconds_count", ""),
+    );
+    for c in &containers {
+        sim.exit_container(c, 1);
+    }
+    wait_until("global relists go on through the storm", || {
+        relists() >= before + 30
+    });
+    wait_until("every exit written", || died.lock().unwrap().len() == PODS);
+    let intervals = metric(port, "kubelet_pleg_relist_interval_seconds_count", "") - sum_before;
+    let body = http_get(port, "/metrics")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    storming.store(false, Ordering::Relaxed);
+    let sent: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let result = |r: &str| {
+        metric_sum(
+            &body,
+            "plegd_relist_requests_total",
+            &format!("result=\"{r}\""),
+        )
+        .unwrap_or(0)
+    };
+    println!(
+        "storm: {sent} stop events injected; requests queued {}, merged {}, dropped {}, \
+         done {}, skipped {}; {intervals} global relist intervals observed",
+        result("queued"),
+        result("merged"),
+        result("dropped"),
+        result("done"),
+        result("skipped"),
+    );
+    let mut plegd = plegd;
+    signal(&plegd.0, "TERM");
+    let (status, _) = wait_exit(&mut plegd.0);
+    assert!(status.success(), "{status:?}");
+    let _ = reader.join();
+    let died = died.lock().unwrap();
+    for c in &containers {
+        assert_eq!(died.get(c), Some(&1), "{c}: one ContainerDied");
+    }
+}
