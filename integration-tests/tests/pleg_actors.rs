@@ -289,11 +289,12 @@ async fn a_full_queue_drops_requests_and_the_global_relist_still_converges() {
     );
     let sub = p.subscribe("t", 1024).await.unwrap();
     expect_event(&sub, EventKind::ContainerStarted, &c).await;
-    // Slow targeted relists; the mailbox fills while one runs.
+    // Slow targeted relists; the queue (4 pods) fills while one runs. The burst
+    // does not yield: the dispatcher takes nothing meanwhile.
     rt.set_latency(Op::ListContainers, Duration::from_millis(50));
     let mut accepted = 0;
-    for _ in 0..100 {
-        if p.request_relist("u1", RelistSource::EventedPleg) {
+    for i in 0..100 {
+        if p.request_relist(&format!("x{i}"), RelistSource::EventedPleg) {
             accepted += 1;
         }
     }
@@ -301,9 +302,7 @@ async fn a_full_queue_drops_requests_and_the_global_relist_still_converges() {
         .metrics()
         .requests(RequestResult::Dropped, RelistSource::EventedPleg);
     assert_eq!(accepted + dropped, 100);
-    // actix's real bound: capacity - 1 + one slot per sender handle.
-    assert!(accepted <= 4 + 2, "accepted {accepted}");
-    assert!(dropped >= 94);
+    assert_eq!(accepted, 4);
     rt.exit_container(&c, 1);
     expect_event(&sub, EventKind::ContainerDied, &c).await;
 }
