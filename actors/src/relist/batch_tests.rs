@@ -199,31 +199,6 @@ async fn batch_at_the_gate(
     (pods, gated, b)
 }
 
-/// `n` pods u0.. with one running container each: (uid, sandbox, container).
-fn pods_with_a_container(rt: &FakeRuntime, n: usize) -> Vec<(String, String, String)> {
-    (0..n)
-        .map(|i| {
-            let uid = format!("u{i}");
-            let sb = rt.run_pod(&uid, "p", "ns");
-            let c = rt.run_container(&sb, "app");
-            (uid, sb, c)
-        })
-        .collect()
-}
-
-/// Every ContainerDied published so far: container id → the sources that found it.
-fn deaths(b: &Bench) -> std::collections::HashMap<String, Vec<RelistSource>> {
-    let mut out: std::collections::HashMap<String, Vec<RelistSource>> = Default::default();
-    for p in b.published.all() {
-        for e in p.0 {
-            if e.kind == EventKind::ContainerDied {
-                out.entry(e.container_id).or_default().push(e.relist_source);
-            }
-        }
-    }
-    out
-}
-
 impl Bench {
     /// Sends `uids` in chunks that each fill the mailbox (`capacity` - 1 messages from
     /// one sender), waiting after each for the dispatcher to take them off. Panics if

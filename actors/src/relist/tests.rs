@@ -420,13 +420,7 @@ async fn an_unthrottled_storm_from_several_threads_leaves_global_relists_on_sche
     const THREADS: usize = 3;
     const GLOBAL_RELISTS: u64 = 20;
     let rt = FakeRuntime::new();
-    let pods: Vec<(String, String)> = (0..PODS)
-        .map(|i| {
-            let uid = format!("u{i}");
-            let sb = rt.run_pod(&uid, "p", "ns");
-            (uid, rt.run_container(&sb, "app"))
-        })
-        .collect();
+    let pods = pods_with_a_container(&rt, PODS);
     let b = start(
         &rt,
         Setup {
@@ -457,14 +451,14 @@ async fn an_unthrottled_storm_from_several_threads_leaves_global_relists_on_sche
         .collect();
     let cache_before = b.cache.len();
     let before = b.global_relists();
-    for (_, c) in &pods {
+    for (_, _, c) in &pods {
         rt.exit_container(c, 1);
     }
     wait_until("global relists go on through the storm", || {
         b.global_relists() >= before + GLOBAL_RELISTS
     })
     .await;
-    wait_until("every death published", || died(&b).len() == PODS).await;
+    wait_until("every death published", || deaths(&b).len() == PODS).await;
     storming.store(false, std::sync::atomic::Ordering::Relaxed);
     let sent: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
     wait_until("the storm settled", || {
@@ -499,22 +493,34 @@ async fn an_unthrottled_storm_from_several_threads_leaves_global_relists_on_sche
         at(0.99),
         at(1.0),
     );
-    let died = died(&b);
-    for (_, c) in &pods {
-        assert_eq!(died.get(c), Some(&1), "{c} published once");
+    let deaths = deaths(&b);
+    for (_, _, c) in &pods {
+        assert_eq!(deaths[c].len(), 1, "{c} published once");
     }
     // Generous (the bound is one round of reads; a busy CI machine adds its own):
     // before the queue kept requests out of the mailbox, the mean was 17 periods.
     assert!(mean < 250.0, "mean interval {mean} ms for a 50 ms period");
 }
 
-/// Each container's ContainerDied events published so far, counted.
-fn died(b: &Bench) -> std::collections::HashMap<String, usize> {
-    let mut out = std::collections::HashMap::new();
+/// `n` pods u0.. with one running container each: (uid, sandbox, container).
+pub(super) fn pods_with_a_container(rt: &FakeRuntime, n: usize) -> Vec<(String, String, String)> {
+    (0..n)
+        .map(|i| {
+            let uid = format!("u{i}");
+            let sb = rt.run_pod(&uid, "p", "ns");
+            let c = rt.run_container(&sb, "app");
+            (uid, sb, c)
+        })
+        .collect()
+}
+
+/// Every ContainerDied published so far: container id → the sources that found it.
+pub(super) fn deaths(b: &Bench) -> std::collections::HashMap<String, Vec<RelistSource>> {
+    let mut out: std::collections::HashMap<String, Vec<RelistSource>> = Default::default();
     for p in b.published.all() {
         for e in p.0 {
             if e.kind == EventKind::ContainerDied {
-                *out.entry(e.container_id).or_default() += 1;
+                out.entry(e.container_id).or_default().push(e.relist_source);
             }
         }
     }
@@ -686,12 +692,9 @@ async fn each_relist_numbers_its_events_and_applies_the_last_revision_with_the_c
 async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
     const PODS: usize = 20;
     let rt = FakeRuntime::new();
-    let containers: Vec<(String, String)> = (0..PODS)
-        .map(|i| {
-            let uid = format!("u{i}");
-            let sb = rt.run_pod(&uid, "p", "ns");
-            (uid, rt.run_container(&sb, "app"))
-        })
+    let containers: Vec<(String, String)> = pods_with_a_container(&rt, PODS)
+        .into_iter()
+        .map(|(uid, _, c)| (uid, c))
         .collect();
     let b = start(&rt, Setup::default());
     wait_until("first global relist", || b.global_relists() == 1).await;
