@@ -3,7 +3,8 @@
 //! node's pods and for pods that do not exist) and every container exits. Global
 //! relists go on (README "Relist scheduling": a due global relist waits for one round
 //! of targeted reads at most), health answers, the event stream reconnects after a
-//! failure, and each exit is written to stdout exactly once.
+//! runtime restart, and each exit is written to stdout and exported over OTLP
+//! exactly once.
 //! Prints the global relist's interval and what became of the requests.
 
 use std::collections::HashMap;
@@ -12,6 +13,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use integration_tests::otlp::LogsReceiver;
 use integration_tests::process::{
     command, free_port, http_get, signal, wait_exit, wait_until, Reaped,
 };
@@ -58,10 +60,13 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
     let socket = dir.path().join("cri.sock");
     let server = spawn_in_thread(&socket, sim.clone()).unwrap();
     let port = free_port();
+    let collector = LogsReceiver::default();
+    let otlp = collector.start();
     let mut child = command(env!("CARGO_BIN_EXE_plegd"))
         .args(["run", "--runtime-endpoint", &server.endpoint()])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .args(["--relist-period", "100ms", "--hint-sources", "cri-events"])
+        .args(["--otlp-events", "--otlp-events-endpoint", &otlp])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -136,6 +141,15 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
         relists() >= before + 30
     });
     wait_until("every exit written", || died.lock().unwrap().len() == PODS);
+    // The OTLP export runs on its own thread and queue: the storm does not hold it.
+    wait_until("every exit exported over OTLP during the storm", || {
+        collector
+            .logs()
+            .iter()
+            .filter(|l| l.record.event_name == "plegd.container.died")
+            .count()
+            == PODS
+    });
     let intervals = metric(port, "kubelet_pleg_relist_interval_seconds_count", "") - sum_before;
     let body = http_get(port, "/metrics")
         .map(|(_, b)| b)
@@ -164,6 +178,13 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
     let (status, _) = wait_exit(&mut plegd.0);
     assert!(status.success(), "{status:?}");
     let _ = reader.join();
+    // Shutdown drains the export: every record is there, none twice.
+    let exported = collector
+        .logs()
+        .iter()
+        .filter(|l| l.record.event_name == "plegd.container.died")
+        .count();
+    assert_eq!(exported, PODS, "one exported ContainerDied per exit");
     let died = died.lock().unwrap();
     for c in &containers {
         assert_eq!(died.get(c), Some(&1), "{c}: one ContainerDied");
