@@ -3,14 +3,15 @@
 //! node's pods and for pods that do not exist) and every container exits. Global
 //! relists go on (README "Relist scheduling": a due global relist waits for one round
 //! of targeted reads at most), health answers, the event stream reconnects after a
-//! runtime restart, and each exit is written to stdout and exported over OTLP
+//! runtime restart, the memory trim and a quiet watcher's bookmarks keep their
+//! periods, and each exit is written to stdout and exported over OTLP
 //! exactly once.
 //! Prints the global relist's interval and what became of the requests.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use integration_tests::otlp::LogsReceiver;
@@ -62,13 +63,18 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
     let port = free_port();
     let collector = LogsReceiver::default();
     let otlp = collector.start();
+    let api = dir.path().join("api.sock");
+    let log = dir.path().join("plegd.log");
     let mut child = command(env!("CARGO_BIN_EXE_plegd"))
         .args(["run", "--runtime-endpoint", &server.endpoint()])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .args(["--relist-period", "100ms", "--hint-sources", "cri-events"])
         .args(["--otlp-events", "--otlp-events-endpoint", &otlp])
+        .args(["--memory-trim-period", "200ms", "--api-socket"])
+        .arg(&api)
+        .env("RUST_LOG", "plegd::malloc=debug")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     // Every ContainerDied line, counted by container.
@@ -93,6 +99,13 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
     let relists = || metric(port, "kubelet_pleg_relist_duration_seconds_count", "");
     wait_until("plegd relists", || relists() >= 2);
     wait_until("the event stream is open", || sim.event_streams() >= 1);
+    let bookmarks = idle_bookmarks(&api);
+    let trims = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("malloc_trim")
+            .count()
+    };
 
     let storming = Arc::new(AtomicBool::new(true));
     let threads: Vec<_> = (0..THREADS)
@@ -120,10 +133,14 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
         relists(),
         metric(port, "kubelet_pleg_relist_interval_seconds_count", ""),
     );
-    // The other duties on plegd's actor thread go on too: health answers, and the
-    // event stream is reconnected on its backoff after the runtime restarts
-    // mid-storm. (A restart, not the simulator's injected stream failure: a reader
-    // that lags its broadcast buffer can miss that one.)
+    // The other periodic duties go on too: the memory trim, a quiet watcher's
+    // bookmarks (each second), health; and the event stream is reconnected on its
+    // backoff after the runtime restarts mid-storm. (A restart, not the simulator's
+    // injected stream failure: a reader that lags its broadcast buffer can miss that.)
+    let (trimmed, bookmarked) = (trims(), bookmarks.load(Ordering::SeqCst));
+    wait_until("memory trims and bookmarks go on through the storm", || {
+        trims() >= trimmed + 3 && bookmarks.load(Ordering::SeqCst) >= bookmarked + 2
+    });
     assert_eq!(http_get(port, "/healthz").map(|(code, _)| code), Some(200));
     assert_eq!(http_get(port, "/readyz").map(|(code, _)| code), Some(200));
     let attempts = metric(port, "plegd_evented_reconnect_attempts_total", "");
@@ -189,4 +206,35 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
     for c in &containers {
         assert_eq!(died.get(c), Some(&1), "{c}: one ContainerDied");
     }
+}
+
+/// Counts the idle bookmarks a watcher of a pod that never exists receives (one per
+/// second), on a thread of its own.
+fn idle_bookmarks(api: &std::path::Path) -> Arc<AtomicUsize> {
+    use plegd_api::v1::watch_response::Kind;
+    let count = Arc::new(AtomicUsize::new(0));
+    let (api, counted) = (api.to_path_buf(), count.clone());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut client = plegd_api::connect(&api).await.unwrap();
+            let req = plegd_api::v1::WatchRequest {
+                pod_uids: vec!["nobody".into()],
+                bookmark_interval_seconds: 1,
+                ..Default::default()
+            };
+            let mut stream = client.watch(req).await.unwrap().into_inner();
+            while let Ok(Some(resp)) = stream.message().await {
+                if let Some(Kind::Bookmark(b)) = resp.kind {
+                    if !b.initial_events_end {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        });
+    });
+    count
 }
