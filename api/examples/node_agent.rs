@@ -92,8 +92,7 @@ async fn watch_forever(socket: &std::path::Path) -> Result<(), Box<dyn std::erro
 }
 
 /// One Watch stream, moving `resume` forward with every event and bookmark. Ends
-/// (Ok) after a gap (`missed`): the caller resumes from before it, and plegd's
-/// history fills it in.
+/// (Ok) at a Gap: the caller resumes from before it, and plegd's history fills it in.
 async fn watch_once(
     socket: &std::path::Path,
     resume: &mut Option<ResumePoint>,
@@ -118,12 +117,17 @@ async fn watch_once(
     while let Some(msg) = stream.message().await? {
         match msg.kind {
             Some(Kind::Hello(h)) => instance_id = h.instance_id,
+            Some(Kind::Gap(g)) => {
+                // Resume from the last revision before the loss: the replay sends
+                // exactly the lost deaths.
+                println!("lost events after revision {}; resuming", g.after_revision);
+                *resume = Some(ResumePoint {
+                    instance_id: instance_id.clone(),
+                    revision: g.after_revision,
+                });
+                return Ok(());
+            }
             Some(Kind::Event(e)) => {
-                if e.missed > 0 {
-                    // Resume from the last revision before the gap.
-                    println!("missed {} events; resuming", e.missed);
-                    return Ok(());
-                }
                 if e.sandbox {
                     continue; // the pod's sandbox: not a container of the pod's spec
                 }

@@ -128,6 +128,7 @@ impl v1::plegd_server::Plegd for PlegdService {
             pod: Some(convert::pod(&req.pod_uid, &pod)),
             removed_at_unix_nano: removed_at,
             hint_sources: convert::hint_sources(&self.ctx.pleg),
+            ..Default::default()
         }))
     }
 
@@ -162,7 +163,17 @@ impl v1::plegd_server::Plegd for PlegdService {
             }
         };
         let queued = self.ctx.pleg.request_relist(&req.pod_uid, source);
-        Ok(Response::new(v1::RequestRelistResponse { queued }))
+        Ok(Response::new(v1::RequestRelistResponse {
+            queued,
+            ..Default::default()
+        }))
+    }
+
+    async fn list_clients(
+        &self,
+        _: Request<v1::ListClientsRequest>,
+    ) -> Result<Response<v1::ListClientsResponse>, Status> {
+        Err(Status::unimplemented("ListClients is not served yet"))
     }
 }
 

@@ -38,10 +38,8 @@ pub async fn open(
     };
     let uid = match first.and_then(|m| m.kind) {
         Some(v1::sync_request::Kind::Begin(b)) => b.pod_uid,
-        Some(v1::sync_request::Kind::End(_)) => {
-            return Err(Status::invalid_argument(
-                "the first message must be begin, not end",
-            ))
+        Some(v1::sync_request::Kind::End(_) | v1::sync_request::Kind::Renew(_)) => {
+            return Err(Status::invalid_argument("the first message must be begin"))
         }
         None => return Err(Status::invalid_argument("the first message must be begin")),
     };
@@ -57,6 +55,7 @@ pub async fn open(
         kind: Some(v1::sync_response::Kind::Held(v1::SyncHeld {
             instance_id: pleg.instance_id().to_string(),
             node_name: node_name.to_string(),
+            ..Default::default()
         })),
     };
     // Room for two: cannot fail on a fresh channel.
@@ -101,6 +100,8 @@ async fn hold_until_end(
 
 fn released() -> v1::SyncResponse {
     v1::SyncResponse {
-        kind: Some(v1::sync_response::Kind::Released(v1::SyncReleased {})),
+        kind: Some(v1::sync_response::Kind::Released(
+            v1::SyncReleased::default(),
+        )),
     }
 }

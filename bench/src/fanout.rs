@@ -192,7 +192,7 @@ async fn stream(mut client: PlegdClient<Channel>, shared: &Shared) -> Result<()>
                     }
                 }
             }
-            Some(Kind::Bookmark(_)) | None => {}
+            Some(Kind::Bookmark(_) | Kind::Gap(_)) | None => {}
         }
     }
     Ok(())

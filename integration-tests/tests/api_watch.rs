@@ -205,6 +205,7 @@ async fn every_watcher_gets_every_event_its_filters_select_with_the_same_revisio
             Kind::Event(e) => pods.push(e.pod_uid),
             Kind::Bookmark(_) => break,
             Kind::Hello(_) => panic!("a second Hello"),
+            Kind::Gap(g) => panic!("a gap in the initial events: {g:?}"),
         }
     }
     assert!(
@@ -284,6 +285,7 @@ async fn initial_events_then_live_events_have_no_gap_and_no_duplicate_under_raci
                     break b.revision;
                 }
                 Kind::Hello(_) => panic!("a second Hello"),
+                Kind::Gap(g) => panic!("a gap in the initial events: {g:?}"),
             }
         };
         runs.push((w, snapshot, bookmark));

@@ -81,6 +81,15 @@ struct JsonBookmark {
     initial_events_end: bool,
 }
 
+#[derive(Serialize)]
+struct JsonGap {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    after_revision: u64,
+    through_revision: u64,
+    dropped: u64,
+}
+
 pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
     let socket = args.socket.api_socket.clone();
     let mut term =
@@ -172,6 +181,22 @@ fn show(msg: v1::WatchResponse, format: Format) -> Result<(), ExitError> {
                 b.revision
             )),
             Format::Text => Ok(()),
+        },
+        Some(Kind::Gap(g)) => match format {
+            Format::Json => {
+                let line = serde_json::to_string(&JsonGap {
+                    kind: "Gap",
+                    after_revision: g.after_revision,
+                    through_revision: g.through_revision,
+                    dropped: g.dropped,
+                })
+                .map_err(ExitError::runtime("encoding a gap"))?;
+                print_line(&line)
+            }
+            Format::Text => print_line(&format!(
+                "--- events lost after revision {} through {} ({} dropped); watch again with --since {} ---",
+                g.after_revision, g.through_revision, g.dropped, g.after_revision
+            )),
         },
         None => Ok(()),
     }
