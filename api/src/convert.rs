@@ -7,7 +7,7 @@ use plegd_actors::{
     CachedPod, EventKind, Exit, HintSourceName, LifecycleEvent, Pleg, RelistSource,
 };
 use plegd_protocol::v1;
-use plegd_runtime::{ContainerState, ContainerStatus, PodRef, Sandbox, SandboxState};
+use plegd_runtime::{ContainerState, ContainerStatus, PodRef, Sandbox};
 
 /// Nanoseconds since the Unix epoch (negative before it; saturating).
 pub fn unix_nanos(t: SystemTime) -> i64 {
@@ -241,14 +241,39 @@ pub fn pod_labels(pod: &CachedPod) -> std::collections::BTreeMap<String, String>
         .unwrap_or_default()
 }
 
-/// A cached pod as ListPods and GetPodStatus send it (None: never read successfully).
+/// A cached pod as ListPods and GetPodStatus send it (None: never read successfully),
+/// each sandbox and container as the events up to the cache's revision left it
+/// ([`container_as_of`]): the status in the cache may be ahead of them (read after
+/// the list the events came from), and a client that lists, then watches from the
+/// list's revision, must see each transition once.
 pub fn pod(uid: &str, cached: &CachedPod) -> v1::Pod {
     let (pod_ref, sandboxes, containers) = match &cached.status {
-        Some(s) => (
-            s.pod.clone(),
-            s.sandboxes.iter().map(sandbox).collect(),
-            s.containers.iter().map(container).collect(),
-        ),
+        Some(s) => {
+            let sandboxes = s
+                .sandboxes
+                .iter()
+                .map(|sb| sandbox(sb, cached.reported.get(&sb.id).copied()))
+                .collect();
+            let mut containers: Vec<v1::Container> = s
+                .containers
+                .iter()
+                .map(|c| container(c, cached.reported.get(&c.id).copied()))
+                .collect();
+            // Reported by the events but not found by the read that followed their
+            // list (removed in between): the events' state, and the ID.
+            for (id, kind) in &cached.reported {
+                let read = s.sandboxes.iter().any(|sb| sb.id == *id)
+                    || s.containers.iter().any(|c| c.id == *id);
+                if let (false, Some(state)) = (read, reported_state(*kind)) {
+                    containers.push(v1::Container {
+                        container_id: id.clone(),
+                        state: state.into(),
+                        ..v1::Container::default()
+                    });
+                }
+            }
+            (s.pod.clone(), sandboxes, containers)
+        }
         None => (
             PodRef {
                 uid: uid.to_string(),
@@ -271,35 +296,92 @@ pub fn pod(uid: &str, cached: &CachedPod) -> v1::Pod {
     }
 }
 
-fn sandbox(sb: &Sandbox) -> v1::Sandbox {
+/// The state the last Started or Died event of a container says.
+fn reported_state(kind: EventKind) -> Option<v1::ContainerState> {
+    match kind {
+        EventKind::ContainerStarted => Some(v1::ContainerState::ContainerRunning),
+        EventKind::ContainerDied => Some(v1::ContainerState::ContainerExited),
+        _ => None,
+    }
+}
+
+/// What of a container's read a list at the cache's revision shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsOf {
+    pub state: v1::ContainerState,
+    /// The read's `started_at` may be shown (the state shown is past the start).
+    pub started: bool,
+    /// The read's exit (`finished_at`, exit code, reason, message) may be shown.
+    pub exit: bool,
+}
+
+/// A container's state at the cache's revision, from the state its last read found
+/// and what the events up to that revision last said of it (`reported`):
+/// - `ContainerStarted`: RUNNING, without an exit the read saw (its `ContainerDied`
+///   has a later revision); UNKNOWN when the read found it created or unknown
+///   (an unknown state is never published: a later start is).
+/// - `ContainerDied`: EXITED, with the exit when the read saw it exited.
+/// - nothing (the relist's lists saw it created or unknown, which no event tells):
+///   the read's CREATED or UNKNOWN; CREATED when the read already saw it running or
+///   exited (the events telling it come at a later revision).
+pub fn container_as_of(read: ContainerState, reported: Option<EventKind>) -> AsOf {
+    use v1::ContainerState as S;
+    let read_state = container_state(read);
+    let (state, started, exit) = match reported.and_then(reported_state) {
+        Some(S::ContainerRunning) => match read {
+            ContainerState::Running | ContainerState::Exited => (S::ContainerRunning, true, false),
+            ContainerState::Created | ContainerState::Unknown => (read_state, true, false),
+        },
+        Some(_) => (S::ContainerExited, true, read == ContainerState::Exited),
+        None => match read {
+            ContainerState::Created | ContainerState::Unknown => (read_state, true, true),
+            ContainerState::Running | ContainerState::Exited => (S::ContainerCreated, false, false),
+        },
+    };
+    AsOf {
+        state,
+        started,
+        exit,
+    }
+}
+
+/// A sandbox's state at the cache's revision: READY after its `ContainerStarted`,
+/// NOT_READY after its `ContainerDied`, else UNKNOWN (its list said unknown, which no
+/// event tells; a read that saw more is ahead of the events).
+fn sandbox_state_as_of(reported: Option<EventKind>) -> v1::SandboxState {
+    match reported {
+        Some(EventKind::ContainerStarted) => v1::SandboxState::SandboxReady,
+        Some(EventKind::ContainerDied) => v1::SandboxState::SandboxNotReady,
+        _ => v1::SandboxState::SandboxUnknown,
+    }
+}
+
+fn sandbox(sb: &Sandbox, reported: Option<EventKind>) -> v1::Sandbox {
     v1::Sandbox {
         sandbox_id: sb.id.clone(),
         attempt: sb.attempt,
-        state: match sb.state {
-            SandboxState::Ready => v1::SandboxState::SandboxReady,
-            SandboxState::NotReady => v1::SandboxState::SandboxNotReady,
-            SandboxState::Unknown => v1::SandboxState::SandboxUnknown,
-        }
-        .into(),
+        state: sandbox_state_as_of(reported).into(),
         created_at_unix_nano: sb.created_at,
     }
 }
 
-fn container(c: &ContainerStatus) -> v1::Container {
-    let exited = c.state == ContainerState::Exited;
+fn container(c: &ContainerStatus, reported: Option<EventKind>) -> v1::Container {
+    let as_of = container_as_of(c.state, reported);
+    let exited = as_of.state == v1::ContainerState::ContainerExited && as_of.exit;
+    let exit_detail = |s: &str| if as_of.exit { non_empty(s) } else { None };
     v1::Container {
         container_id: c.id.clone(),
         sandbox_id: c.sandbox_id.clone(),
         container_name: c.name.clone(),
         attempt: c.attempt,
-        state: container_state(c.state).into(),
+        state: as_of.state.into(),
         image: non_empty(&c.image),
         created_at_unix_nano: cri_time(c.created_at),
-        started_at_unix_nano: cri_time(c.started_at),
-        finished_at_unix_nano: cri_time(c.finished_at),
+        started_at_unix_nano: cri_time(c.started_at).filter(|_| as_of.started),
+        finished_at_unix_nano: cri_time(c.finished_at).filter(|_| as_of.exit),
         exit_code: exited.then_some(c.exit_code),
-        reason: non_empty(&c.reason),
-        message: non_empty(&c.message),
+        reason: exit_detail(&c.reason),
+        message: exit_detail(&c.message),
     }
 }
 
@@ -365,5 +447,135 @@ mod tests {
         let mut bad = event(&e, 1, 0);
         bad.r#type = 99;
         assert_eq!(received(&bad), Err(BadEvent::Type(9)));
+    }
+
+    #[test]
+    fn a_container_shows_the_state_the_events_up_to_the_revision_say() {
+        use v1::ContainerState as S;
+        use ContainerState::*;
+        use EventKind::{ContainerDied as Died, ContainerStarted as Started};
+        let cases = [
+            // (read, reported) → (state, started_at shown, exit shown)
+            ((Running, Some(Started)), (S::ContainerRunning, true, false)),
+            // The read saw the exit; its ContainerDied comes at a later revision.
+            ((Exited, Some(Started)), (S::ContainerRunning, true, false)),
+            ((Unknown, Some(Started)), (S::ContainerUnknown, true, false)),
+            ((Exited, Some(Died)), (S::ContainerExited, true, true)),
+            // A read behind the events: no exit to show.
+            ((Running, Some(Died)), (S::ContainerExited, true, false)),
+            ((Created, None), (S::ContainerCreated, true, true)),
+            ((Unknown, None), (S::ContainerUnknown, true, true)),
+            // Listed created, read running or exited: the start is not told yet.
+            ((Running, None), (S::ContainerCreated, false, false)),
+            ((Exited, None), (S::ContainerCreated, false, false)),
+        ];
+        for ((read, reported), (state, started, exit)) in cases {
+            assert_eq!(
+                container_as_of(read, reported),
+                AsOf {
+                    state,
+                    started,
+                    exit
+                },
+                "{read:?} reported {reported:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_listed_pod_hides_what_its_read_saw_beyond_the_events() {
+        use plegd_actors::{IdMap, PodStatus};
+        use plegd_runtime::SandboxState;
+        let pod_ref = PodRef {
+            uid: "u".into(),
+            name: "n".into(),
+            namespace: "ns".into(),
+        };
+        let c = |id: &str, state, exit_code| ContainerStatus {
+            id: id.into(),
+            sandbox_id: "s".into(),
+            name: format!("name-{id}"),
+            attempt: 0,
+            state,
+            created_at: 1,
+            started_at: 2,
+            finished_at: if state == ContainerState::Exited {
+                3
+            } else {
+                0
+            },
+            exit_code,
+            reason: if state == ContainerState::Exited {
+                "Error".into()
+            } else {
+                String::new()
+            },
+            message: String::new(),
+            image: "img".into(),
+        };
+        let cached = CachedPod {
+            status: Some(PodStatus {
+                pod: pod_ref.clone(),
+                sandboxes: vec![Sandbox {
+                    id: "s".into(),
+                    pod: pod_ref,
+                    attempt: 0,
+                    state: SandboxState::Ready,
+                    created_at: 1,
+                    labels: Default::default(),
+                }],
+                containers: vec![
+                    c("c1", ContainerState::Exited, 3),
+                    c("c2", ContainerState::Running, 0),
+                    c("c4", ContainerState::Exited, 4),
+                ],
+            }),
+            error: None,
+            modified: from_unix_nanos(10),
+            reported: IdMap::from([
+                ("c1".to_string(), EventKind::ContainerStarted),
+                ("c3".to_string(), EventKind::ContainerDied),
+                ("c4".to_string(), EventKind::ContainerDied),
+                ("s".to_string(), EventKind::ContainerStarted),
+            ]),
+        };
+        let p = pod("u", &cached);
+        assert_eq!(p.sandboxes[0].state, v1::SandboxState::SandboxReady as i32);
+        let by_id = |id: &str| {
+            p.containers
+                .iter()
+                .find(|c| c.container_id == id)
+                .cloned()
+                .unwrap_or_else(|| panic!("{id} listed"))
+        };
+        let shown = |id: &str| {
+            let c = by_id(id);
+            (
+                v1::ContainerState::try_from(c.state).unwrap(),
+                c.started_at_unix_nano,
+                c.finished_at_unix_nano,
+                c.exit_code,
+                c.reason,
+            )
+        };
+        use v1::ContainerState as S;
+        assert_eq!(
+            shown("c1"),
+            (S::ContainerRunning, Some(2), None, None, None)
+        );
+        assert_eq!(shown("c2"), (S::ContainerCreated, None, None, None, None));
+        assert_eq!(
+            shown("c4"),
+            (
+                S::ContainerExited,
+                Some(2),
+                Some(3),
+                Some(4),
+                Some("Error".into())
+            )
+        );
+        // Reported, not found by the read: the events' state and the ID.
+        assert_eq!(shown("c3"), (S::ContainerExited, None, None, None, None));
+        assert_eq!(p.containers.len(), 4);
     }
 }
