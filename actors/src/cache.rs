@@ -5,7 +5,9 @@
 //! Readers hold a cheap [`PodCache`] handle: `get` a pod, or `wait_newer_than` a time
 //! (kubelet's pod workers do this after a sync): it returns once the pod's entry, or
 //! the global timestamp, is newer — so waiters for pods that do not exist are released
-//! by the next global relist.
+//! by the next global relist. Which relist covered a pod last ([`Cover`]) comes from
+//! the same two: the source of the pod's last read, kept with its time, and the
+//! global timestamp (a global relist that found the pod unchanged covers it too).
 //!
 //! A pod removed from the runtime leaves a tombstone: its last entry and when it was
 //! found gone, answerable for the tombstone TTL (log shippers and security agents look
@@ -31,7 +33,7 @@ use dashmap::DashMap;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::event::EventKind;
+use crate::event::{EventKind, RelistSource};
 use crate::id_map::IdMap;
 use crate::packed_status::{PackedReported, PackedStatus};
 use crate::pleg::{CacheUpdate, PodStatus};
@@ -45,6 +47,8 @@ pub struct CachedPod {
     pub error: Option<String>,
     /// When the last read (successful or not) began.
     pub modified: SystemTime,
+    /// The relist that made that read.
+    pub read_by: RelistSource,
     /// What the events published so far (up to the cache's revision) last said of
     /// each sandbox and container of the pod: `ContainerStarted` or `ContainerDied`
     /// (one removed is absent). A watch's initial events come from here, so they agree
@@ -61,8 +65,41 @@ pub struct CachedPod {
 struct StoredPod {
     status: Option<PackedStatus>,
     error: Option<Box<str>>,
-    modified: SystemTime,
+    read: ReadStamp,
     reported: PackedReported,
+}
+
+/// When a pod's last read began and which relist made it, in the 16 bytes a
+/// `SystemTime` alone takes (nanoseconds since the epoch: exact on Linux, until 2554).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ReadStamp {
+    at: u64,
+    by: RelistSource,
+}
+
+impl ReadStamp {
+    const NEVER: ReadStamp = ReadStamp {
+        at: 0,
+        by: RelistSource::Global,
+    };
+
+    fn new(at: SystemTime, by: RelistSource) -> Self {
+        let at = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        ReadStamp { at, by }
+    }
+
+    fn time(self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_nanos(self.at)
+    }
+}
+
+/// The relist that covered a pod last, and when it began (see [`PodCache::cover`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cover {
+    pub by: RelistSource,
+    pub at: SystemTime,
 }
 
 impl StoredPod {
@@ -74,7 +111,8 @@ impl StoredPod {
                 status
             }),
             error: self.error.as_deref().map(str::to_owned),
-            modified: self.modified,
+            modified: self.read.time(),
+            read_by: self.read.by,
             reported: self.reported.unpack(),
         }
     }
@@ -118,6 +156,8 @@ struct Tombstone {
     last: StoredPod,
     /// The start of the read that found the pod gone.
     removed_at: SystemTime,
+    /// The relist that made that read.
+    removed_by: RelistSource,
     expires: Instant,
     /// Tells this tombstone from a later one of the same pod.
     generation: u64,
@@ -162,6 +202,47 @@ impl PodCache {
                 removed_at: t.removed_at,
             },
             None => PodLookup::Unknown,
+        }
+    }
+
+    /// The pod as [`Self::lookup`] answers it, and the relist that covered it last
+    /// (None: unknown): the newer of the pod's last read (the read that found it gone,
+    /// for a removed pod) and the last global relist, which covers every pod it did not
+    /// leave alone for a sync (it read those that changed and found the others as they
+    /// were). The global timestamp is taken first: a global relist it shows was applied
+    /// whole before the pod is read, so it never claims to have covered a newer read.
+    pub fn lookup_covered(&self, uid: &str) -> (PodLookup, Option<Cover>) {
+        let global = self.global_cover(uid);
+        let lookup = self.lookup(uid);
+        let read = match &lookup {
+            PodLookup::Present(p) => Some(Cover {
+                by: p.read_by,
+                at: p.modified,
+            }),
+            PodLookup::Removed { .. } => self.tombstone(uid).map(|t| Cover {
+                by: t.removed_by,
+                at: t.removed_at,
+            }),
+            PodLookup::Unknown | PodLookup::TimedOut(_) => None,
+        };
+        let cover = match (read, global) {
+            (None, _) => None,
+            (Some(r), Some(g)) if g > r.at => Some(Cover {
+                by: RelistSource::Global,
+                at: g,
+            }),
+            (Some(r), _) => Some(r),
+        };
+        (lookup, cover)
+    }
+
+    /// The start of the last global relist that covered the pod: the last one, or for
+    /// a pod it left alone (held by a sync), the last one before that.
+    fn global_cover(&self, uid: &str) -> Option<SystemTime> {
+        let global = self.shared.changes.borrow().0;
+        match self.shared.held_cover.get(uid) {
+            Some(cover) => *cover,
+            None => global,
         }
     }
 
@@ -244,7 +325,7 @@ impl PodCache {
                 if let Some(cover) = self.shared.held_cover.get(uid) {
                     global = *cover;
                 }
-                let modified = self.shared.pods.get(uid).map(|e| e.modified);
+                let modified = self.shared.pods.get(uid).map(|e| e.read.time());
                 let newer = match modified {
                     Some(m) => m > t,
                     None => self.tombstone(uid).is_some_and(|d| d.removed_at > t),
@@ -313,29 +394,35 @@ impl CacheOwner {
 
     pub(crate) fn apply(&mut self, update: CacheUpdate) {
         match update {
-            CacheUpdate::Delete { uid, read_at } => {
+            CacheUpdate::Delete {
+                uid,
+                read_at,
+                source,
+            } => {
                 if let Some((uid, last)) = self.shared.pods.remove(&uid) {
-                    self.bury(uid, last, read_at);
+                    self.bury(uid, last, read_at, source);
                 }
             }
             CacheUpdate::Set {
                 uid,
                 status,
                 read_at,
+                source,
             } => {
                 // Back (same UID): alive again.
                 self.shared.tombstones.remove(&uid);
                 let mut entry = self.shared.pods.entry(uid).or_insert_with(|| StoredPod {
                     status: None,
                     error: None,
-                    modified: SystemTime::UNIX_EPOCH,
+                    read: ReadStamp::NEVER,
                     reported: PackedReported::default(),
                 });
+                let read = ReadStamp::new(read_at, source);
                 // Never let an older read overwrite a newer one.
-                if read_at < entry.modified {
+                if read.at < entry.read.at {
                     return;
                 }
-                entry.modified = read_at;
+                entry.read = read;
                 match status {
                     Ok(s) => {
                         entry.status = Some(PackedStatus::pack(&s, &mut self.buf));
@@ -353,7 +440,7 @@ impl CacheOwner {
                     return;
                 };
                 // A read of the whole pod that began later has it already.
-                if read_at < entry.modified {
+                if ReadStamp::new(read_at, RelistSource::Global).at < entry.read.at {
                     return;
                 }
                 let Some(mut pod) = entry.status.as_ref().and_then(PackedStatus::unpack) else {
@@ -363,7 +450,7 @@ impl CacheOwner {
                     return;
                 };
                 *old = status;
-                // `modified` stays the pod's last read's: the other containers were
+                // `read` stays the pod's last read's: the other containers were
                 // not read again (what `LastReads` reuses is judged by it).
                 entry.status = Some(PackedStatus::pack(&pod, &mut self.buf));
             }
@@ -372,7 +459,13 @@ impl CacheOwner {
 }
 
 impl CacheOwner {
-    fn bury(&mut self, uid: String, last: StoredPod, removed_at: SystemTime) {
+    fn bury(
+        &mut self,
+        uid: String,
+        last: StoredPod,
+        removed_at: SystemTime,
+        removed_by: RelistSource,
+    ) {
         let expires = Instant::now() + self.tombstone_ttl;
         self.generation += 1;
         let generation = self.generation;
@@ -382,6 +475,7 @@ impl CacheOwner {
             Box::new(Tombstone {
                 last,
                 removed_at,
+                removed_by,
                 expires,
                 generation,
             }),
@@ -619,6 +713,7 @@ mod tests {
             uid: uid.into(),
             status: Ok(status(uid)),
             read_at,
+            source: RelistSource::Global,
         }
     }
 
@@ -626,6 +721,7 @@ mod tests {
         CacheUpdate::Delete {
             uid: uid.into(),
             read_at,
+            source: RelistSource::Global,
         }
     }
 
@@ -678,6 +774,7 @@ mod tests {
             uid: "a".into(),
             status: Ok(st),
             read_at: at(5),
+            source: RelistSource::Global,
         });
         let update = |read_at, status: ContainerStatus| CacheUpdate::Container {
             uid: "a".into(),
@@ -709,6 +806,81 @@ mod tests {
             read_at: at(7),
         });
         assert!(cache.get("nobody").is_none());
+    }
+
+    /// GetPodStatus's `covered_by`/`covered_at`: the newer of the pod's last read and
+    /// the last global relist that did not leave it alone.
+    #[actix_rt::test]
+    async fn the_cover_is_the_newer_of_the_pods_last_read_and_the_last_global_relist() {
+        use RelistSource::{Global, Nri, PostSync};
+        let (owner, cache) = CacheOwner::new(TTL);
+        let owner = owner.start();
+        let cover = |by, secs| Some(Cover { by, at: at(secs) });
+        let global = |secs, held: &[&str]| ApplyRelist {
+            global_timestamp: Some(at(secs)),
+            held: held.iter().map(|u| u.to_string()).collect(),
+            ..relist(Vec::new(), 0)
+        };
+        let read = |uid: &str, secs, source| CacheUpdate::Set {
+            uid: uid.into(),
+            status: Ok(status(uid)),
+            read_at: at(secs),
+            source,
+        };
+        assert_eq!(cache.lookup_covered("a"), (PodLookup::Unknown, None));
+        owner
+            .send(relist(vec![read("a", 5, PostSync)], 0))
+            .await
+            .unwrap();
+        assert_eq!(cache.lookup_covered("a").1, cover(PostSync, 5));
+        // A global relist that found it unchanged.
+        owner.send(global(7, &[])).await.unwrap();
+        assert_eq!(cache.lookup_covered("a").1, cover(Global, 7));
+        owner
+            .send(relist(vec![read("a", 8, PostSync)], 0))
+            .await
+            .unwrap();
+        assert_eq!(cache.lookup_covered("a").1, cover(PostSync, 8));
+        // A global relist that left it alone (held) covers it not.
+        owner.send(global(10, &["a"])).await.unwrap();
+        assert_eq!(cache.lookup_covered("a").1, cover(PostSync, 8));
+        owner.send(global(11, &[])).await.unwrap();
+        assert_eq!(cache.lookup_covered("a").1, cover(Global, 11));
+        // Found gone by a read: that read, then the global relists after it.
+        owner
+            .send(relist(
+                vec![CacheUpdate::Delete {
+                    uid: "a".into(),
+                    read_at: at(12),
+                    source: Nri,
+                }],
+                0,
+            ))
+            .await
+            .unwrap();
+        let (lookup, c) = cache.lookup_covered("a");
+        assert!(matches!(lookup, PodLookup::Removed { .. }));
+        assert_eq!(c, cover(Nri, 12));
+        owner.send(global(13, &[])).await.unwrap();
+        assert_eq!(cache.lookup_covered("a").1, cover(Global, 13));
+        // What the cache shows of a read: its time and relist.
+        owner
+            .send(relist(vec![read("b", 14, Global)], 0))
+            .await
+            .unwrap();
+        let b = cache.get("b").unwrap();
+        assert_eq!((b.modified, b.read_by), (at(14), Global));
+    }
+
+    /// The read's time and relist take no more room than the time alone did.
+    #[test]
+    fn a_read_stamp_is_exact_and_as_small_as_a_time() {
+        assert_eq!(
+            std::mem::size_of::<ReadStamp>(),
+            std::mem::size_of::<SystemTime>()
+        );
+        let t = SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+        assert_eq!(ReadStamp::new(t, RelistSource::Nri).time(), t);
     }
 
     #[actix_rt::test]
@@ -965,6 +1137,7 @@ mod tests {
                         uid: "a".into(),
                         status: Err("unavailable".into()),
                         read_at: at(2),
+                        source: RelistSource::Global,
                     }],
                     7,
                 )

@@ -41,7 +41,7 @@ mod sync;
 mod testing;
 mod wiring;
 
-pub use cache::{CacheSnapshot, CachedPod, PodCache, PodLookup};
+pub use cache::{CacheSnapshot, CachedPod, Cover, PodCache, PodLookup};
 pub use event::{EventKind, Exit, LifecycleEvent, RelistSource};
 pub use health::Health;
 pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};

@@ -10,7 +10,7 @@ use plegd_telemetry::Metrics;
 
 use plegd_runtime::RuntimeClient;
 
-use crate::cache::{CacheOwner, CacheSnapshot, PodCache, PodLookup, Snapshot};
+use crate::cache::{CacheOwner, CacheSnapshot, Cover, PodCache, PodLookup, Snapshot};
 use crate::event::RelistSource;
 use crate::health::Health;
 use crate::hints::cri_stops::CriStops;
@@ -303,11 +303,23 @@ impl Pleg {
         newer_than: Option<SystemTime>,
         timeout: Duration,
     ) -> PodLookup {
+        self.pod_status_covered(uid, newer_than, timeout).await.0
+    }
+
+    /// As [`Self::pod_status`], with the relist that covered the answer last and when
+    /// it began ([`PodCache::lookup_covered`]; None: unknown, or timed out). With
+    /// `newer_than`, that relist began after it.
+    pub async fn pod_status_covered(
+        &self,
+        uid: &str,
+        newer_than: Option<SystemTime>,
+        timeout: Duration,
+    ) -> (PodLookup, Option<Cover>) {
         if let Some(t) = newer_than {
             if self.cache.wait_newer_than(uid, t, timeout).await.is_err() {
-                return PodLookup::TimedOut(self.cache.get(uid));
+                return (PodLookup::TimedOut(self.cache.get(uid)), None);
             }
         }
-        self.cache.lookup(uid)
+        self.cache.lookup_covered(uid)
     }
 }

@@ -532,6 +532,7 @@ mod tests {
             }),
             error: None,
             modified: from_unix_nanos(10),
+            read_by: RelistSource::Global,
             reported: IdMap::from([
                 ("c1".to_string(), EventKind::ContainerStarted),
                 ("c3".to_string(), EventKind::ContainerDied),

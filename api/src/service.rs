@@ -101,8 +101,8 @@ impl v1::plegd_server::Plegd for PlegdService {
         check_uid("pod_uid", &req.pod_uid)?;
         let newer_than = req.newer_than_unix_nano.map(from_unix_nanos);
         let mut shutdown = self.ctx.shutdown.clone();
-        let lookup = tokio::select! {
-            l = self.ctx.pleg.pod_status(&req.pod_uid, newer_than, budget) => l,
+        let (lookup, cover) = tokio::select! {
+            l = self.ctx.pleg.pod_status_covered(&req.pod_uid, newer_than, budget) => l,
             _ = shutdown.wait_for(|stop| *stop) => return Err(shutting_down()),
         };
         let (pod, removed_at) = match lookup {
@@ -128,7 +128,12 @@ impl v1::plegd_server::Plegd for PlegdService {
             pod: Some(convert::pod(&req.pod_uid, &pod)),
             removed_at_unix_nano: removed_at,
             hint_sources: convert::hint_sources(&self.ctx.pleg),
-            ..Default::default()
+            covered_by: cover
+                .map_or(v1::RelistSource::Unspecified, |c| {
+                    convert::relist_source(c.by)
+                })
+                .into(),
+            covered_at_unix_nano: cover.map_or(0, |c| unix_nanos(c.at)),
         }))
     }
 

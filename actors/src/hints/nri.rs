@@ -491,6 +491,7 @@ pub(super) mod tests {
             uid: uid.into(),
             status: Ok(status),
             read_at: SystemTime::now(),
+            source: crate::RelistSource::Global,
         });
     }
 

@@ -88,14 +88,21 @@ pub enum PodStep<T> {
 /// A change for the CacheOwner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CacheUpdate {
-    /// The pod was read at `read_at` (the read's start): its status, or the error.
+    /// The pod was read at `read_at` (the read's start) by a relist from `source`:
+    /// its status, or the error.
     Set {
         uid: String,
         status: Result<PodStatus, String>,
         read_at: SystemTime,
+        source: RelistSource,
     },
-    /// The pod is gone from the runtime, as the read that began at `read_at` found.
-    Delete { uid: String, read_at: SystemTime },
+    /// The pod is gone from the runtime, as the read that began at `read_at` (a
+    /// relist from `source`) found.
+    Delete {
+        uid: String,
+        read_at: SystemTime,
+        source: RelistSource,
+    },
     /// One container's status, read at `read_at` while the pod's lists were still
     /// being read (`early`): it replaces that container's in the pod's status, which
     /// keeps the time of the pod's last read (the others were not read again).
@@ -809,6 +816,7 @@ impl GenericPleg {
                 out.cache.push(CacheUpdate::Delete {
                     uid: w.uid.clone(),
                     read_at,
+                    source: w.source,
                 });
                 self.reinspect.remove(&w.uid);
                 return;
@@ -833,6 +841,7 @@ impl GenericPleg {
                 out.cache.push(CacheUpdate::Delete {
                     uid: w.uid.clone(),
                     read_at,
+                    source: w.source,
                 });
                 self.records.remove(&w.uid);
                 self.reinspect.remove(&w.uid);
@@ -844,6 +853,7 @@ impl GenericPleg {
                     uid: w.uid.clone(),
                     status: Err(e.to_string()),
                     read_at,
+                    source: w.source,
                 });
                 self.reinspect.insert(w.uid);
                 return;
@@ -853,6 +863,7 @@ impl GenericPleg {
                     uid: w.uid.clone(),
                     status: Ok(status),
                     read_at,
+                    source: w.source,
                 });
                 self.reinspect.remove(&w.uid);
                 if let Some(rec) = w.new {

@@ -34,6 +34,7 @@ impl TestCache {
                     uid,
                     status,
                     read_at: at,
+                    ..
                 } => {
                     read_at.insert(uid.clone(), *at);
                     let e = pods.entry(uid.clone()).or_default();

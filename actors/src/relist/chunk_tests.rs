@@ -239,6 +239,7 @@ async fn the_cache_answers_no_snapshot_of_a_relist_half_applied() {
             containers: Vec::new(),
         }),
         read_at: SystemTime::now(),
+        source: crate::RelistSource::Global,
     };
     let chunk = |uid: &str, revision: u64, more: bool| ApplyRelist {
         updates: vec![set(uid)],
