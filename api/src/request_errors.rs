@@ -1,9 +1,15 @@
 //! A malformed or oversized request is the client's error: INVALID_ARGUMENT. tonic
 //! answers them itself, before any handler runs, with OUT_OF_RANGE (a message longer
 //! than the limit; refused from its length prefix, before its body is read) or
-//! INTERNAL (bytes that do not decode). This layer rewrites exactly those two answers;
-//! for the messages of a client stream (Sync), the handler maps them with
-//! [`as_invalid_argument`].
+//! INTERNAL: bytes that do not decode, a compressed flag without `grpc-encoding` (the
+//! gRPC compression spec asks for INTERNAL there; plegd's API says every malformed
+//! request is INVALID_ARGUMENT), a flag that is neither 0 nor 1, a stream that ends
+//! inside a message (a length prefix or a body cut off), a unary or server-streaming
+//! call without its request message. This layer rewrites exactly those answers, told
+//! by tonic 0.14's messages ([`DECODE_ERRORS`]); for the messages of a client stream
+//! (Sync), the handler maps them with [`as_invalid_argument`]. Other refusals keep
+//! their code: an unknown method is UNIMPLEMENTED, an unsupported `grpc-encoding`
+//! UNIMPLEMENTED (as the spec says).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,10 +18,23 @@ use std::task::{Context, Poll};
 use tonic::codegen::http;
 use tonic::Code;
 
-/// How tonic's own decode errors begin (tonic's length check; prost's DecodeError).
-const DECODE_ERRORS: [(Code, &str); 2] = [
+/// How tonic's own decode errors begin (tonic 0.14's `codec/decode.rs` and
+/// `server/grpc.rs`; prost's DecodeError). A test of each sends the bytes that cause
+/// it (integration-tests `api_malformed`), so a tonic that words them differently
+/// fails there.
+const DECODE_ERRORS: [(Code, &str); 6] = [
     (Code::OutOfRange, "Error, decoded message length too large"),
     (Code::Internal, "failed to decode Protobuf message"),
+    (
+        Code::Internal,
+        "protocol error: received message with compressed-flag but no grpc-encoding",
+    ),
+    (
+        Code::Internal,
+        "protocol error: received message with invalid compression flag",
+    ),
+    (Code::Internal, "Unexpected EOF decoding stream"),
+    (Code::Internal, "Missing request message"),
 ];
 
 fn is_decode_error(code: Code, message: &str) -> bool {
@@ -97,6 +116,16 @@ mod tests {
         let garbage =
             tonic::Status::internal("failed to decode Protobuf message: invalid wire type");
         assert_eq!(as_invalid_argument(garbage).code(), Code::InvalidArgument);
+        for tonics in [
+            "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+            "protocol error: received message with invalid compression flag: 2 (valid flags are 0 and 1), while sending request",
+            "Unexpected EOF decoding stream.",
+            "Missing request message.",
+        ] {
+            let status = as_invalid_argument(tonic::Status::internal(tonics));
+            assert_eq!(status.code(), Code::InvalidArgument, "{tonics}");
+            assert!(status.message().ends_with(tonics), "{status:?}");
+        }
         for other in [
             tonic::Status::internal("something else"),
             tonic::Status::out_of_range("other"),
