@@ -295,8 +295,9 @@ impl Pleg {
     }
 
     /// A pod as the cache knows it. With `newer_than`: waits (at most `timeout`) until
-    /// the cache holds a read of that pod newer than that time, released by any relist
-    /// that reads it, targeted or global (kubelet's GetNewerThan).
+    /// a relist that began after that time covered the pod: any relist that read it,
+    /// targeted or global, or a global relist that found it unchanged (kubelet's
+    /// GetNewerThan).
     pub async fn pod_status(
         &self,
         uid: &str,
