@@ -56,6 +56,8 @@ pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
 pub use subscription::{Delivery, Subscription};
 pub use sync::gate::{SyncError, SyncHold, SyncOutcome};
 pub use sync::registry::SyncGates;
+pub use sync::{KnownPod, DEFAULT_MAX_SYNC_HOLD, DEFAULT_MAX_UNKNOWN_HOLDS};
+pub use relist::queue::{ApiRelistOutcome, DEFAULT_API_RELIST_BUDGET};
 pub use wiring::{Pleg, PlegConfig};
 
 /// For fuzzing only (the `fuzzing` feature, enabled by nothing but the fuzz/ package):

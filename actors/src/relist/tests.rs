@@ -628,6 +628,7 @@ async fn a_request_whose_turn_comes_while_a_relist_runs_is_not_lost() {
         enqueued_at: Instant::now(),
         cause: None,
         prefetch: vec![],
+        api: None,
     };
     b.dispatcher
         .stop
