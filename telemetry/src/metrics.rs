@@ -482,7 +482,9 @@ mod tests {
                             "type",
                             "le",
                             "source",
-                            "state"
+                            "state",
+                            "method",
+                            "reason"
                         ]
                         .contains(&l.name()),
                         "unexpected label {} on {}",
