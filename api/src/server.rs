@@ -182,25 +182,6 @@ impl ApiServer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_control_socket_is_beside_the_read_socket() {
-        let at = |p: &str| control_socket_beside(Path::new(p));
-        assert_eq!(
-            at("/run/plegd/plegd.sock"),
-            Path::new("/run/plegd/plegd-control.sock")
-        );
-        assert_eq!(at("/tmp/x/api"), Path::new("/tmp/x/api-control"));
-        assert_eq!(
-            at(crate::DEFAULT_SOCKET),
-            Path::new(crate::client::DEFAULT_CONTROL_SOCKET)
-        );
-    }
-}
-
 impl Drop for ApiServer {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
@@ -228,4 +209,23 @@ async fn serve(
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_control_socket_is_beside_the_read_socket() {
+        let at = |p: &str| control_socket_beside(Path::new(p));
+        assert_eq!(
+            at("/run/plegd/plegd.sock"),
+            Path::new("/run/plegd/plegd-control.sock")
+        );
+        assert_eq!(at("/tmp/x/api"), Path::new("/tmp/x/api-control"));
+        assert_eq!(
+            at(crate::DEFAULT_SOCKET),
+            Path::new(crate::client::DEFAULT_CONTROL_SOCKET)
+        );
+    }
 }
