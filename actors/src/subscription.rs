@@ -271,6 +271,11 @@ impl Subscription {
             .unwrap_or(false);
         !replaying && self.rx.is_empty()
     }
+
+    /// Live events queued now (a replay still to send is not counted).
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
 }
 
 /// Tells the publisher when its subscription is dropped.

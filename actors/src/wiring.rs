@@ -20,7 +20,7 @@ use crate::hints::HintSourceName;
 use crate::pleg::GenericPleg;
 use crate::publisher::{EventPublisher, Subscribe, SubscribeError};
 use crate::relist::dispatcher::{DispatcherConfig, DispatcherDeps, RelistDispatcher, StopHandle};
-use crate::relist::queue::RelistQueue;
+use crate::relist::queue::{ApiRelistOutcome, RelistQueue};
 use crate::relist::router::RelistRouter;
 use crate::revision::{new_instance_id, Revisions};
 use crate::stream::reconnect::ReconnectPolicy;
@@ -49,6 +49,13 @@ pub struct PlegConfig {
     /// How long a pod removed from the runtime stays answerable (its last status and
     /// when it went).
     pub tombstone_ttl: Duration,
+    /// Pods that may wait with an API client's RequestRelist (`--api-relist-budget`),
+    /// apart from the runtime's hints.
+    pub api_relist_budget: usize,
+    /// The longest a sync may hold a pod without a renew (`--max-sync-hold`).
+    pub max_sync_hold: Duration,
+    /// Holds of pods plegd does not know, at most at once.
+    pub max_unknown_holds: usize,
 }
 
 impl Default for PlegConfig {
@@ -65,6 +72,9 @@ impl Default for PlegConfig {
             gate_idle: Duration::from_secs(5),
             history_events: 65_536,
             tombstone_ttl: Duration::from_secs(300),
+            api_relist_budget: crate::relist::queue::DEFAULT_API_RELIST_BUDGET,
+            max_sync_hold: crate::sync::DEFAULT_MAX_SYNC_HOLD,
+            max_unknown_holds: crate::sync::DEFAULT_MAX_UNKNOWN_HOLDS,
         }
     }
 }
@@ -116,7 +126,10 @@ impl Pleg {
                 revisions: revisions.clone(),
             },
         );
+        let mut dispatcher = dispatcher;
+        dispatcher.queue = dispatcher.queue.with_api_budget(cfg.api_relist_budget);
         let router = RelistRouter::new(dispatcher.queue.clone(), held.clone(), metrics.clone());
+        let known_cache = cache.clone();
         let gates = SyncGates::new(
             SyncGateRegistry::new(
                 dispatcher.queue.clone(),
@@ -124,7 +137,12 @@ impl Pleg {
                 metrics.clone(),
                 cfg.gate_idle,
             )
+            .with_max_hold(cfg.max_sync_hold)
             .start(),
+        )
+        .with_known(
+            Arc::new(move |uid| !matches!(known_cache.lookup(uid), PodLookup::Unknown)),
+            cfg.max_unknown_holds,
         );
         // What the CRI stream reported, for the sources whose stops come earlier.
         let cri_stops = CriStops::default();
@@ -175,6 +193,15 @@ impl Pleg {
     /// counted).
     pub fn request_relist(&self, uid: &str, source: RelistSource) -> bool {
         self.router.request(uid, source, None, None)
+    }
+
+    /// An API client's RequestRelist: under the API clients' own budget
+    /// (`api_relist_budget` pods waiting), never crowding out the runtime's hints; a
+    /// held pod's request joins its gate's pending relist. Never blocks. Unless
+    /// dropped or unavailable, a read of the pod (or a global relist) begins after
+    /// the request was accepted.
+    pub fn request_relist_from_api(&self, uid: &str, source: RelistSource) -> ApiRelistOutcome {
+        self.router.request_api(uid, source)
     }
 
     /// Asks for the next global relist to run now (honoured at most once per period).

@@ -3,10 +3,12 @@
 //! or plegd's hiccups — it lists once (initial events), then resumes from the last
 //! revision it saw; a refused revision (too old, or another plegd instance) makes it
 //! list again. With `--sync UID` it first holds that pod while it "syncs" it, as a
-//! pod worker would, so plegd relists the pod once the sync is over.
+//! pod worker would, so plegd relists the pod once the sync is over: on the control
+//! socket (`--api-control-socket`, by default the one beside the API socket), which
+//! alone serves Sync.
 //!
 //! ```text
-//! cargo run -p plegd-api --example node_agent -- [--api-socket PATH] [--sync UID]
+//! cargo run -p plegd-api --example node_agent -- [--api-socket PATH] [--api-control-socket PATH] [--sync UID]
 //! ```
 
 use std::path::PathBuf;
@@ -27,17 +29,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut socket = std::env::var_os("PLEGD_API_SOCKET")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(plegd_api::DEFAULT_SOCKET));
+    let mut control: Option<PathBuf> = None;
     let mut sync = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--api-socket" => socket = args.next().ok_or("--api-socket PATH")?.into(),
+            "--api-control-socket" => {
+                control = Some(args.next().ok_or("--api-control-socket PATH")?.into())
+            }
             "--sync" => sync = Some(args.next().ok_or("--sync UID")?),
             other => return Err(format!("unknown argument {other}").into()),
         }
     }
     if let Some(uid) = sync {
-        sync_pod(&socket, &uid).await?;
+        let control = control.unwrap_or_else(|| plegd_api::control_socket_beside(&socket));
+        sync_pod(&control, &uid).await?;
     }
     watch_forever(&socket).await
 }
@@ -60,7 +67,8 @@ async fn sync_pod(socket: &std::path::Path, uid: &str) -> Result<(), Box<dyn std
     {
         println!("holding pod {uid} on node {}", h.node_name);
     }
-    // ... the pod worker's sync would run here ...
+    // ... the pod worker's sync would run here (one longer than plegd's --max-sync-hold
+    // sends `renew` before the `held`'s expires_at_unix_nano) ...
     tx.send(v1::SyncRequest {
         kind: Some(v1::sync_request::Kind::End(v1::SyncEnd {
             outcome: v1::SyncOutcome::SyncSuccess.into(),

@@ -14,6 +14,8 @@ use crate::server::MAX_RESPONSE_BYTES;
 
 /// The default socket of `plegd run` and of the clients.
 pub const DEFAULT_SOCKET: &str = "/run/plegd/plegd.sock";
+/// The default control socket (Sync, RequestRelist) of `plegd run`.
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/plegd/plegd-control.sock";
 
 #[derive(Debug, thiserror::Error)]
 #[error("no plegd answers at {}: {reason}", path.display())]

@@ -3,12 +3,14 @@
 //!
 //! - `socket`: making the socket safely (mode, group, stale or live socket).
 //! - `server`: tonic on its own thread (`incoming`: its bounded connections); `service`: the RPCs; `watch`: one Watch
-//!   stream (a subscriber with its own queue); `sync`: one Sync stream (a sync hold).
+//!   stream (a subscriber with its own queue); `sync`: one Sync stream (a sync hold);
+//!   `clients`: the open watchers and holds, for ListClients.
 //! - `filter` and `selector`: Watch's filters; `convert`: domain ↔ wire types;
 //!   `request_errors`: malformed or oversized requests → INVALID_ARGUMENT.
 //! - `client`: connecting to a plegd.
 
 mod client;
+mod clients;
 pub mod convert;
 mod filter;
 mod incoming;
@@ -20,11 +22,12 @@ mod socket;
 mod sync;
 mod watch;
 
-pub use client::{connect, Unreachable, DEFAULT_SOCKET};
+pub use client::{connect, Unreachable, DEFAULT_CONTROL_SOCKET, DEFAULT_SOCKET};
 pub use plegd_protocol::{v1, MAX_REQUEST_BYTES};
 pub use selector::{LabelSelector, SelectorError};
 pub use server::{
-    ApiConfig, ApiServer, DEFAULT_MAX_CONNECTIONS, DEFAULT_WATCH_QUEUE, MAX_RESPONSE_BYTES,
+    control_socket_beside, ApiConfig, ApiServer, DEFAULT_MAX_CONNECTIONS, DEFAULT_WATCH_QUEUE,
+    MAX_RESPONSE_BYTES,
 };
 pub use service::{DEFAULT_WAIT, MAX_WAIT};
-pub use socket::{bind, lock_path, BoundSocket, SocketError, SOCKET_MODE};
+pub use socket::{bind, bind_with_mode, lock_path, BoundSocket, SocketError, SOCKET_MODE};

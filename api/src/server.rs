@@ -3,6 +3,11 @@
 //! time from the actors' thread (the dispatcher's relist schedule). It only reads the
 //! actors' handles.
 //!
+//! Two sockets, one thread: the read socket (Watch, ListPods, GetPodStatus,
+//! ListClients) and, if given, the control socket, which serves those and Sync and
+//! RequestRelist too. Each listener has its own tonic server (and connection bound)
+//! over the same service state; the service knows which socket it answers on.
+//!
 //! Stopping: every Watch and Sync stream ends with UNAVAILABLE ("plegd is shutting
 //! down"; a held pod is released as cancelled), waits on GetPodStatus end the same
 //! way, tonic closes the connections (HTTP/2 GOAWAY), and the socket file is removed.
@@ -17,8 +22,9 @@ use plegd_protocol::MAX_REQUEST_BYTES;
 use tokio::sync::watch;
 use tonic::transport::Server;
 
+use crate::clients::Clients;
 use crate::request_errors::RequestErrorsLayer;
-use crate::service::PlegdService;
+use crate::service::{PlegdService, Socket};
 use crate::socket::BoundSocket;
 use crate::watch::WatchContext;
 
@@ -44,25 +50,55 @@ pub struct ApiConfig {
     pub max_connections: usize,
 }
 
+/// Where the control socket is by default: beside the read socket, its name with
+/// `-control` before the extension (`plegd.sock` → `plegd-control.sock`).
+pub fn control_socket_beside(read: &Path) -> PathBuf {
+    let stem = read.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match read.extension() {
+        Some(ext) => format!("{stem}-control.{}", ext.to_string_lossy()),
+        None => format!("{stem}-control"),
+    };
+    read.with_file_name(name)
+}
+
 /// A running API server; [`ApiServer::stop`] ends it.
 pub struct ApiServer {
     stop: watch::Sender<bool>,
     thread: Option<JoinHandle<()>>,
     socket: Option<BoundSocket>,
+    control: Option<BoundSocket>,
     path: PathBuf,
 }
 
+fn take_listener(socket: &mut BoundSocket) -> std::io::Result<std::os::unix::net::UnixListener> {
+    socket.take_listener().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the socket was already served",
+        )
+    })
+}
+
 impl ApiServer {
-    /// Serves `pleg` on `socket` from a new thread.
-    pub fn start(pleg: Pleg, mut socket: BoundSocket, cfg: ApiConfig) -> std::io::Result<Self> {
-        let listener = socket.take_listener().ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "the socket was already served",
-            )
-        })?;
+    /// Serves `pleg` on the read socket `socket` alone (no Sync, no RequestRelist),
+    /// from a new thread.
+    pub fn start(pleg: Pleg, socket: BoundSocket, cfg: ApiConfig) -> std::io::Result<Self> {
+        Self::start_with_control(pleg, socket, None, cfg)
+    }
+
+    /// Serves `pleg` on the read socket `socket` and the control socket `control`,
+    /// from a new thread.
+    pub fn start_with_control(
+        pleg: Pleg,
+        mut socket: BoundSocket,
+        mut control: Option<BoundSocket>,
+        cfg: ApiConfig,
+    ) -> std::io::Result<Self> {
+        let listener = take_listener(&mut socket)?;
+        let control_listener = control.as_mut().map(take_listener).transpose()?;
         let (stop, stopped) = watch::channel(false);
         let path = socket.path().to_owned();
+        let control_path = control.as_ref().map(|c| c.path().to_owned());
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -72,14 +108,38 @@ impl ApiServer {
             node_name: cfg.node_name,
             queue: cfg.watch_queue.max(1),
             shutdown: stopped.clone(),
+            clients: Clients::default(),
         };
         let shown = path.clone();
         let thread = std::thread::Builder::new()
             .name("plegd-api".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    if let Err(e) = serve(ctx, listener, max_connections, stopped).await {
+                    let read = PlegdService {
+                        ctx: ctx.clone(),
+                        socket: Socket::Read {
+                            control: control_path.clone(),
+                        },
+                    };
+                    let read = serve(read, listener, max_connections, stopped.clone());
+                    let control = async {
+                        match control_listener {
+                            Some(l) => {
+                                let service = PlegdService {
+                                    ctx,
+                                    socket: Socket::Control,
+                                };
+                                serve(service, l, max_connections, stopped).await
+                            }
+                            None => Ok(()),
+                        }
+                    };
+                    let (read, control) = tokio::join!(read, control);
+                    if let Err(e) = read {
                         tracing::error!(socket = %shown.display(), error = %e, "the API server failed");
+                    }
+                    if let (Err(e), Some(p)) = (control, control_path) {
+                        tracing::error!(socket = %p.display(), error = %e, "the API control server failed");
                     }
                 });
             })?;
@@ -87,12 +147,18 @@ impl ApiServer {
             stop,
             thread: Some(thread),
             socket: Some(socket),
+            control,
             path,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The control socket's path, if served.
+    pub fn control_path(&self) -> Option<&Path> {
+        self.control.as_ref().map(|c| c.path())
     }
 
     /// Ends every stream and the server; waits up to `grace` for it. The socket file
@@ -111,6 +177,7 @@ impl ApiServer {
             }
         }
         drop(self.socket.take());
+        drop(self.control.take());
         ended
     }
 }
@@ -121,15 +188,16 @@ impl Drop for ApiServer {
     }
 }
 
+/// Serves `service` on one socket until `stopped`.
 async fn serve(
-    ctx: WatchContext,
+    service: PlegdService,
     listener: std::os::unix::net::UnixListener,
     max_connections: usize,
     mut stopped: watch::Receiver<bool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::UnixListener::from_std(listener)?;
     let incoming = crate::incoming::bounded(listener, max_connections);
-    let service = PlegdServer::new(PlegdService { ctx })
+    let service = PlegdServer::new(service)
         .max_decoding_message_size(MAX_REQUEST_BYTES)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);
     Server::builder()
@@ -141,4 +209,23 @@ async fn serve(
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_control_socket_is_beside_the_read_socket() {
+        let at = |p: &str| control_socket_beside(Path::new(p));
+        assert_eq!(
+            at("/run/plegd/plegd.sock"),
+            Path::new("/run/plegd/plegd-control.sock")
+        );
+        assert_eq!(at("/tmp/x/api"), Path::new("/tmp/x/api-control"));
+        assert_eq!(
+            at(crate::DEFAULT_SOCKET),
+            Path::new(crate::client::DEFAULT_CONTROL_SOCKET)
+        );
+    }
 }

@@ -1,11 +1,16 @@
 //! The plegd.v1 service: each RPC checks its request and answers from the actors'
 //! handles (the cache, the publisher, the sync gates, the relist router) — it never
 //! writes state and never waits on the dispatcher.
+//!
+//! The same service answers on both sockets; on the read socket it refuses the calls
+//! that change what other consumers see (Sync, RequestRelist) with PERMISSION_DENIED.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use plegd_actors::{PodLookup, RelistSource};
+use plegd_actors::{ApiRelistOutcome, PodLookup, RelistSource};
 use plegd_protocol::v1;
+use plegd_telemetry::Refusal;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::{self, from_unix_nanos, unix_nanos};
@@ -18,13 +23,48 @@ use crate::watch::{self, shutting_down, WatchContext, WatchStream};
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 pub const MAX_WAIT: Duration = Duration::from_secs(300);
 
+/// Which socket a service answers on.
+#[derive(Clone, Debug)]
+pub enum Socket {
+    /// The read socket; the control socket's path, if plegd serves one.
+    Read { control: Option<PathBuf> },
+    /// The control socket: every call.
+    Control,
+}
+
 pub struct PlegdService {
     pub ctx: WatchContext,
+    pub socket: Socket,
 }
 
 impl PlegdService {
     fn instance_id(&self) -> String {
         self.ctx.pleg.instance_id().to_string()
+    }
+
+    /// Refuses `method` on the read socket (counted).
+    fn control_only(&self, method: &str, refusal: Refusal) -> Result<(), Status> {
+        let Socket::Read { control } = &self.socket else {
+            return Ok(());
+        };
+        self.ctx.pleg.metrics().count_refused(refusal);
+        Err(Status::permission_denied(refused_message(
+            method,
+            control.as_deref(),
+        )))
+    }
+}
+
+/// Why a control call is refused on the read socket, and where to make it.
+fn refused_message(method: &str, control: Option<&std::path::Path>) -> String {
+    match control {
+        Some(path) => format!(
+            "{method} is served on plegd's control socket only ({}), not on the read socket",
+            path.display()
+        ),
+        None => format!(
+            "{method} is served on plegd's control socket only, and this plegd serves none (--api-control-socket off)"
+        ),
     }
 }
 
@@ -141,20 +181,23 @@ impl v1::plegd_server::Plegd for PlegdService {
         &self,
         request: Request<Streaming<v1::SyncRequest>>,
     ) -> Result<Response<Self::SyncStream>, Status> {
-        sync::open(
-            &self.ctx.pleg,
-            &self.ctx.node_name,
-            self.ctx.shutdown.clone(),
-            request.into_inner(),
-        )
-        .await
-        .map(Response::new)
+        self.control_only("Sync", Refusal::SyncOnReadSocket)?;
+        let ctx = sync::SyncContext {
+            pleg: &self.ctx.pleg,
+            node_name: &self.ctx.node_name,
+            clients: &self.ctx.clients,
+            shutdown: self.ctx.shutdown.clone(),
+        };
+        sync::open(ctx, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn request_relist(
         &self,
         request: Request<v1::RequestRelistRequest>,
     ) -> Result<Response<v1::RequestRelistResponse>, Status> {
+        self.control_only("RequestRelist", Refusal::RelistOnReadSocket)?;
         let req = request.into_inner();
         check_uid("pod_uid", &req.pod_uid)?;
         let source = match v1::RelistSource::try_from(req.source) {
@@ -167,10 +210,15 @@ impl v1::plegd_server::Plegd for PlegdService {
                 )))
             }
         };
-        let queued = self.ctx.pleg.request_relist(&req.pod_uid, source);
+        let outcome = match self.ctx.pleg.request_relist_from_api(&req.pod_uid, source) {
+            ApiRelistOutcome::Queued => v1::RelistRequestOutcome::RelistRequestQueued,
+            ApiRelistOutcome::Coalesced => v1::RelistRequestOutcome::RelistRequestCoalesced,
+            ApiRelistOutcome::Dropped => v1::RelistRequestOutcome::RelistRequestDropped,
+            ApiRelistOutcome::Unavailable => return Err(shutting_down()),
+        };
         Ok(Response::new(v1::RequestRelistResponse {
-            queued,
-            ..Default::default()
+            queued: outcome != v1::RelistRequestOutcome::RelistRequestDropped,
+            outcome: outcome as i32,
         }))
     }
 
@@ -178,7 +226,7 @@ impl v1::plegd_server::Plegd for PlegdService {
         &self,
         _: Request<v1::ListClientsRequest>,
     ) -> Result<Response<v1::ListClientsResponse>, Status> {
-        Err(Status::unimplemented("ListClients is not served yet"))
+        Ok(Response::new(self.ctx.clients.list()))
     }
 }
 
@@ -198,5 +246,13 @@ mod tests {
         assert_eq!(with("2H"), MAX_WAIT);
         assert_eq!(with("bogus"), DEFAULT_WAIT);
         assert_eq!(wait_budget(None), DEFAULT_WAIT);
+    }
+
+    #[test]
+    fn a_refusal_names_the_control_socket() {
+        let path = std::path::Path::new("/run/plegd/plegd-control.sock");
+        let text = refused_message("Sync", Some(path));
+        assert!(text.contains("/run/plegd/plegd-control.sock"), "{text}");
+        assert!(refused_message("RequestRelist", None).contains("--api-control-socket off"));
     }
 }

@@ -72,6 +72,15 @@ pub fn lock_path(path: &Path) -> PathBuf {
 /// Binds the API socket at `path` with mode 0660, group `group` when given (a name
 /// from /etc/group or a numeric id).
 pub fn bind(path: &Path, group: Option<&str>) -> Result<BoundSocket, SocketError> {
+    bind_with_mode(path, group, SOCKET_MODE)
+}
+
+/// As [`bind`], with the socket's `mode` (the control socket's own).
+pub fn bind_with_mode(
+    path: &Path,
+    group: Option<&str>,
+    mode: u32,
+) -> Result<BoundSocket, SocketError> {
     let io_err = |doing| {
         let path = path.to_owned();
         move |error| SocketError::Io { path, doing, error }
@@ -130,7 +139,7 @@ pub fn bind(path: &Path, group: Option<&str>) -> Result<BoundSocket, SocketError
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp).map_err(io_err("cannot bind"))?;
     let placed = (|| {
-        std::fs::set_permissions(&tmp, Permissions::from_mode(SOCKET_MODE))?;
+        std::fs::set_permissions(&tmp, Permissions::from_mode(mode))?;
         if let Some(gid) = gid {
             std::os::unix::fs::chown(&tmp, None, Some(gid))?;
         }

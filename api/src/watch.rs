@@ -8,6 +8,7 @@
 //! snapshot's revision, so a change racing the snapshot is neither lost nor doubled);
 //! then events (a replay from since_revision first), and idle bookmarks if asked.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use plegd_actors::{
@@ -19,6 +20,7 @@ use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use tonic::Status;
 
+use crate::clients::{Clients, WatcherGuard};
 use crate::convert::{self, pod_labels};
 use crate::filter::WatchFilter;
 
@@ -42,6 +44,8 @@ pub struct WatchContext {
     pub queue: usize,
     /// Becomes true when plegd shuts down: streams end with UNAVAILABLE.
     pub shutdown: watch::Receiver<bool>,
+    /// Where each stream is listed for ListClients.
+    pub clients: Clients,
 }
 
 /// The status of a revision this plegd cannot serve: FAILED_PRECONDITION, with the
@@ -120,7 +124,10 @@ pub async fn open(ctx: &WatchContext, req: v1::WatchRequest) -> Result<WatchStre
     };
     let interval = (req.bookmark_interval_seconds > 0)
         .then(|| Duration::from_secs(u64::from(req.bookmark_interval_seconds)));
+    let sub = Arc::new(sub);
+    let client = ctx.clients.watcher(&req, ctx.queue, Arc::downgrade(&sub));
     let watcher = Watcher {
+        client,
         pleg: ctx.pleg.clone(),
         filter,
         tx,
@@ -173,6 +180,8 @@ fn subscribe_error(e: SubscribeError) -> Status {
 }
 
 struct Watcher {
+    /// Its entry in ListClients, while it lasts.
+    client: WatcherGuard,
     pleg: Pleg,
     filter: WatchFilter,
     tx: mpsc::Sender<Result<v1::WatchResponse, Status>>,
@@ -204,7 +213,7 @@ impl Watcher {
         mut self,
         hello: v1::Hello,
         start: Start,
-        sub: Subscription,
+        sub: Arc<Subscription>,
         interval: Option<Duration>,
     ) {
         let result = self.stream(hello, start, &sub, interval).await;
@@ -232,6 +241,7 @@ impl Watcher {
                 snapshot.revision
             }
         };
+        self.client.reached(reached);
         let mut last_sent = Instant::now();
         let tick = interval.unwrap_or(Duration::from_secs(3600));
         loop {
@@ -246,6 +256,7 @@ impl Watcher {
                 Next::Delivery(None) => return Err(Stop::Shutdown),
                 Next::Delivery(Some(d)) => {
                     reached = d.event.revision;
+                    self.client.reached(reached);
                     if self.forward(d).await? {
                         last_sent = Instant::now();
                     }
@@ -262,6 +273,7 @@ impl Watcher {
     /// Sends the delivery if the filters want it; true if sent.
     async fn forward(&mut self, d: Delivery) -> Result<bool, Stop> {
         self.missed += d.missed;
+        self.client.dropped(d.missed);
         let e = &d.event;
         let pleg = &self.pleg;
         let wanted = self.filter.wants_type(e.kind)

@@ -1,5 +1,6 @@
 //! The subscriber API from a test's side: plegd's core over the fake runtime, served
-//! by the real API server on a fresh unix socket, and real tonic clients for it.
+//! by the real API server on a fresh read socket and control socket, and real tonic
+//! clients for them.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,12 +19,17 @@ use crate::wait::TIMEOUT;
 
 /// The node name the test servers answer with.
 pub const NODE: &str = "test-node";
+/// The test servers' control socket mode (the read socket has plegd's 0660).
+pub const CONTROL_MODE: u32 = 0o600;
 
 /// A fake runtime, plegd's core over it, and the API server.
 pub struct Served {
     pub rt: FakeRuntime,
     pub pleg: Pleg,
+    /// The read socket (no Sync, no RequestRelist).
     pub socket: PathBuf,
+    /// The control socket (every call), mode 0600.
+    pub control: PathBuf,
     server: Option<ApiServer>,
     _dir: TempDir,
 }
@@ -52,9 +58,13 @@ impl Served {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let socket = dir.path().join("plegd.sock");
         let bound = plegd_api::bind(&socket, None).expect("the API socket binds");
-        let server = ApiServer::start(
+        let control = dir.path().join("plegd-control.sock");
+        let control_bound = plegd_api::bind_with_mode(&control, None, CONTROL_MODE)
+            .expect("the control socket binds");
+        let server = ApiServer::start_with_control(
             pleg.clone(),
             bound,
+            Some(control_bound),
             ApiConfig {
                 node_name: NODE.into(),
                 watch_queue,
@@ -66,16 +76,24 @@ impl Served {
             rt,
             pleg,
             socket,
+            control,
             server: Some(server),
             _dir: dir,
         }
     }
 
-    /// A new client connection.
+    /// A new client connection to the read socket.
     pub async fn client(&self) -> PlegdClient<Channel> {
         plegd_api::connect(&self.socket)
             .await
             .expect("the API server answers")
+    }
+
+    /// A new client connection to the control socket.
+    pub async fn control_client(&self) -> PlegdClient<Channel> {
+        plegd_api::connect(&self.control)
+            .await
+            .expect("the API server answers on its control socket")
     }
 
     /// A client whose connection takes little before HTTP/2 flow control stops the
@@ -99,10 +117,11 @@ impl Served {
         PlegdClient::new(channel)
     }
 
-    /// A client, and a way to cut its connection as a killed process would (the
-    /// kernel closes the socket; no HTTP/2 goodbye).
+    /// A client of the control socket (a pod worker), and a way to cut its
+    /// connection as a killed process would (the kernel closes the socket; no HTTP/2
+    /// goodbye).
     pub async fn killable_client(&self) -> (PlegdClient<Channel>, Killer) {
-        let socket = self.socket.clone();
+        let socket = self.control.clone();
         let killer = Killer::default();
         let slot = killer.0.clone();
         let channel = tonic::transport::Endpoint::from_static("http://plegd.local")

@@ -97,7 +97,7 @@ async fn newer_than_is_released_by_a_targeted_relist_asked_over_the_api() {
     let served = Served::start(NO_GLOBAL, 64);
     after_first_relist(&served).await;
     running(&served, "u1");
-    let mut client = served.client().await;
+    let mut client = served.control_client().await;
     // The first read of the pod: a targeted relist (no global one for an hour).
     let asked = client
         .request_relist(v1::RequestRelistRequest {
@@ -239,7 +239,7 @@ async fn a_sync_holds_the_pod_and_success_queues_one_post_sync_relist() {
     after_first_relist(&served).await;
     let sub = served.pleg.subscribe("t", 1024).await.unwrap();
     let (_, c) = running(&served, "u1");
-    let mut client = served.client().await;
+    let mut client = served.control_client().await;
     let (tx, mut answers) = hold(&mut client, "u1").await;
     assert!(served.pleg.is_held("u1"));
     // A second holder is refused.
@@ -280,7 +280,7 @@ async fn a_sync_client_killed_mid_hold_releases_the_pod_with_one_relist() {
     after_first_relist(&served).await;
     let sub = served.pleg.subscribe("t", 1024).await.unwrap();
     let (_, c) = running(&served, "u1");
-    let mut other = served.client().await;
+    let mut other = served.control_client().await;
     other
         .request_relist(v1::RequestRelistRequest {
             pod_uid: "u1".into(),
@@ -441,7 +441,7 @@ async fn malformed_oversized_and_inconsistent_requests_are_invalid_arguments() {
             assert_eq!(status.code(), Code::InvalidArgument, "{method}: {status:?}");
         }
     }
-    let mut client = served.client().await;
+    let mut client = served.control_client().await;
     for (req, says) in [
         (
             v1::WatchRequest {

@@ -537,7 +537,12 @@ async fn sync_suspension_coalesces_and_releases_exactly_once() {
 
 #[actix_rt::test]
 async fn concurrent_requests_from_every_source_converge_without_deadlock() {
-    let e = env(FakeRuntime::new(), cfg(Duration::from_millis(20)));
+    // Every pod may still be unknown to plegd (not listed yet) at its first hold.
+    let cfg = PlegConfig {
+        max_unknown_holds: 20,
+        ..cfg(Duration::from_millis(20))
+    };
+    let e = env(FakeRuntime::new(), cfg);
     let sub = e.pleg.subscribe("t", 100_000).await.unwrap();
     e.wait_connected().await;
     let mut pods = Vec::new();

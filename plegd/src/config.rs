@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::exit::{ConfigError, MAX_CONFIG_FILE};
 use crate::values::{
     true_or_false, ApiSocket, Count, HintSources, LogFormat, MessageSize, MetricsAddr,
-    OtlpEndpoint, PositiveDuration, TrimPeriod, DAY, HOUR,
+    OtlpEndpoint, PositiveDuration, SocketMode, TrimPeriod, DAY, HOUR,
 };
 
 /// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
@@ -125,6 +125,35 @@ pub struct Settings {
     /// connect. Default: plegd's own group.
     #[arg(long, env = "PLEGD_API_SOCKET_GROUP", value_name = "GROUP", value_parser = clap::builder::NonEmptyStringValueParser::new())]
     pub api_socket_group: Option<String>,
+    /// Serve Sync and RequestRelist (the calls that change what other consumers see)
+    /// on this second unix socket, with the read calls too; the API socket refuses
+    /// them (PERMISSION_DENIED). Its mode and group decide who may call them. 'off'
+    /// disables it; served only with the API socket. Default: plegd-control.sock
+    /// beside the API socket.
+    #[arg(long, env = "PLEGD_API_CONTROL_SOCKET", value_name = "PATH|off")]
+    pub api_control_socket: Option<ApiSocket>,
+    /// The control socket's mode, in octal (never writable by others).
+    #[arg(
+        long,
+        env = "PLEGD_API_CONTROL_SOCKET_MODE",
+        value_name = "MODE",
+        default_value = "0660"
+    )]
+    pub api_control_socket_mode: SocketMode,
+    /// The group of the control socket (a name or a numeric id); with mode 0660, its
+    /// members may hold pods and ask for relists. Default: plegd's own group.
+    #[arg(long, env = "PLEGD_API_CONTROL_SOCKET_GROUP", value_name = "GROUP", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub api_control_socket_group: Option<String>,
+    /// The longest a Sync may hold a pod without a renew (SyncRequest.renew); then
+    /// plegd ends the hold as cancelled (SyncReleased reason EXPIRED), logs and counts
+    /// it. At most 1d.
+    #[arg(long, env = "PLEGD_MAX_SYNC_HOLD", default_value = "5m")]
+    pub max_sync_hold: PositiveDuration<DAY>,
+    /// Pods that may wait for a targeted relist asked for by API clients
+    /// (RequestRelist), apart from the runtime's hints (--queue-capacity): beyond it
+    /// a request is answered DROPPED and the next global relist covers the pod.
+    #[arg(long, env = "PLEGD_API_RELIST_BUDGET", default_value = "256")]
+    pub api_relist_budget: Count<1_000_000>,
     /// Events kept in memory for Watch's since_revision (a client resuming from an
     /// older revision must list again; at most 16777216).
     #[arg(long, env = "PLEGD_HISTORY_EVENTS", default_value = "65536")]
@@ -283,6 +312,8 @@ mod tests {
         table.extend([
             "api-socket".into(),
             "api-socket-group".into(),
+            "api-control-socket".into(),
+            "api-control-socket-group".into(),
             "hint-sources".into(),
             "node-name".into(),
             "otlp-endpoint".into(),
@@ -307,6 +338,19 @@ mod tests {
         assert_eq!(got.history_events, want.history_events);
         assert_eq!(got.tombstone_ttl, want.tombstone_ttl);
         assert_eq!(got.nri_socket, want.nri_socket);
+        assert_eq!(got.api_relist_budget, want.api_relist_budget);
+        assert_eq!(got.max_sync_hold, want.max_sync_hold);
+    }
+
+    #[test]
+    fn the_control_socket_mode_is_octal_and_never_open_to_others() {
+        let mode = |m: &str| m.parse::<SocketMode>();
+        assert_eq!(mode("0660"), Ok(SocketMode(0o660)));
+        assert_eq!(mode("600"), Ok(SocketMode(0o600)));
+        assert_eq!(SocketMode(0o640).to_string(), "0640");
+        for bad in ["0666", "0662", "1777", "0o660", "rw", ""] {
+            assert!(mode(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use plegd_sim::{spawn_churn, spawn_in_thread, ChurnConfig, FakeRuntime};
 use crate::cli::Workload;
 use crate::exit::ExitError;
 use crate::output::Format;
-use crate::serve::{api_socket_path, connect, serve};
+use crate::serve::{api_socket_path, connect, control_socket_path, serve};
 use crate::service_config::ServiceConfig;
 use crate::signals::Signals;
 
@@ -48,6 +48,9 @@ pub async fn run(
     let api_socket = api_socket_path(config, || dir.path().join("plegd.sock"));
     if let Some(p) = &api_socket {
         tracing::info!(socket = %p.display(), "the demo's subscriber API socket (plegd watch --api-socket {})", p.display());
+    }
+    if let Some(p) = control_socket_path(config, api_socket.as_deref()) {
+        tracing::info!(socket = %p.display(), "the demo's API control socket (Sync, RequestRelist; plegd status --clients --api-socket {})", p.display());
     }
     let result = serve(
         Arc::new(runtime),

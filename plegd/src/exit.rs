@@ -104,6 +104,8 @@ pub enum ConfigError {
     NodeName { reason: String },
     #[error("--api-socket-group {group:?}: no such group in /etc/group")]
     ApiSocketGroup { group: String },
+    #[error("--api-control-socket-group {group:?}: no such group in /etc/group")]
+    ApiControlSocketGroup { group: String },
     #[error("--otlp-endpoint")]
     OtlpEndpoint(#[source] TraceError),
     #[error(

@@ -84,6 +84,32 @@ pub fn api_socket_path(
     }
 }
 
+/// Where to serve the control socket (Sync, RequestRelist): `--api-control-socket`,
+/// or beside the API socket; None when it is off (by default, when the API socket is).
+pub fn control_socket_path(config: &ServiceConfig, api_socket: Option<&Path>) -> Option<PathBuf> {
+    match &config.api_control_socket {
+        None => api_socket.map(plegd_api::control_socket_beside),
+        Some(ApiSocket::Off) => None,
+        Some(ApiSocket::Path(p)) => Some(p.clone()),
+    }
+}
+
+/// Binds the control socket with its own mode and group. Its errors name its flags
+/// (the socket module names --api-socket's).
+fn bind_control(path: &Path, config: &ServiceConfig) -> Result<BoundSocket, ExitError> {
+    let group = config.api_control_socket_group.as_deref();
+    plegd_api::bind_with_mode(path, group, config.api_control_socket_mode.0).map_err(|e| match e {
+        SocketError::UnknownGroup { group } => {
+            ExitError::from(ConfigError::ApiControlSocketGroup { group })
+        }
+        e => ExitError::Runtime(anyhow::anyhow!(
+            "{}",
+            e.to_string()
+                .replace("--api-socket", "--api-control-socket")
+        )),
+    })
+}
+
 /// Binds the API socket (before anything starts, so that a second plegd fails fast).
 fn bind_api(path: &Path, config: &ServiceConfig) -> Result<BoundSocket, ExitError> {
     plegd_api::bind(path, config.api_socket_group.as_deref()).map_err(|e| match e {
@@ -161,6 +187,12 @@ pub async fn serve(
         .as_deref()
         .map(|p| bind_api(p, config))
         .transpose()?;
+    let control_bound = match &api_bound {
+        Some(_) => control_socket_path(config, api_socket.as_deref())
+            .map(|p| bind_control(&p, config))
+            .transpose()?,
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new());
     let reopen = Arc::new(AtomicBool::new(false));
     let (target, format) = match &config.events_json {
@@ -231,9 +263,16 @@ pub async fn serve(
                 watch_queue: DEFAULT_WATCH_QUEUE,
                 max_connections: DEFAULT_MAX_CONNECTIONS,
             };
-            let server = ApiServer::start(pleg.clone(), bound, api_config)
-                .map_err(ExitError::runtime("cannot start the API server"))?;
+            let control = control_bound
+                .as_ref()
+                .map(|c| c.path().display().to_string());
+            let server =
+                ApiServer::start_with_control(pleg.clone(), bound, control_bound, api_config)
+                    .map_err(ExitError::runtime("cannot start the API server"))?;
             tracing::info!(socket = %path, "serving the subscriber API (plegd.v1)");
+            if let Some(control) = control {
+                tracing::info!(socket = %control, "serving Sync and RequestRelist on the API control socket");
+            }
             Some(server)
         }
         None => None,

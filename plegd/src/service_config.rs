@@ -15,7 +15,7 @@ use plegd_telemetry::traces::Identity;
 
 use crate::config::Settings;
 use crate::exit::ConfigError;
-use crate::values::{ApiSocket, MetricsAddr};
+use crate::values::{ApiSocket, MetricsAddr, SocketMode};
 
 /// What the service runs with, whichever the runtime.
 #[derive(Clone, Debug)]
@@ -39,6 +39,10 @@ pub struct ServiceConfig {
     /// `--api-socket`: unset for the command's default.
     pub api_socket: Option<ApiSocket>,
     pub api_socket_group: Option<String>,
+    /// `--api-control-socket`: unset for beside the API socket.
+    pub api_control_socket: Option<ApiSocket>,
+    pub api_control_socket_mode: SocketMode,
+    pub api_control_socket_group: Option<String>,
 }
 
 /// The host name, as the kernel has it.
@@ -145,6 +149,8 @@ impl Settings {
                 history_events: self.history_events.get(),
                 tombstone_ttl: self.tombstone_ttl.0,
                 nri_socket: self.nri_socket.clone(),
+                api_relist_budget: self.api_relist_budget.get(),
+                max_sync_hold: self.max_sync_hold.0,
                 ..PlegConfig::default()
             },
             runtime_request_timeout: self.runtime_request_timeout.0,
@@ -158,6 +164,9 @@ impl Settings {
             otlp_events: self.otlp_events_endpoint()?,
             api_socket: self.api_socket.clone(),
             api_socket_group: self.api_socket_group.clone(),
+            api_control_socket: self.api_control_socket.clone(),
+            api_control_socket_mode: self.api_control_socket_mode,
+            api_control_socket_group: self.api_control_socket_group.clone(),
             identity: {
                 let host_name = host_name();
                 let node_name = match (&self.node_name, &host_name) {

@@ -236,6 +236,34 @@ impl fmt::Display for ApiSocket {
     }
 }
 
+/// A socket file's mode in octal (`0660`, `660`): at most 0777, never writable by
+/// others (anyone on the host could then call it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SocketMode(pub u32);
+
+impl FromStr for SocketMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mode = u32::from_str_radix(s, 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| format!("{s:?} is not an octal mode from 0000 to 0777"))?;
+        if mode & 0o002 != 0 {
+            return Err(format!(
+                "{s}: others may write to the socket (anyone on the host could call it)"
+            ));
+        }
+        Ok(SocketMode(mode))
+    }
+}
+
+impl fmt::Display for SocketMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04o}", self.0)
+    }
+}
+
 /// How often plegd gives the heap's free pages back to the kernel: a duration (at
 /// most 1h), or `off`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -343,7 +371,8 @@ text_conversions!(
     OtlpEndpoint,
     ApiSocket,
     HintSources,
-    TrimPeriod
+    TrimPeriod,
+    SocketMode
 );
 
 impl<const MAX_SECS: u64> TryFrom<String> for PositiveDuration<MAX_SECS> {

@@ -459,3 +459,99 @@ fn a_second_plegd_never_steals_a_live_socket_and_a_stale_one_is_replaced() {
         client(&["pods"], &socket).status.success()
     });
 }
+
+#[test]
+fn the_control_socket_has_its_own_mode_and_group_and_status_clients_lists_watchers_and_holds() {
+    let (dir, socket, events) = temp();
+    let gid = std::fs::metadata(dir.path()).unwrap().gid().to_string();
+    let _server = demo_with(
+        &socket,
+        &events,
+        &[
+            "--api-control-socket-mode",
+            "0600",
+            "--api-control-socket-group",
+            &gid,
+        ],
+    );
+    // Beside the API socket by default, with its own mode and group.
+    let control = socket.with_file_name("plegd-control.sock");
+    wait_until("the control socket", || control.exists());
+    let meta = std::fs::metadata(&control).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.mode() & 0o777, 0o600, "the control socket's own mode");
+    assert_eq!(meta.gid().to_string(), gid);
+    assert_eq!(
+        std::fs::metadata(&socket).unwrap().mode() & 0o777,
+        0o660,
+        "the read socket keeps 0660"
+    );
+
+    // A watcher (a `plegd watch` process) and a hold (a pod worker on the control
+    // socket; refused on the read socket).
+    let mut watcher = Watch::start(&socket, &["--namespace", "kube-system", "--json"]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let hold = |path: PathBuf| {
+        runtime.block_on(async move {
+            let mut client = plegd_api::connect(&path).await.unwrap();
+            let (tx, rx) = tokio::sync::mpsc::channel(2);
+            tx.send(plegd_api::v1::SyncRequest {
+                kind: Some(plegd_api::v1::sync_request::Kind::Begin(
+                    plegd_api::v1::SyncBegin {
+                        pod_uid: "worker-pod".into(),
+                    },
+                )),
+            })
+            .await
+            .unwrap();
+            let answers = client
+                .sync(tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(
+                    rx,
+                ))
+                .await
+                .map(|r| r.into_inner());
+            (tx, answers)
+        })
+    };
+    let (_, refused) = hold(socket.clone());
+    assert_eq!(
+        refused.err().map(|s| s.code()),
+        Some(tonic::Code::PermissionDenied)
+    );
+    let (_tx, answers) = hold(control.clone());
+    let mut answers = answers.unwrap();
+    let first = runtime.block_on(answers.message()).unwrap().unwrap();
+    assert!(matches!(
+        first.kind,
+        Some(plegd_api::v1::sync_response::Kind::Held(_))
+    ));
+
+    let out = client(&["status", "--clients", "--json"], &socket);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let watchers = listed["watchers"].as_array().unwrap();
+    assert!(
+        watchers
+            .iter()
+            .any(|w| w["filter"] == "namespaces=kube-system"
+                && w["queue_capacity"].as_u64() > Some(0)),
+        "{listed}"
+    );
+    let holds = listed["holds"].as_array().unwrap();
+    assert_eq!(holds.len(), 1, "{listed}");
+    assert_eq!(holds[0]["pod_uid"], "worker-pod");
+    assert_eq!(holds[0]["pod_known"], false);
+    assert!(holds[0]["expires_at"].as_str().unwrap().ends_with('Z'));
+
+    let out = client(&["status", "--clients"], &socket);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("filter namespaces=kube-system"), "{text}");
+    assert!(
+        text.contains("holds: 1") && text.contains("pod worker-pod"),
+        "{text}"
+    );
+    signal(watcher.child(), "TERM");
+}

@@ -12,4 +12,4 @@ pub use labels::{
     HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource, RequestResult,
     StreamEventType,
 };
-pub use metrics::Metrics;
+pub use metrics::{Metrics, Refusal};

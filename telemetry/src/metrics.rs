@@ -47,6 +47,42 @@ pub struct Metrics {
     pub otlp_events_dropped: IntCounter,
     // Hint sources: 1 on each source's current state.
     hint_source_state: IntGaugeVec,
+    // API: refused calls, expired sync holds.
+    api_refused: IntCounterVec,
+    pub sync_holds_expired: IntCounter,
+}
+
+/// Why the API refused a call (`plegd_api_refused_total{method, reason}`): a fixed set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Sync on the read socket (PERMISSION_DENIED).
+    SyncOnReadSocket,
+    /// RequestRelist on the read socket (PERMISSION_DENIED).
+    RelistOnReadSocket,
+    /// Sync of a pod plegd does not know while the most such holds are held
+    /// (RESOURCE_EXHAUSTED).
+    UnknownPodHolds,
+    /// RequestRelist while the API clients' budget is full (answered DROPPED).
+    RelistBudget,
+}
+
+impl Refusal {
+    pub const ALL: &'static [Refusal] = &[
+        Refusal::SyncOnReadSocket,
+        Refusal::RelistOnReadSocket,
+        Refusal::UnknownPodHolds,
+        Refusal::RelistBudget,
+    ];
+
+    /// The `method` and `reason` labels.
+    pub fn labels(self) -> [&'static str; 2] {
+        match self {
+            Refusal::SyncOnReadSocket => ["Sync", "read_socket"],
+            Refusal::RelistOnReadSocket => ["RequestRelist", "read_socket"],
+            Refusal::UnknownPodHolds => ["Sync", "unknown_pod_holds"],
+            Refusal::RelistBudget => ["RequestRelist", "budget"],
+        }
+    }
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -185,6 +221,15 @@ impl Metrics {
                 &["source", "state"],
             )
             .expect("static gauge options are valid"),
+            api_refused: counter_vec(
+                "plegd_api_refused_total",
+                "API calls refused, by method and reason (read_socket: Sync or RequestRelist on the read socket; unknown_pod_holds: too many holds of pods plegd does not know; budget: the API clients' RequestRelist budget was full).",
+                &["method", "reason"],
+            ),
+            sync_holds_expired: counter(
+                "plegd_sync_holds_expired_total",
+                "Sync holds plegd ended because they reached --max-sync-hold without a renew.",
+            ),
             registry,
         };
         m.register_all();
@@ -218,6 +263,8 @@ impl Metrics {
             Box::new(self.otlp_events_exported.clone()),
             Box::new(self.otlp_events_dropped.clone()),
             Box::new(self.hint_source_state.clone()),
+            Box::new(self.api_refused.clone()),
+            Box::new(self.sync_holds_expired.clone()),
         ];
         for c in collectors {
             self.registry
@@ -225,6 +272,9 @@ impl Metrics {
                 .expect("metric names are unique within one registry");
         }
         // Pre-create the labelled series so a scrape shows zeros, not absences.
+        for &r in Refusal::ALL {
+            self.api_refused.with_label_values(&r.labels());
+        }
         for &s in RelistSource::ALL {
             self.events_total.with_label_values(&[s.as_str()]);
             self.pod_relist_duration.with_label_values(&[s.as_str()]);
@@ -291,6 +341,16 @@ impl Metrics {
         self.events_total
             .with_label_values(&[source.as_str()])
             .inc();
+    }
+
+    /// `plegd_api_refused_total{method, reason}` for one refusal.
+    pub fn refused(&self, r: Refusal) -> u64 {
+        self.api_refused.with_label_values(&r.labels()).get()
+    }
+
+    /// Counts one refused API call.
+    pub fn count_refused(&self, r: Refusal) {
+        self.api_refused.with_label_values(&r.labels()).inc();
     }
 
     /// `plegd_relist_requests_total{result, relist_source}` for one pair.
@@ -422,7 +482,9 @@ mod tests {
                             "type",
                             "le",
                             "source",
-                            "state"
+                            "state",
+                            "method",
+                            "reason"
                         ]
                         .contains(&l.name()),
                         "unexpected label {} on {}",

@@ -266,6 +266,7 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
         enqueued_at: before_the_storm,
         cause: None,
         prefetch: vec![],
+        api: None,
     }));
     wait_until("the old request taken", || b.metrics.queue_depth.get() == 0).await;
     accepted += 1;

@@ -8,15 +8,22 @@
 //! busy and starve its schedule (actix handles mailbox messages until none is left
 //! before it polls anything else). Once the dispatcher is asked to stop, the queue
 //! refuses every request the same way (the dispatcher relists those it accepted).
+//!
+//! Requests from API clients (RequestRelist) have their own budget, apart from the
+//! runtime's hints: at most `--api-relist-budget` pods wait with one (in the inbox or
+//! in the dispatcher's pending requests, until their read begins or they are
+//! settled), and those pods count in neither the inbox's capacity nor the
+//! dispatcher's bound. So no flood of API requests, whatever its UIDs, makes a hint
+//! from the runtime wait or drop.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use actix::prelude::*;
 use opentelemetry::trace::SpanContext;
-use plegd_telemetry::{Metrics, RequestResult};
+use plegd_telemetry::{Metrics, Refusal, RequestResult};
 
 use super::dispatcher::BringForward;
 use super::priority::GlobalPriority;
@@ -25,6 +32,10 @@ use crate::event::RelistSource;
 /// The most containers prefetched for one pod (the requests merged into its
 /// relist asked for more: the rest are read as usual).
 pub const MAX_PREFETCH: usize = 4;
+
+/// Pods that may wait with an API client's request, by default: a node's pods with
+/// room to spare (a pod worker asks once per pod it allocates or syncs).
+pub const DEFAULT_API_RELIST_BUDGET: usize = 256;
 
 /// A request for a relist of one pod. Built by [`RelistQueue::request`], which stamps
 /// the enqueue time.
@@ -39,6 +50,66 @@ pub struct RequestRelist {
     /// one the event is about; several once requests are merged, at most
     /// [`MAX_PREFETCH`]).
     pub prefetch: Vec<String>,
+    /// The pod's place in the API clients' budget, when an API client asked for it
+    /// (freed when the last copy of the request is dropped: read, settled or merged
+    /// into one that keeps it).
+    pub(crate) api: Option<Arc<ApiPlace>>,
+}
+
+/// What became of an API client's request (RequestRelist's answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiRelistOutcome {
+    /// A new request for the pod waits.
+    Queued,
+    /// A request for the pod was waiting already (or a sync holds it): this one
+    /// joined it.
+    Coalesced,
+    /// The API clients' budget was full: not queued (the next global relist covers
+    /// the pod).
+    Dropped,
+    /// The dispatcher is stopping or gone.
+    Unavailable,
+}
+
+/// The API clients' budget: how many pods wait with a request from one, at most.
+#[derive(Clone, Debug)]
+pub(crate) struct ApiBudget {
+    waiting: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl ApiBudget {
+    pub(crate) fn new(limit: usize) -> Self {
+        ApiBudget {
+            waiting: Arc::new(AtomicUsize::new(0)),
+            limit,
+        }
+    }
+
+    /// A place for one more pod, if the budget has one.
+    fn take(&self) -> Option<Arc<ApiPlace>> {
+        self.waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Arc::new(ApiPlace(self.waiting.clone())))
+    }
+
+    /// Pods waiting with an API client's request.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+}
+
+/// One pod's place in the [`ApiBudget`]; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct ApiPlace(Arc<AtomicUsize>);
+
+impl Drop for ApiPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Requests waiting, one per pod, in arrival order: the inbox, and the dispatcher's
@@ -48,6 +119,9 @@ pub(crate) struct PodRequests {
     reqs: Vec<RequestRelist>,
     /// Pod UID → its index in `reqs`.
     index: HashMap<String, usize>,
+    /// How many of `reqs` hold a place in the API clients' budget (bounded by it, not
+    /// by the bound of [`PodRequests::add`]).
+    api: usize,
 }
 
 impl PodRequests {
@@ -68,7 +142,8 @@ impl PodRequests {
     }
 
     /// Adds `req`: merged into the request waiting for its pod (counted), else
-    /// appended if fewer than `bound` pods wait; else given back (refused).
+    /// appended if fewer than `bound` pods wait without an API client's place (one
+    /// with a place is bounded by the API budget instead); else given back (refused).
     pub(crate) fn add(
         &mut self,
         req: RequestRelist,
@@ -76,11 +151,18 @@ impl PodRequests {
         metrics: &Metrics,
     ) -> Option<RequestRelist> {
         if let Some(&i) = self.index.get(&req.uid) {
+            let had_place = self.reqs[i].api.is_some();
             merge(&mut self.reqs[i], req, metrics);
+            if !had_place && self.reqs[i].api.is_some() {
+                self.api += 1;
+            }
             return None;
         }
-        if self.reqs.len() >= bound {
+        if req.api.is_none() && self.reqs.len() - self.api >= bound {
             return Some(req);
+        }
+        if req.api.is_some() {
+            self.api += 1;
         }
         self.index.insert(req.uid.clone(), self.reqs.len());
         self.reqs.push(req);
@@ -90,6 +172,7 @@ impl PodRequests {
     /// Takes every request, in arrival order.
     pub(crate) fn take(&mut self) -> Vec<RequestRelist> {
         self.index.clear();
+        self.api = 0;
         std::mem::take(&mut self.reqs)
     }
 
@@ -107,6 +190,7 @@ impl PodRequests {
             self.index.insert(req.uid.clone(), self.reqs.len());
             self.reqs.push(req);
         }
+        self.api = self.reqs.iter().filter(|r| r.api.is_some()).count();
     }
 }
 
@@ -119,6 +203,9 @@ pub(crate) fn merge(kept: &mut RequestRelist, req: RequestRelist, metrics: &Metr
     } else {
         req
     };
+    if kept.api.is_none() {
+        kept.api = merged.api.take();
+    }
     let ids = &mut kept.prefetch;
     for id in merged.prefetch.drain(..) {
         if ids.len() < MAX_PREFETCH && !ids.contains(&id) {
@@ -183,6 +270,39 @@ impl Inbox {
         Ok(!self.woken.swap(true, Ordering::SeqCst))
     }
 
+    /// Adds an API client's request: joins the request waiting for its pod, else
+    /// takes a place in `budget` (none left: dropped, counted). The inbox's capacity
+    /// is the runtime's, not the API's. With the outcome, whether the reader must be
+    /// woken.
+    fn push_api(
+        &self,
+        mut req: RequestRelist,
+        budget: &ApiBudget,
+        metrics: &Metrics,
+    ) -> (ApiRelistOutcome, bool) {
+        let source = req.source;
+        let (outcome, depth) = {
+            let mut pods = self.lock();
+            let outcome = if pods.contains(&req.uid) {
+                ApiRelistOutcome::Coalesced
+            } else if let Some(place) = budget.take() {
+                req.api = Some(place);
+                ApiRelistOutcome::Queued
+            } else {
+                drop(pods);
+                metrics.count_request(RequestResult::Dropped, source);
+                metrics.count_refused(Refusal::RelistBudget);
+                return (ApiRelistOutcome::Dropped, false);
+            };
+            // Merged, or holding a place: never refused.
+            let _ = pods.add(req, self.capacity, metrics);
+            (outcome, pods.len())
+        };
+        metrics.count_request(RequestResult::Queued, source);
+        metrics.queue_depth.set(depth as i64);
+        (outcome, !self.woken.swap(true, Ordering::SeqCst))
+    }
+
     /// The reader could not be woken: the next request tries again.
     fn wake_failed(&self) {
         self.woken.store(false, Ordering::SeqCst);
@@ -200,6 +320,8 @@ pub struct RelistQueue {
     closed: Arc<AtomicBool>,
     /// Whether a global relist is due or running (hint sources wait then).
     priority: GlobalPriority,
+    /// The API clients' requests' own budget.
+    api: ApiBudget,
 }
 
 impl RelistQueue {
@@ -218,7 +340,22 @@ impl RelistQueue {
             metrics,
             closed: Arc::new(AtomicBool::new(false)),
             priority: GlobalPriority::default(),
+            api: ApiBudget::new(DEFAULT_API_RELIST_BUDGET),
         }
+    }
+
+    /// The same queue, with at most `budget` pods waiting with an API client's
+    /// request (at least one).
+    pub(crate) fn with_api_budget(self, budget: usize) -> Self {
+        RelistQueue {
+            api: ApiBudget::new(budget.max(1)),
+            ..self
+        }
+    }
+
+    /// Pods waiting with an API client's request.
+    pub fn api_waiting(&self) -> usize {
+        self.api.waiting()
     }
 
     /// The same queue, whose reader sets `priority`.
@@ -254,7 +391,30 @@ impl RelistQueue {
             enqueued_at: Instant::now(),
             cause,
             prefetch: container.map(String::from).into_iter().collect(),
+            api: None,
         })
+    }
+
+    /// An API client's request (RequestRelist): under the API clients' own budget,
+    /// never taking a place the runtime's hints need. Never blocks.
+    pub fn request_api(&self, uid: &str, source: RelistSource) -> ApiRelistOutcome {
+        let req = RequestRelist {
+            uid: uid.to_string(),
+            source,
+            enqueued_at: Instant::now(),
+            cause: None,
+            prefetch: Vec::new(),
+            api: None,
+        };
+        if self.closed.load(Ordering::SeqCst) || !self.wake.connected() {
+            self.metrics.count_request(RequestResult::Dropped, source);
+            return ApiRelistOutcome::Unavailable;
+        }
+        let (outcome, wake) = self.inbox.push_api(req, &self.api, &self.metrics);
+        if wake && self.wake.try_send(Wake).is_err() {
+            self.inbox.wake_failed();
+        }
+        outcome
     }
 
     /// Enqueues a request as it is (tests: one stamped in the past).

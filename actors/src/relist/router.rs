@@ -1,6 +1,7 @@
 //! Where every relist request source sends its requests (the hint sources): to the
 //! pod's sync gate if a sync holds the pod (coalesced into one pending relist), else
-//! straight into the dispatcher's bounded queue, unmerged.
+//! straight into the dispatcher's bounded queue, unmerged (an API client's under the
+//! API clients' own budget).
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use opentelemetry::trace::SpanContext;
 use plegd_telemetry::{Metrics, RequestResult};
 
 use super::priority::GlobalPriority;
-use super::queue::RelistQueue;
+use super::queue::{ApiRelistOutcome, RelistQueue};
 use crate::event::RelistSource;
 use crate::sync::HeldPods;
 
@@ -44,6 +45,16 @@ impl RelistRouter {
             return true;
         }
         self.queue.request(uid, source, cause, container)
+    }
+
+    /// An API client's request (RequestRelist), under the API clients' own budget; a
+    /// held pod's joins its gate's pending relist. Never blocks.
+    pub fn request_api(&self, uid: &str, source: RelistSource) -> ApiRelistOutcome {
+        if self.held.coalesce(uid) {
+            self.metrics.count_request(RequestResult::Coalesced, source);
+            return ApiRelistOutcome::Coalesced;
+        }
+        self.queue.request_api(uid, source)
     }
 
     /// Whether the global relist goes first now: hint sources wait for it.

@@ -628,6 +628,7 @@ async fn a_request_whose_turn_comes_while_a_relist_runs_is_not_lost() {
         enqueued_at: Instant::now(),
         cause: None,
         prefetch: vec![],
+        api: None,
     };
     b.dispatcher
         .stop
@@ -767,4 +768,118 @@ async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
             RelistSource::EventedPleg
         )]
     );
+}
+
+/// API clients' requests have their own budget: a flood of 20,000 from two threads,
+/// random UIDs (no such pods), never makes a runtime hint drop — the inbox of 16 is
+/// the hints' alone — and every request the answer called queued or coalesced is
+/// settled by a read that began after it was accepted (`done`), a global relist that
+/// began after it (`skipped`), or the request it joined (`merged`).
+#[actix_rt::test]
+async fn a_flood_of_api_requests_never_crowds_out_the_runtimes_hints() {
+    use super::queue::ApiRelistOutcome;
+    const PODS: usize = 10;
+    const BUDGET: usize = 32;
+    const FLOOD: usize = 20_000;
+    let rt = FakeRuntime::new();
+    let pods = pods_with_a_container(&rt, PODS);
+    let b = start(
+        &rt,
+        Setup {
+            period: Duration::from_millis(50),
+            capacity: 16,
+            ..Setup::default()
+        },
+    );
+    wait_until("first global relist", || b.global_relists() >= 1).await;
+    let api = b.dispatcher.queue.clone().with_api_budget(BUDGET);
+    let flooders: Vec<_> = (0..2)
+        .map(|t| {
+            let api = api.clone();
+            std::thread::spawn(move || {
+                let mut answers = [0u64; 4];
+                for i in 0..FLOOD / 2 {
+                    let uid = format!("{:032x}", rand_uid(t, i));
+                    let i = match api.request_api(&uid, RelistSource::PostAllocation) {
+                        ApiRelistOutcome::Queued => 0,
+                        ApiRelistOutcome::Coalesced => 1,
+                        ApiRelistOutcome::Dropped => 2,
+                        ApiRelistOutcome::Unavailable => 3,
+                    };
+                    answers[i] += 1;
+                    assert!(api.api_waiting() <= BUDGET);
+                }
+                answers
+            })
+        })
+        .collect();
+    // Meanwhile the runtime's hints: every pod, again and again, as its containers
+    // exit (each round fits the hints' inbox).
+    let mut hints = 0u64;
+    for (round, (_, _, c)) in pods.iter().cycle().take(PODS * 50).enumerate() {
+        if round < PODS {
+            rt.exit_container(c, 1);
+        }
+        for (uid, _, _) in &pods {
+            assert!(
+                b.dispatcher
+                    .queue
+                    .request(uid, RelistSource::EventedPleg, None, None),
+                "a runtime hint was dropped"
+            );
+            hints += 1;
+        }
+        tokio::task::yield_now().await;
+    }
+    let mut answers = [0u64; 4];
+    for f in flooders {
+        for (a, n) in answers.iter_mut().zip(f.join().unwrap()) {
+            *a += n;
+        }
+    }
+    let [queued, coalesced, dropped, unavailable] = answers;
+    assert_eq!(queued + coalesced + dropped, FLOOD as u64);
+    assert_eq!(unavailable, 0);
+    assert!(queued > 0, "some API requests were queued");
+    let api_count = |r| b.metrics.requests(r, RelistSource::PostAllocation);
+    assert_eq!(
+        b.requests(RequestResult::Dropped),
+        0,
+        "no runtime hint dropped"
+    );
+    assert_eq!(b.requests(RequestResult::Queued), hints);
+    assert_eq!(api_count(RequestResult::Dropped), dropped);
+    assert_eq!(api_count(RequestResult::Queued), queued + coalesced);
+    assert_eq!(
+        b.metrics.refused(plegd_telemetry::Refusal::RelistBudget),
+        dropped
+    );
+    let settled = |count: &dyn Fn(RequestResult) -> u64| {
+        [
+            RequestResult::Done,
+            RequestResult::Skipped,
+            RequestResult::Coalesced,
+            RequestResult::Merged,
+        ]
+        .into_iter()
+        .map(count)
+        .sum::<u64>()
+    };
+    wait_until("every accepted API request settled", || {
+        settled(&api_count) == queued + coalesced
+    })
+    .await;
+    wait_until("every hint settled", || b.settled() == hints).await;
+    wait_until("the budget given back", || api.api_waiting() == 0).await;
+    wait_until("every death published", || deaths(&b).len() == PODS).await;
+}
+
+/// A UID-like number, different for every (thread, index): no two requests of the
+/// flood name one pod unless by chance of the hash.
+fn rand_uid(thread: usize, i: usize) -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_usize(thread);
+    h.write_usize(i);
+    (u128::from(h.finish()) << 64) | (thread as u128) << 32 | i as u128
 }

@@ -8,6 +8,7 @@ pub(crate) mod held;
 pub(crate) mod registry;
 
 pub(crate) use held::HeldPods;
+pub use registry::{KnownPod, DEFAULT_MAX_SYNC_HOLD, DEFAULT_MAX_UNKNOWN_HOLDS};
 
 #[cfg(test)]
 mod tests;

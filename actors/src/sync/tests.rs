@@ -26,12 +26,17 @@ struct Gates {
 }
 
 fn gates(queue: RecorderConfig, idle: Duration) -> Gates {
+    gates_holding(queue, idle, crate::sync::DEFAULT_MAX_SYNC_HOLD)
+}
+
+fn gates_holding(queue: RecorderConfig, idle: Duration, max_hold: Duration) -> Gates {
     let metrics = Arc::new(Metrics::new());
     let (soon_addr, _) = Recorder::<BringForward>::start(RecorderConfig::default());
     let (queue, requests) = recording_queue(queue, soon_addr.recipient(), metrics.clone());
     let held = HeldPods::default();
-    let registry =
-        SyncGateRegistry::new(queue.clone(), held.clone(), metrics.clone(), idle).start();
+    let registry = SyncGateRegistry::new(queue.clone(), held.clone(), metrics.clone(), idle)
+        .with_max_hold(max_hold)
+        .start();
     Gates {
         gates: SyncGates::new(registry),
         router: RelistRouter::new(queue, held.clone(), metrics.clone()),
@@ -180,4 +185,94 @@ async fn a_release_into_a_full_queue_is_dropped_and_counted_and_the_pod_is_relea
             ("u1".to_string(), RelistSource::PostSync)
         ]
     );
+}
+
+#[actix_rt::test]
+async fn a_hold_not_renewed_expires_as_cancelled_and_is_counted() {
+    // Paused clock: the minute passes as soon as nothing else can run.
+    tokio::time::pause();
+    let g = gates_holding(
+        RecorderConfig::default(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    // A relist asked for during the hold is still owed after the expiry.
+    let mut hold = g.gates.begin_sync("u1").await.unwrap();
+    let began = tokio::time::Instant::now();
+    assert!(hold.expires_at() > std::time::SystemTime::now());
+    assert!(g
+        .router
+        .request("u1", RelistSource::EventedPleg, None, None));
+    hold.expired().await;
+    assert!(began.elapsed() >= Duration::from_secs(60));
+    assert!(!g.held.contains("u1"));
+    assert_eq!(g.metrics.sync_holds_expired.get(), 1);
+    wait_until("the owed relist", || g.requests.len() == 1).await;
+    assert_eq!(
+        sources(&g.requests),
+        [("u1".into(), RelistSource::PostSync)]
+    );
+    // The hold is over: a renew is refused, and its end changes nothing.
+    assert_eq!(hold.renew().await.err(), Some(SyncError::Ended));
+    hold.end(SyncOutcome::Success);
+    // The pod can be held again at once.
+    let again = g.gates.begin_sync("u1").await.unwrap();
+    again.end(SyncOutcome::Cancelled);
+    wait_until("released", || !g.held.contains("u1")).await;
+    assert_eq!(g.requests.len(), 1);
+    assert_eq!(g.metrics.sync_holds_expired.get(), 1);
+}
+
+#[actix_rt::test]
+async fn a_renewed_hold_lasts_its_maximum_from_the_renew() {
+    tokio::time::pause();
+    let g = gates_holding(
+        RecorderConfig::default(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    let mut hold = g.gates.begin_sync("u1").await.unwrap();
+    let first = hold.expires_at();
+    tokio::time::advance(Duration::from_secs(40)).await;
+    let renewed = tokio::time::Instant::now();
+    let at = hold.renew().await.unwrap();
+    assert!(at > first && hold.expires_at() == at);
+    // Past the first expiry, still held.
+    tokio::time::advance(Duration::from_secs(40)).await;
+    assert!(g.held.contains("u1"));
+    assert_eq!(g.metrics.sync_holds_expired.get(), 0);
+    hold.expired().await;
+    assert!(renewed.elapsed() >= Duration::from_secs(60));
+    assert_eq!(g.metrics.sync_holds_expired.get(), 1);
+    assert!(!g.held.contains("u1"));
+}
+
+#[actix_rt::test]
+async fn holds_of_pods_plegd_does_not_know_are_bounded() {
+    let mut g = gates(RecorderConfig::default(), Duration::from_secs(60));
+    g.gates = g
+        .gates
+        .with_known(Arc::new(|uid: &str| uid.starts_with("known")), 2);
+    let a = g.gates.begin_sync("new-a").await.unwrap();
+    assert!(!a.pod_known());
+    let b = g.gates.begin_sync("new-b").await.unwrap();
+    assert_eq!(
+        g.gates.begin_sync("new-c").await.err(),
+        Some(SyncError::TooManyUnknown(2))
+    );
+    // Refused holds take no place.
+    assert!(g.gates.begin_sync("new-a").await.is_err());
+    assert_eq!(g.gates.unknown_holds(), 2);
+    // Known pods are not bounded by it.
+    let k = g.gates.begin_sync("known-1").await.unwrap();
+    assert!(k.pod_known());
+    // A released place is free again.
+    a.end(SyncOutcome::Cancelled);
+    wait_until("the place given back", || g.gates.unknown_holds() == 1).await;
+    let c = g.gates.begin_sync("new-c").await.unwrap();
+    assert!(!g.held.contains("new-a") && g.held.contains("new-c"));
+    for h in [b, c, k] {
+        h.end(SyncOutcome::Cancelled);
+    }
+    wait_until("every place given back", || g.gates.unknown_holds() == 0).await;
 }

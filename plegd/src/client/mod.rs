@@ -4,6 +4,7 @@
 //! saying which: nothing answers at the socket (named), a refused revision, an
 //! unknown pod.
 
+mod clients;
 mod pods;
 mod status;
 mod watch;

@@ -3,7 +3,8 @@
 //! with one, one pod, as the cache holds it
 //! (with `--newer-than`: once the cache read it after that time), the node it is on,
 //! and when it went away if it did; and plegd's relist hint sources with their states
-//! (as the `plegd_hint_source_state` gauge has them).
+//! (as the `plegd_hint_source_state` gauge has them). `--clients`: the connected
+//! watchers and active holds instead (`clients.rs`).
 
 use std::time::{Duration, SystemTime};
 
@@ -33,6 +34,11 @@ pub struct StatusArgs {
     /// without a UID: node_name, instance_id, latest_revision, hint_sources).
     #[arg(long)]
     pub json: bool,
+    /// The connected watchers (filter, queue depth/capacity, dropped, revision
+    /// reached, opened at) and active sync holds (pod, held since, expires at, pod
+    /// known) instead; --json: {watchers: [...], holds: [...]}.
+    #[arg(long, conflicts_with = "uid")]
+    pub clients: bool,
     #[command(flatten)]
     pub socket: SocketArg,
 }
@@ -134,6 +140,9 @@ async fn run_plegd(args: &StatusArgs) -> Result<(), ExitError> {
 }
 
 pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
+    if args.clients {
+        return super::clients::run(&args.socket.api_socket, args.json).await;
+    }
     let Some(uid) = &args.uid else {
         return run_plegd(&args).await;
     };
