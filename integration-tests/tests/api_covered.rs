@@ -72,7 +72,7 @@ async fn a_targeted_relist_that_read_the_pod_covers_it_at_its_read() {
     wait_until("the first global relist", || served.pleg.health().ready()).await;
     let sb = served.rt.run_pod("u1", "web", "ns");
     served.rt.run_container(&sb, "app");
-    let mut client = served.client().await;
+    let mut client = served.control_client().await;
     for source in [
         v1::RelistSource::PostAllocation,
         v1::RelistSource::PostSync,

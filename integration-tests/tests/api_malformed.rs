@@ -57,7 +57,13 @@ struct Answer {
 /// usual ones (a header given with an empty value is left out), then the body in
 /// `chunks`, ending the stream after the last (with the headers if none).
 async fn raw(served: &Served, path: &str, headers: &[(&str, &str)], chunks: &[Vec<u8>]) -> Answer {
-    let io = tokio::net::UnixStream::connect(&served.socket)
+    // Sync is served on the control socket only.
+    let socket = if path == SYNC {
+        &served.control
+    } else {
+        &served.socket
+    };
+    let io = tokio::net::UnixStream::connect(socket)
         .await
         .expect("the API socket accepts");
     let (client, connection) = h2::client::handshake(io).await.expect("HTTP/2 handshake");
