@@ -53,7 +53,7 @@ pub use pleg::{GenericPleg, PodStatus, PrefetchCounts, RelistOutput, RelistScope
 pub use plegd_nri::DEFAULT_SOCKET as DEFAULT_NRI_SOCKET;
 pub use publisher::SubscribeError;
 pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
-pub use subscription::{Delivery, Subscription};
+pub use subscription::{Delivery, Loss, Received, Subscription};
 pub use sync::gate::{SyncError, SyncHold, SyncOutcome};
 pub use sync::registry::SyncGates;
 pub use wiring::{Pleg, PlegConfig};

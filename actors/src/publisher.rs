@@ -3,8 +3,10 @@
 //! only (counted in kubelet_pleg_discard_events) and never slows the dispatcher.
 //!
 //! Unlike kubelet, a drop is never silent: every event a subscriber is offered takes
-//! the next number of its sequence, and the next event it does receive carries how
-//! many it missed, so the consumer knows to re-read pod status from the cache.
+//! the next number of its sequence, and each run of drops is one loss (the revisions
+//! it covers and how many events it dropped), attached to the next event queued and
+//! held for the subscription to take if none comes (see `subscription`); the
+//! consumer knows what to replay from the history or re-read from the cache.
 //!
 //! Resuming (list + watch with resourceVersion): events come numbered (see
 //! `revision`), and the publisher keeps the last `history` of them, shared with the
@@ -24,7 +26,8 @@ use tokio::sync::Notify;
 use crate::event::LifecycleEvent;
 use crate::revision::Revisions;
 use crate::subscription::{
-    read, Delivery, History, Replay, SharedHistory, Subscription, WakeOnDrop,
+    lock_loss, read, Delivery, History, LossState, Queued, Replay, SharedHistory, SharedLoss,
+    Subscription, WakeOnDrop,
 };
 
 /// Why a subscription from a revision was refused.
@@ -47,12 +50,13 @@ pub enum SubscribeError {
 struct Subscriber {
     id: u64,
     name: String,
-    tx: Sender<Delivery>,
+    tx: Sender<Queued>,
     /// Dropped after `tx` (field order), so an async receiver it wakes sees the end.
     _wake_on_drop: WakeOnDrop,
     wake: Arc<Notify>,
     next_seq: u64,
-    missed: u64,
+    /// Its loss not yet taken, shared with its subscription.
+    loss: SharedLoss,
     /// Events up to this revision are not offered (the subscriber resumed from it).
     skip_through: u64,
 }
@@ -101,6 +105,8 @@ impl EventPublisher {
             next: history.position_after(after),
             end: history.end(),
             next_seq: 1,
+            reached: after,
+            end_revision: self.published,
         })
     }
 }
@@ -138,6 +144,8 @@ impl Handler<Subscribe> for EventPublisher {
         let first_live_seq = replay.as_ref().map_or(1, |r| 1 + r.end - r.next);
         let (tx, rx) = bounded(msg.capacity.max(1));
         let wake = Arc::new(Notify::new());
+        let loss: SharedLoss =
+            Arc::new(std::sync::Mutex::new(LossState::starting_at(skip_through)));
         self.next_id += 1;
         let id = self.next_id;
         self.subscribers.push(Subscriber {
@@ -147,7 +155,7 @@ impl Handler<Subscribe> for EventPublisher {
             _wake_on_drop: WakeOnDrop(wake.clone()),
             wake: wake.clone(),
             next_seq: first_live_seq,
-            missed: 0,
+            loss: loss.clone(),
             skip_through,
         });
         self.metrics.subscribers.set(self.subscribers.len() as i64);
@@ -155,6 +163,7 @@ impl Handler<Subscribe> for EventPublisher {
             msg.name,
             replay,
             rx,
+            loss,
             wake,
             id,
             ctx.address(),
@@ -205,23 +214,33 @@ impl Handler<Publish> for EventPublisher {
                 }
                 let seq = s.next_seq;
                 s.next_seq += 1;
-                let delivery = Delivery {
-                    seq,
-                    missed: s.missed,
-                    event: ev.clone(),
+                // Queued under the loss lock: see `LossState`.
+                let mut loss = lock_loss(&s.loss);
+                let attached = loss.pending();
+                let queued = Queued {
+                    delivery: Delivery {
+                        seq,
+                        missed: attached.map_or(0, |l| l.dropped),
+                        event: ev.clone(),
+                    },
+                    loss: attached,
                 };
-                match s.tx.try_send(delivery) {
+                match s.tx.try_send(queued) {
                     Ok(()) => {
-                        s.missed = 0;
+                        loss.queued(ev.revision);
+                        drop(loss);
                         s.wake.notify_one();
                         true
                     }
                     Err(TrySendError::Full(_)) => {
-                        s.missed += 1;
+                        let begins = loss.dropped(ev.revision);
+                        drop(loss);
                         self.metrics.discard_events.inc();
                         self.metrics.subscriber_drops.inc();
-                        if s.missed == 1 {
+                        if begins {
                             tracing::warn!(subscriber = %s.name, "subscriber queue full; dropping events");
+                            // A receiver waiting on an empty queue learns of the loss.
+                            s.wake.notify_one();
                         }
                         true
                     }
