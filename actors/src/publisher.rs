@@ -161,6 +161,7 @@ impl Handler<Subscribe> for EventPublisher {
         self.metrics.subscribers.set(self.subscribers.len() as i64);
         MessageResult(Ok(Subscription::new(
             msg.name,
+            msg.after.unwrap_or(self.published),
             replay,
             rx,
             loss,

@@ -297,6 +297,8 @@ impl LossState {
 /// unsubscribe at once).
 pub struct Subscription {
     name: String,
+    /// The revision its events follow (see [`Self::starts_after`]).
+    starts_after: u64,
     local: Mutex<Local>,
     rx: Receiver<Queued>,
     loss: SharedLoss,
@@ -323,8 +325,10 @@ impl Local {
 }
 
 impl Subscription {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: String,
+        starts_after: u64,
         replay: Option<Replay>,
         rx: Receiver<Queued>,
         loss: SharedLoss,
@@ -334,6 +338,7 @@ impl Subscription {
     ) -> Self {
         Subscription {
             name,
+            starts_after,
             local: Mutex::new(Local {
                 replay,
                 stashed: None,
@@ -349,6 +354,13 @@ impl Subscription {
     /// The name given at subscription (for logs).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The revision this subscription's events follow: the one it resumed after, or,
+    /// without one, the last published when it subscribed (a resume point: every
+    /// event after it is given or told lost).
+    pub fn starts_after(&self) -> u64 {
+        self.starts_after
     }
 
     fn local(&self) -> std::sync::MutexGuard<'_, Local> {

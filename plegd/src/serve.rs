@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use plegd_actors::{Health, HintSourceName, Pleg};
 use plegd_api::{
-    ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS, DEFAULT_WATCH_QUEUE,
+    ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS,
 };
 use plegd_otlp_events::{EventLogConfig, EventLogExport};
 use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
@@ -228,7 +228,7 @@ pub async fn serve(
             let path = bound.path().display().to_string();
             let api_config = ApiConfig {
                 node_name: config.identity.node_name.clone(),
-                watch_queue: DEFAULT_WATCH_QUEUE,
+                watch_queue: config.watch_queue,
                 max_connections: DEFAULT_MAX_CONNECTIONS,
             };
             let server = ApiServer::start(pleg.clone(), bound, api_config)

@@ -39,6 +39,8 @@ pub struct ServiceConfig {
     /// `--api-socket`: unset for the command's default.
     pub api_socket: Option<ApiSocket>,
     pub api_socket_group: Option<String>,
+    /// `--watch-queue`: each Watch stream's queue.
+    pub watch_queue: usize,
 }
 
 /// The host name, as the kernel has it.
@@ -158,6 +160,7 @@ impl Settings {
             otlp_events: self.otlp_events_endpoint()?,
             api_socket: self.api_socket.clone(),
             api_socket_group: self.api_socket_group.clone(),
+            watch_queue: self.watch_queue.get(),
             identity: {
                 let host_name = host_name();
                 let node_name = match (&self.node_name, &host_name) {
