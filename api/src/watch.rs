@@ -341,7 +341,10 @@ impl Watcher {
 /// subscription's own account of where the loss begins agrees with the stream's; were
 /// it ever earlier, the earlier one is the safe resume point.
 fn gap(loss: Loss, reached: u64) -> v1::Gap {
-    debug_assert_eq!(loss.after, reached, "a loss that does not follow the stream");
+    debug_assert_eq!(
+        loss.after, reached,
+        "a loss that does not follow the stream"
+    );
     v1::Gap {
         after_revision: loss.after.min(reached),
         through_revision: loss.through,

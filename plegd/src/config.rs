@@ -317,14 +317,15 @@ mod tests {
     }
 
     #[test]
-    fn the_watch_queue_comes_from_a_flag_the_environment_or_the_file_within_bounds() {
+    fn the_watch_queue_comes_from_a_flag_or_the_file_within_bounds() {
         let queue = |s: Settings| s.service_config().unwrap().watch_queue;
         let (s, _) = parse(&["plegd", "--watch-queue", "16"]);
         assert_eq!(queue(s), 16);
         let s = with_file(&["plegd"], "watch-queue = 4096\n").unwrap();
         assert_eq!(queue(s), 4096);
         for bad in ["0", "1048577", "-1", "many"] {
-            let err = SettingsOnly::try_parse_from(["plegd", "--watch-queue", bad])
+            let arg = format!("--watch-queue={bad}");
+            let err = SettingsOnly::try_parse_from(["plegd", arg.as_str()])
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();

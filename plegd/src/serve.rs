@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use std::path::{Path, PathBuf};
 
 use plegd_actors::{Health, HintSourceName, Pleg};
-use plegd_api::{
-    ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS,
-};
+use plegd_api::{ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS};
 use plegd_otlp_events::{EventLogConfig, EventLogExport};
 use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
