@@ -195,50 +195,72 @@ impl Wants {
     }
 }
 
-/// Replays each gap of `log` with a Watch from its `after_revision` (same filters)
-/// and keeps what falls in its range; the publisher is closed after `opened` says
-/// every resume is open, so each replay ends.
-async fn open_resumes(
+/// Replays the gaps of `log` with Watches (same filters) read at once by their own
+/// tasks until they end (the publisher closes once every resume is open): one from
+/// the first gap's `after_revision`, which gives what a resume from any later gap
+/// gives in that gap's range (the replay is the history's), and one from each of
+/// `each` gaps (all, in the regression tests; a random one, in the randomized test).
+/// Each gives the events it replayed in the ranges of the gaps it stands for.
+async fn resume_gaps(
     client: &mut PlegdClient<Channel>,
     req: &v1::WatchRequest,
     log: &Log,
-) -> Vec<(v1::Gap, Streaming<v1::WatchResponse>)> {
+    each: &[usize],
+) -> Vec<tokio::task::JoinHandle<Result<Vec<u64>, String>>> {
     let mut out = Vec::new();
-    for g in &log.gaps {
+    let Some(first) = log.gaps.first() else {
+        return out;
+    };
+    let mut plan = vec![(first.after_revision, log.gaps.clone())];
+    for &i in each {
+        plan.push((log.gaps[i].after_revision, vec![log.gaps[i]]));
+    }
+    for (after, gaps) in plan {
         let w = watch(
             client,
             v1::WatchRequest {
-                since_revision: Some(g.after_revision),
+                since_revision: Some(after),
                 bookmark_interval_seconds: 0,
                 ..req.clone()
             },
         )
         .await;
-        out.push((*g, w.stream));
+        out.push(tokio::spawn(replayed(after, gaps, w.stream)));
     }
     out
 }
 
-/// The events of a resumed stream inside the gap's range.
+/// The events of a resumed stream inside the ranges of `gaps`.
 async fn replayed(
-    gap: v1::Gap,
+    after: u64,
+    gaps: Vec<v1::Gap>,
     mut stream: Streaming<v1::WatchResponse>,
 ) -> Result<Vec<u64>, String> {
-    let mut log = Log::starting_at(gap.after_revision);
+    let mut log = Log::starting_at(after);
     read_to_end(&mut stream, &mut log).await?;
-    if let Some(g) = log
-        .gaps
-        .iter()
-        .find(|g| g.after_revision < gap.through_revision)
-    {
-        return Err(format!("the replay of {gap:?} lost events itself: {g:?}"));
+    let last = gaps.last().map_or(after, |g| g.through_revision);
+    if let Some(g) = log.gaps.iter().find(|g| g.after_revision < last) {
+        return Err(format!("the replay from {after} lost events itself: {g:?}"));
     }
     Ok(log
         .events
         .iter()
         .map(|e| e.revision)
-        .filter(|r| *r <= gap.through_revision)
+        .filter(|r| {
+            gaps.iter()
+                .any(|g| g.after_revision < *r && *r <= g.through_revision)
+        })
         .collect())
+}
+
+async fn joined(
+    resumes: Vec<tokio::task::JoinHandle<Result<Vec<u64>, String>>>,
+) -> Result<Vec<Vec<u64>>, String> {
+    let mut out = Vec::new();
+    for r in resumes {
+        out.push(r.await.map_err(|e| e.to_string())??);
+    }
+    Ok(out)
 }
 
 /// Events received plus events replayed from the gaps, against what the filters
@@ -355,13 +377,15 @@ async fn a_stalled_filtered_watcher_is_told_its_loss_before_any_later_bookmark()
         .map(|e| e.revision)
         .collect();
     let mut client = served.client().await;
-    let resumes = open_resumes(&mut client, &req, &log).await;
+    let each: Vec<usize> = (0..log.gaps.len()).collect();
+    let resumes = resume_gaps(&mut client, &req, &log, &each).await;
     served.pleg.close_publisher().await;
     read_to_end(&mut w.stream, &mut log).await.unwrap();
-    let mut replays = Vec::new();
-    for (gap, stream) in resumes {
-        replays.push(replayed(gap, stream).await.unwrap());
-    }
+    let replays = joined(resumes).await.unwrap();
+    // Each gap's own resume gives what the first one gives in its range.
+    let (whole, each) = replays.split_first().unwrap();
+    assert_eq!(each.concat(), *whole);
+    let replays = vec![whole.clone()];
     check_accounting("the stalled watcher", &log, &replays, &expected).unwrap();
     let told: u64 = log.gaps.iter().map(|g| g.dropped).sum();
     let lost_matching: usize = replays.iter().map(Vec::len).sum();
@@ -432,13 +456,15 @@ async fn a_watcher_that_overflowed_is_told_even_when_nothing_it_wants_follows() 
         log.trail.iter().rev().take(10).collect::<Vec<_>>()
     );
     let mut client = served.client().await;
-    let resumes = open_resumes(&mut client, &req, &log).await;
+    let each: Vec<usize> = (0..log.gaps.len()).collect();
+    let resumes = resume_gaps(&mut client, &req, &log, &each).await;
     served.pleg.close_publisher().await;
     read_to_end(&mut w.stream, &mut log).await.unwrap();
-    let mut replays = Vec::new();
-    for (gap, stream) in resumes {
-        replays.push(replayed(gap, stream).await.unwrap());
-    }
+    let replays = joined(resumes).await.unwrap();
+    // Each gap's own resume gives what the first one gives in its range.
+    let (whole, each) = replays.split_first().unwrap();
+    assert_eq!(each.concat(), *whole);
+    let replays = vec![whole.clone()];
     let expected: Vec<u64> = published(&all)
         .iter()
         .filter(|e| e.uid == "target")
@@ -537,6 +563,7 @@ struct Figures {
 }
 
 async fn run_seed(seed: u64, watchers: usize) -> Result<Figures, String> {
+    let started = Instant::now();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let queue = *[2usize, 4, 8, 16].choose(&mut rng).unwrap();
     let served = Served::start_limited(
@@ -626,6 +653,8 @@ async fn run_seed(seed: u64, watchers: usize) -> Result<Figures, String> {
             Ok::<_, String>((i, req, log, w.stream, client))
         }));
     }
+    let t_setup = started.elapsed();
+    eprintln!("seed {seed}: set up at {t_setup:?}");
     // Churn: random starts, deaths and removals over the pods, in bursts.
     let rt = served.rt.clone();
     let churn_seed = rng.random();
@@ -660,6 +689,8 @@ async fn run_seed(seed: u64, watchers: usize) -> Result<Figures, String> {
     all.extend(mark(&served, &reference, &marks, 2).await);
     let all = published(&all);
     let _ = go.send(Some(std::sync::Arc::new((all.clone(), labels.clone()))));
+    let t_churn = started.elapsed();
+    eprintln!("seed {seed}: churn done at {t_churn:?}");
 
     let mut read = Vec::new();
     for r in readers {
@@ -667,12 +698,24 @@ async fn run_seed(seed: u64, watchers: usize) -> Result<Figures, String> {
     }
     // Replays of every gap told, opened before the publisher closes; then every
     // stream ends after what it still holds (a late gap included).
-    let mut client = served.client().await;
+    let t_read = started.elapsed();
+    eprintln!("seed {seed}: read at {t_read:?}");
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(served.client().await);
+    }
     let mut open = Vec::new();
     for (i, req, log, stream, c) in read {
-        let resumes = open_resumes(&mut client, &req, &log).await;
-        open.push((i, req, log, stream, c, resumes));
+        let each: Vec<usize> = if log.gaps.len() > 1 {
+            vec![rng.random_range(1..log.gaps.len())]
+        } else {
+            Vec::new()
+        };
+        let resumes = resume_gaps(&mut clients[i % 8], &req, &log, &each).await;
+        open.push((i, req, log, stream, c, resumes, each));
     }
+    let t_resumed = started.elapsed();
+    eprintln!("seed {seed}: resumes open at {t_resumed:?}");
     served.pleg.close_publisher().await;
     let mut figures = Figures {
         watchers,
@@ -681,16 +724,30 @@ async fn run_seed(seed: u64, watchers: usize) -> Result<Figures, String> {
     };
     let checks: Vec<_> = open
         .into_iter()
-        .map(|(i, req, mut log, mut stream, c, resumes)| {
+        .map(|(i, req, mut log, mut stream, c, resumes, each)| {
             let all = all.clone();
             let labels = labels.clone();
             tokio::spawn(async move {
                 let _keep = c;
-                let replays =
-                    futures::future::try_join_all(resumes.into_iter().map(|(g, s)| replayed(g, s)));
-                let (end, replays) = tokio::join!(read_to_end(&mut stream, &mut log), replays);
+                let (end, replays) =
+                    tokio::join!(read_to_end(&mut stream, &mut log), joined(resumes));
                 end.map_err(|e| format!("watcher {i}: {e}"))?;
                 let replays = replays.map_err(|e| format!("watcher {i}: {e}"))?;
+                // A gap's own resume gives what the first gap's gives in its range.
+                if let ([whole, one], [k]) = (replays.as_slice(), each.as_slice()) {
+                    let g = log.gaps[*k];
+                    let in_range: Vec<u64> = whole
+                        .iter()
+                        .copied()
+                        .filter(|r| g.after_revision < *r && *r <= g.through_revision)
+                        .collect();
+                    if *one != in_range {
+                        return Err(format!(
+                            "watcher {i}: resuming from gap {g:?} gave {one:?}, the first gap's resume {in_range:?}"
+                        ));
+                    }
+                }
+                let replays: Vec<Vec<u64>> = replays.into_iter().take(1).collect();
                 let wants = Wants::of(&req);
                 let expected: Vec<u64> = all
                     .iter()
@@ -709,6 +766,11 @@ async fn run_seed(seed: u64, watchers: usize) -> Result<Figures, String> {
         figures.gaps += gaps;
         figures.replayed += replayed;
     }
+    eprintln!(
+        "seed {seed}: set up in {t_setup:?}, churn done at {t_churn:?}, read at {t_read:?}, \
+         resumes open at {t_resumed:?}, checked at {:?}",
+        started.elapsed()
+    );
     Ok(figures)
 }
 
