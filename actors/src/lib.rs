@@ -54,7 +54,7 @@ pub use plegd_nri::DEFAULT_SOCKET as DEFAULT_NRI_SOCKET;
 pub use publisher::SubscribeError;
 pub use relist::queue::{ApiRelistOutcome, DEFAULT_API_RELIST_BUDGET};
 pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
-pub use subscription::{Delivery, Subscription};
+pub use subscription::{Delivery, Loss, Received, Subscription};
 pub use sync::gate::{SyncError, SyncHold, SyncOutcome};
 pub use sync::registry::SyncGates;
 pub use sync::{KnownPod, DEFAULT_MAX_SYNC_HOLD, DEFAULT_MAX_UNKNOWN_HOLDS};

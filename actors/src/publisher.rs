@@ -3,8 +3,10 @@
 //! only (counted in kubelet_pleg_discard_events) and never slows the dispatcher.
 //!
 //! Unlike kubelet, a drop is never silent: every event a subscriber is offered takes
-//! the next number of its sequence, and the next event it does receive carries how
-//! many it missed, so the consumer knows to re-read pod status from the cache.
+//! the next number of its sequence, and each run of drops is one loss (the revisions
+//! it covers and how many events it dropped), attached to the next event queued and
+//! held for the subscription to take if none comes (see `subscription`); the
+//! consumer knows what to replay from the history or re-read from the cache.
 //!
 //! Resuming (list + watch with resourceVersion): events come numbered (see
 //! `revision`), and the publisher keeps the last `history` of them, shared with the
@@ -24,7 +26,8 @@ use tokio::sync::Notify;
 use crate::event::LifecycleEvent;
 use crate::revision::Revisions;
 use crate::subscription::{
-    read, Delivery, History, Replay, SharedHistory, Subscription, WakeOnDrop,
+    lock_loss, read, Delivery, History, LossState, Queued, Replay, SharedHistory, SharedLoss,
+    Subscription, WakeOnDrop,
 };
 
 /// Why a subscription from a revision was refused.
@@ -47,12 +50,13 @@ pub enum SubscribeError {
 struct Subscriber {
     id: u64,
     name: String,
-    tx: Sender<Delivery>,
+    tx: Sender<Queued>,
     /// Dropped after `tx` (field order), so an async receiver it wakes sees the end.
     _wake_on_drop: WakeOnDrop,
     wake: Arc<Notify>,
     next_seq: u64,
-    missed: u64,
+    /// Its loss not yet taken, shared with its subscription.
+    loss: SharedLoss,
     /// Events up to this revision are not offered (the subscriber resumed from it).
     skip_through: u64,
 }
@@ -101,6 +105,8 @@ impl EventPublisher {
             next: history.position_after(after),
             end: history.end(),
             next_seq: 1,
+            reached: after,
+            end_revision: self.published,
         })
     }
 }
@@ -138,6 +144,8 @@ impl Handler<Subscribe> for EventPublisher {
         let first_live_seq = replay.as_ref().map_or(1, |r| 1 + r.end - r.next);
         let (tx, rx) = bounded(msg.capacity.max(1));
         let wake = Arc::new(Notify::new());
+        let loss: SharedLoss =
+            Arc::new(std::sync::Mutex::new(LossState::starting_at(skip_through)));
         self.next_id += 1;
         let id = self.next_id;
         self.subscribers.push(Subscriber {
@@ -147,14 +155,16 @@ impl Handler<Subscribe> for EventPublisher {
             _wake_on_drop: WakeOnDrop(wake.clone()),
             wake: wake.clone(),
             next_seq: first_live_seq,
-            missed: 0,
+            loss: loss.clone(),
             skip_through,
         });
         self.metrics.subscribers.set(self.subscribers.len() as i64);
         MessageResult(Ok(Subscription::new(
             msg.name,
+            msg.after.unwrap_or(self.published),
             replay,
             rx,
+            loss,
             wake,
             id,
             ctx.address(),
@@ -205,23 +215,33 @@ impl Handler<Publish> for EventPublisher {
                 }
                 let seq = s.next_seq;
                 s.next_seq += 1;
-                let delivery = Delivery {
-                    seq,
-                    missed: s.missed,
-                    event: ev.clone(),
+                // Queued under the loss lock: see `LossState`.
+                let mut loss = lock_loss(&s.loss);
+                let attached = loss.pending();
+                let queued = Queued {
+                    delivery: Delivery {
+                        seq,
+                        missed: attached.map_or(0, |l| l.dropped),
+                        event: ev.clone(),
+                    },
+                    loss: attached,
                 };
-                match s.tx.try_send(delivery) {
+                match s.tx.try_send(queued) {
                     Ok(()) => {
-                        s.missed = 0;
+                        loss.queued(ev.revision);
+                        drop(loss);
                         s.wake.notify_one();
                         true
                     }
                     Err(TrySendError::Full(_)) => {
-                        s.missed += 1;
+                        let begins = loss.dropped(ev.revision);
+                        drop(loss);
                         self.metrics.discard_events.inc();
                         self.metrics.subscriber_drops.inc();
-                        if s.missed == 1 {
+                        if begins {
                             tracing::warn!(subscriber = %s.name, "subscriber queue full; dropping events");
+                            // A receiver waiting on an empty queue learns of the loss.
+                            s.wake.notify_one();
                         }
                         true
                     }
@@ -575,5 +595,193 @@ mod tests {
         let got: Vec<Delivery> = sub.try_iter().collect();
         assert_eq!(revisions(&got), (5..=14).collect::<Vec<_>>());
         assert_eq!((got[0].seq, got[0].missed), (5, 4));
+    }
+
+    use crate::subscription::{Loss, Received};
+
+    /// Everything `try_next` gives now.
+    fn items(sub: &Subscription) -> Vec<Received> {
+        std::iter::from_fn(|| sub.try_next().ok()).collect()
+    }
+
+    fn losses(got: &[Received]) -> Vec<Loss> {
+        got.iter()
+            .filter_map(|r| match r {
+                Received::Loss(l) => Some(*l),
+                Received::Event(_) => None,
+            })
+            .collect()
+    }
+
+    #[actix_rt::test]
+    async fn a_loss_is_given_once_the_queue_drains_even_when_nothing_follows_it() {
+        let (p, r, _) = publisher(100);
+        publish(&p, &r, 0, 3).await;
+        let sub = subscribe(&p, "t", 2).await;
+        // 4 and 5 queued, 6..=10 dropped, and nothing after.
+        publish(&p, &r, 3, 10).await;
+        let pending = Loss {
+            after: 5,
+            through: 10,
+            dropped: 5,
+        };
+        assert_eq!(sub.pending_loss(), Some(pending));
+        let got = items(&sub);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(matches!(&got[0], Received::Event(d) if d.event.revision == 4));
+        assert!(matches!(&got[1], Received::Event(d) if d.event.revision == 5));
+        assert_eq!(losses(&got), [pending]);
+        assert_eq!(sub.pending_loss(), None);
+        // The next event counts it in `missed` and its sequence shows it; a second
+        // run of drops starts where the first ended.
+        publish(&p, &r, 10, 14).await;
+        let got = items(&sub);
+        assert!(matches!(&got[0], Received::Event(d)
+            if (d.event.revision, d.seq, d.missed) == (11, 8, 5)));
+        assert_eq!(
+            losses(&got),
+            [Loss {
+                after: 12,
+                through: 14,
+                dropped: 2
+            }]
+        );
+        publish(&p, &r, 14, 17).await;
+        assert_eq!(
+            losses(&items(&sub)),
+            [Loss {
+                after: 16,
+                through: 17,
+                dropped: 1
+            }]
+        );
+    }
+
+    #[actix_rt::test]
+    async fn a_loss_comes_after_what_was_queued_before_it_and_before_what_was_queued_after() {
+        let (p, r, _) = publisher(100);
+        let sub = subscribe(&p, "t", 3).await;
+        publish(&p, &r, 0, 6).await;
+        // The subscriber reads one: room for one more, which carries the loss.
+        assert_eq!(
+            sub.try_next().ok().map(|r| matches!(r, Received::Event(_))),
+            Some(true)
+        );
+        publish(&p, &r, 6, 7).await;
+        let got = items(&sub);
+        let order: Vec<String> = got
+            .iter()
+            .map(|r| match r {
+                Received::Event(d) => format!("e{}", d.event.revision),
+                Received::Loss(l) => format!("l{}-{}x{}", l.after, l.through, l.dropped),
+            })
+            .collect();
+        assert_eq!(order, ["e2", "e3", "l3-6x3", "e7"]);
+        assert!(matches!(&got[3], Received::Event(d) if d.missed == 3 && d.seq == 7));
+        // The deliveries-only receive counts the same loss into `missed`.
+        let (p, r, _) = publisher(100);
+        let old = subscribe(&p, "old", 3).await;
+        publish(&p, &r, 0, 6).await;
+        assert_eq!(old.try_recv().unwrap().event.revision, 1);
+        publish(&p, &r, 6, 7).await;
+        let got: Vec<(u64, u64)> = old
+            .try_iter()
+            .map(|d| (d.event.revision, d.missed))
+            .collect();
+        assert_eq!(got, [(2, 0), (3, 0), (7, 3)]);
+    }
+
+    #[actix_rt::test]
+    async fn a_loss_is_given_after_the_publisher_closes() {
+        let (p, r, _) = publisher(100);
+        let sub = Arc::new(subscribe(&p, "t", 1).await);
+        publish(&p, &r, 0, 4).await;
+        p.send(Stop).await.unwrap();
+        let mut got = Vec::new();
+        while let Some(r) = sub.next_async().await {
+            got.push(r);
+        }
+        assert!(matches!(&got[0], Received::Event(d) if d.event.revision == 1));
+        assert_eq!(
+            losses(&got),
+            [Loss {
+                after: 1,
+                through: 4,
+                dropped: 3
+            }]
+        );
+    }
+
+    #[actix_rt::test]
+    async fn an_async_receiver_waiting_on_an_empty_queue_learns_of_a_loss() {
+        let (p, r, _) = publisher(100);
+        publish(&p, &r, 0, 2).await;
+        let sub = Arc::new(subscribe(&p, "t", 1).await);
+        let rx = sub.clone();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(r) = rx.next_async().await {
+                let loss = matches!(r, Received::Loss(_));
+                got.push(r);
+                if loss {
+                    break;
+                }
+                // Stalls after its first event until the loss is there.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while rx.pending_loss().is_none() {
+                    assert!(Instant::now() < deadline, "no loss");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            got
+        });
+        publish(&p, &r, 2, 6).await;
+        let got = tokio::time::timeout(Duration::from_secs(20), reader)
+            .await
+            .expect("the loss reached the waiting receiver")
+            .unwrap();
+        let loss = losses(&got)[0];
+        assert_eq!((loss.through, loss.dropped + got.len() as u64 - 1), (6, 4));
+        assert_eq!(loss.after, 2 + got.len() as u64 - 1);
+    }
+
+    #[actix_rt::test]
+    async fn a_replay_outrun_by_the_history_gives_the_revisions_it_lost() {
+        let (p, r, _) = publisher(10);
+        publish(&p, &r, 0, 10).await;
+        let sub = subscribe_after(&p, "t", 100, Some(0)).await.unwrap();
+        assert!(matches!(sub.try_next(), Ok(Received::Event(d)) if d.event.revision == 1));
+        // Evicts 2..=13: the replay (2..=10) is lost whole; its live events are queued.
+        publish(&p, &r, 10, 23).await;
+        let got = items(&sub);
+        assert_eq!(
+            losses(&got),
+            [Loss {
+                after: 1,
+                through: 10,
+                dropped: 9
+            }]
+        );
+        assert!(matches!(&got[0], Received::Loss(_)));
+        assert!(matches!(&got[1], Received::Event(d)
+            if (d.event.revision, d.seq, d.missed) == (11, 11, 9)));
+        assert_eq!(got.len(), 14);
+
+        // Partly outrun: lost up to the last event evicted, then the replay goes on.
+        let (p, r, _) = publisher(10);
+        publish(&p, &r, 0, 10).await;
+        let sub = subscribe_after(&p, "t", 100, Some(0)).await.unwrap();
+        publish(&p, &r, 10, 14).await;
+        let got = items(&sub);
+        assert_eq!(
+            losses(&got),
+            [Loss {
+                after: 0,
+                through: 4,
+                dropped: 4
+            }]
+        );
+        assert!(matches!(&got[1], Received::Event(d) if d.event.revision == 5 && d.missed == 4));
+        assert_eq!(got.len(), 11);
     }
 }

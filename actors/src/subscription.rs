@@ -6,10 +6,14 @@
 //! subscriber), so a replay longer than the live queue's capacity is delivered whole:
 //! the capacity bounds the live events only. The history is bounded, though: a
 //! subscriber so slow that the events it has yet to replay are evicted meanwhile is
-//! told how many it missed, exactly as one whose live queue overflowed.
+//! told what it lost, exactly as one whose live queue overflowed.
+//!
+//! Every loss is told as a [`Loss`]: the revisions it may cover (after the last one
+//! the subscriber was given, through the last one dropped) and how many events were
+//! dropped, in its place among the deliveries, also when nothing is published after
+//! it (see [`Subscription::next_async`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -26,7 +30,8 @@ use crate::publisher::{EventPublisher, Unsubscribe};
 pub struct Delivery {
     /// Per-subscriber sequence number, from 1; a gap equals `missed`.
     pub seq: u64,
-    /// Events dropped for this subscriber since the previous delivery.
+    /// Events dropped for this subscriber since the previous delivery (the sum of the
+    /// losses since then).
     pub missed: u64,
     pub event: Arc<LifecycleEvent>,
 }
@@ -39,6 +44,8 @@ pub(crate) struct History {
     /// ever published (positions, not revisions, so nothing assumes revisions are
     /// contiguous).
     evicted: u64,
+    /// The revision of the last event evicted (0: none).
+    last_evicted: u64,
     capacity: usize,
     /// Bytes of the packed events held.
     bytes: usize,
@@ -53,6 +60,7 @@ impl History {
         Arc::new(RwLock::new(History {
             ring: VecDeque::new(),
             evicted: 0,
+            last_evicted: 0,
             capacity,
             bytes: 0,
             buf: Vec::new(),
@@ -62,11 +70,13 @@ impl History {
     pub(crate) fn push(&mut self, ev: &LifecycleEvent) {
         if self.capacity == 0 {
             self.evicted += 1;
+            self.last_evicted = ev.revision;
             return;
         }
         if self.ring.len() >= self.capacity {
             if let Some(old) = self.ring.pop_front() {
                 self.bytes -= old.heap_bytes();
+                self.last_evicted = old.revision();
             }
             self.evicted += 1;
         }
@@ -121,31 +131,149 @@ pub(crate) struct Replay {
     pub(crate) end: u64,
     /// The sequence number of the delivery at `next`.
     pub(crate) next_seq: u64,
+    /// The revision the replay has reached: the last one replayed (or told lost), at
+    /// first the revision it resumes after.
+    pub(crate) reached: u64,
+    /// The revision of the event at `end - 1` (the last one to replay).
+    pub(crate) end_revision: u64,
+}
+
+/// What a replay gives next.
+enum Replayed {
+    Event(Delivery),
+    /// Events evicted from the history before they could be replayed.
+    Lost(Loss),
 }
 
 impl Replay {
-    /// The next replayed delivery, or None when the replay is over; `missed` counts
-    /// events evicted before they could be replayed (reported with the next delivery).
-    fn pop(&mut self, missed: &mut u64) -> Option<Delivery> {
+    /// The next replayed delivery or loss, or None when the replay is over.
+    fn pop(&mut self) -> Option<Replayed> {
         let history = read(&self.history);
-        if self.next < history.evicted {
-            let lost = history.evicted.min(self.end) - self.next;
-            *missed += lost;
-            self.next += lost;
-            self.next_seq += lost;
-        }
         if self.next >= self.end {
             return None;
         }
+        if self.next < history.evicted {
+            let (upto, through) = if history.evicted <= self.end {
+                (history.evicted, history.last_evicted)
+            } else {
+                (self.end, self.end_revision)
+            };
+            let loss = Loss {
+                after: self.reached,
+                through,
+                dropped: upto - self.next,
+            };
+            self.next = upto;
+            self.next_seq += loss.dropped;
+            self.reached = through;
+            return Some(Replayed::Lost(loss));
+        }
         let event = Arc::new(history.get(self.next)?);
+        self.reached = event.revision;
         let d = Delivery {
             seq: self.next_seq,
-            missed: std::mem::take(missed),
+            missed: 0,
             event,
         };
         self.next += 1;
         self.next_seq += 1;
-        Some(d)
+        Some(Replayed::Event(d))
+    }
+}
+
+/// Events a subscription lost in one episode: every event after revision `after` up
+/// to revision `through` that it was offered may be lost (`dropped` were), and it
+/// goes on after `through`. Counted before any filter of the consumer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loss {
+    /// The revision the subscription had reached before the loss: that of the last
+    /// event queued for it (or replayed, or of the previous loss's end), at first the
+    /// revision it started from.
+    pub after: u64,
+    /// The last revision lost.
+    pub through: u64,
+    /// How many events were dropped.
+    pub dropped: u64,
+}
+
+/// What [`Subscription::next_async`] and [`Subscription::try_next`] give: every loss,
+/// in its place among the deliveries.
+#[derive(Clone, Debug)]
+pub enum Received {
+    Event(Delivery),
+    Loss(Loss),
+}
+
+/// A live queue entry: the delivery, and the loss just before it, if any.
+pub(crate) struct Queued {
+    pub(crate) delivery: Delivery,
+    pub(crate) loss: Option<Loss>,
+}
+
+/// The live side's loss bookkeeping, shared by the publisher (which records drops
+/// and attaches a loss to the next event it queues) and the subscription (which takes
+/// a loss nothing was queued after, once its queue is empty). The publisher queues
+/// under this lock, so an empty queue seen under it stays empty meanwhile: a loss is
+/// never taken ahead of an event queued before it.
+#[derive(Debug, Default)]
+pub(crate) struct LossState {
+    /// The loss not yet told: drops since the last event queued.
+    pending: Option<Loss>,
+    /// The revision the live side has reached: the last event queued, or the end of
+    /// the last loss taken, at first where the live events start.
+    reached: u64,
+}
+
+pub(crate) type SharedLoss = Arc<Mutex<LossState>>;
+
+pub(crate) fn lock_loss(loss: &SharedLoss) -> std::sync::MutexGuard<'_, LossState> {
+    // Poisoned only if a holder panicked between two plain assignments.
+    loss.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl LossState {
+    pub(crate) fn starting_at(reached: u64) -> Self {
+        LossState {
+            pending: None,
+            reached,
+        }
+    }
+
+    /// The loss to attach to the next event queued.
+    pub(crate) fn pending(&self) -> Option<Loss> {
+        self.pending
+    }
+
+    /// The event of `revision` was queued: any pending loss went with it.
+    pub(crate) fn queued(&mut self, revision: u64) {
+        self.pending = None;
+        self.reached = revision;
+    }
+
+    /// The event of `revision` was dropped; true if that begins a loss.
+    pub(crate) fn dropped(&mut self, revision: u64) -> bool {
+        match &mut self.pending {
+            Some(loss) => {
+                loss.through = revision;
+                loss.dropped += 1;
+                false
+            }
+            None => {
+                self.pending = Some(Loss {
+                    after: self.reached,
+                    through: revision,
+                    dropped: 1,
+                });
+                true
+            }
+        }
+    }
+
+    /// Takes the pending loss (the subscriber's queue is empty).
+    fn take(&mut self) -> Option<Loss> {
+        let loss = self.pending.take()?;
+        self.reached = loss.through;
+        Some(loss)
     }
 }
 
@@ -157,34 +285,67 @@ impl Replay {
 /// A subscription that resumes from a revision first delivers the replay from the
 /// history, then the live events; the sequence numbers run on across both.
 ///
+/// Losses, two ways: `recv*` and `try_recv` give deliveries only, each with the
+/// events dropped just before it in `missed` (a loss after the last delivery waits
+/// for the next one); [`Self::next_async`] and [`Self::try_next`] give every loss as
+/// a [`Received::Loss`] in its place, as soon as everything queued before it was
+/// received, whether or not anything follows it (and `missed` of the next delivery
+/// sums the losses given since the previous one). Use one way per subscription.
+///
 /// The receiver is reached only through the subscription, so whoever receives also
 /// keeps the subscription alive (a closure capturing only a receiver field would
 /// unsubscribe at once).
 pub struct Subscription {
     name: String,
-    replay: Mutex<Option<Replay>>,
-    /// Replayed events lost to eviction that no delivery has reported yet.
-    carried_missed: AtomicU64,
-    rx: Receiver<Delivery>,
-    /// Woken by the publisher after each event queued, and when it lets go.
+    /// The revision its events follow (see [`Self::starts_after`]).
+    starts_after: u64,
+    local: Mutex<Local>,
+    rx: Receiver<Queued>,
+    loss: SharedLoss,
+    /// Woken by the publisher after each event queued, when a loss begins, and when
+    /// it lets go.
     wake: Arc<Notify>,
     _unsubscribe: Unsubscriber,
 }
 
+/// The receiving side's own state.
+struct Local {
+    replay: Option<Replay>,
+    /// A live delivery whose loss was given first (next_async/try_next).
+    stashed: Option<Delivery>,
+    /// Events lost since the previous delivery (the next one's `missed`).
+    untold: u64,
+}
+
+impl Local {
+    fn deliver(&mut self, mut d: Delivery) -> Delivery {
+        d.missed = std::mem::take(&mut self.untold);
+        d
+    }
+}
+
 impl Subscription {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: String,
+        starts_after: u64,
         replay: Option<Replay>,
-        rx: Receiver<Delivery>,
+        rx: Receiver<Queued>,
+        loss: SharedLoss,
         wake: Arc<Notify>,
         id: u64,
         publisher: Addr<EventPublisher>,
     ) -> Self {
         Subscription {
             name,
-            replay: Mutex::new(replay),
-            carried_missed: AtomicU64::new(0),
+            starts_after,
+            local: Mutex::new(Local {
+                replay,
+                stashed: None,
+                untold: 0,
+            }),
             rx,
+            loss,
             wake,
             _unsubscribe: Unsubscriber { id, publisher },
         }
@@ -195,51 +356,111 @@ impl Subscription {
         &self.name
     }
 
-    /// The next event still to replay, if any.
-    fn replayed(&self) -> Option<Delivery> {
-        let mut guard = self.replay.lock().unwrap_or_else(|e| e.into_inner());
-        let replay = guard.as_mut()?;
-        let mut missed = self.carried_missed.load(Ordering::Relaxed);
-        let d = replay.pop(&mut missed);
-        self.carried_missed.store(missed, Ordering::Relaxed);
-        if d.is_none() {
-            // Over: let go of the history.
-            *guard = None;
-        }
-        d
+    /// The revision this subscription's events follow: the one it resumed after, or,
+    /// without one, the last published when it subscribed (a resume point: every
+    /// event after it is given or told lost).
+    pub fn starts_after(&self) -> u64 {
+        self.starts_after
     }
 
-    /// A live delivery, with any replay loss not reported yet.
-    fn live(&self, mut d: Delivery) -> Delivery {
-        if self.carried_missed.load(Ordering::Relaxed) > 0 {
-            d.missed += self.carried_missed.swap(0, Ordering::Relaxed);
+    fn local(&self) -> std::sync::MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next delivery or loss; `tell`: give losses (else count them into the next
+    /// delivery's `missed`).
+    fn next_item(&self, tell: bool) -> Result<Received, TryRecvError> {
+        let mut local = self.local();
+        if let Some(d) = local.stashed.take() {
+            return Ok(Received::Event(local.deliver(d)));
         }
-        d
+        while let Some(replay) = local.replay.as_mut() {
+            match replay.pop() {
+                Some(Replayed::Event(d)) => return Ok(Received::Event(local.deliver(d))),
+                Some(Replayed::Lost(loss)) => {
+                    local.untold += loss.dropped;
+                    if tell {
+                        return Ok(Received::Loss(loss));
+                    }
+                }
+                // Over: let go of the history.
+                None => local.replay = None,
+            }
+        }
+        match self.rx.try_recv() {
+            Ok(Queued { delivery, loss }) => {
+                if let Some(loss) = loss {
+                    local.untold += loss.dropped;
+                    if tell {
+                        local.stashed = Some(delivery);
+                        return Ok(Received::Loss(loss));
+                    }
+                }
+                Ok(Received::Event(local.deliver(delivery)))
+            }
+            Err(e) => {
+                if tell {
+                    if let Some(loss) = self.take_pending_loss() {
+                        local.untold += loss.dropped;
+                        return Ok(Received::Loss(loss));
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The loss nothing was queued after, if the queue is (still) empty.
+    fn take_pending_loss(&self) -> Option<Loss> {
+        let mut state = lock_loss(&self.loss);
+        if self.rx.is_empty() {
+            state.take()
+        } else {
+            None
+        }
+    }
+
+    /// A live entry received by a blocking call (`tell` off).
+    fn accept(&self, q: Queued) -> Delivery {
+        let mut local = self.local();
+        if let Some(loss) = q.loss {
+            local.untold += loss.dropped;
+        }
+        local.deliver(q.delivery)
+    }
+
+    /// The next delivery, losses counted into its `missed`.
+    fn next_delivery(&self) -> Result<Delivery, TryRecvError> {
+        loop {
+            // With `tell` off no loss is given; skipping one would be harmless anyway.
+            if let Received::Event(d) = self.next_item(false)? {
+                return Ok(d);
+            }
+        }
     }
 
     /// Blocks until the next delivery; an error once the publisher has closed and
     /// the queue is empty.
     pub fn recv(&self) -> Result<Delivery, RecvError> {
-        match self.replayed() {
-            Some(d) => Ok(d),
-            None => self.rx.recv().map(|d| self.live(d)),
+        match self.next_delivery() {
+            Ok(d) => Ok(d),
+            Err(TryRecvError::Disconnected) => Err(RecvError),
+            Err(TryRecvError::Empty) => self.rx.recv().map(|q| self.accept(q)),
         }
     }
 
     /// As [`Self::recv`], giving up after `timeout`.
     pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery, RecvTimeoutError> {
-        match self.replayed() {
-            Some(d) => Ok(d),
-            None => self.rx.recv_timeout(timeout).map(|d| self.live(d)),
+        match self.next_delivery() {
+            Ok(d) => Ok(d),
+            Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+            Err(TryRecvError::Empty) => self.rx.recv_timeout(timeout).map(|q| self.accept(q)),
         }
     }
 
     /// The next delivery if one is queued.
     pub fn try_recv(&self) -> Result<Delivery, TryRecvError> {
-        match self.replayed() {
-            Some(d) => Ok(d),
-            None => self.rx.try_recv().map(|d| self.live(d)),
-        }
+        self.next_delivery()
     }
 
     /// Waits for the next delivery without blocking a thread; None once the publisher
@@ -247,11 +468,30 @@ impl Subscription {
     /// dropping the future (e.g. in `tokio::select!`).
     pub async fn recv_async(&self) -> Option<Delivery> {
         loop {
-            match self.try_recv() {
-                Ok(d) => return Some(d),
+            if let Received::Event(d) = self.next_async_with(false).await? {
+                return Some(d);
+            }
+        }
+    }
+
+    /// The next delivery or loss if there is one now (see the type's doc).
+    pub fn try_next(&self) -> Result<Received, TryRecvError> {
+        self.next_item(true)
+    }
+
+    /// Waits for the next delivery or loss (see the type's doc); None once the
+    /// publisher has closed and nothing is left, every loss included. Cancel-safe.
+    pub async fn next_async(&self) -> Option<Received> {
+        self.next_async_with(true).await
+    }
+
+    async fn next_async_with(&self, tell: bool) -> Option<Received> {
+        loop {
+            match self.next_item(tell) {
+                Ok(r) => return Some(r),
                 Err(TryRecvError::Disconnected) => return None,
                 // The publisher notifies after queueing; a notification sent between
-                // try_recv and here is kept as a permit, so none is missed.
+                // the try and here is kept as a permit, so none is missed.
                 Err(TryRecvError::Empty) => self.wake.notified().await,
             }
         }
@@ -262,14 +502,18 @@ impl Subscription {
         std::iter::from_fn(move || self.try_recv().ok())
     }
 
-    /// True if nothing is queued (nor left to replay).
+    /// True if nothing is queued (nor left to replay). A loss nothing was queued
+    /// after does not count (see [`Self::pending_loss`]).
     pub fn is_empty(&self) -> bool {
-        let replaying = self
-            .replay
-            .lock()
-            .map(|r| r.as_ref().is_some_and(|r| r.next < r.end))
-            .unwrap_or(false);
-        !replaying && self.rx.is_empty()
+        let local = self.local();
+        let replaying = local.replay.as_ref().is_some_and(|r| r.next < r.end);
+        local.stashed.is_none() && !replaying && self.rx.is_empty()
+    }
+
+    /// The live events dropped since the last one queued, if any (so far: the loss
+    /// may still grow).
+    pub fn pending_loss(&self) -> Option<Loss> {
+        lock_loss(&self.loss).pending()
     }
 
     /// Live events queued now (a replay still to send is not counted).

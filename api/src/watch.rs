@@ -1,18 +1,26 @@
-//! One Watch stream: a subscriber of the EventPublisher with its own bounded queue,
-//! forwarded to the client by its own task. A client that does not keep up only
-//! fills its own queue (the publisher drops for it alone and the next event says how
-//! many were `missed`); the dispatcher and other watchers never wait for it.
+//! One Watch stream: a subscriber of the EventPublisher with its own bounded queue
+//! (--watch-queue), forwarded to the client by its own task. A client that does not
+//! keep up only fills its own queue (the publisher drops for it alone); the
+//! dispatcher and other watchers never wait for it.
 //!
 //! Order on the stream: Hello; with send_initial_events the synthetic snapshot events
 //! and the bookmark that ends them (the subscription resumes exactly after the
 //! snapshot's revision, so a change racing the snapshot is neither lost nor doubled);
 //! then events (a replay from since_revision first), and idle bookmarks if asked.
+//!
+//! Losses: the stream follows a revision, `reached` (its last event's, or a filtered
+//! one's, or the end of its last gap). Each loss the subscription gives is sent at
+//! once as a Gap from `reached` through the loss's last revision, whatever the
+//! filters, in its place: before any later event or bookmark, so a bookmark never
+//! passes a loss not yet told. The next event's `missed` sums the Gaps since the
+//! previous event, and its `seq` jumps by as much.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use plegd_actors::{
-    CacheSnapshot, CachedPod, Delivery, Pleg, PodLookup, SubscribeError, Subscription,
+    CacheSnapshot, CachedPod, Delivery, Loss, Pleg, PodLookup, Received, SubscribeError,
+    Subscription,
 };
 use plegd_protocol::v1;
 use tokio::sync::{mpsc, watch};
@@ -66,7 +74,7 @@ pub fn shutting_down() -> Status {
 enum Start {
     /// The snapshot to send first; the subscription resumes after its revision.
     Initial(CacheSnapshot),
-    /// Replay after this revision, or live from about here.
+    /// Replay after this revision, or live after it.
     From(u64),
 }
 
@@ -105,14 +113,13 @@ pub async fn open(ctx: &WatchContext, req: v1::WatchRequest) -> Result<WatchStre
             (Start::From(after), sub)
         }
         (false, None) => {
-            // Read before subscribing: a resume point at or before the first event.
-            let latest = ctx.pleg.latest_revision();
             let sub = ctx
                 .pleg
                 .subscribe_after(name, ctx.queue, None)
                 .await
                 .map_err(subscribe_error)?;
-            (Start::From(latest), sub)
+            // Exactly where its live events begin.
+            (Start::From(sub.starts_after()), sub)
         }
     };
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
@@ -188,13 +195,13 @@ struct Watcher {
     shutdown: watch::Receiver<bool>,
     /// The last sequence number sent on this stream.
     seq: u64,
-    /// Events this stream lost and has not told yet.
+    /// Events dropped in the Gaps sent since the last event (the next one's `missed`).
     missed: u64,
 }
 
 /// What wakes a watcher.
 enum Next {
-    Delivery(Option<Delivery>),
+    Received(Option<Received>),
     /// Nothing was sent for the bookmark interval.
     Idle,
     Stop(Stop),
@@ -247,19 +254,24 @@ impl Watcher {
         loop {
             let idle_bookmark = tokio::time::sleep_until(last_sent + tick);
             let next = tokio::select! {
-                d = sub.recv_async() => Next::Delivery(d),
+                r = sub.next_async() => Next::Received(r),
                 () = idle_bookmark, if interval.is_some() => Next::Idle,
                 () = self.tx.closed() => Next::Stop(Stop::Gone),
                 _ = self.shutdown.wait_for(|stop| *stop) => Next::Stop(Stop::Shutdown),
             };
             match next {
-                Next::Delivery(None) => return Err(Stop::Shutdown),
-                Next::Delivery(Some(d)) => {
+                Next::Received(None) => return Err(Stop::Shutdown),
+                Next::Received(Some(Received::Event(d))) => {
                     reached = d.event.revision;
                     self.client.reached(reached);
                     if self.forward(d).await? {
                         last_sent = Instant::now();
                     }
+                }
+                Next::Received(Some(Received::Loss(loss))) => {
+                    reached = self.tell(loss, reached).await?;
+                    self.client.reached(reached);
+                    last_sent = Instant::now();
                 }
                 Next::Idle => {
                     self.send(bookmark(reached, false)).await?;
@@ -270,10 +282,19 @@ impl Watcher {
         }
     }
 
+    /// Sends the Gap of a loss that follows revision `reached`; the revision reached
+    /// after it.
+    async fn tell(&mut self, loss: Loss, reached: u64) -> Result<u64, Stop> {
+        let gap = gap(loss, reached);
+        self.missed += gap.dropped;
+        self.client.dropped(gap.dropped);
+        let through = gap.through_revision;
+        self.send(v1::watch_response::Kind::Gap(gap)).await?;
+        Ok(through)
+    }
+
     /// Sends the delivery if the filters want it; true if sent.
     async fn forward(&mut self, d: Delivery) -> Result<bool, Stop> {
-        self.missed += d.missed;
-        self.client.dropped(d.missed);
         let e = &d.event;
         let pleg = &self.pleg;
         let wanted = self.filter.wants_type(e.kind)
@@ -326,6 +347,21 @@ impl Watcher {
             sent = self.tx.send(msg) => sent.map_err(|_| Stop::Gone),
             _ = self.shutdown.wait_for(|stop| *stop) => Err(Stop::Shutdown),
         }
+    }
+}
+
+/// The Gap telling `loss` on a stream that reached revision `reached`. The
+/// subscription's own account of where the loss begins agrees with the stream's; were
+/// it ever earlier, the earlier one is the safe resume point.
+fn gap(loss: Loss, reached: u64) -> v1::Gap {
+    debug_assert_eq!(
+        loss.after, reached,
+        "a loss that does not follow the stream"
+    );
+    v1::Gap {
+        after_revision: loss.after.min(reached),
+        through_revision: loss.through,
+        dropped: loss.dropped,
     }
 }
 

@@ -158,6 +158,11 @@ pub struct Settings {
     /// older revision must list again; at most 16777216).
     #[arg(long, env = "PLEGD_HISTORY_EVENTS", default_value = "65536")]
     pub history_events: Count<16_777_216>,
+    /// Events queued for each Watch stream whose client does not keep up (at most
+    /// 1048576); beyond it the stream drops events and tells them as a Gap, which the
+    /// client replays with since_revision while --history-events still holds them.
+    #[arg(long, env = "PLEGD_WATCH_QUEUE", default_value = "1024")]
+    pub watch_queue: Count<1_048_576>,
     /// How long GetPodStatus still answers for a pod that went away, with its last
     /// status (at most 1d).
     #[arg(long, env = "PLEGD_TOMBSTONE_TTL", default_value = "5m")]
@@ -340,6 +345,27 @@ mod tests {
         assert_eq!(got.nri_socket, want.nri_socket);
         assert_eq!(got.api_relist_budget, want.api_relist_budget);
         assert_eq!(got.max_sync_hold, want.max_sync_hold);
+        let api = s.service_config().unwrap().watch_queue;
+        assert_eq!(api, plegd_api::DEFAULT_WATCH_QUEUE);
+    }
+
+    #[test]
+    fn the_watch_queue_comes_from_a_flag_or_the_file_within_bounds() {
+        let queue = |s: Settings| s.service_config().unwrap().watch_queue;
+        let (s, _) = parse(&["plegd", "--watch-queue", "16"]);
+        assert_eq!(queue(s), 16);
+        let s = with_file(&["plegd"], "watch-queue = 4096\n").unwrap();
+        assert_eq!(queue(s), 4096);
+        for bad in ["0", "1048577", "-1", "many"] {
+            let arg = format!("--watch-queue={bad}");
+            let err = SettingsOnly::try_parse_from(["plegd", arg.as_str()])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("--watch-queue"), "{bad}: {err}");
+        }
+        let err = with_file(&["plegd"], "watch-queue = 0\n").unwrap_err();
+        assert!(err.to_string().contains("between 1 and 1048576"), "{err}");
     }
 
     #[test]

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use std::path::{Path, PathBuf};
 
 use plegd_actors::{Health, HintSourceName, Pleg};
-use plegd_api::{
-    ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS, DEFAULT_WATCH_QUEUE,
-};
+use plegd_api::{ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS};
 use plegd_otlp_events::{EventLogConfig, EventLogExport};
 use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
@@ -260,7 +258,7 @@ pub async fn serve(
             let path = bound.path().display().to_string();
             let api_config = ApiConfig {
                 node_name: config.identity.node_name.clone(),
-                watch_queue: DEFAULT_WATCH_QUEUE,
+                watch_queue: config.watch_queue,
                 max_connections: DEFAULT_MAX_CONNECTIONS,
             };
             let control = control_bound

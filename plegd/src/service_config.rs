@@ -43,6 +43,8 @@ pub struct ServiceConfig {
     pub api_control_socket: Option<ApiSocket>,
     pub api_control_socket_mode: SocketMode,
     pub api_control_socket_group: Option<String>,
+    /// `--watch-queue`: each Watch stream's queue.
+    pub watch_queue: usize,
 }
 
 /// The host name, as the kernel has it.
@@ -167,6 +169,7 @@ impl Settings {
             api_control_socket: self.api_control_socket.clone(),
             api_control_socket_mode: self.api_control_socket_mode,
             api_control_socket_group: self.api_control_socket_group.clone(),
+            watch_queue: self.watch_queue.get(),
             identity: {
                 let host_name = host_name();
                 let node_name = match (&self.node_name, &host_name) {
