@@ -27,4 +27,7 @@ pub use server::{
     ApiConfig, ApiServer, DEFAULT_MAX_CONNECTIONS, DEFAULT_WATCH_QUEUE, MAX_RESPONSE_BYTES,
 };
 pub use service::{DEFAULT_WAIT, MAX_WAIT};
-pub use socket::{bind, lock_path, BoundSocket, SocketError, SOCKET_MODE};
+pub use socket::{
+    bind, check_path, lock_path, resolve_group, BoundSocket, SocketError, MAX_GID,
+    MAX_SOCKET_PATH, SOCKET_MODE,
+};

@@ -48,14 +48,24 @@ pub fn run(command: ClientCommand) -> Result<(), ExitError> {
         .enable_all()
         .build()
         .map_err(ExitError::runtime("cannot start a runtime"))?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         match command {
             ClientCommand::Watch(a) => watch::run(a).await,
             ClientCommand::Pods(a) => pods::run(a).await,
             ClientCommand::Status(a) => status::run(a).await,
         }
-    })
+    });
+    match result {
+        // The reader went away (`plegd watch | head -1`): nothing more to say to it.
+        Err(ExitError::Runtime(e)) if e.is::<StdoutClosed>() => Ok(()),
+        other => other,
+    }
 }
+
+/// Stdout was closed by its reader: the command ends quietly, with exit 0.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout was closed")]
+struct StdoutClosed;
 
 async fn connect(socket: &Path) -> Result<PlegdClient<Channel>, ExitError> {
     plegd_api::connect(socket)
@@ -88,5 +98,8 @@ fn print_line(line: &str) -> Result<(), ExitError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")
         .and_then(|()| out.flush())
-        .map_err(ExitError::runtime("writing to stdout"))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => ExitError::Runtime(anyhow::Error::new(StdoutClosed)),
+            _ => ExitError::runtime("writing to stdout")(e),
+        })
 }
