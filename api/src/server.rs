@@ -128,12 +128,17 @@ async fn serve(
     mut stopped: watch::Receiver<bool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::UnixListener::from_std(listener)?;
-    let incoming = crate::incoming::bounded(listener, max_connections);
+    let limits = crate::incoming::Limits {
+        max_served: max_connections,
+        ..crate::incoming::Limits::default()
+    };
+    let incoming = crate::incoming::limited(listener, limits, ctx.pleg.metrics().clone());
     let service = PlegdServer::new(PlegdService { ctx })
         .max_decoding_message_size(MAX_REQUEST_BYTES)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);
     Server::builder()
         .layer(RequestErrorsLayer)
+        .layer(crate::streams::StreamsLayer)
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, async move {

@@ -8,7 +8,9 @@ mod pods;
 mod status;
 mod watch;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use plegd_api::v1::plegd_client::PlegdClient;
@@ -20,12 +22,43 @@ pub use pods::PodsArgs;
 pub use status::StatusArgs;
 pub use watch::WatchArgs;
 
-/// Where the plegd to ask listens.
+/// Where the plegd to ask listens, and how long to wait for it.
 #[derive(Args, Debug, Clone)]
 pub struct SocketArg {
     /// The plegd API socket.
     #[arg(long, env = "PLEGD_API_SOCKET", value_name = "PATH", default_value = plegd_api::DEFAULT_SOCKET)]
     pub api_socket: PathBuf,
+    /// How long to wait for plegd's answer: pods and status end with exit 1 past it
+    /// (status --newer-than waits up to 30s more); watch, for its start (connect and
+    /// plegd's Hello), then it watches for as long as it runs.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_timeout)]
+    pub timeout: Duration,
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be more than 0s".to_string()),
+        Err(e) => Err(format!("{e} (e.g. 10s, 500ms, 1m)")),
+    }
+}
+
+/// `fut`, if it ends within `deadline`; else the one line that says plegd at
+/// `socket` did not answer.
+async fn within<T>(
+    socket: &Path,
+    deadline: Duration,
+    fut: impl Future<Output = Result<T, ExitError>>,
+) -> Result<T, ExitError> {
+    tokio::time::timeout(deadline, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ExitError::Runtime(anyhow::anyhow!(
+                "plegd at {} did not answer within {} (--timeout)",
+                socket.display(),
+                humantime::format_duration(deadline)
+            )))
+        })
 }
 
 /// The client subcommands.

@@ -14,7 +14,7 @@ use plegd_api::v1;
 use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::{call_failed, connect, print_line, SocketArg};
+use super::{call_failed, connect, print_line, within, SocketArg};
 use crate::exit::ExitError;
 use crate::output::{format_event, Format};
 
@@ -137,12 +137,28 @@ pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
         ..v1::WatchRequest::default()
     };
     let watching = async {
-        let mut client = connect(&socket).await?;
-        let mut stream = client
-            .watch(request)
-            .await
-            .map_err(|s| call_failed(&socket, &s))?
-            .into_inner();
+        // The start (connect, the call, the Hello) within the deadline; then events
+        // for as long as they come.
+        let mut stream = within(&socket, args.socket.timeout, async {
+            let mut client = connect(&socket).await?;
+            let mut stream = client
+                .watch(request)
+                .await
+                .map_err(|s| call_failed(&socket, &s))?
+                .into_inner();
+            let first = stream
+                .message()
+                .await
+                .map_err(|s| call_failed(&socket, &s))?;
+            Ok((stream, first))
+        })
+        .await
+        .and_then(|(stream, first)| {
+            if let Some(hello) = first {
+                show(hello, format)?;
+            }
+            Ok(stream)
+        })?;
         loop {
             let msg = match stream.message().await {
                 Ok(Some(m)) => m,
