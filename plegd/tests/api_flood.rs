@@ -3,6 +3,7 @@
 //! closes them) leaves a new client served within the handshake deadline and `plegd
 //! pods` answering; with plegd out of file descriptors, `/healthz` still answers.
 
+use std::io::Write as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -244,11 +245,7 @@ fn healthz_answers_while_plegd_is_out_of_file_descriptors() {
     let (_dir, socket) = temp_socket();
     let port = free_port();
     // What plegd demo opens of itself, with a margin: a first run counts them.
-    let base = {
-        let (_dir, socket) = temp_socket();
-        let plegd = demo(command(plegd_bin()), &socket, port);
-        fds_of(plegd.0.id())
-    };
+    let base = steady_fds(port);
     // Fewer than the 64 handshake places: the flood alone runs plegd out.
     let limit = base + 16;
     let port = free_port();
@@ -275,6 +272,57 @@ fn healthz_answers_while_plegd_is_out_of_file_descriptors() {
     let (answer, _) = list_pods(&socket);
     answer.unwrap();
 }
+
+/// Out of descriptors with nothing plegd may close: connections that sent their
+/// preface are served (and stay, idle, for minutes). The endpoint serves a probe with
+/// its spare descriptor, and the API's accept loop closes what waits in its backlog
+/// with its own.
+#[test]
+fn healthz_answers_while_served_connections_take_every_descriptor() {
+    let (_dir, socket) = temp_socket();
+    let port = free_port();
+    let base = steady_fds(port);
+    let limit = base + 16;
+    let port = free_port();
+    let plegd = demo(command_with_fd_limit(plegd_bin(), limit), &socket, port);
+    let mut held: Vec<UnixStream> = Vec::new();
+    for _ in 0..40 {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        s.write_all(PREFACE).unwrap();
+        held.push(s);
+    }
+    wait_until("plegd to run out of descriptors", || {
+        fds_of(plegd.0.id()) + 2 >= limit
+    });
+    for round in 0..5 {
+        let start = Instant::now();
+        let answer = http_get(port, "/healthz");
+        let took = start.elapsed();
+        let (code, body) =
+            answer.unwrap_or_else(|| panic!("round {round}: no answer after {took:?}"));
+        assert_eq!(code, 200, "round {round}: {body}");
+    }
+    // Those left in the backlog were accepted and closed, not left hanging.
+    wait_until("the backlog to be closed", || {
+        closed(port, "out_of_fds") >= 1
+    });
+    drop(held);
+}
+
+/// The descriptors `plegd demo` holds once it serves (its runtime connected, its
+/// relists and API answering); `port` is free for it.
+fn steady_fds(port: u16) -> usize {
+    let (_dir, socket) = temp_socket();
+    let plegd = demo(command(plegd_bin()), &socket, port);
+    wait_until(
+        "the demo's pods",
+        || matches!(list_pods(&socket).0, Ok(n) if n > 0),
+    );
+    fds_of(plegd.0.id())
+}
+
+/// What an HTTP/2 client sends first.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The descriptors process `pid` has open.
 fn fds_of(pid: u32) -> usize {
