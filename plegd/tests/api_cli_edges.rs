@@ -222,3 +222,44 @@ fn watch_json_starts_with_the_hello_and_a_closed_stdout_ends_each_client_with_0(
         assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
     }
 }
+
+/// A socket that accepts connections into its backlog and never answers: each client
+/// ends with exit 1 at its deadline, in one line naming the socket.
+#[test]
+fn each_client_ends_at_its_deadline_when_nothing_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("silent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let cases: [(&[&str], Duration); 4] = [
+        // The default deadline.
+        (&["pods"], Duration::from_secs(10)),
+        (&["status", "--timeout", "1s"], Duration::from_secs(1)),
+        (
+            &["status", "some-uid", "--timeout", "1s"],
+            Duration::from_secs(1),
+        ),
+        (
+            &["watch", "--json", "--timeout", "1500ms"],
+            Duration::from_millis(1500),
+        ),
+    ];
+    for (args, deadline) in cases {
+        let start = Instant::now();
+        let out = run_to_end(plegd().args(args).arg("--api-socket").arg(&socket));
+        let took = start.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(took >= deadline, "{args:?}: {took:?}");
+        assert!(
+            took < deadline + Duration::from_secs(10),
+            "{args:?}: {took:?}"
+        );
+        assert!(
+            err.contains(&socket.display().to_string()) && err.contains("did not answer within"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+    let out = run_to_end(plegd().args(["pods", "--timeout", "0s"]));
+    assert_eq!(out.status.code(), Some(2));
+}
