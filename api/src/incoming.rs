@@ -435,6 +435,8 @@ mod tests {
         metrics: Arc<Metrics>,
         served: std_mpsc::Receiver<Vec<u8>>,
         hold: Arc<AtomicBool>,
+        /// Connections handed to the server so far.
+        yielded: Arc<AtomicUsize>,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
     }
 
@@ -448,7 +450,8 @@ mod tests {
             let hold = Arc::new(AtomicBool::new(false));
             let (tx, served) = std_mpsc::channel();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let (m, h) = (metrics.clone(), hold.clone());
+            let yielded = Arc::new(AtomicUsize::new(0));
+            let (m, h, y) = (metrics.clone(), hold.clone(), yielded.clone());
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -459,6 +462,7 @@ mod tests {
                     let mut incoming = Box::pin(limited(listener, limits, m));
                     let serving = async {
                         while let Some(Ok(mut conn)) = incoming.next().await {
+                            y.fetch_add(1, Ordering::SeqCst);
                             let tx = tx.clone();
                             let info = conn.connect_info();
                             let guard = h.load(Ordering::SeqCst).then(|| info.activity.begin());
@@ -481,6 +485,8 @@ mod tests {
                                         Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
                                     }
                                 }
+                                // Its place is free before the test hears of it.
+                                drop(conn);
                                 let _ = tx.send(got);
                             });
                         }
@@ -497,6 +503,7 @@ mod tests {
                 metrics,
                 served,
                 hold,
+                yielded,
                 stop: Some(stop),
             }
         }
@@ -505,6 +512,15 @@ mod tests {
             let s = StdStream::connect(&self.path).unwrap();
             s.set_read_timeout(Some(TIMEOUT)).unwrap();
             s
+        }
+
+        /// Waits until `n` connections have been handed to the server.
+        fn wait_yielded(&self, n: usize) {
+            let deadline = StdInstant::now() + TIMEOUT;
+            while self.yielded.load(Ordering::SeqCst) < n {
+                assert!(StdInstant::now() < deadline, "{n} not served");
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
 
         /// Waits until `n` connections were counted closed for `reason` (counted just
@@ -585,9 +601,10 @@ mod tests {
         let server = Running::start(short());
         server.hold.store(true, Ordering::SeqCst);
         let served: Vec<StdStream> = (0..2)
-            .map(|_| {
+            .map(|i| {
                 let mut s = server.connect();
                 s.write_all(PREFACE).unwrap();
+                server.wait_yielded(i + 1);
                 s
             })
             .collect();

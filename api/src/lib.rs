@@ -3,8 +3,9 @@
 //!
 //! - `socket`: making the socket safely (mode, group, stale or live socket).
 //! - `server`: tonic on its own thread (`incoming`: its connections, with a handshake
-//!   deadline, caps and an idle timeout; `streams`: the streams open on each); `service`: the RPCs; `watch`: one Watch
-//!   stream (a subscriber with its own queue); `sync`: one Sync stream (a sync hold).
+//!   deadline, caps and an idle timeout; `streams`: the streams open on each);
+//!   `service`: the RPCs; `watch`: one Watch stream (a subscriber with its own queue);
+//!   `sync`: one Sync stream (a sync hold).
 //! - `filter` and `selector`: Watch's filters; `convert`: domain ↔ wire types;
 //!   `request_errors`: malformed or oversized requests → INVALID_ARGUMENT.
 //! - `client`: connecting to a plegd.
