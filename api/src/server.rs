@@ -40,7 +40,7 @@ pub struct ApiConfig {
     pub node_name: String,
     /// Capacity of each watcher's subscriber queue.
     pub watch_queue: usize,
-    /// Connections served at once; more wait until one closes.
+    /// Connections served at once; one more is closed at once (`incoming.rs`).
     pub max_connections: usize,
 }
 

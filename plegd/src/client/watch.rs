@@ -46,7 +46,9 @@ pub struct WatchArgs {
     /// misreading it.
     #[arg(long, value_name = "ID", requires = "since")]
     pub instance_id: Option<String>,
-    /// One JSON object per line, with the fields of `plegd run`'s output.
+    /// One JSON object per line: first the Hello ({"type":"Hello","instance_id",
+    /// "node_name","latest_revision","hint_sources"}), then each event with the
+    /// fields of `plegd run`'s output.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
