@@ -32,7 +32,7 @@ pub async fn connect(path: &Path) -> Result<PlegdClient<Channel>, Unreachable> {
         .connect_timeout(Duration::from_secs(5))
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
-            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+            async move { dial(&socket).await.map(TokioIo::new) }
         }))
         .await
         .map_err(|e| Unreachable {
@@ -40,6 +40,22 @@ pub async fn connect(path: &Path) -> Result<PlegdClient<Channel>, Unreachable> {
             reason: source_chain(&e),
         })?;
     Ok(PlegdClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES))
+}
+
+/// Connects to `socket`. A full backlog (plegd busy accepting a flood of connections)
+/// answers EAGAIN at once: that is tried again after a short pause, within the
+/// connect timeout.
+async fn dial(socket: &Path) -> std::io::Result<UnixStream> {
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match UnixStream::connect(socket).await {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// The deepest cause of an error: "connection refused", "no such file or directory".

@@ -1,80 +1,380 @@
-//! The API socket's connections, bounded: at most `max` are served at once, and the
-//! next waits in the kernel's backlog until one closes (each connection is a file
-//! descriptor of plegd's, which also needs some for its runtime and its output). An
-//! accept that fails (out of descriptors) is retried after a pause instead of at once,
-//! so it cannot spin the API thread.
+//! The API socket's connections, so that no local client can keep another out: the
+//! socket is group-readable, and every process of the group is trusted to read, not
+//! to behave.
+//!
+//! - A connection is accepted at once, always, and must send the HTTP/2 client
+//!   preface within [`Limits::handshake_deadline`], else it is closed.
+//! - At most [`Limits::max_handshaking`] connections wait for their preface; one more
+//!   closes the *oldest* of them. Closing the newest instead would let a flood that
+//!   holds that many silent connections (or reconnects as fast as they are closed)
+//!   refuse every new client; closing the oldest, a real client (which sends its
+//!   preface with its connect, within microseconds) is always let in, and a flood
+//!   must outpace a client's own first write to push it out.
+//! - At most [`Limits::max_served`] handshaken connections are served; one more is
+//!   closed at once (never left hanging).
+//! - A served connection with no stream open for [`Limits::idle_timeout`] is closed
+//!   (a client's channel reconnects on its next call).
+//! - Out of file descriptors, the oldest handshaking connection is closed to make room;
+//!   with none, a spare descriptor kept for this is given up to accept and close the
+//!   next connection (so neither the kernel's backlog nor the accept loop is stuck).
+//!
+//! Each closing is counted in `plegd_api_connections_closed_total{reason}`.
 
+use std::future::Future as _;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::Stream;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use futures::{Stream, StreamExt as _};
+use plegd_telemetry::spare_fd::{out_of_fds, SpareFd};
+use plegd_telemetry::{ApiConnectionClose, Metrics};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::transport::server::Connected;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+use tokio_stream::StreamMap;
+use tonic::transport::server::{Connected, UdsConnectInfo};
 
-/// Pause after a failed accept.
+/// What every HTTP/2 connection starts with (RFC 9113 §3.4).
+pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Connections accepted in a row, at most, before the handshakes are looked at again.
+const ACCEPT_BATCH: usize = 64;
+
+/// Pause after a failed accept that closing nothing could help.
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
-/// A connection holding one of the permits.
-pub struct Limited {
-    stream: UnixStream,
-    _permit: OwnedSemaphorePermit,
+/// What a client may hold of the API socket. See [`Limits::default`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// From accept to the end of the client preface.
+    pub handshake_deadline: Duration,
+    /// Connections waiting for their preface at once.
+    pub max_handshaking: usize,
+    /// Handshaken connections served at once.
+    pub max_served: usize,
+    /// A served connection with no stream open this long is closed.
+    pub idle_timeout: Duration,
 }
 
-/// The connections of `listener`, at most `max` at once.
-pub fn bounded(
+impl Default for Limits {
+    /// A local client sends its preface with its connect: 5 s is ample on a loaded
+    /// node. 64 handshaking places are more than the node's agents connect at once.
+    /// 256 served connections (each with any number of streams) and 2 minutes idle:
+    /// a node's agents keep a connection each, and one that calls once a minute keeps
+    /// it. Together at most 320 descriptors, well under systemd's default 1,024.
+    fn default() -> Self {
+        Limits {
+            handshake_deadline: Duration::from_secs(5),
+            max_handshaking: 64,
+            max_served: 256,
+            idle_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The served connections of `listener` (for tonic's `serve_with_incoming`). The
+/// accept loop runs on the caller's runtime until the stream is dropped.
+pub fn limited(
     listener: UnixListener,
-    max: usize,
-) -> impl Stream<Item = io::Result<Limited>> + Send + 'static {
-    let permits = Arc::new(Semaphore::new(max.max(1)));
-    futures::stream::unfold((listener, permits), |(listener, permits)| async move {
-        // Closed only when dropped: never here.
-        let permit = permits.clone().acquire_owned().await.ok()?;
-        let mut told = false;
-        loop {
-            match listener.accept().await {
+    limits: Limits,
+    metrics: Arc<Metrics>,
+) -> impl Stream<Item = io::Result<Served>> + Send + 'static {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(accept_loop(listener, limits, metrics, tx));
+    tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(Ok)
+}
+
+/// How a handshake ended.
+enum Handshake {
+    Done(UnixStream),
+    TimedOut,
+    BadPreface,
+    Gone,
+}
+
+type Handshaking = Pin<Box<dyn Stream<Item = Handshake> + Send>>;
+
+async fn handshake(mut stream: UnixStream, deadline: Duration) -> Handshake {
+    let mut got = [0u8; PREFACE.len()];
+    match tokio::time::timeout(deadline, stream.read_exact(&mut got)).await {
+        Err(_) => Handshake::TimedOut,
+        Ok(Ok(_)) if &got == PREFACE => Handshake::Done(stream),
+        Ok(Ok(_)) => Handshake::BadPreface,
+        // Closed (or failed) by the client: nothing for plegd to close.
+        Ok(Err(_)) => Handshake::Gone,
+    }
+}
+
+async fn accept_loop(
+    listener: UnixListener,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    tx: mpsc::UnboundedSender<Served>,
+) {
+    let served = Arc::new(Semaphore::new(limits.max_served.max(1)));
+    // Keyed by arrival: the smallest key is the oldest. Removing one drops (closes) it
+    // at once.
+    let mut handshaking: StreamMap<u64, Handshaking> = StreamMap::new();
+    let mut next_key = 0u64;
+    let spare = SpareFd::open();
+    let mut told = false;
+    let close_oldest = |handshaking: &mut StreamMap<u64, Handshaking>| {
+        let oldest = handshaking.keys().min().copied()?;
+        handshaking.remove(&oldest)
+    };
+    loop {
+        tokio::select! {
+            biased;
+            () = tx.closed() => return,
+            Some((key, outcome)) = handshaking.next(), if !handshaking.is_empty() => {
+                // Ended: no longer handshaking (its stream would say so only when
+                // next polled).
+                handshaking.remove(&key);
+                let stream = match outcome {
+                    Handshake::Done(stream) => stream,
+                    Handshake::TimedOut => {
+                        metrics.count_api_connection_closed(ApiConnectionClose::HandshakeTimeout);
+                        continue;
+                    }
+                    Handshake::BadPreface => {
+                        metrics.count_api_connection_closed(ApiConnectionClose::BadPreface);
+                        continue;
+                    }
+                    Handshake::Gone => continue,
+                };
+                let Ok(permit) = served.clone().try_acquire_owned() else {
+                    metrics.count_api_connection_closed(ApiConnectionClose::TooManyConnections);
+                    continue;
+                };
+                let conn = Served::new(stream, permit, limits.idle_timeout, metrics.clone());
+                if tx.send(conn).is_err() {
+                    return;
+                }
+            }
+            accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let conn = Limited {
-                        stream,
-                        _permit: permit,
-                    };
-                    return Some((Ok(conn), (listener, permits)));
+                    told = false;
+                    admit(&mut handshaking, &mut next_key, stream, &limits, &metrics);
+                    // Those already waiting too, a batch at a time: a flood is met at
+                    // its own pace, and a client behind it is not left in the backlog.
+                    for _ in 0..ACCEPT_BATCH {
+                        match accept_now(&listener) {
+                            Some(stream) => {
+                                admit(&mut handshaking, &mut next_key, stream, &limits, &metrics)
+                            }
+                            None => break,
+                        }
+                    }
+                }
+                Err(e) if out_of_fds(&e) && close_oldest(&mut handshaking).is_some() => {
+                    metrics.count_api_connection_closed(ApiConnectionClose::HandshakeEvicted);
                 }
                 Err(e) => {
+                    if out_of_fds(&e) && spare.give_up() {
+                        // Closed at once: its descriptor is the spare's again.
+                        let took = accept_now(&listener).is_some();
+                        spare.restore();
+                        if took {
+                            metrics.count_api_connection_closed(ApiConnectionClose::OutOfFds);
+                            continue;
+                        }
+                    }
+                    spare.restore();
                     if !told {
                         tracing::warn!(error = %e, "cannot accept an API connection; retrying");
                         told = true;
                     }
-                    tokio::time::sleep(ACCEPT_RETRY).await;
+                    tokio::select! {
+                        () = tx.closed() => return,
+                        () = tokio::time::sleep(ACCEPT_RETRY) => {}
+                    }
                 }
-            }
+            },
         }
-    })
-}
-
-impl Connected for Limited {
-    type ConnectInfo = <UnixStream as Connected>::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
     }
 }
 
-impl AsyncRead for Limited {
+/// A new connection's handshake, in place of the oldest if every place is taken.
+fn admit(
+    handshaking: &mut StreamMap<u64, Handshaking>,
+    next_key: &mut u64,
+    stream: UnixStream,
+    limits: &Limits,
+    metrics: &Metrics,
+) {
+    if handshaking.len() >= limits.max_handshaking.max(1) {
+        if let Some(oldest) = handshaking.keys().min().copied() {
+            handshaking.remove(&oldest);
+            metrics.count_api_connection_closed(ApiConnectionClose::HandshakeEvicted);
+        }
+    }
+    let deadline = limits.handshake_deadline;
+    handshaking.insert(
+        *next_key,
+        Box::pin(futures::stream::once(handshake(stream, deadline))),
+    );
+    *next_key += 1;
+}
+
+/// One accept that does not wait: the connection already waiting, if any (an error
+/// is left for the next accept to see).
+fn accept_now(listener: &UnixListener) -> Option<UnixStream> {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match listener.poll_accept(&mut cx) {
+        Poll::Ready(Ok((stream, _))) => Some(stream),
+        _ => None,
+    }
+}
+
+/// Whether a served connection has a stream open, and since when it has none.
+#[derive(Debug)]
+pub struct Activity {
+    open: AtomicUsize,
+    idle_since: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            open: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// A stream opened; it is open until the guard is dropped.
+    pub fn begin(self: &Arc<Self>) -> StreamGuard {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        StreamGuard(self.clone())
+    }
+
+    /// When the connection became idle; None while a stream is open.
+    fn idle_since(&self) -> Option<Instant> {
+        if self.open.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        Some(*self.idle_since.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// One open stream of a connection.
+#[derive(Debug)]
+pub struct StreamGuard(Arc<Activity>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What tonic puts in each request's extensions: the socket's peer, and the
+/// connection's [`Activity`] (for [`crate::streams::StreamsLayer`], which puts the
+/// [`UdsConnectInfo`] there too).
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub uds: UdsConnectInfo,
+    pub activity: Arc<Activity>,
+}
+
+/// A handshaken connection, holding its served place; its preface (already read) is
+/// read again by the server. Reads end (EOF) once it is idle for the idle timeout.
+pub struct Served {
+    stream: UnixStream,
+    /// Bytes of [`PREFACE`] the server has read again.
+    replayed: usize,
+    activity: Arc<Activity>,
+    idle_timeout: Duration,
+    idle_check: Pin<Box<Sleep>>,
+    reaped: bool,
+    metrics: Arc<Metrics>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Served {
+    fn new(
+        stream: UnixStream,
+        permit: OwnedSemaphorePermit,
+        idle_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Served {
+            stream,
+            replayed: 0,
+            activity: Arc::new(Activity::new()),
+            idle_timeout,
+            idle_check: Box::pin(tokio::time::sleep(idle_timeout)),
+            reaped: false,
+            metrics,
+            _permit: permit,
+        }
+    }
+
+    /// True once the connection has had no stream open for the idle timeout; else
+    /// the check is armed for when it could be.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.idle_check.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let now = Instant::now();
+            let next = match self.activity.idle_since() {
+                Some(since) if now >= since + self.idle_timeout => return true,
+                Some(since) => since + self.idle_timeout,
+                None => now + self.idle_timeout,
+            };
+            self.idle_check.as_mut().reset(next);
+        }
+    }
+}
+
+impl Connected for Served {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        ConnInfo {
+            uds: self.stream.connect_info(),
+            activity: self.activity.clone(),
+        }
+    }
+}
+
+impl AsyncRead for Served {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        if self.reaped {
+            return Poll::Ready(Ok(()));
+        }
+        if self.replayed < PREFACE.len() {
+            let rest = &PREFACE[self.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            self.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        // Whatever the client sent is read first: a request that came just before the
+        // timeout opens a stream instead of being cut off.
+        if let Poll::Ready(r) = Pin::new(&mut self.stream).poll_read(cx, buf) {
+            return Poll::Ready(r);
+        }
+        if self.idle_expired(cx) {
+            self.reaped = true;
+            self.metrics
+                .count_api_connection_closed(ApiConnectionClose::Idle);
+            // The end of the stream: the server closes the connection.
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
     }
 }
 
-impl AsyncWrite for Limited {
+impl AsyncWrite for Served {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -101,5 +401,254 @@ impl AsyncWrite for Limited {
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{ErrorKind, Read as _, Write as _};
+    use std::os::unix::net::UnixStream as StdStream;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc as std_mpsc;
+    use std::time::Instant as StdInstant;
+
+    /// Generous: CI machines are slow and shared.
+    const TIMEOUT: Duration = Duration::from_secs(20);
+
+    fn short() -> Limits {
+        Limits {
+            handshake_deadline: Duration::from_millis(300),
+            max_handshaking: 4,
+            max_served: 2,
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// `limited` on a socket, served from a thread of its own (as plegd serves it).
+    /// Each served connection is read to its end; what it gave the server (preface
+    /// included) comes on `served`. While `hold` is set, each new connection holds
+    /// a stream open until `hold` is cleared.
+    struct Running {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+        metrics: Arc<Metrics>,
+        served: std_mpsc::Receiver<Vec<u8>>,
+        hold: Arc<AtomicBool>,
+        /// Connections handed to the server so far.
+        yielded: Arc<AtomicUsize>,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+    }
+
+    impl Running {
+        fn start(limits: Limits) -> Running {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("api.sock");
+            let std_listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            std_listener.set_nonblocking(true).unwrap();
+            let metrics = Arc::new(Metrics::new());
+            let hold = Arc::new(AtomicBool::new(false));
+            let (tx, served) = std_mpsc::channel();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let yielded = Arc::new(AtomicUsize::new(0));
+            let (m, h, y) = (metrics.clone(), hold.clone(), yielded.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let listener = UnixListener::from_std(std_listener).unwrap();
+                    let mut incoming = Box::pin(limited(listener, limits, m));
+                    let serving = async {
+                        while let Some(Ok(mut conn)) = incoming.next().await {
+                            y.fetch_add(1, Ordering::SeqCst);
+                            let tx = tx.clone();
+                            let info = conn.connect_info();
+                            let guard = h.load(Ordering::SeqCst).then(|| info.activity.begin());
+                            let h = h.clone();
+                            tokio::spawn(async move {
+                                let mut got = Vec::new();
+                                let mut buf = [0u8; 64];
+                                let mut guard = guard;
+                                loop {
+                                    if guard.is_some() && !h.load(Ordering::SeqCst) {
+                                        guard = None;
+                                    }
+                                    let read = tokio::time::timeout(
+                                        Duration::from_millis(20),
+                                        conn.read(&mut buf),
+                                    );
+                                    match read.await {
+                                        Err(_) => continue,
+                                        Ok(Ok(0)) | Ok(Err(_)) => break,
+                                        Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                                    }
+                                }
+                                // Its place is free before the test hears of it.
+                                drop(conn);
+                                let _ = tx.send(got);
+                            });
+                        }
+                    };
+                    tokio::select! {
+                        () = serving => {}
+                        _ = stopped => {}
+                    }
+                });
+            });
+            Running {
+                _dir: dir,
+                path,
+                metrics,
+                served,
+                hold,
+                yielded,
+                stop: Some(stop),
+            }
+        }
+
+        fn connect(&self) -> StdStream {
+            let s = StdStream::connect(&self.path).unwrap();
+            s.set_read_timeout(Some(TIMEOUT)).unwrap();
+            s
+        }
+
+        /// Waits until `n` connections have been handed to the server.
+        fn wait_yielded(&self, n: usize) {
+            let deadline = StdInstant::now() + TIMEOUT;
+            while self.yielded.load(Ordering::SeqCst) < n {
+                assert!(StdInstant::now() < deadline, "{n} not served");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+
+        /// Waits until `n` connections were counted closed for `reason` (counted just
+        /// after they are closed), and not more.
+        fn assert_closed(&self, reason: ApiConnectionClose, n: u64) {
+            let deadline = StdInstant::now() + TIMEOUT;
+            while self.metrics.api_connections_closed(reason) < n {
+                assert!(StdInstant::now() < deadline, "{reason}: not {n}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(self.metrics.api_connections_closed(reason), n, "{reason}");
+        }
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if let Some(stop) = self.stop.take() {
+                let _ = stop.send(());
+            }
+        }
+    }
+
+    /// Waits until the server closes `s`; how long that took.
+    fn closed_after(s: &mut StdStream) -> Duration {
+        let start = StdInstant::now();
+        let mut buf = [0u8; 64];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return start.elapsed(),
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return start.elapsed(),
+                Err(e) => panic!("still open after {:?}: {e}", start.elapsed()),
+            }
+        }
+    }
+
+    #[test]
+    fn silent_connections_end_at_the_deadline_and_the_oldest_make_room_for_new_ones() {
+        let server = Running::start(short());
+        let mut silent: Vec<StdStream> = (0..10).map(|_| server.connect()).collect();
+        // The six oldest were closed to make room, at once.
+        for s in &mut silent[..6] {
+            assert!(closed_after(s) < Duration::from_secs(2));
+        }
+        // The four newest, at the deadline.
+        for s in &mut silent[6..] {
+            assert!(closed_after(s) < short().handshake_deadline + Duration::from_secs(2));
+        }
+        server.assert_closed(ApiConnectionClose::HandshakeEvicted, 6);
+        server.assert_closed(ApiConnectionClose::HandshakeTimeout, 4);
+        // A client that sends its preface is served, though four silent ones hold
+        // every handshake place.
+        let _held: Vec<StdStream> = (0..4).map(|_| server.connect()).collect();
+        let mut client = server.connect();
+        client.write_all(PREFACE).unwrap();
+        client.write_all(b"more").unwrap();
+        client.shutdown(std::net::Shutdown::Write).unwrap();
+        let got = server.served.recv_timeout(TIMEOUT).unwrap();
+        assert_eq!(
+            got,
+            [&PREFACE[..], b"more"].concat(),
+            "the preface is read again"
+        );
+    }
+
+    #[test]
+    fn other_first_bytes_are_closed_at_once() {
+        let server = Running::start(short());
+        let mut s = server.connect();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        assert!(closed_after(&mut s) < Duration::from_secs(2));
+        server.assert_closed(ApiConnectionClose::BadPreface, 1);
+        assert!(server.served.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_handshaken_connection_beyond_the_served_places_is_closed_at_once() {
+        let server = Running::start(short());
+        server.hold.store(true, Ordering::SeqCst);
+        let served: Vec<StdStream> = (0..2)
+            .map(|i| {
+                let mut s = server.connect();
+                s.write_all(PREFACE).unwrap();
+                server.wait_yielded(i + 1);
+                s
+            })
+            .collect();
+        let mut third = server.connect();
+        third.write_all(PREFACE).unwrap();
+        assert!(closed_after(&mut third) < Duration::from_secs(2));
+        server.assert_closed(ApiConnectionClose::TooManyConnections, 1);
+        // A place freed is a place a new client gets.
+        drop(served);
+        for _ in 0..2 {
+            server.served.recv_timeout(TIMEOUT).unwrap();
+        }
+        let mut fourth = server.connect();
+        fourth.write_all(PREFACE).unwrap();
+        fourth.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(server.served.recv_timeout(TIMEOUT).unwrap(), PREFACE);
+    }
+
+    #[test]
+    fn a_served_connection_is_closed_once_idle_for_the_timeout_and_never_with_a_stream_open() {
+        let idle = Duration::from_millis(300);
+        let server = Running::start(Limits {
+            idle_timeout: idle,
+            ..short()
+        });
+        // No stream: closed after the idle timeout.
+        let mut s = server.connect();
+        s.write_all(PREFACE).unwrap();
+        let took = closed_after(&mut s);
+        assert!(took >= idle - Duration::from_millis(50), "{took:?}");
+        assert!(took < idle + Duration::from_secs(2), "{took:?}");
+        server.assert_closed(ApiConnectionClose::Idle, 1);
+        // A stream open for five timeouts: kept; closed one timeout after it ends.
+        server.hold.store(true, Ordering::SeqCst);
+        let mut s = server.connect();
+        s.write_all(PREFACE).unwrap();
+        s.set_read_timeout(Some(idle * 5)).unwrap();
+        let mut buf = [0u8; 8];
+        let err = s.read(&mut buf).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::WouldBlock, "still open");
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        server.hold.store(false, Ordering::SeqCst);
+        let took = closed_after(&mut s);
+        assert!(took >= idle - Duration::from_millis(50), "{took:?}");
+        server.assert_closed(ApiConnectionClose::Idle, 2);
     }
 }

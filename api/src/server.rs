@@ -46,7 +46,7 @@ pub struct ApiConfig {
     pub node_name: String,
     /// Capacity of each watcher's subscriber queue.
     pub watch_queue: usize,
-    /// Connections served at once; more wait until one closes.
+    /// Connections served at once; one more is closed at once (`incoming.rs`).
     pub max_connections: usize,
 }
 
@@ -196,12 +196,18 @@ async fn serve(
     mut stopped: watch::Receiver<bool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::UnixListener::from_std(listener)?;
-    let incoming = crate::incoming::bounded(listener, max_connections);
+    let limits = crate::incoming::Limits {
+        max_served: max_connections,
+        ..crate::incoming::Limits::default()
+    };
+    let metrics = service.ctx.pleg.metrics().clone();
+    let incoming = crate::incoming::limited(listener, limits, metrics);
     let service = PlegdServer::new(service)
         .max_decoding_message_size(MAX_REQUEST_BYTES)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);
     Server::builder()
         .layer(RequestErrorsLayer)
+        .layer(crate::streams::StreamsLayer)
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, async move {

@@ -2,16 +2,25 @@
 //! beside it (`PATH.lock`, held for plegd's lifetime) tells a live plegd from a
 //! crashed one, so a live plegd's socket is never stolen and a stale one is replaced;
 //! the socket is bound under a temporary name, given mode 0660 (and a group) and only
-//! then renamed into place, so it is never reachable with looser permissions.
+//! then renamed into place, so it is never reachable with looser permissions. Any path
+//! that fits a socket address (107 bytes) works: when the temporary name would not
+//! fit, it is shorter, or reached through the directory's descriptor.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions, Permissions};
 use std::io;
+use std::os::fd::AsRawFd as _;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 /// The socket's mode: owner and group may connect.
 pub const SOCKET_MODE: u32 = 0o660;
+
+/// The longest path a unix socket can have: `sun_path`'s 108 bytes on Linux, less the
+/// terminating NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
 
 /// Why the socket could not be made; each names the path.
 #[derive(Debug, thiserror::Error)]
@@ -22,10 +31,14 @@ pub enum SocketError {
     Answering { path: PathBuf },
     #[error("--api-socket {}: exists and is not a socket; not replacing it", path.display())]
     NotASocket { path: PathBuf },
+    #[error("--api-socket {}: {len} bytes long; a unix socket path has at most {MAX_SOCKET_PATH}", path.display())]
+    PathTooLong { path: PathBuf, len: usize },
     #[error("--api-socket {}: the path has no file name", path.display())]
     NoFileName { path: PathBuf },
     #[error("--api-socket-group {group:?}: no such group in /etc/group")]
     UnknownGroup { group: String },
+    #[error("--api-socket-group {group:?}: not a group id a file can have (0 to {MAX_GID})")]
+    GroupOutOfRange { group: String },
     #[error("--api-socket {}: {doing}", path.display())]
     Io {
         path: PathBuf,
@@ -86,6 +99,7 @@ pub fn bind_with_mode(
         move |error| SocketError::Io { path, doing, error }
     };
     let gid = group.map(resolve_group).transpose()?;
+    check_path(path)?;
     let name = path.file_name().ok_or_else(|| SocketError::NoFileName {
         path: path.to_owned(),
     })?;
@@ -132,10 +146,9 @@ pub fn bind_with_mode(
         Err(e) => return Err(io_err("cannot inspect it")(e)),
     }
 
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = dir.join(tmp_name);
+    // Held while the temporary name is in use: it may be reached through it.
+    let dir_handle = File::open(&dir).map_err(io_err("cannot open its directory"))?;
+    let tmp = temp_path(&dir, name, std::process::id(), dir_handle.as_raw_fd());
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp).map_err(io_err("cannot bind"))?;
     let placed = (|| {
@@ -149,6 +162,7 @@ pub fn bind_with_mode(
         let _ = std::fs::remove_file(&tmp);
         return Err(io_err("cannot set its mode, group or name")(e));
     }
+    drop(dir_handle);
     listener
         .set_nonblocking(true)
         .map_err(io_err("cannot make it non-blocking"))?;
@@ -159,10 +173,53 @@ pub fn bind_with_mode(
     })
 }
 
-/// A group name (from /etc/group) or a numeric group id.
-fn resolve_group(group: &str) -> Result<u32, SocketError> {
-    if let Ok(gid) = group.parse::<u32>() {
-        return Ok(gid);
+/// Refuses a path longer than a unix socket address can hold ([`MAX_SOCKET_PATH`]).
+pub fn check_path(path: &Path) -> Result<(), SocketError> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(SocketError::PathTooLong {
+            path: path.to_owned(),
+            len,
+        });
+    }
+    Ok(())
+}
+
+/// Where the socket is bound before it is renamed to `dir/name`: beside it, as
+/// `.NAME.PID.tmp`; when that is longer than a socket address can be, `.plegd.PID.tmp`;
+/// when even that is, the same name through `/proc/self/fd/DIR_FD`, which is short
+/// whatever the directory.
+fn temp_path(dir: &Path, name: &OsStr, pid: u32, dir_fd: i32) -> PathBuf {
+    let mut long = OsString::from(".");
+    long.push(name);
+    long.push(format!(".{pid}.tmp"));
+    let short = format!(".plegd.{pid}.tmp");
+    let fits = |p: &Path| p.as_os_str().as_bytes().len() <= MAX_SOCKET_PATH;
+    let beside = dir.join(&long);
+    if fits(&beside) {
+        return beside;
+    }
+    let beside = dir.join(&short);
+    if fits(&beside) {
+        return beside;
+    }
+    PathBuf::from(format!("/proc/self/fd/{dir_fd}/{short}"))
+}
+
+/// The largest group id a file can be given: chown takes 4294967295 (-1) for "leave
+/// the group as it is".
+pub const MAX_GID: u32 = u32::MAX - 1;
+
+/// A group name (from /etc/group) or a numeric group id (0 to [`MAX_GID`]); what
+/// [`bind`] gives the socket. Checked at start and by `--print-config` alike.
+pub fn resolve_group(group: &str) -> Result<u32, SocketError> {
+    if !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit()) {
+        return match group.parse::<u32>() {
+            Ok(gid) if gid <= MAX_GID => Ok(gid),
+            _ => Err(SocketError::GroupOutOfRange {
+                group: group.to_string(),
+            }),
+        };
     }
     let unknown = || SocketError::UnknownGroup {
         group: group.to_string(),
@@ -249,5 +306,60 @@ mod tests {
         let err = bind(&path, Some("no-such-group-plegd")).unwrap_err();
         assert!(matches!(err, SocketError::UnknownGroup { .. }), "{err}");
         assert!(matches!(resolve_group("root"), Ok(0)));
+    }
+
+    /// A path of `len` bytes under `dir`: directories of 50-byte names, then the socket.
+    fn path_of_len(dir: &Path, len: usize) -> PathBuf {
+        let mut p = dir.to_path_buf();
+        while p.as_os_str().len() + 1 + 50 + 1 + 5 < len {
+            p.push("d".repeat(50));
+        }
+        let rest = len - p.as_os_str().len() - 1;
+        p.push("s".repeat(rest));
+        assert_eq!(p.as_os_str().len(), len);
+        p
+    }
+
+    #[test]
+    fn every_path_that_fits_a_socket_address_is_bound_and_a_longer_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        // Long file names and short ones, so that each temporary name is needed.
+        for len in [100, 104, 106, MAX_SOCKET_PATH] {
+            for name_len in [1, 8, 40] {
+                let long = path_of_len(dir.path(), len - name_len - 1);
+                std::fs::create_dir_all(&long).unwrap();
+                let path = long.join("n".repeat(name_len));
+                assert_eq!(path.as_os_str().len(), len);
+                let bound = bind(&path, None).unwrap_or_else(|e| panic!("{len}: {e}"));
+                assert!(std::fs::metadata(&path).unwrap().file_type().is_socket());
+                assert_eq!(
+                    std::fs::metadata(&path).unwrap().mode() & 0o777,
+                    0o660,
+                    "{len}"
+                );
+                assert!(UnixStream::connect(&path).is_ok(), "{len}");
+                drop(bound);
+                let left: Vec<_> = std::fs::read_dir(&long)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .filter(|n| n.as_bytes().ends_with(b".tmp"))
+                    .collect();
+                assert!(left.is_empty(), "{left:?}");
+            }
+        }
+        let path = path_of_len(dir.path(), MAX_SOCKET_PATH + 1);
+        let err = bind(&path, None).unwrap_err();
+        assert!(matches!(err, SocketError::PathTooLong { .. }), "{err}");
+        assert!(err.to_string().contains("at most 107"), "{err}");
+    }
+
+    #[test]
+    fn a_group_id_chown_cannot_set_is_refused() {
+        assert!(matches!(resolve_group("4294967294"), Ok(4_294_967_294)));
+        for group in ["4294967295", "4294967296", "99999999999999999999"] {
+            let err = resolve_group(group).unwrap_err();
+            assert!(matches!(err, SocketError::GroupOutOfRange { .. }), "{err}");
+            assert!(err.to_string().contains("4294967294"), "{err}");
+        }
     }
 }

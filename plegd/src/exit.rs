@@ -106,6 +106,10 @@ pub enum ConfigError {
     ApiSocketGroup { group: String },
     #[error("--api-control-socket-group {group:?}: no such group in /etc/group")]
     ApiControlSocketGroup { group: String },
+    #[error("--api-socket {}: {len} bytes long; a unix socket path has at most 107", path.display())]
+    ApiSocketPath { path: PathBuf, len: usize },
+    #[error("--api-socket-group {group:?}: not a group id a file can have (0 to 4294967294)")]
+    ApiSocketGroupId { group: String },
     #[error("--otlp-endpoint")]
     OtlpEndpoint(#[source] TraceError),
     #[error(

@@ -80,6 +80,7 @@ fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Checked>, 
         // Handled before (`main`).
         Command::Client(_) => return Ok(None),
     };
+    check_api_socket(&settings)?;
     if args.print_config {
         start_logging(settings.log_format, endpoint_ignored);
         print!("{}", settings.to_toml()?);
@@ -91,6 +92,22 @@ fn configure(command: Command, matches: &ArgMatches) -> Result<Option<Checked>, 
         endpoint_ignored,
         memory_trim: settings.memory_trim_period.get(),
     }))
+}
+
+/// What binding the API socket checks of the flags (its path's length, its group),
+/// checked before --print-config too, so that it shows only what would start.
+fn check_api_socket(settings: &Settings) -> Result<(), ExitError> {
+    match &settings.api_socket {
+        Some(values::ApiSocket::Off) => return Ok(()),
+        Some(values::ApiSocket::Path(path)) => {
+            plegd_api::check_path(path).map_err(serve::socket_error)?
+        }
+        None => {}
+    }
+    if let Some(group) = &settings.api_socket_group {
+        plegd_api::resolve_group(group).map_err(serve::socket_error)?;
+    }
+    Ok(())
 }
 
 /// Logging starts once the settings are known (they choose the format).

@@ -110,12 +110,24 @@ fn bind_control(path: &Path, config: &ServiceConfig) -> Result<BoundSocket, Exit
 
 /// Binds the API socket (before anything starts, so that a second plegd fails fast).
 fn bind_api(path: &Path, config: &ServiceConfig) -> Result<BoundSocket, ExitError> {
-    plegd_api::bind(path, config.api_socket_group.as_deref()).map_err(|e| match e {
+    plegd_api::bind(path, config.api_socket_group.as_deref()).map_err(socket_error)
+}
+
+/// A bad --api-socket-group or too long a path is a configuration error (exit 2); the
+/// rest, exit 1.
+pub fn socket_error(e: SocketError) -> ExitError {
+    match e {
         SocketError::UnknownGroup { group } => {
             ExitError::from(ConfigError::ApiSocketGroup { group })
         }
+        SocketError::GroupOutOfRange { group } => {
+            ExitError::from(ConfigError::ApiSocketGroupId { group })
+        }
+        SocketError::PathTooLong { path, len } => {
+            ExitError::from(ConfigError::ApiSocketPath { path, len })
+        }
         e => ExitError::Runtime(anyhow::Error::new(e)),
-    })
+    }
 }
 
 /// A client of the CRI runtime at `endpoint` that passed the start-up check (the

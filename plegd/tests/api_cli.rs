@@ -92,10 +92,16 @@ impl Watch {
                 }
             }
         });
-        Watch {
+        let w = Watch {
             child: Reaped(child),
             lines,
+        };
+        if extra.contains(&"--json") {
+            // The Hello comes first; the tests read what follows.
+            let hello = w.next_json();
+            assert_eq!(hello["type"], "Hello", "{hello}");
         }
+        w
     }
 
     fn next_json(&self) -> Value {

@@ -9,7 +9,9 @@
 //! connection's age, the number of connections (beyond it a connection is answered 503
 //! and closed at once, so a flood cannot take plegd's file descriptors), and how long
 //! shutdown waits for connections before dropping them (so no client can hold up
-//! SIGTERM). axum's own `serve` has none of these, hence the accept loop here.
+//! SIGTERM). axum's own `serve` has none of these, hence the accept loop here. Out of
+//! file descriptors, a spare one kept for it serves the next connection, so that
+//! `/healthz` and `/readyz` still answer (one at a time) while plegd has none left.
 
 use std::future::Future;
 use std::io::{Read, Write};
@@ -30,6 +32,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::logging::RateLimiter;
+use crate::spare_fd::{out_of_fds, SpareFd};
 use crate::Metrics;
 
 /// What the endpoint asks the service: liveness (Err = reason) and readiness.
@@ -173,6 +176,7 @@ impl MetricsServer {
         let mut connections = JoinSet::new();
         let mut refused_log = RateLimiter::new(LOG_INTERVAL);
         let mut accept_log = RateLimiter::new(LOG_INTERVAL);
+        let spare = SpareFd::open();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -203,6 +207,34 @@ impl MetricsServer {
                         }
                     },
                     Err(error) => {
+                        // Out of descriptors: the spare's is given to the connection
+                        // waiting, so a probe is still answered.
+                        if out_of_fds(&error) && spare.give_up() {
+                            if let Some(stream) = accept_now(&listener) {
+                                match permits.clone().try_acquire_owned() {
+                                    Ok(permit) => {
+                                        let conn = connection(
+                                            stream,
+                                            permit,
+                                            router.clone(),
+                                            limits,
+                                            closing_rx.clone(),
+                                        );
+                                        let spare = spare.clone();
+                                        connections.spawn(async move {
+                                            conn.await;
+                                            spare.restore();
+                                        });
+                                    }
+                                    Err(_) => {
+                                        refuse(stream);
+                                        spare.restore();
+                                    }
+                                }
+                                continue;
+                            }
+                        }
+                        spare.restore();
                         if let Some(more) = accept_log.allow(Instant::now()) {
                             tracing::warn!(%error, failed_before = more, "metrics endpoint: accept failed");
                         }
@@ -259,6 +291,15 @@ async fn connection(
     // within the grace.
     conn.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(limits.shutdown_grace, conn).await;
+}
+
+/// One accept that does not wait: the connection already waiting, if any.
+fn accept_now(listener: &TcpListener) -> Option<TcpStream> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match listener.poll_accept(&mut cx) {
+        std::task::Poll::Ready(Ok((stream, _))) => Some(stream),
+        _ => None,
+    }
 }
 
 /// Answers a connection beyond the bound with 503 and closes it, without waiting on

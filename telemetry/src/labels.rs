@@ -137,3 +137,22 @@ label_enum! {
         Invalid => "invalid",
     }
 }
+
+label_enum! {
+    /// Why plegd closed a subscriber API connection itself
+    /// (`plegd_api_connections_closed_total{reason}`).
+    ApiConnectionClose {
+        /// The HTTP/2 client preface did not arrive within the handshake deadline.
+        HandshakeTimeout => "handshake_timeout",
+        /// The first bytes were not the HTTP/2 client preface.
+        BadPreface => "bad_preface",
+        /// Still in its handshake when newer connections took every handshake place.
+        HandshakeEvicted => "handshake_evicted",
+        /// Handshaken when every served place was taken.
+        TooManyConnections => "too_many_connections",
+        /// No stream open for the idle timeout.
+        Idle => "idle",
+        /// Accepted with plegd's spare descriptor when out of descriptors, and closed.
+        OutOfFds => "out_of_fds",
+    }
+}

@@ -6,10 +6,11 @@ pub mod http;
 pub mod labels;
 pub mod logging;
 pub mod metrics;
+pub mod spare_fd;
 pub mod traces;
 
 pub use labels::{
-    HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource, RequestResult,
-    StreamEventType,
+    ApiConnectionClose, HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource,
+    RequestResult, StreamEventType,
 };
 pub use metrics::{Metrics, Refusal};

@@ -7,8 +7,8 @@ use prometheus::{
 };
 
 use crate::labels::{
-    HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource, RequestResult,
-    StreamEventType,
+    ApiConnectionClose, HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource,
+    RequestResult, StreamEventType,
 };
 
 pub struct Metrics {
@@ -47,6 +47,8 @@ pub struct Metrics {
     pub otlp_events_dropped: IntCounter,
     // Hint sources: 1 on each source's current state.
     hint_source_state: IntGaugeVec,
+    // Subscriber API connections plegd closed itself.
+    api_connections_closed: IntCounterVec,
     // API: refused calls, expired sync holds.
     api_refused: IntCounterVec,
     pub sync_holds_expired: IntCounter,
@@ -221,6 +223,11 @@ impl Metrics {
                 &["source", "state"],
             )
             .expect("static gauge options are valid"),
+            api_connections_closed: counter_vec(
+                "plegd_api_connections_closed_total",
+                "Subscriber API connections plegd closed itself, by reason (handshake_timeout, bad_preface, handshake_evicted, too_many_connections, idle, out_of_fds).",
+                &["reason"],
+            ),
             api_refused: counter_vec(
                 "plegd_api_refused_total",
                 "API calls refused, by method and reason (read_socket: Sync or RequestRelist on the read socket; unknown_pod_holds: too many holds of pods plegd does not know; budget: the API clients' RequestRelist budget was full).",
@@ -265,6 +272,7 @@ impl Metrics {
             Box::new(self.hint_source_state.clone()),
             Box::new(self.api_refused.clone()),
             Box::new(self.sync_holds_expired.clone()),
+            Box::new(self.api_connections_closed.clone()),
         ];
         for c in collectors {
             self.registry
@@ -294,6 +302,9 @@ impl Metrics {
         }
         for &source in HintSourceName::ALL {
             self.set_hint_source_state(source, HintSourceState::Off);
+        }
+        for &r in ApiConnectionClose::ALL {
+            self.api_connections_closed.with_label_values(&[r.as_str()]);
         }
     }
 
@@ -327,6 +338,20 @@ impl Metrics {
             .map(|&s| format!("{s}={}", self.hint_source_state(s)))
             .collect::<Vec<_>>()
             .join(" ")
+    }
+
+    /// `plegd_api_connections_closed_total{reason}`.
+    pub fn api_connections_closed(&self, reason: ApiConnectionClose) -> u64 {
+        self.api_connections_closed
+            .with_label_values(&[reason.as_str()])
+            .get()
+    }
+
+    /// Counts one API connection plegd closed.
+    pub fn count_api_connection_closed(&self, reason: ApiConnectionClose) {
+        self.api_connections_closed
+            .with_label_values(&[reason.as_str()])
+            .inc();
     }
 
     /// `kubelet_pleg_events_total{relist_source}` for one source.

@@ -9,7 +9,9 @@ mod pods;
 mod status;
 mod watch;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use plegd_api::v1::plegd_client::PlegdClient;
@@ -21,12 +23,43 @@ pub use pods::PodsArgs;
 pub use status::StatusArgs;
 pub use watch::WatchArgs;
 
-/// Where the plegd to ask listens.
+/// Where the plegd to ask listens, and how long to wait for it.
 #[derive(Args, Debug, Clone)]
 pub struct SocketArg {
     /// The plegd API socket.
     #[arg(long, env = "PLEGD_API_SOCKET", value_name = "PATH", default_value = plegd_api::DEFAULT_SOCKET)]
     pub api_socket: PathBuf,
+    /// How long to wait for plegd's answer: pods and status end with exit 1 past it
+    /// (status --newer-than waits up to 30s more); watch, for its start (connect and
+    /// plegd's Hello), then it watches for as long as it runs.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_timeout)]
+    pub timeout: Duration,
+}
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be more than 0s".to_string()),
+        Err(e) => Err(format!("{e} (e.g. 10s, 500ms, 1m)")),
+    }
+}
+
+/// `fut`, if it ends within `deadline`; else the one line that says plegd at
+/// `socket` did not answer.
+async fn within<T>(
+    socket: &Path,
+    deadline: Duration,
+    fut: impl Future<Output = Result<T, ExitError>>,
+) -> Result<T, ExitError> {
+    tokio::time::timeout(deadline, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ExitError::Runtime(anyhow::anyhow!(
+                "plegd at {} did not answer within {} (--timeout)",
+                socket.display(),
+                humantime::format_duration(deadline)
+            )))
+        })
 }
 
 /// The client subcommands.
@@ -49,14 +82,24 @@ pub fn run(command: ClientCommand) -> Result<(), ExitError> {
         .enable_all()
         .build()
         .map_err(ExitError::runtime("cannot start a runtime"))?;
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         match command {
             ClientCommand::Watch(a) => watch::run(a).await,
             ClientCommand::Pods(a) => pods::run(a).await,
             ClientCommand::Status(a) => status::run(a).await,
         }
-    })
+    });
+    match result {
+        // The reader went away (`plegd watch | head -1`): nothing more to say to it.
+        Err(ExitError::Runtime(e)) if e.is::<StdoutClosed>() => Ok(()),
+        other => other,
+    }
 }
+
+/// Stdout was closed by its reader: the command ends quietly, with exit 0.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout was closed")]
+struct StdoutClosed;
 
 async fn connect(socket: &Path) -> Result<PlegdClient<Channel>, ExitError> {
     plegd_api::connect(socket)
@@ -89,5 +132,8 @@ fn print_line(line: &str) -> Result<(), ExitError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}")
         .and_then(|()| out.flush())
-        .map_err(ExitError::runtime("writing to stdout"))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => ExitError::Runtime(anyhow::Error::new(StdoutClosed)),
+            _ => ExitError::runtime("writing to stdout")(e),
+        })
 }

@@ -6,7 +6,7 @@ use plegd_api::convert::container_state_name;
 use plegd_api::v1;
 use serde::Serialize;
 
-use super::{call_failed, connect, print_line, SocketArg};
+use super::{call_failed, connect, print_line, within, SocketArg};
 use crate::exit::ExitError;
 
 #[derive(Args, Debug)]
@@ -70,12 +70,15 @@ pub fn container_summary(pod: &v1::Pod) -> String {
 
 pub async fn run(args: PodsArgs) -> Result<(), ExitError> {
     let socket = &args.socket.api_socket;
-    let mut client = connect(socket).await?;
-    let list = client
-        .list_pods(v1::ListPodsRequest {})
-        .await
-        .map_err(|s| call_failed(socket, &s))?
-        .into_inner();
+    let list = within(socket, args.socket.timeout, async {
+        let mut client = connect(socket).await?;
+        client
+            .list_pods(v1::ListPodsRequest {})
+            .await
+            .map_err(|s| call_failed(socket, &s))
+    })
+    .await?
+    .into_inner();
     let mut pods = list.pods;
     pods.sort_by(|a, b| (&a.pod_namespace, &a.pod_name).cmp(&(&b.pod_namespace, &b.pod_name)));
     if args.json {

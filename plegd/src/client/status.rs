@@ -14,7 +14,7 @@ use plegd_api::v1;
 use serde::Serialize;
 
 use super::pods::{container_summary, json_containers, JsonContainer};
-use super::{call_failed, connect, print_line, rfc3339, SocketArg};
+use super::{call_failed, connect, print_line, rfc3339, within, SocketArg};
 use crate::exit::ExitError;
 
 /// How long `--newer-than` waits for a fresh read.
@@ -99,27 +99,30 @@ fn json_hint_sources(sources: &[v1::HintSource]) -> Vec<JsonHintSource<'_>> {
         .collect()
 }
 
-/// plegd itself: the `Hello` of a Watch, which is then closed.
-async fn run_plegd(args: &StatusArgs) -> Result<(), ExitError> {
-    let socket = &args.socket.api_socket;
+/// The `Hello` that starts a Watch (the Watch is then closed).
+async fn hello(socket: &std::path::Path) -> Result<v1::Hello, ExitError> {
     let mut client = connect(socket).await?;
     let mut stream = client
         .watch(v1::WatchRequest::default())
         .await
         .map_err(|s| call_failed(socket, &s))?
         .into_inner();
-    let hello = match stream.message().await {
+    match stream.message().await {
         Ok(Some(v1::WatchResponse {
             kind: Some(v1::watch_response::Kind::Hello(h)),
-        })) => h,
-        Ok(_) => {
-            return Err(ExitError::Runtime(anyhow::anyhow!(
-                "plegd at {} did not start its answer with a Hello",
-                socket.display()
-            )))
-        }
-        Err(s) => return Err(call_failed(socket, &s)),
-    };
+        })) => Ok(h),
+        Ok(_) => Err(ExitError::Runtime(anyhow::anyhow!(
+            "plegd at {} did not start its answer with a Hello",
+            socket.display()
+        ))),
+        Err(s) => Err(call_failed(socket, &s)),
+    }
+}
+
+/// plegd itself: the `Hello` of a Watch, which is then closed.
+async fn run_plegd(args: &StatusArgs) -> Result<(), ExitError> {
+    let socket = &args.socket.api_socket;
+    let hello = within(socket, args.socket.timeout, hello(socket)).await?;
     if args.json {
         let line = serde_json::to_string(&JsonPlegd {
             node_name: &hello.node_name,
@@ -147,17 +150,24 @@ pub async fn run(args: StatusArgs) -> Result<(), ExitError> {
         return run_plegd(&args).await;
     };
     let socket = &args.socket.api_socket;
-    let mut client = connect(socket).await?;
-    let mut request = tonic::Request::new(v1::GetPodStatusRequest {
-        pod_uid: uid.clone(),
-        newer_than_unix_nano: args.newer_than.map(unix_nanos),
-    });
-    request.set_timeout(NEWER_THAN_WAIT);
-    let answer = client
-        .get_pod_status(request)
-        .await
-        .map_err(|s| call_failed(socket, &s))?
-        .into_inner();
+    let mut deadline = args.socket.timeout;
+    if args.newer_than.is_some() {
+        deadline += NEWER_THAN_WAIT;
+    }
+    let answer = within(socket, deadline, async {
+        let mut client = connect(socket).await?;
+        let mut request = tonic::Request::new(v1::GetPodStatusRequest {
+            pod_uid: uid.clone(),
+            newer_than_unix_nano: args.newer_than.map(unix_nanos),
+        });
+        request.set_timeout(NEWER_THAN_WAIT);
+        client
+            .get_pod_status(request)
+            .await
+            .map_err(|s| call_failed(socket, &s))
+    })
+    .await?
+    .into_inner();
     let Some(pod) = &answer.pod else {
         return Err(ExitError::Runtime(anyhow::anyhow!(
             "plegd at {} answered without the pod",

@@ -1,7 +1,9 @@
 //! `plegd watch`: a running plegd's lifecycle events, one line each. With `--json`,
 //! each event has exactly the fields of `plegd run`'s output (the same serialisation,
-//! `output.rs`); the initial-events bookmark is `{"type":"Bookmark","revision":N,
-//! "initial_events_end":true}`. A `missed` count is shown on the next event and
+//! `output.rs`); the first line is the Hello (`{"type":"Hello","instance_id":..,
+//! "node_name":..,"latest_revision":N,"hint_sources":[..]}`, what `--since` and
+//! `--instance-id` take) and the initial-events bookmark is
+//! `{"type":"Bookmark","revision":N,"initial_events_end":true}`. A `missed` count is shown on the next event and
 //! watching goes on. SIGINT/SIGTERM end it with exit 0.
 
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use plegd_api::v1;
 use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::{call_failed, connect, print_line, SocketArg};
+use super::{call_failed, connect, print_line, within, SocketArg};
 use crate::exit::ExitError;
 use crate::output::{format_event, Format};
 
@@ -38,11 +40,15 @@ pub struct WatchArgs {
     /// history, or one it never issued: exit 1).
     #[arg(long, value_name = "REVISION")]
     pub since: Option<u64>,
-    /// The plegd instance --since comes from (the id `plegd watch` logs at start):
-    /// plegd refuses a revision of another instance instead of misreading it.
+    /// The plegd instance --since comes from (the instance_id of the Hello: the
+    /// first line of `plegd watch --json`, or the id `plegd watch` logs on stderr at
+    /// start without --json): plegd refuses a revision of another instance instead of
+    /// misreading it.
     #[arg(long, value_name = "ID", requires = "since")]
     pub instance_id: Option<String>,
-    /// One JSON object per line, with the fields of `plegd run`'s output.
+    /// One JSON object per line: first the Hello ({"type":"Hello","instance_id",
+    /// "node_name","latest_revision","hint_sources"}), then each event with the
+    /// fields of `plegd run`'s output.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
@@ -71,6 +77,23 @@ impl From<EventTypeArg> for v1::EventType {
             EventTypeArg::PodSync => v1::EventType::PodSync,
         }
     }
+}
+
+/// The Hello, `--json`'s first line: who answers, and from which revision.
+#[derive(Serialize)]
+struct JsonHello<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    instance_id: &'a str,
+    node_name: &'a str,
+    latest_revision: u64,
+    hint_sources: Vec<JsonHintSource<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonHintSource<'a> {
+    name: &'a str,
+    state: &'a str,
 }
 
 #[derive(Serialize)]
@@ -116,12 +139,28 @@ pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
         ..v1::WatchRequest::default()
     };
     let watching = async {
-        let mut client = connect(&socket).await?;
-        let mut stream = client
-            .watch(request)
-            .await
-            .map_err(|s| call_failed(&socket, &s))?
-            .into_inner();
+        // The start (connect, the call, the Hello) within the deadline; then events
+        // for as long as they come.
+        let mut stream = within(&socket, args.socket.timeout, async {
+            let mut client = connect(&socket).await?;
+            let mut stream = client
+                .watch(request)
+                .await
+                .map_err(|s| call_failed(&socket, &s))?
+                .into_inner();
+            let first = stream
+                .message()
+                .await
+                .map_err(|s| call_failed(&socket, &s))?;
+            Ok((stream, first))
+        })
+        .await
+        .and_then(|(stream, first)| {
+            if let Some(hello) = first {
+                show(hello, format)?;
+            }
+            Ok(stream)
+        })?;
         loop {
             let msg = match stream.message().await {
                 Ok(Some(m)) => m,
@@ -146,15 +185,33 @@ pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
 fn show(msg: v1::WatchResponse, format: Format) -> Result<(), ExitError> {
     use v1::watch_response::Kind;
     match msg.kind {
-        Some(Kind::Hello(h)) => {
-            if format == Format::Text {
+        Some(Kind::Hello(h)) => match format {
+            Format::Json => {
+                let line = serde_json::to_string(&JsonHello {
+                    kind: "Hello",
+                    instance_id: &h.instance_id,
+                    node_name: &h.node_name,
+                    latest_revision: h.latest_revision,
+                    hint_sources: h
+                        .hint_sources
+                        .iter()
+                        .map(|s| JsonHintSource {
+                            name: &s.name,
+                            state: &s.state,
+                        })
+                        .collect(),
+                })
+                .map_err(ExitError::runtime("encoding the hello"))?;
+                print_line(&line)
+            }
+            Format::Text => {
                 eprintln!(
                     "plegd: watching node {} (plegd instance {}, revision {})",
                     h.node_name, h.instance_id, h.latest_revision
                 );
+                Ok(())
             }
-            Ok(())
-        }
+        },
         Some(Kind::Event(e)) => {
             let r = plegd_api::convert::received(&e)
                 .map_err(|e| ExitError::Runtime(anyhow::Error::new(e)))?;

@@ -1,0 +1,332 @@
+//! No local client keeps another out of the subscriber API, with the real binary: a
+//! flood of silent connections (a thousand held, and reconnected as fast as plegd
+//! closes them) leaves a new client served within the handshake deadline and `plegd
+//! pods` answering; with plegd out of file descriptors, `/healthz` still answers.
+
+use std::io::Write as _;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use integration_tests::process::{
+    command, command_with_fd_limit, free_port, http_get, wait_until, Reaped, TIMEOUT,
+};
+
+/// plegd's handshake deadline (README, "Subscriber API").
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+
+fn plegd_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_plegd")
+}
+
+/// `plegd demo` with its API at `socket` and its endpoint on `port`.
+fn demo(mut cmd: std::process::Command, socket: &Path, port: u16) -> Reaped {
+    let child = cmd
+        .args([
+            "demo",
+            "--node-name",
+            "flood-node",
+            "--relist-period",
+            "200ms",
+        ])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .arg("--api-socket")
+        .arg(socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the API socket", || socket.exists());
+    wait_until("the endpoint", || http_get(port, "/healthz").is_some());
+    Reaped(child)
+}
+
+/// This process's soft limit on open files, raised to `at_least` if lower (with
+/// util-linux's prlimit, as the hard limit allows).
+fn ensure_fd_limit(at_least: u64) {
+    let soft = || -> u64 {
+        let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap();
+        line.split_whitespace().nth(3).unwrap().parse().unwrap()
+    };
+    if soft() < at_least {
+        let ok = std::process::Command::new("prlimit")
+            .args(["--pid", &std::process::id().to_string()])
+            .arg(format!("--nofile={at_least}:"))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok && soft() >= at_least,
+            "cannot raise the open files limit to {at_least}"
+        );
+    }
+}
+
+/// Silent connections to `socket`: `held` of them opened first and kept open (by
+/// the client) for as long as the flood lasts; then, until dropped, new ones opened
+/// one after another as fast as they connect, each kept until `ring` more have been.
+struct Flood {
+    _held: Vec<UnixStream>,
+    stop: Arc<AtomicBool>,
+    connects: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flood {
+    fn start(socket: &Path, held: usize, ring: usize) -> Flood {
+        let held: Vec<UnixStream> = (0..held)
+            .map(|i| UnixStream::connect(socket).unwrap_or_else(|e| panic!("connection {i}: {e}")))
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let connects = Arc::new(AtomicU64::new(held.len() as u64));
+        let (s, c, socket) = (stop.clone(), connects.clone(), socket.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let mut conns = std::collections::VecDeque::new();
+            while !s.load(Ordering::SeqCst) {
+                if let Ok(conn) = UnixStream::connect(&socket) {
+                    conns.push_back(conn);
+                    if conns.len() > ring {
+                        conns.pop_front();
+                    }
+                    c.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        Flood {
+            _held: held,
+            stop,
+            connects,
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits until the flood has made `n` more connections.
+    fn wait_for_more(&self, n: u64) {
+        let from = self.connects.load(Ordering::SeqCst);
+        wait_until("the flood's connections", || {
+            self.connects.load(Ordering::SeqCst) >= from + n
+        });
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A new tonic client's ListPods, from its connect: the pods and how long it took.
+fn list_pods(socket: &Path) -> (Result<usize, String>, Duration) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let socket = socket.to_path_buf();
+    let answer = rt.block_on(async move {
+        let call = async {
+            let mut client = plegd_api::connect(&socket)
+                .await
+                .map_err(|e| e.to_string())?;
+            client
+                .list_pods(plegd_api::v1::ListPodsRequest {})
+                .await
+                .map(|r| r.into_inner().pods.len())
+                .map_err(|s| s.to_string())
+        };
+        tokio::time::timeout(TIMEOUT, call)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {TIMEOUT:?}")))
+    });
+    (answer, start.elapsed())
+}
+
+fn run_to_end(args: &[&str], socket: &Path) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut child = command(plegd_bin())
+        .args(args)
+        .arg("--api-socket")
+        .arg(socket)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = start + TIMEOUT;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "plegd {args:?} did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child.wait_with_output().unwrap(), start.elapsed())
+}
+
+/// `name{reason="reason"}` on /metrics.
+fn closed(port: u16, reason: &str) -> u64 {
+    let (_, body) = http_get(port, "/metrics").expect("/metrics answers");
+    let series = format!("plegd_api_connections_closed_total{{reason=\"{reason}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series}in /metrics"))
+}
+
+fn temp_socket() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("plegd.sock");
+    (dir, socket)
+}
+
+#[test]
+fn a_thousand_silent_connections_keep_no_client_out() {
+    ensure_fd_limit(4096);
+    let (_dir, socket) = temp_socket();
+    let port = free_port();
+    let _plegd = demo(command(plegd_bin()), &socket, port);
+    wait_until(
+        "the demo's pods",
+        || matches!(list_pods(&socket).0, Ok(n) if n > 0),
+    );
+
+    let flood = Flood::start(&socket, 1000, 100);
+    flood.wait_for_more(1000);
+    for round in 0..3 {
+        let (answer, took) = list_pods(&socket);
+        let pods = answer.unwrap_or_else(|e| panic!("round {round}: {e} after {took:?}"));
+        assert!(pods > 0, "round {round}");
+        assert!(
+            took < HANDSHAKE_DEADLINE,
+            "round {round}: answered after {took:?}"
+        );
+        let (out, took) = run_to_end(&["pods"], &socket);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "round {round}: {err}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("NAMESPACE"),
+            "round {round}"
+        );
+        assert!(took < HANDSHAKE_DEADLINE, "round {round}: {took:?}");
+        flood.wait_for_more(200);
+    }
+    // The flood's connections were closed to make room, and counted.
+    // Of the thousand held, all but the 64 newest at most were closed at once.
+    let evicted = closed(port, "handshake_evicted");
+    println!(
+        "{} flood connections, {evicted} closed to make room",
+        flood.connects.load(Ordering::SeqCst)
+    );
+    assert!(evicted >= 1000 - 64, "{evicted}");
+    drop(flood);
+    // Silent connections left alone end at the deadline.
+    let timed_out = closed(port, "handshake_timeout");
+    let held: Vec<UnixStream> = (0..10)
+        .map(|_| UnixStream::connect(&socket).unwrap())
+        .collect();
+    let since = Instant::now();
+    wait_until("the silent connections to time out", || {
+        closed(port, "handshake_timeout") >= timed_out + 10
+    });
+    assert!(since.elapsed() >= HANDSHAKE_DEADLINE - Duration::from_millis(100));
+    drop(held);
+}
+
+/// plegd's descriptors are counted, and its soft limit set a few above them: the
+/// silent connections alone take all that is left.
+#[test]
+fn healthz_answers_while_plegd_is_out_of_file_descriptors() {
+    let (_dir, socket) = temp_socket();
+    let port = free_port();
+    // What plegd demo opens of itself, with a margin: a first run counts them.
+    let base = steady_fds(port);
+    // Fewer than the 64 handshake places: the flood alone runs plegd out.
+    let limit = base + 16;
+    let port = free_port();
+    let plegd = demo(command_with_fd_limit(plegd_bin(), limit), &socket, port);
+    let flood = Flood::start(&socket, 200, 50);
+    flood.wait_for_more(200);
+    wait_until("plegd to run out of descriptors", || {
+        fds_of(plegd.0.id()) + 2 >= limit
+    });
+    for round in 0..10 {
+        let start = Instant::now();
+        let answer = http_get(port, "/healthz");
+        let took = start.elapsed();
+        let (code, body) =
+            answer.unwrap_or_else(|| panic!("round {round}: no answer after {took:?}"));
+        assert_eq!(code, 200, "round {round}: {body}");
+        flood.wait_for_more(20);
+    }
+    assert!(http_get(port, "/readyz").is_some_and(|(code, _)| code == 200));
+    // The API's accept loop made room by closing the oldest silent connections.
+    assert!(closed(port, "handshake_evicted") >= 1);
+    drop(flood);
+    // And a client is served once the flood ends.
+    let (answer, _) = list_pods(&socket);
+    answer.unwrap();
+}
+
+/// Out of descriptors with nothing plegd may close: connections that sent their
+/// preface are served (and stay, idle, for minutes). The endpoint serves a probe with
+/// its spare descriptor, and the API's accept loop closes what waits in its backlog
+/// with its own.
+#[test]
+fn healthz_answers_while_served_connections_take_every_descriptor() {
+    let (_dir, socket) = temp_socket();
+    let port = free_port();
+    let base = steady_fds(port);
+    let limit = base + 16;
+    let port = free_port();
+    let plegd = demo(command_with_fd_limit(plegd_bin(), limit), &socket, port);
+    let mut held: Vec<UnixStream> = Vec::new();
+    for _ in 0..40 {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        s.write_all(PREFACE).unwrap();
+        held.push(s);
+    }
+    wait_until("plegd to run out of descriptors", || {
+        fds_of(plegd.0.id()) + 2 >= limit
+    });
+    for round in 0..5 {
+        let start = Instant::now();
+        let answer = http_get(port, "/healthz");
+        let took = start.elapsed();
+        let (code, body) =
+            answer.unwrap_or_else(|| panic!("round {round}: no answer after {took:?}"));
+        assert_eq!(code, 200, "round {round}: {body}");
+    }
+    // Those left in the backlog were accepted and closed, not left hanging.
+    wait_until("the backlog to be closed", || {
+        closed(port, "out_of_fds") >= 1
+    });
+    drop(held);
+}
+
+/// The descriptors `plegd demo` holds once it serves (its runtime connected, its
+/// relists and API answering); `port` is free for it.
+fn steady_fds(port: u16) -> usize {
+    let (_dir, socket) = temp_socket();
+    let plegd = demo(command(plegd_bin()), &socket, port);
+    wait_until(
+        "the demo's pods",
+        || matches!(list_pods(&socket).0, Ok(n) if n > 0),
+    );
+    fds_of(plegd.0.id())
+}
+
+/// What an HTTP/2 client sends first.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The descriptors process `pid` has open.
+fn fds_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
