@@ -6,6 +6,7 @@
 //!   stream (a subscriber with its own queue); `sync`: one Sync stream (a sync hold).
 //! - `filter` and `selector`: Watch's filters; `convert`: domain ↔ wire types;
 //!   `request_errors`: malformed or oversized requests → INVALID_ARGUMENT.
+//! - `standard`: grpc.health.v1 and server reflection next to plegd.v1.
 //! - `client`: connecting to a plegd.
 
 mod client;
@@ -17,6 +18,7 @@ mod selector;
 mod server;
 mod service;
 mod socket;
+mod standard;
 mod sync;
 mod watch;
 

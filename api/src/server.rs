@@ -129,13 +129,17 @@ async fn serve(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::UnixListener::from_std(listener)?;
     let incoming = crate::incoming::bounded(listener, max_connections);
+    let health = ctx.pleg.health().clone();
     let service = PlegdServer::new(PlegdService { ctx })
         .max_decoding_message_size(MAX_REQUEST_BYTES)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);
-    Server::builder()
+    let router = Server::builder()
         .layer(RequestErrorsLayer)
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .add_service(service)
+        .add_service(service);
+    // grpc.health.v1 and server reflection, for stock probes and tools.
+    let router = crate::standard::add(router, health, stopped.clone())?;
+    router
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stopped.wait_for(|stop| *stop).await;
         })
