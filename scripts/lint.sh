@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Formatting, lints, dependency policy and the standard validators of the deployment
-# files, as scripts/test.sh runs them; also runs alone. Installs its tools first
-# (scripts/lint-tools.sh). What the deployment files must say about plegd itself is
-# checked by a Rust test, plegd/tests/deploy_files.rs.
+# files, and plegd.v1's compatibility with its last release (`buf breaking` against
+# protocol/released), as scripts/test.sh runs them; also runs alone. Installs its
+# tools first (scripts/lint-tools.sh; buf: scripts/conformance-tools.sh). What the
+# deployment files must say about plegd itself is checked by a Rust test,
+# plegd/tests/deploy_files.rs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/lint-tools.sh
+# buf (npm, pinned in conformance/node/package-lock.json) for the proto check
+bash scripts/conformance-tools.sh node
 bin="${PLEGD_TOOLS:-/var/lib/plegd-tools}/bin"
 step() { echo "[lint] $*" >&2; }
 tmp="$(mktemp -d)"
@@ -36,6 +40,10 @@ if ! out="$(systemd-analyze verify --man=no "$tmp/plegd.service" 2>&1)" || [ -n 
     echo "$out" >&2
     exit 1
 fi
+
+step "buf breaking (plegd.v1 against the last release, protocol/released)"
+conformance/node/node_modules/.bin/buf breaking protocol/proto --against protocol/released \
+    --config '{"version":"v1","breaking":{"use":["FILE"]}}'
 
 step "cargo deny"
 if timeout 60 cargo deny fetch >/dev/null 2>&1; then

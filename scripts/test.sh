@@ -17,6 +17,9 @@ export CARGO_INCREMENTAL=0
 bash scripts/setup.sh
 # the linters' Debian packages now: containerd-up.sh, started next, uses apt too
 bash scripts/lint-tools.sh --system
+# the conformance suites' clients (grpcio, grpc-js; Debian's python3-venv and nodejs
+# when missing), for plegd/tests/conformance.rs; before containerd-up.sh for the same reason
+bash scripts/conformance-tools.sh
 
 export PLEGD_CRI_BASE="${PLEGD_CRI_BASE:-/var/lib/plegd-ci}"
 up_log="$(mktemp)"
@@ -52,8 +55,9 @@ up_pid=""
 echo "[test] containerd up: $(grep -E '^/' "$up_log" | tr '\n' ' ')" >&2
 
 echo "[test] cargo test" >&2
-# --include-ignored: the real-containerd tests are ignored for a plain `cargo test`
-# (they need root and containerd, which this script provides).
+# --include-ignored: the real-containerd tests and the conformance suites are ignored
+# for a plain `cargo test` (they need root and containerd, or the clients
+# scripts/conformance-tools.sh installed, which this script provides).
 cargo test --locked --workspace --all-targets -- --include-ignored
 
 echo "[test] benchmark harness smoke run (plegd-bench --smoke; checks the harness, not plegd's speed)" >&2

@@ -9,6 +9,7 @@
 //!   for ListClients.
 //! - `filter` and `selector`: Watch's filters; `convert`: domain ↔ wire types;
 //!   `request_errors`: malformed or oversized requests → INVALID_ARGUMENT.
+//! - `standard`: grpc.health.v1 and server reflection next to plegd.v1.
 //! - `client`: connecting to a plegd.
 
 mod client;
@@ -21,6 +22,7 @@ mod selector;
 mod server;
 mod service;
 mod socket;
+mod standard;
 mod streams;
 mod sync;
 mod watch;

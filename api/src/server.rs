@@ -202,14 +202,18 @@ async fn serve(
     };
     let metrics = service.ctx.pleg.metrics().clone();
     let incoming = crate::incoming::limited(listener, limits, metrics);
+    let health = service.ctx.pleg.health().clone();
     let service = PlegdServer::new(service)
         .max_decoding_message_size(MAX_REQUEST_BYTES)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);
-    Server::builder()
+    let router = Server::builder()
         .layer(RequestErrorsLayer)
         .layer(crate::streams::StreamsLayer)
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .add_service(service)
+        .add_service(service);
+    // grpc.health.v1 and server reflection, for stock probes and tools.
+    let router = crate::standard::add(router, health, stopped.clone())?;
+    router
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stopped.wait_for(|stop| *stop).await;
         })

@@ -8,6 +8,10 @@ pub mod v1 {
     tonic::include_proto!("plegd.v1");
 }
 
+/// The encoded `google.protobuf.FileDescriptorSet` of plegd.v1 (with its imports),
+/// for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("plegd_v1_descriptor");
+
 /// The largest request plegd decodes (and a client should send): a request carries
 /// filters and UIDs, never bulk data.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
