@@ -323,8 +323,32 @@ test('RequestRelist', async () => {
   const uid = (await listPods()).pods[0].pod_uid;
   const got = await unary(control, 'RequestRelist', { pod_uid: uid, source: 'POST_ALLOCATION' });
   assert.equal(got.queued, true);
+  assert.ok(['RELIST_REQUEST_QUEUED', 'RELIST_REQUEST_COALESCED'].includes(got.outcome), got.outcome);
   const err = await unary(control, 'RequestRelist', { pod_uid: uid, source: 'GLOBAL' }).catch((e) => e);
   assert.equal(err.code, grpc.status.INVALID_ARGUMENT, err.message);
+});
+
+test('Sync and RequestRelist are refused on the read socket', async () => {
+  const uid = (await listPods()).pods[0].pod_uid;
+  const err = await unary(client, 'RequestRelist', { pod_uid: uid, source: 'POST_ALLOCATION' }).catch((e) => e);
+  assert.equal(err.code, grpc.status.PERMISSION_DENIED, err.message);
+  const s = begin(client, uid);
+  const refused = await s.r.error();
+  assert.equal(refused.code, grpc.status.PERMISSION_DENIED, refused.message);
+});
+
+test('ListClients shows a watcher and a hold', async () => {
+  const uid = 'conformance-node-listed';
+  const w = watch({ namespaces: ['conformance-ns'] });
+  await hello(w);
+  const s = begin(control, uid);
+  assert.equal((await s.r.next()).kind, 'held');
+  const got = await unary(client, 'ListClients', {});
+  assert.ok(got.watchers.some((c) => c.filter.includes('conformance-ns')), JSON.stringify(got));
+  assert.ok(got.holds.some((h) => h.pod_uid === uid), JSON.stringify(got));
+  s.call.write({ end: { outcome: 'SYNC_SUCCESS' } });
+  assert.equal((await s.r.next()).kind, 'released');
+  w.cancel();
 });
 
 test('INVALID_ARGUMENT for malformed requests', async () => {

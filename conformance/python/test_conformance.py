@@ -308,9 +308,37 @@ def test_request_relist(control, stub, pb):
         pb.RequestRelistRequest(pod_uid=uid, source=pb.POST_ALLOCATION), timeout=TIMEOUT
     )
     assert got.queued
+    assert got.outcome in (pb.RELIST_REQUEST_QUEUED, pb.RELIST_REQUEST_COALESCED), got
     with pytest.raises(grpc.RpcError) as err:
         control.RequestRelist(pb.RequestRelistRequest(pod_uid=uid, source=pb.GLOBAL), timeout=TIMEOUT)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_control_calls_are_refused_on_the_read_socket(stub, pb):
+    uid = stub.ListPods(pb.ListPodsRequest(), timeout=TIMEOUT).pods[0].pod_uid
+    with pytest.raises(grpc.RpcError) as err:
+        stub.RequestRelist(
+            pb.RequestRelistRequest(pod_uid=uid, source=pb.POST_ALLOCATION), timeout=TIMEOUT
+        )
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    s = begin(stub, pb, uid)
+    with pytest.raises(grpc.RpcError) as err:
+        s.reader.next()
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_list_clients_shows_a_watcher_and_a_hold(control, stub, pb):
+    uid = "conformance-python-listed"
+    w = watch(stub, namespaces=["conformance-ns"])
+    assert w.next().WhichOneof("kind") == "hello"
+    s = begin(control, pb, uid)
+    assert s.reader.next().WhichOneof("kind") == "held"
+    got = stub.ListClients(pb.ListClientsRequest(), timeout=TIMEOUT)
+    assert any("conformance-ns" in c.filter for c in got.watchers), got
+    assert any(h.pod_uid == uid for h in got.holds), got
+    s.send(end=pb.SyncEnd(outcome=pb.SYNC_SUCCESS))
+    assert s.reader.next().WhichOneof("kind") == "released"
+    w.cancel()
 
 
 @pytest.mark.parametrize(

@@ -31,19 +31,21 @@ fn tools() -> PathBuf {
     std::env::var_os("PLEGD_TOOLS").map_or_else(|| "/var/lib/plegd-tools".into(), PathBuf::from)
 }
 
-/// `plegd demo` serving its API on `socket`.
-fn demo(socket: &Path) -> Reaped {
+/// `plegd demo` serving its API on `socket` and its control calls on `control`.
+fn demo(socket: &Path, control: &Path) -> Reaped {
     let child = command(env!("CARGO_BIN_EXE_plegd"))
         .args(["demo", "--metrics-addr", "off", "--node-name", NODE_NAME])
         .args(["--relist-period", "100ms", "--churn-period", "40ms"])
         .args(["--pods", "6", "--history-events", HISTORY_EVENTS])
         .arg("--api-socket")
         .arg(socket)
+        .arg("--api-control-socket")
+        .arg(control)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("plegd starts");
-    wait_until("the API socket", || socket.exists());
+    wait_until("the API sockets", || socket.exists() && control.exists());
     Reaped(child)
 }
 
@@ -60,10 +62,9 @@ fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<S
 
 /// Runs `cmd` to its end (killed after [`SUITE_TIMEOUT`]) with the suite's
 /// environment; panics with its output unless it succeeds.
-fn run_suite(name: &str, mut cmd: Command, socket: &Path) {
+fn run_suite(name: &str, mut cmd: Command, socket: &Path, control: &Path) {
     cmd.env("PLEGD_SOCKET", socket)
-        // The socket serving Sync and RequestRelist: the API socket for now.
-        .env("PLEGD_CONTROL_SOCKET", socket)
+        .env("PLEGD_CONTROL_SOCKET", control)
         .env("PLEGD_PROTO_DIR", repo().join("protocol/proto"))
         .env("PLEGD_NODE_NAME", NODE_NAME)
         .env("PLEGD_HISTORY_EVENTS", HISTORY_EVENTS)
@@ -102,11 +103,12 @@ fn run_suite(name: &str, mut cmd: Command, socket: &Path) {
 fn grpcio_python_suite_passes() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let socket = dir.path().join("api.sock");
-    let _plegd = demo(&socket);
+    let control = dir.path().join("control.sock");
+    let _plegd = demo(&socket, &control);
     let mut cmd = Command::new(tools().join("conformance/venv/bin/python"));
     cmd.args(["-m", "pytest", "-v", "-p", "no:cacheprovider"])
         .current_dir(repo().join("conformance/python"));
-    run_suite("grpcio (conformance/python)", cmd, &socket);
+    run_suite("grpcio (conformance/python)", cmd, &socket, &control);
 }
 
 #[test]
@@ -114,9 +116,10 @@ fn grpcio_python_suite_passes() {
 fn grpc_js_node_suite_passes() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let socket = dir.path().join("api.sock");
-    let _plegd = demo(&socket);
+    let control = dir.path().join("control.sock");
+    let _plegd = demo(&socket, &control);
     let mut cmd = Command::new("node");
     cmd.args(["--test", "--test-concurrency=1", "conformance.test.js"])
         .current_dir(repo().join("conformance/node"));
-    run_suite("grpc-js (conformance/node)", cmd, &socket);
+    run_suite("grpc-js (conformance/node)", cmd, &socket, &control);
 }
