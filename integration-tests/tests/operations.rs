@@ -103,6 +103,18 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
         "deleted",
         "unknown",
         "invalid",
+        // API refusals (method, reason) and connections plegd closed (reason).
+        "Sync",
+        "RequestRelist",
+        "read_socket",
+        "unknown_pod_holds",
+        "budget",
+        "handshake_timeout",
+        "bad_preface",
+        "handshake_evicted",
+        "too_many_connections",
+        "idle",
+        "out_of_fds",
     ];
     for series in m.keys() {
         let Some((_, labels)) = series.split_once('{') else {
@@ -113,7 +125,8 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
             let v = v.trim_matches('"');
             match k {
                 "le" => assert!(v == "+Inf" || v.parse::<f64>().is_ok(), "{series}"),
-                "relist_source" | "result" | "phase" | "type" | "source" | "state" => {
+                "relist_source" | "result" | "phase" | "type" | "source" | "state" | "method"
+                | "reason" => {
                     assert!(allowed_values.contains(&v), "label value {v:?} in {series}")
                 }
                 other => panic!("unexpected label {other} in {series}"),

@@ -104,8 +104,9 @@ pub enum ConfigError {
     NodeName { reason: String },
     #[error("--api-socket-group {group:?}: no such group in /etc/group")]
     ApiSocketGroup { group: String },
-    #[error("--api-control-socket-group {group:?}: no such group in /etc/group")]
-    ApiControlSocketGroup { group: String },
+    /// A control socket path or group a start refuses, worded with its own flags.
+    #[error("{0}")]
+    ApiControlSocket(String),
     #[error("--api-socket {}: {len} bytes long; a unix socket path has at most 107", path.display())]
     ApiSocketPath { path: PathBuf, len: usize },
     #[error("--api-socket-group {group:?}: not a group id a file can have (0 to 4294967294)")]

@@ -107,6 +107,18 @@ fn check_api_socket(settings: &Settings) -> Result<(), ExitError> {
     if let Some(group) = &settings.api_socket_group {
         plegd_api::resolve_group(group).map_err(serve::socket_error)?;
     }
+    // The control socket: as given, or beside a given API socket (the defaults fit).
+    let control = match (&settings.api_control_socket, &settings.api_socket) {
+        (Some(values::ApiSocket::Path(path)), _) => Some(path.clone()),
+        (None, Some(values::ApiSocket::Path(api))) => Some(plegd_api::control_socket_beside(api)),
+        _ => None,
+    };
+    if let Some(path) = control {
+        plegd_api::check_path(&path).map_err(serve::control_socket_error)?;
+    }
+    if let Some(group) = &settings.api_control_socket_group {
+        plegd_api::resolve_group(group).map_err(serve::control_socket_error)?;
+    }
     Ok(())
 }
 

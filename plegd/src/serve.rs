@@ -92,20 +92,25 @@ pub fn control_socket_path(config: &ServiceConfig, api_socket: Option<&Path>) ->
     }
 }
 
-/// Binds the control socket with its own mode and group. Its errors name its flags
-/// (the socket module names --api-socket's).
+/// Binds the control socket with its own mode and group.
 fn bind_control(path: &Path, config: &ServiceConfig) -> Result<BoundSocket, ExitError> {
     let group = config.api_control_socket_group.as_deref();
-    plegd_api::bind_with_mode(path, group, config.api_control_socket_mode.0).map_err(|e| match e {
-        SocketError::UnknownGroup { group } => {
-            ExitError::from(ConfigError::ApiControlSocketGroup { group })
+    plegd_api::bind_with_mode(path, group, config.api_control_socket_mode.0)
+        .map_err(control_socket_error)
+}
+
+/// The control socket's errors as [`socket_error`] has them, naming its own flags
+/// (the socket module names --api-socket's).
+pub fn control_socket_error(e: SocketError) -> ExitError {
+    let own_flags = |text: String| text.replace("--api-socket", "--api-control-socket");
+    match socket_error(e) {
+        ExitError::Config(c) => {
+            ExitError::from(ConfigError::ApiControlSocket(own_flags(c.to_string())))
         }
-        e => ExitError::Runtime(anyhow::anyhow!(
-            "{}",
-            e.to_string()
-                .replace("--api-socket", "--api-control-socket")
-        )),
-    })
+        ExitError::Runtime(e) => {
+            ExitError::Runtime(anyhow::anyhow!("{}", own_flags(format!("{e:#}"))))
+        }
+    }
 }
 
 /// Binds the API socket (before anything starts, so that a second plegd fails fast).

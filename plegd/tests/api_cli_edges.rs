@@ -30,13 +30,18 @@ fn run_to_end(cmd: &mut std::process::Command) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// `plegd demo` serving its API at `socket`, with churn.
+/// `plegd demo` serving its API at `socket` (its control socket beside it), with churn.
 fn demo(socket: &Path) -> Reaped {
+    demo_with(socket, &[])
+}
+
+fn demo_with(socket: &Path, extra: &[&std::ffi::OsStr]) -> Reaped {
     let child = plegd()
         .args(["demo", "--metrics-addr", "off", "--node-name", "edge-node"])
         .args(["--relist-period", "100ms", "--churn-period", "40ms"])
         .arg("--api-socket")
         .arg(socket)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -63,7 +68,12 @@ fn a_socket_path_that_fits_serves_and_a_longer_one_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     for len in [104, 107] {
         let socket = path_of_len(&dir.path().join(len.to_string()), len);
-        let _server = demo(&socket);
+        // The control socket beside it would not fit: it is given a path of its own.
+        let control = dir.path().join(format!("c{len}.sock"));
+        let _server = demo_with(
+            &socket,
+            &["--api-control-socket".as_ref(), control.as_ref()],
+        );
         let out = run_to_end(plegd().args(["pods", "--api-socket"]).arg(&socket));
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{len} bytes: {err}");
@@ -90,6 +100,23 @@ fn a_socket_path_that_fits_serves_and_a_longer_one_is_refused_by_name() {
         );
         assert_eq!(err.lines().count(), 1, "{err}");
     }
+    // An API socket that fits whose control socket beside it would not: refused at
+    // start (and by --print-config), naming the control socket's flag.
+    let socket = path_of_len(&dir.path().join("104b"), 104);
+    for extra in [&[][..], &["--print-config"]] {
+        let out = run_to_end(
+            plegd()
+                .args(["demo", "--metrics-addr", "off", "--api-socket"])
+                .arg(&socket)
+                .args(extra),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains("--api-control-socket") && err.contains("at most 107"),
+            "{err}"
+        );
+    }
 }
 
 #[test]
@@ -101,23 +128,30 @@ fn print_config_refuses_the_socket_group_a_start_refuses() {
         ("4294967295", "4294967294"),
         ("4294967296", "4294967294"),
     ];
-    for (group, says) in cases {
-        for extra in [&["--print-config"][..], &[]] {
-            let out = run_to_end(
-                plegd()
-                    .args(["demo", "--metrics-addr", "off", "--api-socket"])
-                    .arg(&socket)
-                    .args(["--api-socket-group", group])
-                    .args(extra),
-            );
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(2), "{group} {extra:?}: {err}");
-            assert!(
-                err.contains("--api-socket-group") && err.contains(says),
-                "{group}: {err}"
-            );
-            assert!(out.stdout.is_empty(), "nothing printed for {group}");
-            assert!(!socket.exists());
+    // The control socket's group is checked the same way, and named as its own.
+    for flag in ["--api-socket-group", "--api-control-socket-group"] {
+        for (group, says) in cases {
+            for extra in [&["--print-config"][..], &[]] {
+                let out = run_to_end(
+                    plegd()
+                        .args(["demo", "--metrics-addr", "off", "--api-socket"])
+                        .arg(&socket)
+                        .args([flag, group])
+                        .args(extra),
+                );
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert_eq!(
+                    out.status.code(),
+                    Some(2),
+                    "{flag} {group} {extra:?}: {err}"
+                );
+                assert!(
+                    err.contains(flag) && err.contains(says),
+                    "{flag} {group}: {err}"
+                );
+                assert!(out.stdout.is_empty(), "nothing printed for {group}");
+                assert!(!socket.exists());
+            }
         }
     }
     // A group that exists is printed as given.

@@ -38,8 +38,9 @@
 //!   merged into it); one for a pod the batch has read already reads it again. The pending requests are
 //!   bounded by the pods plegd knows plus twice the queue's capacity (pods not listed
 //!   yet): a storm on the node's pods never drops; a request for one more pod than
-//!   that (only requests for UIDs that are not pods can get there — the API takes
-//!   any) is dropped and counted like a full queue's; one for a pod already waiting is
+//!   that (only hints for UIDs that are not pods can get there; API clients'
+//!   requests wait under their own budget and count in neither bound) is dropped and
+//!   counted like a full queue's; one for a pod already waiting is
 //!   always merged. Merged requests keep the containers each asked to prefetch (the
 //!   one a CRI event is about: read together with the pod's lists), at most
 //!   [`MAX_PREFETCH`] per pod; more are just not prefetched.
