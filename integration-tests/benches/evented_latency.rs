@@ -60,6 +60,10 @@ fn main() {
             let c = sim.run_container(&sb, &format!("c{i}"));
             pleg.request_relist("target", RelistSource::PostAllocation);
             wait_for(&sub, EventKind::ContainerStarted, &c).await;
+            // The post-allocation relist may still be queued when the start arrives
+            // through the stream; were it to run after the exit, it, not the stream,
+            // would report the death.
+            wait_settled(&pleg, RelistSource::PostAllocation, i as u64 + 1).await;
             sim.exit_container(&c, 1);
             let d = wait_for(&sub, EventKind::ContainerDied, &c).await;
             let received = now_ns();
@@ -92,6 +96,29 @@ fn main() {
         pct(1.0).as_secs_f64() * 1e3,
     );
     server.stop();
+}
+
+/// Waits until `count` requests from `source` have run or been merged, coalesced,
+/// skipped or dropped: none of them can trigger a relist any more.
+async fn wait_settled(pleg: &Pleg, source: RelistSource, count: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let settled: u64 = [
+            RequestResult::Done,
+            RequestResult::Merged,
+            RequestResult::Coalesced,
+            RequestResult::Skipped,
+            RequestResult::Dropped,
+        ]
+        .into_iter()
+        .map(|r| pleg.metrics().requests(r, source))
+        .sum();
+        if settled >= count {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{source:?} requests never settled");
+        actix_rt::time::sleep(Duration::from_micros(100)).await;
+    }
 }
 
 async fn wait_for(
