@@ -12,8 +12,10 @@ use plegd_runtime::RuntimeClient;
 
 use crate::cache::{CacheOwner, CacheSnapshot, Cover, PodCache, PodLookup, Snapshot};
 use crate::event::RelistSource;
-use crate::health::Health;
+use crate::health::{Health, HealthLog};
 use crate::hints::cri_stops::CriStops;
+use crate::hints::rechecks::Rechecks;
+use crate::hints::resolve::Resolver;
 use crate::hints::select::{start_source, RunningSource};
 use crate::hints::watcher::{Stop, WatcherDeps, WatcherState};
 use crate::hints::HintSourceName;
@@ -96,6 +98,18 @@ pub struct Pleg {
     gates: SyncGates,
     sources: Vec<RunningSource>,
     metrics: Arc<Metrics>,
+    /// Logs each change of health (aborted by [`Pleg::stop`]).
+    health_log: Arc<actix_rt::task::JoinHandle<()>>,
+}
+
+/// Checks health every second and logs each change (`health.rs`).
+async fn log_health_changes(health: Health) {
+    let mut log = HealthLog::new(health);
+    let mut tick = actix_rt::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        log.log(std::time::Instant::now());
+    }
 }
 
 impl Pleg {
@@ -144,8 +158,11 @@ impl Pleg {
             Arc::new(move |uid| !matches!(known_cache.lookup(uid), PodLookup::Unknown)),
             cfg.max_unknown_holds,
         );
-        // What the CRI stream reported, for the sources whose stops come earlier.
+        // What the CRI stream reported, for the sources whose stops come earlier; the
+        // rechecks and ID tracing every source shares.
         let cri_stops = CriStops::default();
+        let rechecks = Rechecks::default();
+        let resolver = Resolver::new(runtime.clone(), metrics.clone());
         let sources = cfg
             .hint_sources
             .iter()
@@ -158,11 +175,15 @@ impl Pleg {
                     policy: cfg.reconnect,
                     on_reconnect: Some(Box::new(move || queue.bring_forward())),
                     cri_stops: cri_stops.clone(),
+                    rechecks: rechecks.clone(),
+                    resolver: resolver.clone(),
                 };
-                start_source(name, &runtime, &cfg.nri_socket, &metrics, deps)
+                start_source(name, &runtime, &cfg.nri_socket, &metrics, &health, deps)
             })
             .collect();
+        let health_log = Arc::new(actix_rt::spawn(log_health_changes(health.clone())));
         Pleg {
+            health_log,
             instance_id: new_instance_id().into(),
             revisions,
             cache,
@@ -181,6 +202,7 @@ impl Pleg {
 
     /// Stops the hint sources and the dispatcher (after its relist in progress).
     pub fn stop(&self) {
+        self.health_log.abort();
         for s in &self.sources {
             let _ = s.stop.try_send(Stop);
         }

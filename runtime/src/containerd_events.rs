@@ -1,14 +1,14 @@
 //! containerd's own event service (`containerd.services.events.v1.Events/Subscribe`),
 //! on the same socket as CRI: unlike CRI's GetContainerEvents on containerd 1.7, it
 //! gives every subscriber every event, so plegd can share the node with other event
-//! consumers. plegd subscribes to the task exit, OOM and delete topics of the CRI
-//! namespace (`k8s.io`); items are the wire envelopes, unvalidated, read by
+//! consumers. plegd subscribes to the task start, exit, OOM and delete topics of the
+//! CRI namespace (`k8s.io`); items are the wire envelopes, unvalidated, read by
 //! [`read`]. Bindings: the maintained `containerd-client` crate, re-exported.
 
 use futures::stream::BoxStream;
 use prost::Message as _;
 
-pub use containerd_client::events::{TaskDelete, TaskExit, TaskOom};
+pub use containerd_client::events::{TaskDelete, TaskExit, TaskOom, TaskStart};
 /// containerd-client's message modules, for code generated against them (plegd-sim's
 /// event server).
 pub use containerd_client::services::v1 as containerd_services;
@@ -23,6 +23,7 @@ use crate::RuntimeError;
 
 /// The namespace CRI runs every pod in.
 pub const CRI_NAMESPACE: &str = "k8s.io";
+pub const TOPIC_START: &str = "/tasks/start";
 pub const TOPIC_EXIT: &str = "/tasks/exit";
 pub const TOPIC_OOM: &str = "/tasks/oom";
 pub const TOPIC_DELETE: &str = "/tasks/delete";
@@ -33,7 +34,7 @@ pub type TaskEventStream = BoxStream<'static, Result<Envelope, RuntimeError>>;
 /// The Subscribe filters: one per topic, each also on the CRI namespace (containerd
 /// ORs the filters and ANDs the terms of one).
 pub fn subscribe_filters() -> Vec<String> {
-    [TOPIC_EXIT, TOPIC_OOM, TOPIC_DELETE]
+    [TOPIC_START, TOPIC_EXIT, TOPIC_OOM, TOPIC_DELETE]
         .iter()
         .map(|t| format!("namespace=={CRI_NAMESPACE},topic==\"{t}\""))
         .collect()
@@ -42,8 +43,13 @@ pub fn subscribe_filters() -> Vec<String> {
 /// Which task event an envelope is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaskTopic {
+    /// The task started: CRI records the container running right after.
+    Start,
+    /// The task exited: CRI records it only after it deleted the task.
     Exit,
     Oom,
+    /// The task was deleted: for a container CRI runs, the last step before CRI
+    /// records the exit.
     Delete,
 }
 
@@ -65,6 +71,7 @@ pub enum TaskEvent {
 /// What one envelope says. Pure; never panics on any input.
 pub fn read(env: &Envelope) -> TaskEvent {
     let topic = match env.topic.as_str() {
+        TOPIC_START => TaskTopic::Start,
         TOPIC_EXIT => TaskTopic::Exit,
         TOPIC_OOM => TaskTopic::Oom,
         TOPIC_DELETE => TaskTopic::Delete,
@@ -80,6 +87,7 @@ pub fn read(env: &Envelope) -> TaskEvent {
     };
     let bytes = any.value.as_slice();
     let id = match topic {
+        TaskTopic::Start => TaskStart::decode(bytes).map(|m| m.container_id),
         TaskTopic::Exit => TaskExit::decode(bytes).map(|m| m.container_id),
         TaskTopic::Oom => TaskOom::decode(bytes).map(|m| m.container_id),
         TaskTopic::Delete => TaskDelete::decode(bytes).map(|m| m.container_id),
@@ -101,6 +109,14 @@ pub fn read(env: &Envelope) -> TaskEvent {
 /// An envelope as containerd sends it, for the simulated runtime and tests.
 pub fn envelope(namespace: &str, topic: &str, container_id: &str) -> Envelope {
     let (type_url, value) = match topic {
+        TOPIC_START => (
+            "containerd.events.TaskStart",
+            TaskStart {
+                container_id: container_id.into(),
+                pid: 1,
+            }
+            .encode_to_vec(),
+        ),
         TOPIC_OOM => (
             "containerd.events.TaskOOM",
             TaskOom {
@@ -144,6 +160,7 @@ mod tests {
     #[test]
     fn each_task_topic_of_the_cri_namespace_names_its_container() {
         for (topic, want) in [
+            (TOPIC_START, TaskTopic::Start),
             (TOPIC_EXIT, TaskTopic::Exit),
             (TOPIC_OOM, TaskTopic::Oom),
             (TOPIC_DELETE, TaskTopic::Delete),
@@ -158,7 +175,7 @@ mod tests {
             assert_eq!(read(&envelope("moby", topic, "c1")), TaskEvent::Other);
         }
         assert_eq!(
-            read(&envelope(CRI_NAMESPACE, "/tasks/start", "c1")),
+            read(&envelope(CRI_NAMESPACE, "/tasks/create", "c1")),
             TaskEvent::Other
         );
     }
@@ -181,6 +198,7 @@ mod tests {
         assert_eq!(
             subscribe_filters(),
             [
+                "namespace==k8s.io,topic==\"/tasks/start\"",
                 "namespace==k8s.io,topic==\"/tasks/exit\"",
                 "namespace==k8s.io,topic==\"/tasks/oom\"",
                 "namespace==k8s.io,topic==\"/tasks/delete\"",

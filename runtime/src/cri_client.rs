@@ -308,6 +308,25 @@ impl RuntimeClient for CriRuntime {
             .collect())
     }
 
+    async fn container_by_id(&self, id: &str) -> Result<Option<Container>, RuntimeError> {
+        let filter = Some(cri::ContainerFilter {
+            id: id.to_string(),
+            ..Default::default()
+        });
+        let resp = self
+            .unary("ListContainers", |mut c, t| async move {
+                c.list_containers(request(cri::ListContainersRequest { filter }, t))
+                    .await
+            })
+            .await?;
+        // A runtime that ignored the filter still answers only for this ID.
+        Ok(resp
+            .containers
+            .into_iter()
+            .filter(|c| c.id == id)
+            .find_map(|c| convert::container_from_listed(c).ok()))
+    }
+
     /// The two lists undecoded: the global relist reads them in place and decodes only
     /// the pods that changed (issue 11). Both are in flight at once: a global relist
     /// waits for one round trip, not two (targeted requests wait for it). Either

@@ -175,6 +175,17 @@ pub trait RuntimeClient: Send + Sync + 'static {
         &self,
         sandbox_id: Option<&str>,
     ) -> Result<Vec<Container>, RuntimeError>;
+    /// ListContainers filtered by this container ID: the container, if the runtime has
+    /// it. How a hint's ID the cache does not know is traced to its pod (never by a
+    /// whole-node list). Default: Unimplemented.
+    async fn container_by_id(&self, id: &str) -> Result<Option<Container>, RuntimeError> {
+        let _ = id;
+        Err(RuntimeError::Rpc {
+            op: "ListContainers",
+            code: tonic::Code::Unimplemented,
+            message: "this runtime client cannot list one container by ID".into(),
+        })
+    }
     /// Every sandbox and container of the node, for a global relist: the same entries
     /// as `list_sandboxes(None)` then `list_containers(None)` (which is what this does
     /// unless the runtime can hand back the responses undecoded: [`NodeLists`]).

@@ -32,6 +32,8 @@ pub enum Op {
     Version,
     ListSandboxes,
     ListContainers,
+    /// ListContainers filtered by one container ID.
+    FindContainer,
     SandboxStatus,
     ContainerStatus,
     Events,
@@ -273,6 +275,9 @@ impl FakeRuntime {
             c.state = ContainerState::Running;
             c.started_at = now_ns();
             self.emit(&st, id, cri::ContainerEventType::ContainerStartedEvent);
+            if !st.no_task_events {
+                self.inject_task_event(task_event(containerd_events::TOPIC_START, id));
+            }
         }
     }
 
@@ -307,12 +312,13 @@ impl FakeRuntime {
             c.reason = reason.into();
             c.message = message.into();
             self.emit(&st, id, cri::ContainerEventType::ContainerStoppedEvent);
-            // containerd's own events: an OOM first, then the task's exit.
+            // containerd's own events: an OOM first, then the task's exit and delete.
             if !st.no_task_events {
                 if reason == "OOMKilled" {
                     self.inject_task_event(task_event(containerd_events::TOPIC_OOM, id));
                 }
                 self.inject_task_event(task_event(containerd_events::TOPIC_EXIT, id));
+                self.inject_task_event(task_event(containerd_events::TOPIC_DELETE, id));
             }
         }
     }
@@ -672,7 +678,7 @@ fn op_name(op: Op) -> &'static str {
     match op {
         Op::Version => "Version",
         Op::ListSandboxes => "ListPodSandbox",
-        Op::ListContainers => "ListContainers",
+        Op::ListContainers | Op::FindContainer => "ListContainers",
         Op::SandboxStatus => "PodSandboxStatus",
         Op::ContainerStatus => "ContainerStatus",
         Op::Events => "GetContainerEvents",
@@ -785,6 +791,18 @@ impl RuntimeClient for FakeRuntime {
                 created_at: c.created_at,
             })
             .collect())
+    }
+
+    async fn container_by_id(&self, id: &str) -> Result<Option<Container>, RuntimeError> {
+        self.enter(Op::FindContainer, None).await?;
+        Ok(self.lock().containers.get(id).map(|c| Container {
+            id: c.id.clone(),
+            sandbox_id: c.sandbox_id.clone(),
+            name: c.name.clone(),
+            attempt: c.attempt,
+            state: c.state,
+            created_at: c.created_at,
+        }))
     }
 
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError> {

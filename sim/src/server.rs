@@ -204,10 +204,13 @@ impl RuntimeService for CriServer {
     ) -> Reply<cri::ListContainersResponse> {
         let filter = req.into_inner().filter.unwrap_or_default();
         let sandbox = Some(filter.pod_sandbox_id.as_str()).filter(|s| !s.is_empty());
-        let mut containers: Vec<_> = self
-            .runtime
-            .list_containers(sandbox)
-            .await
+        let listed = if filter.id.is_empty() {
+            self.runtime.list_containers(sandbox).await
+        } else {
+            let found = self.runtime.container_by_id(&filter.id).await;
+            found.map(|c| c.into_iter().collect())
+        };
+        let mut containers: Vec<_> = listed
             .map_err(to_status)?
             .iter()
             .filter(|c| filter::container_matches(c, &filter))

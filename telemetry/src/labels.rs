@@ -99,6 +99,21 @@ label_enum! {
 }
 
 label_enum! {
+    /// What became of a hint's container or sandbox ID the cache did not know
+    /// (`result` of `plegd_hint_resolutions_total`).
+    ResolveResult {
+        /// Traced to its pod (a targeted relist of it follows).
+        Found => "found",
+        /// In no pod the runtime lists: nothing asked.
+        NoPod => "no_pod",
+        /// Over the rate: left to the next global relist.
+        Limited => "limited",
+        /// The runtime's answer failed.
+        Failed => "failed",
+    }
+}
+
+label_enum! {
     /// Where a relist failed (`phase` of `plegd_relist_errors_total`).
     RelistPhase {
         /// Listing sandboxes or containers: the whole relist failed.

@@ -11,6 +11,6 @@ pub mod traces;
 
 pub use labels::{
     ApiConnectionClose, HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource,
-    RequestResult, StreamEventType,
+    RequestResult, ResolveResult, StreamEventType,
 };
 pub use metrics::{Metrics, Refusal};

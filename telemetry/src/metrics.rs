@@ -8,7 +8,7 @@ use prometheus::{
 
 use crate::labels::{
     ApiConnectionClose, HintSourceName, HintSourceState, PrefetchResult, RelistPhase, RelistSource,
-    RequestResult, StreamEventType,
+    RequestResult, ResolveResult, StreamEventType,
 };
 
 pub struct Metrics {
@@ -47,6 +47,8 @@ pub struct Metrics {
     pub otlp_events_dropped: IntCounter,
     // Hint sources: 1 on each source's current state.
     hint_source_state: IntGaugeVec,
+    // Hint IDs the cache did not know, traced to their pods.
+    hint_resolutions: IntCounterVec,
     // Subscriber API connections plegd closed itself.
     api_connections_closed: IntCounterVec,
     // API: refused calls, expired sync holds.
@@ -223,6 +225,11 @@ impl Metrics {
                 &["source", "state"],
             )
             .expect("static gauge options are valid"),
+            hint_resolutions: counter_vec(
+                "plegd_hint_resolutions_total",
+                "Container or sandbox IDs of hints that the cache did not know, by what tracing them to their pods gave (found, no_pod, limited, failed).",
+                &["result"],
+            ),
             api_connections_closed: counter_vec(
                 "plegd_api_connections_closed_total",
                 "Subscriber API connections plegd closed itself, by reason (handshake_timeout, bad_preface, handshake_evicted, too_many_connections, idle, out_of_fds).",
@@ -270,6 +277,7 @@ impl Metrics {
             Box::new(self.otlp_events_exported.clone()),
             Box::new(self.otlp_events_dropped.clone()),
             Box::new(self.hint_source_state.clone()),
+            Box::new(self.hint_resolutions.clone()),
             Box::new(self.api_refused.clone()),
             Box::new(self.sync_holds_expired.clone()),
             Box::new(self.api_connections_closed.clone()),
@@ -293,6 +301,9 @@ impl Metrics {
         }
         for &p in RelistPhase::ALL {
             self.relist_errors.with_label_values(&[p.as_str()]);
+        }
+        for &r in ResolveResult::ALL {
+            self.hint_resolutions.with_label_values(&[r.as_str()]);
         }
         for &r in PrefetchResult::ALL {
             self.relist_prefetch.with_label_values(&[r.as_str()]);
@@ -383,6 +394,20 @@ impl Metrics {
         self.relist_requests
             .with_label_values(&[result.as_str(), source.as_str()])
             .get()
+    }
+
+    /// `plegd_hint_resolutions_total{result}`.
+    pub fn resolutions(&self, result: ResolveResult) -> u64 {
+        self.hint_resolutions
+            .with_label_values(&[result.as_str()])
+            .get()
+    }
+
+    /// Counts one resolution of an unknown hint ID.
+    pub fn count_resolution(&self, result: ResolveResult) {
+        self.hint_resolutions
+            .with_label_values(&[result.as_str()])
+            .inc();
     }
 
     /// Counts one request outcome.

@@ -1,21 +1,25 @@
-//! containerd's own event service as a hint source: task exit, OOM and delete events
-//! of the CRI namespace (`plegd_runtime::containerd_events`). containerd gives every
-//! subscriber every event (1.7 included), so plegd can use it beside any other CRI
-//! event consumer. Each event names a container (or sandbox) ID: the cache maps it to
-//! its pod, and an ID the cache does not know asks for nothing (the next global
-//! relist finds it). `/tasks/oom` asks too, so the next read reports `OOMKilled` as
-//! early as the runtime does. Source `containerd_events`.
+//! containerd's own event service as a hint source: task start, exit, OOM and delete
+//! events of the CRI namespace (`plegd_runtime::containerd_events`). containerd gives
+//! every subscriber every event (1.7 included), so plegd can use it beside any other
+//! CRI event consumer. Each event names only a container (or sandbox) ID: the watcher
+//! maps it to its pod through the cache, or traces it through the runtime when the
+//! cache does not know it (a container born since the last global relist). Source
+//! `containerd_events`.
 //!
-//! Each task event is announced to the CRI stream's bookkeeping (`cri_stops.rs`):
-//! while that stream reports the stops, the pod is read only after its grace, and no
-//! more once the stream has reported it.
+//! Each event is a [`Sign`] of a change CRI records a little later, and asks for that
+//! sign's rechecks (`rechecks.rs`) unless another source already runs them: a start
+//! is read at once and until CRI has the container running; an exit (or OOM) only
+//! waits for the delete, which CRI does before it records the exit; the delete
+//! brings the dense rechecks. A stop is announced to the CRI stream's bookkeeping
+//! (`cri_stops.rs`): while that stream reports stops, the rechecks begin at its grace,
+//! and none is asked once it has reported the stop.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::LocalBoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
-use plegd_runtime::containerd_events::{self, Envelope, TaskEvent};
+use plegd_runtime::containerd_events::{self, Envelope, TaskEvent, TaskTopic};
 use plegd_runtime::RuntimeClient;
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::HintSourceName;
@@ -23,65 +27,44 @@ use plegd_telemetry::HintSourceName;
 use crate::event::RelistSource;
 use crate::hints::cri_events::source_error;
 use crate::hints::cri_stops::{CriStops, Expect};
+use crate::hints::rechecks::{schedule, Awaited, Rechecks, Sign};
 use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
-
-/// When a task event asks again, until the cache has the container exited (each is
-/// a one-pod relist, about 2 ms): every 10 ms at first, then sparser. CRI records an
-/// exit only after its `runc delete` (measured: 16-70 ms after the exit on containerd
-/// 1.7 and 2.1, over a second in a burst on two cores); past the last, the global
-/// relist finds it.
-pub const RECHECKS: &[Duration] = &[
-    Duration::from_millis(10),
-    Duration::from_millis(20),
-    Duration::from_millis(30),
-    Duration::from_millis(40),
-    Duration::from_millis(50),
-    Duration::from_millis(60),
-    Duration::from_millis(80),
-    Duration::from_millis(100),
-    Duration::from_millis(150),
-    Duration::from_millis(250),
-    Duration::from_millis(500),
-    Duration::from_millis(1000),
-    Duration::from_millis(2000),
-    Duration::from_millis(3500),
-    Duration::from_millis(5000),
-];
 
 pub struct ContainerdEvents {
     runtime: Arc<dyn RuntimeClient>,
     invalid_log: RateLimiter,
     stops: CriStops,
+    rechecks: Rechecks,
 }
 
 impl ContainerdEvents {
-    pub fn new(runtime: Arc<dyn RuntimeClient>, stops: CriStops) -> Self {
+    pub fn new(runtime: Arc<dyn RuntimeClient>, stops: CriStops, rechecks: Rechecks) -> Self {
         ContainerdEvents {
             runtime,
             invalid_log: RateLimiter::new(Duration::from_secs(30)),
             stops,
+            rechecks,
         }
     }
-}
 
-/// What a task event of `id` asks for: a relist now and [`RECHECKS`] later — or, when
-/// the CRI stream should report the stop within `grace`, the same schedule from the
-/// grace on (rechecks, each dropped once the stream has reported the stop: a stop it
-/// misses is still read as densely as before); nothing when the stream already
-/// reported it.
-fn schedule(id: &str, expect: Expect) -> Vec<Hint> {
-    let recheck = |delay| Hint::After {
-        delay,
-        hint: Box::new(Hint::Recheck { id: id.to_string() }),
-    };
-    match expect {
-        Expect::Reported => vec![],
-        Expect::Unknown => std::iter::once(Hint::Container { id: id.to_string() })
-            .chain(RECHECKS.iter().map(|&d| recheck(d)))
-            .collect(),
-        Expect::Within(grace) => std::iter::once(recheck(grace))
-            .chain(RECHECKS.iter().map(|&d| recheck(grace + d)))
-            .collect(),
+    /// What a task event of `id` asks for (see the module docs). Whether `id` is a
+    /// sandbox's is not known here: a stop waits for a container's exit, which a
+    /// sandbox's task shows the same way in the cache's sandbox list.
+    fn task(&self, topic: TaskTopic, id: &str, now: Instant) -> Vec<Hint> {
+        let sign = match topic {
+            TaskTopic::Start => Sign::Starting,
+            TaskTopic::Exit | TaskTopic::Oom => Sign::Exited,
+            TaskTopic::Delete => Sign::Imminent,
+        };
+        let awaited = sign.awaited(false);
+        let expect = match awaited {
+            Awaited::Started => Expect::Unknown,
+            _ => self.stops.announce(id, now),
+        };
+        if expect == Expect::Reported || !self.rechecks.claim(id, awaited, sign, now) {
+            return Vec::new();
+        }
+        schedule(id, None, sign, awaited, expect)
     }
 }
 
@@ -114,15 +97,12 @@ impl HintSource for ContainerdEvents {
         .boxed_local()
     }
 
-    /// A relist now and [`RECHECKS`] later (see [`schedule`]): containerd publishes a
-    /// task's exit (and its delete, during CRI's own handling of the exit) before CRI
-    /// records the container as exited, so the read at once may still find it running.
     fn hint(&mut self, env: Envelope, _: ItemContext) -> Vec<Hint> {
         match containerd_events::read(&env) {
-            TaskEvent::Task { container_id, .. } => {
-                let expect = self.stops.announce(&container_id, Instant::now());
-                schedule(&container_id, expect)
-            }
+            TaskEvent::Task {
+                topic,
+                container_id,
+            } => self.task(topic, &container_id, Instant::now()),
             TaskEvent::Other => vec![],
             TaskEvent::Invalid { reason } => {
                 if let Some(suppressed) = self.invalid_log.allow(Instant::now()) {
@@ -142,11 +122,19 @@ impl HintSource for ContainerdEvents {
 mod tests {
     use super::*;
     use plegd_runtime::containerd_events::{
-        envelope, CRI_NAMESPACE, TOPIC_DELETE, TOPIC_EXIT, TOPIC_OOM,
+        envelope, CRI_NAMESPACE, TOPIC_DELETE, TOPIC_EXIT, TOPIC_OOM, TOPIC_START,
     };
 
+    fn source_with(stops: CriStops) -> ContainerdEvents {
+        ContainerdEvents::new(
+            Arc::new(plegd_sim::FakeRuntime::new()),
+            stops,
+            Rechecks::default(),
+        )
+    }
+
     fn source() -> ContainerdEvents {
-        ContainerdEvents::new(Arc::new(plegd_sim::FakeRuntime::new()), CriStops::default())
+        source_with(CriStops::default())
     }
 
     fn ctx() -> ItemContext {
@@ -155,25 +143,57 @@ mod tests {
         }
     }
 
+    fn rechecks(id: &str, sign: Sign, awaited: Awaited, expect: Expect) -> Vec<Hint> {
+        schedule(id, None, sign, awaited, expect)
+    }
+
     #[test]
-    fn a_task_event_asks_for_its_container_now_and_rechecks_later() {
+    fn each_task_event_asks_for_its_signs_rechecks() {
         let mut s = source();
-        for topic in [TOPIC_EXIT, TOPIC_OOM, TOPIC_DELETE] {
-            let hints = s.hint(envelope(CRI_NAMESPACE, topic, "c1"), ctx());
-            assert_eq!(hints.len(), 1 + RECHECKS.len(), "{topic}");
-            assert_eq!(hints[0], Hint::Container { id: "c1".into() });
-            for (h, &delay) in hints[1..].iter().zip(RECHECKS) {
-                let recheck = Box::new(Hint::Recheck { id: "c1".into() });
-                assert_eq!(
-                    h,
-                    &Hint::After {
-                        delay,
-                        hint: recheck
-                    }
-                );
-            }
+        let start = s.hint(envelope(CRI_NAMESPACE, TOPIC_START, "c1"), ctx());
+        assert_eq!(
+            start,
+            rechecks("c1", Sign::Starting, Awaited::Started, Expect::Unknown)
+        );
+        let exit = s.hint(envelope(CRI_NAMESPACE, TOPIC_EXIT, "c1"), ctx());
+        assert_eq!(
+            exit,
+            rechecks("c1", Sign::Exited, Awaited::Exited, Expect::Unknown)
+        );
+        // The exit asks for no read at once: CRI records it only after the delete.
+        assert!(exit.iter().all(|h| matches!(h, Hint::After { .. })));
+        let delete = s.hint(envelope(CRI_NAMESPACE, TOPIC_DELETE, "c1"), ctx());
+        assert_eq!(
+            delete,
+            rechecks("c1", Sign::Imminent, Awaited::Exited, Expect::Unknown)
+        );
+        // An OOM after the exit of the same task: already being rechecked.
+        assert_eq!(
+            s.hint(envelope(CRI_NAMESPACE, TOPIC_OOM, "c1"), ctx()),
+            vec![]
+        );
+        let oom = s.hint(envelope(CRI_NAMESPACE, TOPIC_OOM, "c2"), ctx());
+        assert_eq!(
+            oom,
+            rechecks("c2", Sign::Exited, Awaited::Exited, Expect::Unknown)
+        );
+    }
+
+    /// A stop another source already rechecks at the same or a later sign costs
+    /// nothing more.
+    #[test]
+    fn a_stop_claimed_by_another_source_asks_for_nothing() {
+        let rechecks_shared = Rechecks::default();
+        let mut s = ContainerdEvents::new(
+            Arc::new(plegd_sim::FakeRuntime::new()),
+            CriStops::default(),
+            rechecks_shared.clone(),
+        );
+        // NRI's stop hook came first.
+        assert!(rechecks_shared.claim("c1", Awaited::Exited, Sign::Imminent, Instant::now()));
+        for topic in [TOPIC_EXIT, TOPIC_DELETE] {
+            assert_eq!(s.hint(envelope(CRI_NAMESPACE, topic, "c1"), ctx()), vec![]);
         }
-        assert!(RECHECKS.windows(2).all(|w| w[0] < w[1]));
     }
 
     /// A CRI stream that is up and reported `MIN_LAGS` stops 40 ms after an early
@@ -182,37 +202,32 @@ mod tests {
         crate::hints::cri_stops::reporting_stream(Duration::from_millis(40))
     }
 
-    /// Regression (issue 11): while the CRI stream reports the stops, a task event
-    /// asked for a read at once and every 10 ms until the runtime's CRI status flipped —
-    /// reads that could only find the container running (the stream's own event comes
-    /// right after the flip), loading containerd while it finished the exit (+16 ms p50
-    /// on containerd 1.7). Now: the first read at the grace, none once reported.
+    /// While the CRI stream reports the stops, a delete's rechecks begin at the
+    /// stream's grace (reads before it could only find the container running), and a
+    /// stop the stream has reported asks for nothing.
     #[test]
-    fn while_the_cri_stream_reports_stops_a_task_event_waits_for_its_grace() {
+    fn while_the_cri_stream_reports_stops_a_stop_waits_for_its_grace() {
         let stops = reporting_stream();
         let grace = stops.grace().expect("a grace");
-        assert_eq!(grace, Duration::from_millis(40));
-        let mut s = ContainerdEvents::new(Arc::new(plegd_sim::FakeRuntime::new()), stops.clone());
-        let hints = s.hint(envelope(CRI_NAMESPACE, TOPIC_EXIT, "c1"), ctx());
-        let recheck = |delay| Hint::After {
-            delay,
-            hint: Box::new(Hint::Recheck { id: "c1".into() }),
-        };
-        let later: Vec<Hint> = RECHECKS.iter().map(|&d| recheck(grace + d)).collect();
-        assert_eq!(hints[0], recheck(grace));
-        assert_eq!(hints[1..], later[..]);
-        assert!(!hints.iter().any(|h| matches!(h, Hint::Container { .. })));
-        // The stream reports it; the task's delete event then asks for nothing.
-        stops.reported("c1", Instant::now());
+        let mut s = source_with(stops.clone());
+        let hints = s.hint(envelope(CRI_NAMESPACE, TOPIC_DELETE, "c1"), ctx());
         assert_eq!(
-            s.hint(envelope(CRI_NAMESPACE, TOPIC_DELETE, "c1"), ctx()),
-            vec![]
+            hints,
+            rechecks("c1", Sign::Imminent, Awaited::Exited, Expect::Within(grace))
         );
-        // The stream down: a read at once again.
+        assert!(matches!(&hints[0], Hint::After { delay, .. } if *delay == grace));
+        // The stream reports the next stop first: its task events ask for nothing.
+        stops.reported("c2", Instant::now());
+        for topic in [TOPIC_EXIT, TOPIC_DELETE] {
+            assert_eq!(s.hint(envelope(CRI_NAMESPACE, topic, "c2"), ctx()), vec![]);
+        }
+        // The stream down: the rechecks from the sign on again.
         stops.set_streaming(false);
-        let hints = s.hint(envelope(CRI_NAMESPACE, TOPIC_EXIT, "c2"), ctx());
-        assert_eq!(hints[0], Hint::Container { id: "c2".into() });
-        assert_eq!(hints.len(), 1 + RECHECKS.len());
+        let hints = s.hint(envelope(CRI_NAMESPACE, TOPIC_DELETE, "c3"), ctx());
+        assert_eq!(
+            hints,
+            rechecks("c3", Sign::Imminent, Awaited::Exited, Expect::Unknown)
+        );
     }
 
     #[test]
@@ -229,7 +244,7 @@ mod tests {
             garbage,
             envelope(CRI_NAMESPACE, TOPIC_EXIT, ""),
             envelope("moby", TOPIC_EXIT, "c1"),
-            envelope(CRI_NAMESPACE, "/tasks/start", "c1"),
+            envelope(CRI_NAMESPACE, "/tasks/create", "c1"),
             Envelope::default(),
         ] {
             assert_eq!(s.hint(env.clone(), ctx()), vec![], "{env:?}");

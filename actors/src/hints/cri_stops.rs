@@ -142,6 +142,7 @@ impl CriStops {
     }
 
     /// The grace an early source now waits for the stream, if it waits.
+    #[cfg(test)]
     pub fn grace(&self) -> Option<Duration> {
         self.lock().grace()
     }

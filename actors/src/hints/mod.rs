@@ -73,6 +73,8 @@ pub(crate) mod containerd_events;
 pub(crate) mod cri_events;
 pub(crate) mod cri_stops;
 pub(crate) mod nri;
+pub(crate) mod rechecks;
+pub(crate) mod resolve;
 pub(crate) mod select;
 #[cfg(test)]
 mod tests;
@@ -85,6 +87,7 @@ use futures::stream::LocalBoxStream;
 use opentelemetry::trace::SpanContext;
 
 pub use crate::event::RelistSource;
+pub use crate::hints::rechecks::Awaited;
 pub use crate::stream::reconnect::AttemptEnd;
 pub use plegd_telemetry::{HintSourceName, HintSourceState};
 
@@ -100,13 +103,19 @@ pub enum Hint {
         cause: Option<SpanContext>,
         container: Option<String>,
     },
-    /// Relist the pod this container or sandbox belongs to, as the cache knows it; an
-    /// ID the cache does not know asks for nothing (the next global relist finds it).
+    /// Relist the pod this container or sandbox belongs to: as the cache knows it, or
+    /// traced through the runtime (`resolve.rs`) when the cache does not; an ID in no
+    /// pod asks for nothing.
     Container { id: String },
-    /// As `Container`, unless the cache already has the container exited (for one more
-    /// relist) or the CRI event stream has reported its stop: a recheck after an event
-    /// that may come before the runtime's status says so.
-    Recheck { id: String },
+    /// As `Container` (with `pod` its UID when the source knows it), unless the cache
+    /// already shows the awaited change (read once more after it first does), or,
+    /// for a stop, the CRI event stream has reported it: a recheck after an event that
+    /// comes before the runtime's status says so (`rechecks.rs`).
+    Recheck {
+        id: String,
+        pod: Option<String>,
+        awaited: Awaited,
+    },
     /// Bring the next global relist forward (honoured at most once per period).
     Global,
     /// `hint`, `delay` from now (the watcher's timer; dropped if it stops first): for
@@ -135,6 +144,15 @@ impl SourceError {
     pub fn unsupported(reason: impl Into<String>) -> Self {
         SourceError {
             end: AttemptEnd::Unimplemented,
+            reason: reason.into(),
+        }
+    }
+
+    /// The runtime does not have this source now, and a look for it is cheap: tried
+    /// again after `retry`, shown as `unsupported`.
+    pub fn absent(reason: impl Into<String>, retry: Duration) -> Self {
+        SourceError {
+            end: AttemptEnd::Absent { retry },
             reason: reason.into(),
         }
     }

@@ -8,6 +8,7 @@ use actix::prelude::*;
 use plegd_runtime::{RuntimeClient, RuntimeVersion};
 use plegd_telemetry::{HintSourceName, Metrics};
 
+use crate::health::Health;
 use crate::hints::containerd_events::ContainerdEvents;
 use crate::hints::cri_events::CriEvents;
 use crate::hints::nri::Nri;
@@ -37,11 +38,11 @@ pub fn unavailable(source: HintSourceName) -> Option<&'static str> {
 }
 
 impl HintSelection {
-    /// The sources to run against this runtime. Detection: the CRI event stream on
-    /// every runtime (one that lacks it shows `unsupported` and is retried),
-    /// containerd's event service on containerd, and the NRI plugin when the runtime
-    /// listens on the NRI socket (`nri_socket`: it exists as a socket at start).
-    pub fn resolve(&self, runtime: &RuntimeVersion, nri_socket: bool) -> Vec<HintSourceName> {
+    /// The sources to run against this runtime. Detection: the CRI event stream and
+    /// the NRI plugin on every runtime (one that lacks them shows `unsupported`; NRI's
+    /// socket is looked for again while plegd runs, so NRI enabled later is used), and
+    /// containerd's event service on containerd.
+    pub fn resolve(&self, runtime: &RuntimeVersion) -> Vec<HintSourceName> {
         match self {
             HintSelection::Only(list) => list.clone(),
             HintSelection::Detect { cri_events } => {
@@ -53,7 +54,7 @@ impl HintSelection {
                     .filter(|&s| match s {
                         HintSourceName::CriEvents => *cri_events,
                         HintSourceName::ContainerdEvents => containerd,
-                        HintSourceName::Nri => nri_socket,
+                        HintSourceName::Nri => true,
                     })
                     .collect()
             }
@@ -91,6 +92,7 @@ pub(crate) fn start_source(
     runtime: &Arc<dyn RuntimeClient>,
     nri_socket: &Path,
     metrics: &Arc<Metrics>,
+    health: &Health,
     deps: WatcherDeps,
 ) -> RunningSource {
     match name {
@@ -105,14 +107,18 @@ pub(crate) fn start_source(
             Nri::new(
                 plegd_nri::PluginConfig::new(nri_socket),
                 metrics.clone(),
-                deps.cache.clone(),
                 deps.cri_stops.clone(),
+                deps.rechecks.clone(),
+                health.clone(),
             ),
             deps,
         ),
         HintSourceName::ContainerdEvents => {
-            let stops = deps.cri_stops.clone();
-            RunningSource::start(ContainerdEvents::new(runtime.clone(), stops), deps)
+            let (stops, rechecks) = (deps.cri_stops.clone(), deps.rechecks.clone());
+            RunningSource::start(
+                ContainerdEvents::new(runtime.clone(), stops, rechecks),
+                deps,
+            )
         }
     }
 }
@@ -135,27 +141,22 @@ mod tests {
         let containerd = runtime("containerd", "1.7.24~ds1");
         let crio = runtime("cri-o", "1.31.0");
         let detect = HintSelection::default();
-        let available = |s: &HintSourceName| unavailable(*s).is_none();
-        let want: Vec<_> = [CriEvents, ContainerdEvents]
-            .into_iter()
-            .filter(available)
-            .collect();
-        assert_eq!(detect.resolve(&containerd, false), want);
-        // containerd's event service only on containerd.
-        assert_eq!(detect.resolve(&crio, false), [CriEvents]);
-        // NRI wherever its socket is there, whatever the runtime.
-        assert_eq!(detect.resolve(&crio, true), [CriEvents, Nri]);
-        assert!(detect.resolve(&containerd, true).contains(&Nri));
+        // containerd's event service only on containerd; NRI everywhere (its socket
+        // is looked for while plegd runs).
+        assert_eq!(
+            detect.resolve(&containerd),
+            [CriEvents, Nri, ContainerdEvents]
+        );
+        assert_eq!(detect.resolve(&crio), [CriEvents, Nri]);
         // --evented=false: the same, without the CRI stream.
         let no_cri = HintSelection::Detect { cri_events: false };
-        assert!(!no_cri.resolve(&containerd, false).contains(&CriEvents));
-        assert_eq!(no_cri.resolve(&crio, false), []);
-        assert_eq!(no_cri.resolve(&crio, true), [Nri]);
+        assert_eq!(no_cri.resolve(&containerd), [Nri, ContainerdEvents]);
+        assert_eq!(no_cri.resolve(&crio), [Nri]);
         // A list is exactly that, whatever the runtime; an empty one is polling only.
         let only = HintSelection::Only(vec![ContainerdEvents]);
-        assert_eq!(only.resolve(&crio, true), [ContainerdEvents]);
-        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd, true), []);
-        assert_eq!(HintSelection::Only(vec![Nri]).resolve(&crio, false), [Nri]);
+        assert_eq!(only.resolve(&crio), [ContainerdEvents]);
+        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd), []);
+        assert_eq!(HintSelection::Only(vec![Nri]).resolve(&crio), [Nri]);
     }
 
     #[test]

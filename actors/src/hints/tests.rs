@@ -23,6 +23,8 @@ use crate::cache::CacheOwner;
 use crate::event::RelistSource;
 use crate::hints::cri_events::CriEvents;
 use crate::hints::cri_stops::CriStops;
+use crate::hints::rechecks::Rechecks;
+use crate::hints::resolve::Resolver;
 use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
 use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
 use crate::mock::{recording_queue, Recorded, Recorder, RecorderConfig};
@@ -64,6 +66,8 @@ impl Harness {
             policy,
             on_reconnect: Some(Box::new(move || queue.bring_forward())),
             cri_stops: CriStops::default(),
+            rechecks: Rechecks::default(),
+            resolver: Resolver::new(Arc::new(sim.clone()), metrics.clone()),
         };
         let watcher = HintWatcher::new(source, deps).start();
         Harness {
@@ -425,6 +429,20 @@ fn scripted_watcher(
     Recorded<RequestRelist>,
     Recorded<BringForward>,
 ) {
+    scripted_watcher_on(FakeRuntime::new(), cache, stops)
+}
+
+/// As [`scripted_watcher`], tracing unknown IDs through `runtime`.
+fn scripted_watcher_on(
+    runtime: FakeRuntime,
+    cache: crate::cache::PodCache,
+    stops: CriStops,
+) -> (
+    futures::channel::mpsc::UnboundedSender<Hint>,
+    Addr<HintWatcher<Scripted>>,
+    Recorded<RequestRelist>,
+    Recorded<BringForward>,
+) {
     let metrics = Arc::new(Metrics::new());
     let (soon_addr, soon) = Recorder::<BringForward>::start(RecorderConfig::default());
     let (queue, requests) = recording_queue(
@@ -436,10 +454,12 @@ fn scripted_watcher(
     let deps = WatcherDeps {
         router: RelistRouter::new(queue, HeldPods::default(), metrics.clone()),
         cache,
+        resolver: Resolver::new(Arc::new(runtime), metrics.clone()),
         metrics,
         policy: policy(Duration::from_millis(200)),
         on_reconnect: None,
         cri_stops: stops,
+        rechecks: Rechecks::default(),
     };
     let watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
     (tx, watcher, requests, soon)
@@ -476,13 +496,22 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
     let r = requests.clone();
     wait_until("both pods requested", || r.len() == 2).await;
     wait_until("the global relist asked for", || soon.len() == 1).await;
-    let hints = log.matching(&[": hint source=nri"]);
+    let r = requests.clone();
+    let traced = log.clone();
+    wait_until("the unknown ID traced", || {
+        !traced.matching(&["outcome=\"in no pod\""]).is_empty()
+    })
+    .await;
+    assert_eq!(r.len(), 2, "an ID in no pod asks for nothing");
+    // The trace's answer comes whenever the runtime answers: apart.
+    let mut hints = log.matching(&[": hint source=nri"]);
+    hints.retain(|l| !l.contains("outcome=\"in no pod\""));
     let expect = [
         &["hint=\"pod\"", "pod=\"u1\"", "outcome=\"requested\""][..],
         &[
             "hint=\"container\"",
             "id=\"c-unknown\"",
-            "outcome=\"unknown container\"",
+            "outcome=\"tracing its pod\"",
         ],
         &[
             "hint=\"global\"",
@@ -529,6 +558,15 @@ async fn each_hint_writes_a_debug_line_under_a_budget() {
     .await;
 }
 
+/// A recheck of container `id`'s exit, its pod mapped through the cache.
+fn recheck(id: &str) -> Hint {
+    Hint::Recheck {
+        id: id.into(),
+        pod: None,
+        awaited: crate::hints::Awaited::Exited,
+    }
+}
+
 /// A cache holding pod `u1` with container `c1` running.
 fn cache_with_c1() -> (CacheOwner, crate::cache::PodCache) {
     let (mut owner, cache) = CacheOwner::new(Duration::from_secs(300));
@@ -552,7 +590,7 @@ async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
     let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
     // Reported: the recheck asks for nothing (the pod that follows marks the end).
     stops.reported("c1", Instant::now());
-    send(Hint::Recheck { id: "c1".into() });
+    send(recheck("c1"));
     send(Hint::Pod {
         uid: "u2".into(),
         cause: None,
@@ -613,7 +651,7 @@ async fn a_hint_by_container_id_asks_to_prefetch_it_and_one_by_sandbox_id_does_n
     let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
     send(Hint::Container { id: "c1".into() });
     send(Hint::Container { id: "s2".into() });
-    send(Hint::Recheck { id: "c3".into() });
+    send(recheck("c3"));
     let r = requests.clone();
     wait_until("three requests", || r.len() == 3).await;
     let asked: Vec<(String, Vec<String>)> = requests

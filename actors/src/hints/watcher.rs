@@ -8,19 +8,20 @@
 //! exit's latency can be followed in the log while a storm writes a few dozen lines
 //! a second (issue 11).
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
 use futures::StreamExt as _;
-use plegd_runtime::ContainerState;
+use plegd_runtime::{ContainerState, SandboxState};
 use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{HintSourceState, Metrics};
 
 use crate::cache::PodCache;
 use crate::hints::cri_stops::CriStops;
+use crate::hints::rechecks::{Awaited, Rechecks, PENDING_FOR};
+use crate::hints::resolve::{Lookup, Owner, Resolver};
 use crate::hints::{Connection, Hint, HintSource, ItemContext, SourceError};
 use crate::relist::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use crate::relist::router::RelistRouter;
@@ -66,6 +67,10 @@ pub struct WatcherDeps {
     /// The stops the CRI event stream reported, shared by every watcher (a recheck of
     /// one is dropped).
     pub cri_stops: CriStops,
+    /// Claims, pending requests and confirmations, shared by every watcher.
+    pub rechecks: Rechecks,
+    /// Traces IDs the cache does not know to their pods (shared: one rate).
+    pub resolver: Resolver,
 }
 
 /// One item of the stream opened by `attempt`; `item` None marks its end (EOF or a
@@ -91,14 +96,6 @@ pub struct HintWatcher<S: HintSource> {
     /// `state_log` allows (a flapping runtime must not flood the log).
     logged: Vec<HintSourceState>,
     state_log: RateLimiter,
-    /// When this watcher last asked for each pod (see `request_unless_pending`).
-    requested: HashMap<String, SystemTime>,
-    /// Containers a recheck found exited in the cache and asked for once more.
-    confirmed: HashSet<String>,
-    /// When `requested` and `confirmed` last forgot what no longer counts (at most
-    /// once per [`PENDING_FOR`]): after a churn of short-lived pods they hold the last
-    /// second's requests and the containers still known, not thousands for good.
-    swept: SystemTime,
     /// Budget of the per-hint debug lines.
     hint_log: LogBudget,
 }
@@ -111,12 +108,16 @@ enum Outcome {
     Requested,
     /// The queue was full: dropped (counted).
     Dropped,
-    /// This watcher's last request for the pod is still pending.
+    /// A hint's last request for the pod is still pending.
     AlreadyPending,
-    /// The cache does not know the container: nothing asked (the next global relist
-    /// finds it).
+    /// The runtime has the ID in no pod: nothing asked.
     UnknownContainer,
-    /// A recheck of a container the cache has had exited for one more relist already.
+    /// The cache does not know the ID: being traced to its pod.
+    Resolving,
+    /// The cache does not know the ID and it is being traced already, or tracing is
+    /// over its rate: nothing asked (the next global relist finds it).
+    Unresolved,
+    /// A recheck of a change the cache has shown for one more relist already.
     AlreadyConfirmed,
     /// A recheck of a stop the CRI event stream has reported (its relist covers it).
     ReportedByCri,
@@ -132,8 +133,10 @@ impl Outcome {
             Outcome::Requested => "requested",
             Outcome::Dropped => "dropped (queue full)",
             Outcome::AlreadyPending => "already pending",
-            Outcome::UnknownContainer => "unknown container",
-            Outcome::AlreadyConfirmed => "exit already confirmed",
+            Outcome::UnknownContainer => "in no pod",
+            Outcome::Resolving => "tracing its pod",
+            Outcome::Unresolved => "unknown, not traced now",
+            Outcome::AlreadyConfirmed => "change already confirmed",
             Outcome::ReportedByCri => "stop reported by the CRI stream",
             Outcome::BroughtForward => "global relist brought forward",
             Outcome::Scheduled => "scheduled",
@@ -173,9 +176,6 @@ impl<S: HintSource> HintWatcher<S> {
             state: HintSourceState::Off,
             logged: vec![],
             state_log: RateLimiter::new(Duration::from_secs(30)),
-            requested: HashMap::new(),
-            confirmed: HashSet::new(),
-            swept: SystemTime::UNIX_EPOCH,
             hint_log: LogBudget::new(LINES_PER_WINDOW, WINDOW),
         }
     }
@@ -264,6 +264,12 @@ impl<S: HintSource> HintWatcher<S> {
                     act.input(Input::TimerFired, None, ctx)
                 }));
             }
+            // No live token: a confirmation of an attempt already over is ignored.
+            Action::ConfirmAfter { attempt, delay } => {
+                ctx.run_later(delay, move |act, ctx| {
+                    act.input(Input::Subscribed { attempt }, None, ctx)
+                });
+            }
             Action::BringGlobalRelistForward => {
                 if let Some(hook) = &self.deps.on_reconnect {
                     hook();
@@ -344,47 +350,23 @@ impl<S: HintSource> HintWatcher<S> {
                     .request(&uid, source, cause, container.as_deref());
                 self.log_hint(what, None, Some(&uid), Outcome::of_request(queued), None);
             }
-            // A container's status is read together with its pod's lists (prefetch);
-            // a sandbox's is not (its relist takes it from the list).
-            Hint::Container { id } => match self.deps.cache.owner_of(&id) {
-                Some((uid, state)) => {
-                    let container = state.is_some().then_some(id.as_str());
-                    let outcome = self.request_unless_pending(&uid, container);
-                    self.log_hint(what, Some(&id), Some(&uid), outcome, None);
-                }
-                None => self.log_hint(what, Some(&id), None, Outcome::UnknownContainer, None),
-            },
-            // The cache's status read may show the exit before the container list
-            // the events are diffed from does (a read in the middle of the runtime's
-            // update): one more relist after the cache first has it exited.
-            Hint::Recheck { id } => {
-                if self.deps.cri_stops.was_reported(&id) {
+            Hint::Container { id } => self.request_for(what, &id, None, true, ctx),
+            Hint::Recheck { id, pod, awaited } => {
+                if awaited != Awaited::Started && self.deps.cri_stops.was_reported(&id) {
                     self.log_hint(what, Some(&id), None, Outcome::ReportedByCri, None);
                     return;
                 }
-                // One scan of the cache for both questions.
-                let owner = self.deps.cache.owner_of(&id);
-                if owner
-                    .as_ref()
-                    .is_some_and(|(_, state)| *state == Some(ContainerState::Exited))
+                // The cache's status read may show the change before the container
+                // list the events are diffed from does (a read in the middle of the
+                // runtime's update): one more relist after the cache first shows it.
+                if shows(&self.deps.cache, &id, pod.as_deref(), awaited)
+                    && !self.deps.rechecks.confirm(&id, awaited)
                 {
-                    self.sweep(SystemTime::now());
-                    if self.confirmed.len() >= MAX_TRACKED {
-                        self.confirmed.clear();
-                    }
-                    if !self.confirmed.insert(id.clone()) {
-                        self.log_hint(what, Some(&id), None, Outcome::AlreadyConfirmed, None);
-                        return;
-                    }
+                    self.log_hint(what, Some(&id), None, Outcome::AlreadyConfirmed, None);
+                    return;
                 }
-                match owner {
-                    Some((uid, state)) => {
-                        let container = state.is_some().then_some(id.as_str());
-                        let outcome = self.request_unless_pending(&uid, container);
-                        self.log_hint(what, Some(&id), Some(&uid), outcome, None);
-                    }
-                    None => self.log_hint(what, Some(&id), None, Outcome::UnknownContainer, None),
-                }
+                let prefetch = matches!(awaited, Awaited::Started | Awaited::Exited);
+                self.request_for(what, &id, pod.as_deref(), prefetch, ctx);
             }
             Hint::Global => {
                 self.deps.router.bring_forward();
@@ -427,72 +409,109 @@ impl<S: HintSource> HintWatcher<S> {
 }
 
 impl<S: HintSource> HintWatcher<S> {
-    /// Asks for a relist of `uid` unless this watcher's last request for it is still
-    /// pending (the cache has no read of the pod begun since, and it is younger than
-    /// [`PENDING_FOR`]): many events and rechecks about the containers of one pod then
-    /// cost one relist at a time, not a queue of them. A request whose relist failed
-    /// before reading the pod (its lists failed) never advances the cache's read time,
-    /// so it counts as pending only for [`PENDING_FOR`].
+    /// Asks for a relist of the pod of `id` (`pod`: its UID, when the source knows it):
+    /// known to the cache, or traced through the runtime first. A container's status
+    /// is read together with its pod's lists (prefetch, unless `prefetch` is false: a
+    /// removed one); a sandbox's is not (its relist takes it from the list).
+    fn request_for(
+        &mut self,
+        what: &'static str,
+        id: &str,
+        pod: Option<&str>,
+        prefetch: bool,
+        ctx: &mut Context<Self>,
+    ) {
+        if let Some(uid) = pod {
+            let container = Some(id).filter(|id| prefetch && !id.is_empty());
+            let outcome = self.request_unless_pending(uid, container);
+            self.log_hint(what, Some(id), Some(uid), outcome, None);
+            return;
+        }
+        match self
+            .deps
+            .resolver
+            .lookup(&self.deps.cache, id, Instant::now())
+        {
+            Lookup::Known(Some(owner)) => self.request_owner(what, id, &owner, prefetch),
+            Lookup::Known(None) => {
+                self.log_hint(what, Some(id), None, Outcome::UnknownContainer, None)
+            }
+            Lookup::Wait => self.log_hint(what, Some(id), None, Outcome::Unresolved, None),
+            Lookup::Ask => {
+                self.log_hint(what, Some(id), None, Outcome::Resolving, None);
+                let resolver = self.deps.resolver.clone();
+                let cache = self.deps.cache.clone();
+                let id = id.to_string();
+                let traced = async move {
+                    let owner = resolver.resolve(&cache, &id).await;
+                    (id, owner)
+                };
+                ctx.spawn(
+                    traced
+                        .into_actor(self)
+                        .map(move |(id, owner), act, _| match owner {
+                            Some(owner) => act.request_owner(what, &id, &owner, prefetch),
+                            None => {
+                                act.log_hint(what, Some(&id), None, Outcome::UnknownContainer, None)
+                            }
+                        }),
+                );
+            }
+        }
+    }
+
+    fn request_owner(&mut self, what: &'static str, id: &str, owner: &Owner, prefetch: bool) {
+        let container = (prefetch && owner.container).then_some(id);
+        let outcome = self.request_unless_pending(&owner.uid, container);
+        self.log_hint(what, Some(id), Some(&owner.uid), outcome, None);
+    }
+
+    /// Asks for a relist of `uid` unless a hint's last request for it is still pending
+    /// (`rechecks.rs`): many events and rechecks about the containers of one pod, from
+    /// any source, then cost one relist at a time, not a queue of them.
     fn request_unless_pending(&mut self, uid: &str, container: Option<&str>) -> Outcome {
         let now = SystemTime::now();
-        let pending = |cache: &PodCache, uid: &str, at: SystemTime| {
-            now.duration_since(at).unwrap_or_default() < PENDING_FOR
-                && cache.get(uid).is_some_and(|e| e.modified < at)
-        };
-        if let Some(&at) = self.requested.get(uid) {
-            if pending(&self.deps.cache, uid, at) {
-                return Outcome::AlreadyPending;
-            }
+        if self.deps.rechecks.pending(&self.deps.cache, uid, now) {
+            return Outcome::AlreadyPending;
         }
         let queued = self
             .deps
             .router
             .request(uid, self.source.relist_source(), None, container);
         if queued {
-            self.sweep(now);
-            if self.requested.len() >= MAX_TRACKED {
-                let cache = &self.deps.cache;
-                self.requested
-                    .retain(|uid, &mut at| pending(cache, uid, at));
-            }
-            self.requested.insert(uid.to_string(), now);
+            self.deps.rechecks.requested(&self.deps.cache, uid, now);
         }
         Outcome::of_request(queued)
     }
-
-    /// At most once per [`PENDING_FOR`]: forgets the requests no longer pending and the
-    /// confirmed containers the cache no longer knows, and gives back the room.
-    fn sweep(&mut self, now: SystemTime) {
-        if now.duration_since(self.swept).unwrap_or_default() < PENDING_FOR {
-            return;
-        }
-        self.swept = now;
-        let cache = &self.deps.cache;
-        self.requested.retain(|uid, &mut at| {
-            now.duration_since(at).unwrap_or_default() < PENDING_FOR
-                && cache.get(uid).is_some_and(|e| e.modified < at)
-        });
-        self.confirmed
-            .retain(|id| cache.pod_of_container(id).is_some());
-        if self.requested.capacity() > SHRINK_RATIO * self.requested.len().max(MIN_ROOM) {
-            self.requested.shrink_to_fit();
-        }
-        if self.confirmed.capacity() > SHRINK_RATIO * self.confirmed.len().max(MIN_ROOM) {
-            self.confirmed.shrink_to_fit();
-        }
-    }
 }
 
-/// How long a request counts as pending at most (see `request_unless_pending`).
-const PENDING_FOR: Duration = Duration::from_secs(1);
-
-/// Pods whose last request a watcher remembers before it forgets those no longer
-/// pending.
-const MAX_TRACKED: usize = 4096;
-/// `requested` and `confirmed` give their room back above this many times their
-/// entries (at least [`MIN_ROOM`]).
-const SHRINK_RATIO: usize = 3;
-const MIN_ROOM: usize = 64;
+/// Whether the cache shows the change a recheck waits for.
+fn shows(cache: &PodCache, id: &str, pod: Option<&str>, awaited: Awaited) -> bool {
+    let owner = match pod {
+        Some(uid) => Some(uid.to_string()),
+        None => cache.pod_of_container(id),
+    };
+    let status = owner.and_then(|uid| cache.get(&uid)).and_then(|e| e.status);
+    let Some(status) = status else {
+        // No read of the pod: a removal is past, anything else still to be found.
+        return awaited == Awaited::Removed;
+    };
+    let container = status.containers.iter().find(|c| c.id == id);
+    let sandbox = status.sandboxes.iter().find(|s| s.id == id);
+    match (container, sandbox, awaited) {
+        (None, None, Awaited::Removed) => true,
+        (_, _, Awaited::Removed) => false,
+        (Some(c), _, Awaited::Started) => {
+            matches!(c.state, ContainerState::Running | ContainerState::Exited)
+        }
+        (Some(c), _, _) => c.state == ContainerState::Exited,
+        // A sandbox's own task (containerd's events do not tell which it is).
+        (None, Some(_), Awaited::Started) => true,
+        (None, Some(s), _) => s.state == SandboxState::NotReady,
+        // Not (yet) in its pod's last read: a read still has something to find.
+        (None, None, _) => false,
+    }
+}
 
 impl<S: HintSource> Actor for HintWatcher<S> {
     type Context = Context<Self>;
@@ -502,11 +521,12 @@ impl<S: HintSource> Actor for HintWatcher<S> {
         self.export_state();
         self.input(Input::Start, None, ctx);
         // What is remembered of past stops and requests is forgotten on time even
-        // when no new one comes (after a churn, until the next stop or request, it
-        // held up to 4,096 of each: ≈ 0.6 MB; issue 11, memory after a churn).
+        // when no new one comes.
         ctx.run_interval(PENDING_FOR, |act, _| {
             act.deps.cri_stops.tidy(Instant::now());
-            act.sweep(SystemTime::now());
+            act.deps
+                .rechecks
+                .tidy(&act.deps.cache, Instant::now(), SystemTime::now());
         });
     }
 
@@ -567,7 +587,7 @@ pub struct WatcherState {
     /// Futures alive in the watcher (connection attempt, open stream, retry timer):
     /// one at most, whatever happened before.
     pub live_futures: usize,
-    /// Pods and containers its hint bookkeeping remembers (`requested`, `confirmed`).
+    /// Entries the shared hint bookkeeping remembers (`rechecks.rs`).
     pub tracked: usize,
 }
 
@@ -585,7 +605,7 @@ impl<S: HintSource> Handler<GetState> for HintWatcher<S> {
             attempts: self.machine.attempts(),
             last_delay: self.machine.last_delay(),
             live_futures: self.live.count(),
-            tracked: self.requested.len() + self.confirmed.len(),
+            tracked: self.deps.rechecks.tracked(),
         })
     }
 }

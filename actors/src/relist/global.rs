@@ -97,6 +97,7 @@ pub(super) async fn global_relist(
                 apply(deps, RelistOutput::default(), None, false).await;
             }
             deps.metrics.count_relist_errors(RelistPhase::List, 1);
+            deps.health.relist_failed(&e.to_string());
             spans::end_error(span, e.to_string());
             Err(e)
         }

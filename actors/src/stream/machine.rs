@@ -7,14 +7,19 @@
 //!
 //! ```text
 //!   Idle ──Start──> Connecting ──Opened──> Streaming ──StreamError / StreamEnded──> Waiting
-//!                       │                                                           │
+//!                       │    │                 ^                                      │
+//!                       │    └──Subscribed──> Subscribed ──AttemptFailed──> Waiting   │
+//!                       │                      (Opened: Streaming)                    │
 //!                       └─────AttemptFailed (incl. Unimplemented)─────> Waiting ──TimerFired──> Connecting
 //!   any ──Stop──> Stopped   (cancels the RPC, the stream or the retry timer)
 //! ```
 //!
 //! Measured runtime behaviour it encodes (DESIGN.md):
 //! - containerd sends no response headers before its first event, so opening has no
-//!   deadline and a pending attempt counts as a healthy connection since it began;
+//!   deadline and a pending attempt counts as a healthy connection since it began; an
+//!   attempt with no error [`SUBSCRIBED_AFTER`] after its request went out is
+//!   `Subscribed` (exported as streaming: the runtime has the subscription, a quiet
+//!   runtime just has nothing to say yet);
 //! - an open tonic stream reports its transport error twice before it ends, and items
 //!   keep arriving after the actor cancels a stream: each stream input names its
 //!   attempt, and only the first error or end of the current stream counts;
@@ -25,6 +30,10 @@ use std::time::{Duration, Instant};
 use plegd_telemetry::HintSourceState;
 
 use crate::stream::reconnect::{AttemptEnd, ReconnectBackoff, ReconnectPolicy};
+
+/// How long an attempt must go without an error to count as subscribed: a refused
+/// connection, an unknown method or a missing socket fail within milliseconds.
+pub(crate) const SUBSCRIBED_AFTER: Duration = Duration::from_millis(250);
 
 /// One call of GetContainerEvents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +54,11 @@ pub(crate) enum State {
     Idle,
     /// The RPC is in flight (on containerd, until the first event).
     Connecting(Attempt),
-    /// The stream delivered its first response at `opened`.
+    /// The request went out and no error came within [`SUBSCRIBED_AFTER`] (at `since`);
+    /// the stream arrives with the runtime's first item.
+    Subscribed { attempt: Attempt, since: Instant },
+    /// The stream delivered its first response at `opened` (or the attempt was
+    /// subscribed then).
     Streaming { attempt: Attempt, opened: Instant },
     /// `failed` ended (`end` says how); the next attempt starts after `delay` (at
     /// `until`).
@@ -69,6 +82,8 @@ pub(crate) enum Input {
     Start,
     /// The attempt's RPC returned a stream.
     Opened { attempt: u64 },
+    /// [`SUBSCRIBED_AFTER`] passed since the attempt began.
+    Subscribed { attempt: u64 },
     /// The attempt's RPC failed.
     AttemptFailed {
         attempt: u64,
@@ -104,6 +119,11 @@ pub(crate) enum Action {
     Cancel,
     /// Feed [`Input::TimerFired`] after this delay.
     ScheduleRetry(Duration),
+    /// Feed [`Input::Subscribed`] for this attempt after this delay.
+    ConfirmAfter {
+        attempt: u64,
+        delay: Duration,
+    },
     /// Ask the dispatcher for the next global relist now: events around a reconnect
     /// may be lost.
     BringGlobalRelistForward,
@@ -149,7 +169,16 @@ impl Machine {
                     started: now,
                     after: None,
                 };
-                (State::Connecting(first), vec![OpenStream { attempt: 1 }])
+                (
+                    State::Connecting(first),
+                    vec![
+                        OpenStream { attempt: 1 },
+                        ConfirmAfter {
+                            attempt: 1,
+                            delay: SUBSCRIBED_AFTER,
+                        },
+                    ],
+                )
             }
             // Every attempt after a failure brings the global relist forward: containerd
             // confirms an open only with its next event (never, on a quiet node), so the
@@ -169,6 +198,10 @@ impl Machine {
                         BringGlobalRelistForward,
                         OpenStream {
                             attempt: next.number,
+                        },
+                        ConfirmAfter {
+                            attempt: next.number,
+                            delay: SUBSCRIBED_AFTER,
                         },
                     ],
                 )
@@ -196,6 +229,44 @@ impl Machine {
                     actions,
                 )
             }
+            // No error so far: the runtime has the subscription. The first open after
+            // a failure asks for the relist again (as `Opened` does).
+            (State::Connecting(a), Input::Subscribed { attempt }) if attempt == a.number => {
+                let mut actions = vec![
+                    CountConnectionSuccess,
+                    SetConnected(true),
+                    Log(LogLine::Opened { attempt }),
+                ];
+                if a.after.is_some() {
+                    actions.push(BringGlobalRelistForward);
+                }
+                (
+                    State::Subscribed {
+                        attempt: a,
+                        since: now,
+                    },
+                    actions,
+                )
+            }
+            (State::Subscribed { attempt: a, since }, Input::Opened { attempt })
+                if attempt == a.number =>
+            {
+                (
+                    State::Streaming {
+                        attempt: a,
+                        opened: since,
+                    },
+                    vec![ReadStream { attempt }],
+                )
+            }
+            (
+                State::Subscribed { attempt: a, since },
+                Input::AttemptFailed {
+                    attempt,
+                    end,
+                    reason,
+                },
+            ) if attempt == a.number => self.fail(a, since, end, reason, now, vec![]),
             // The RPC is over: nothing to cancel. A pending attempt was up since it
             // began (containerd sends no headers before its first event).
             (
@@ -228,7 +299,10 @@ impl Machine {
                 vec![SetConnected(false), StopActor],
             ),
             (
-                state @ (State::Connecting(_) | State::Streaming { .. } | State::Waiting { .. }),
+                state @ (State::Connecting(_)
+                | State::Subscribed { .. }
+                | State::Streaming { .. }
+                | State::Waiting { .. }),
                 Input::Stop,
             ) => (
                 State::Stopped {
@@ -285,6 +359,7 @@ impl Machine {
         match self.state {
             State::Idle => "idle",
             State::Connecting(_) => "connecting",
+            State::Subscribed { .. } => "subscribed",
             State::Streaming { .. } => "streaming",
             State::Waiting { .. } => "waiting",
             State::Stopped { .. } => "stopped",
@@ -297,9 +372,9 @@ impl Machine {
         match self.state {
             State::Idle => HintSourceState::Detected,
             State::Connecting(_) => HintSourceState::Connecting,
-            State::Streaming { .. } => HintSourceState::Streaming,
+            State::Subscribed { .. } | State::Streaming { .. } => HintSourceState::Streaming,
             State::Waiting {
-                end: AttemptEnd::Unimplemented,
+                end: AttemptEnd::Unimplemented | AttemptEnd::Absent { .. },
                 ..
             } => HintSourceState::Unsupported,
             State::Waiting { .. } => HintSourceState::Waiting,
@@ -321,6 +396,7 @@ impl Machine {
     pub fn attempt_started(&self) -> Option<Instant> {
         match &self.state {
             State::Connecting(a)
+            | State::Subscribed { attempt: a, .. }
             | State::Streaming { attempt: a, .. }
             | State::Waiting { failed: a, .. } => Some(a.started),
             State::Idle | State::Stopped { .. } => None,
@@ -332,6 +408,7 @@ fn attempts(state: &State) -> u64 {
     match state {
         State::Idle => 0,
         State::Connecting(a)
+        | State::Subscribed { attempt: a, .. }
         | State::Streaming { attempt: a, .. }
         | State::Waiting { failed: a, .. } => a.number,
         State::Stopped { attempts, .. } => *attempts,
@@ -341,7 +418,9 @@ fn attempts(state: &State) -> u64 {
 fn last_delay(state: &State) -> Option<Duration> {
     match state {
         State::Idle => None,
-        State::Connecting(a) | State::Streaming { attempt: a, .. } => a.after,
+        State::Connecting(a)
+        | State::Subscribed { attempt: a, .. }
+        | State::Streaming { attempt: a, .. } => a.after,
         State::Waiting { delay, .. } => Some(*delay),
         State::Stopped { last_delay, .. } => *last_delay,
     }
@@ -400,6 +479,13 @@ mod tests {
         })
     }
 
+    fn confirm(attempt: u64) -> Action {
+        ConfirmAfter {
+            attempt,
+            delay: SUBSCRIBED_AFTER,
+        }
+    }
+
     /// A machine streaming on attempt 1, opened at `t0`.
     fn streaming(t0: Instant) -> Machine {
         let mut m = machine();
@@ -413,7 +499,10 @@ mod tests {
         let mut m = machine();
         let t0 = Instant::now();
         assert_eq!(m.state(), &State::Idle);
-        assert_eq!(m.step(Input::Start, t0), vec![OpenStream { attempt: 1 }]);
+        assert_eq!(
+            m.step(Input::Start, t0),
+            vec![OpenStream { attempt: 1 }, confirm(1)]
+        );
         assert_eq!(
             m.state(),
             &State::Connecting(Attempt {
@@ -474,7 +563,8 @@ mod tests {
             vec![
                 CountReconnectAttempt,
                 BringGlobalRelistForward,
-                OpenStream { attempt: 2 }
+                OpenStream { attempt: 2 },
+                confirm(2),
             ]
         );
         let d = retry(&m.step(failed(2), t0));
@@ -485,7 +575,8 @@ mod tests {
             vec![
                 CountReconnectAttempt,
                 BringGlobalRelistForward,
-                OpenStream { attempt: 3 }
+                OpenStream { attempt: 3 },
+                confirm(3),
             ]
         );
         assert_eq!(m.last_delay(), Some(d));
@@ -733,6 +824,11 @@ mod tests {
                 vec![Input::Start, Input::Opened { attempt: 1 }],
                 1,
             ),
+            (
+                "subscribed",
+                vec![Input::Start, Input::Subscribed { attempt: 1 }],
+                1,
+            ),
             ("waiting", vec![Input::Start, failed(1)], 1),
             ("stopped", vec![Input::Stop], 1),
         ];
@@ -740,6 +836,7 @@ mod tests {
             vec![
                 ("start", Input::Start),
                 ("opened", Input::Opened { attempt: n }),
+                ("subscribed", Input::Subscribed { attempt: n }),
                 ("attempt failed", failed(n)),
                 ("stream error", stream_error(n)),
                 ("stream ended", Input::StreamEnded { attempt: n }),
@@ -753,12 +850,16 @@ mod tests {
                 (_, "stop") => "stopped",
                 ("idle", "start") => "connecting",
                 ("connecting", "opened") => "streaming",
+                ("connecting", "subscribed") => "subscribed",
                 ("connecting", "attempt failed") => "waiting",
+                ("subscribed", "opened") => "streaming",
+                ("subscribed", "attempt failed") => "waiting",
                 ("streaming", "stream error" | "stream ended") => "waiting",
                 ("waiting", "timer") => "connecting",
                 ("idle", _) => "idle",
                 ("connecting", _) => "connecting",
                 ("streaming", _) => "streaming",
+                ("subscribed", _) => "subscribed",
                 ("waiting", _) => "waiting",
                 _ => "stopped",
             }
@@ -779,5 +880,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A quiet runtime (containerd sends no headers before its first event): an
+    /// attempt with no error SUBSCRIBED_AFTER after it began is up and exported as
+    /// streaming; its stream is read when it comes.
+    #[test]
+    fn an_attempt_without_an_error_is_subscribed_and_its_stream_read_when_it_comes() {
+        let mut m = machine();
+        let t0 = Instant::now();
+        m.step(Input::Start, t0);
+        let t1 = t0 + SUBSCRIBED_AFTER;
+        assert_eq!(
+            m.step(Input::Subscribed { attempt: 1 }, t1),
+            vec![
+                CountConnectionSuccess,
+                SetConnected(true),
+                Log(LogLine::Opened { attempt: 1 }),
+            ]
+        );
+        assert_eq!(m.source_state(), HintSourceState::Streaming);
+        let t2 = t0 + secs(30);
+        assert_eq!(
+            m.step(Input::Opened { attempt: 1 }, t2),
+            vec![ReadStream { attempt: 1 }]
+        );
+        // Up since it was subscribed, not since the first item.
+        assert!(matches!(m.state(), State::Streaming { opened, .. } if *opened == t1));
+        // A late confirmation of a stream already read changes nothing.
+        assert_eq!(m.step(Input::Subscribed { attempt: 1 }, t2), vec![]);
+    }
+
+    #[test]
+    fn a_subscribed_attempt_that_fails_waits_and_a_stale_confirmation_is_ignored() {
+        let mut m = machine();
+        let t0 = Instant::now();
+        m.step(Input::Start, t0);
+        m.step(Input::Subscribed { attempt: 1 }, t0 + SUBSCRIBED_AFTER);
+        let actions = m.step(failed(1), t0 + secs(1));
+        assert!(actions.contains(&SetConnected(false)), "{actions:?}");
+        assert_eq!(m.source_state(), HintSourceState::Waiting);
+        // The retry's own confirmation is for attempt 2; attempt 1's is stale.
+        m.step(Input::TimerFired, t0 + secs(2));
+        assert_eq!(
+            m.step(Input::Subscribed { attempt: 1 }, t0 + secs(3)),
+            vec![]
+        );
+        assert_eq!(m.source_state(), HintSourceState::Connecting);
+        // The first confirmation after a failure brings the relist forward.
+        let actions = m.step(Input::Subscribed { attempt: 2 }, t0 + secs(3));
+        assert!(actions.contains(&BringGlobalRelistForward), "{actions:?}");
     }
 }

@@ -84,6 +84,9 @@ pub enum AttemptEnd {
     Failed,
     /// The runtime does not implement GetContainerEvents.
     Unimplemented,
+    /// The runtime does not have the source now (NRI's socket is missing while CRI
+    /// answers): looked for again after `retry`, whatever the backoff.
+    Absent { retry: Duration },
 }
 
 /// The delay before each reconnect. Holds no clock and no connection state: the
@@ -124,8 +127,10 @@ impl ReconnectBackoff {
             self.exp = Self::exponential(&self.policy);
         }
         self.failures = self.failures.saturating_add(1);
-        if end == AttemptEnd::Unimplemented {
-            return self.policy.cap;
+        match end {
+            AttemptEnd::Unimplemented => return self.policy.cap,
+            AttemptEnd::Absent { retry } => return retry.min(self.policy.cap),
+            AttemptEnd::Failed => {}
         }
         if self.failures == 1 {
             return Duration::ZERO;
