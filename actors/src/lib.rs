@@ -43,7 +43,7 @@ mod wiring;
 
 pub use cache::{CacheSnapshot, CachedPod, Cover, PodCache, PodLookup};
 pub use event::{EventKind, Exit, LifecycleEvent, RelistSource};
-pub use health::Health;
+pub use health::{Health, Runtime};
 pub use hints::select::{unavailable as hint_source_unavailable, HintSelection};
 pub use hints::watcher::WatcherState;
 pub use hints::{HintSourceName, HintSourceState};

@@ -2,17 +2,19 @@
 //! The binary and the component tests both start plegd through this one function.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use actix::prelude::*;
+use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::Metrics;
 
 use plegd_runtime::RuntimeClient;
 
 use crate::cache::{CacheOwner, CacheSnapshot, Cover, PodCache, PodLookup, Snapshot};
-use crate::event::RelistSource;
+use crate::event::{EventKind, RelistSource};
 use crate::health::{Health, HealthLog};
+use crate::hints::coverage::{Coverage, Verdict};
 use crate::hints::cri_stops::CriStops;
 use crate::hints::rechecks::Rechecks;
 use crate::hints::resolve::Resolver;
@@ -26,7 +28,7 @@ use crate::relist::queue::{ApiRelistOutcome, RelistQueue};
 use crate::relist::router::RelistRouter;
 use crate::revision::{new_instance_id, Revisions};
 use crate::stream::reconnect::ReconnectPolicy;
-use crate::subscription::Subscription;
+use crate::subscription::{Received, Subscription};
 use crate::sync::registry::{SyncGateRegistry, SyncGates};
 use crate::sync::HeldPods;
 
@@ -98,8 +100,54 @@ pub struct Pleg {
     gates: SyncGates,
     sources: Vec<RunningSource>,
     metrics: Arc<Metrics>,
-    /// Logs each change of health (aborted by [`Pleg::stop`]).
-    health_log: Arc<actix_rt::task::JoinHandle<()>>,
+    /// Background tasks: the health log, the hint sources' judge (aborted by
+    /// [`Pleg::stop`]).
+    tasks: Arc<Mutex<Vec<actix_rt::task::JoinHandle<()>>>>,
+    coverage: Coverage,
+}
+
+/// Judges each published container death against the hint sources that were up
+/// (`hints/coverage.rs`), and counts and logs what they missed.
+async fn judge_coverage(pleg: Pleg) {
+    let Ok(sub) = pleg.subscribe("hint-coverage", 4096).await else {
+        return;
+    };
+    let metrics = pleg.metrics.clone();
+    let mut missed_log = RateLimiter::new(Duration::from_secs(60));
+    let mut tick = actix_rt::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            received = sub.next_async() => match received {
+                Some(Received::Event(d)) => {
+                    let e = &d.event;
+                    if e.kind == EventKind::ContainerDied && !e.sandbox {
+                        let finished = e.exit.as_ref().and_then(|x| x.finished_at);
+                        pleg.coverage
+                            .died(&e.container_id, finished, Instant::now(), SystemTime::now());
+                    }
+                }
+                Some(_) => {}
+                None => return,
+            },
+            _ = tick.tick() => {
+                for (source, verdict) in pleg.coverage.judge(Instant::now()) {
+                    metrics.count_hint_stop(source, verdict == Verdict::Reported);
+                    if verdict == Verdict::Missed {
+                        if let Some(suppressed) = missed_log.allow(Instant::now()) {
+                            let (judged, missed) = pleg.coverage.counts(source);
+                            tracing::info!(
+                                %source,
+                                judged,
+                                missed,
+                                suppressed,
+                                "a hint source missed a container stop it should have reported; global relists found it"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Checks health every second and logs each change (`health.rs`).
@@ -108,7 +156,7 @@ async fn log_health_changes(health: Health) {
     let mut tick = actix_rt::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        log.log(std::time::Instant::now());
+        log.log(Instant::now());
     }
 }
 
@@ -162,6 +210,7 @@ impl Pleg {
         // rechecks and ID tracing every source shares.
         let cri_stops = CriStops::default();
         let rechecks = Rechecks::default();
+        let coverage = Coverage::default();
         let resolver = Resolver::new(runtime.clone(), metrics.clone());
         let sources = cfg
             .hint_sources
@@ -177,13 +226,17 @@ impl Pleg {
                     cri_stops: cri_stops.clone(),
                     rechecks: rechecks.clone(),
                     resolver: resolver.clone(),
+                    coverage: coverage.clone(),
                 };
                 start_source(name, &runtime, &cfg.nri_socket, &metrics, &health, deps)
             })
             .collect();
-        let health_log = Arc::new(actix_rt::spawn(log_health_changes(health.clone())));
-        Pleg {
-            health_log,
+        let tasks = Arc::new(Mutex::new(vec![actix_rt::spawn(log_health_changes(
+            health.clone(),
+        ))]));
+        let pleg = Pleg {
+            tasks,
+            coverage: coverage.clone(),
             instance_id: new_instance_id().into(),
             revisions,
             cache,
@@ -197,12 +250,27 @@ impl Pleg {
             gates,
             sources,
             metrics,
+        };
+        if !cfg.hint_sources.is_empty() {
+            let judge = actix_rt::spawn(judge_coverage(pleg.clone()));
+            pleg.tasks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(judge);
         }
+        pleg
     }
 
     /// Stops the hint sources and the dispatcher (after its relist in progress).
     pub fn stop(&self) {
-        self.health_log.abort();
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
         for s in &self.sources {
             let _ = s.stop.try_send(Stop);
         }
@@ -284,6 +352,12 @@ impl Pleg {
     pub fn watcher_running(&self) -> bool {
         self.source(HintSourceName::CriEvents)
             .is_some_and(|s| s.stop.connected())
+    }
+
+    /// Container stops judged for a hint source, and of those it missed
+    /// (`hints/coverage.rs`).
+    pub fn hint_source_stops(&self, source: HintSourceName) -> (u64, u64) {
+        self.coverage.counts(source)
     }
 
     /// Stops the publisher: subscribers receive what is queued, then disconnection.

@@ -1,10 +1,10 @@
 //! plegd's domain types ↔ plegd.v1 messages: events, pods and times. Both ways, so
 //! the CLI clients print what `plegd run` prints from the same domain event.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use plegd_actors::{
-    CachedPod, EventKind, Exit, HintSourceName, LifecycleEvent, Pleg, RelistSource,
+    CachedPod, EventKind, Exit, HintSourceName, LifecycleEvent, Pleg, RelistSource, Runtime,
 };
 use plegd_protocol::v1;
 use plegd_runtime::{ContainerState, ContainerStatus, PodRef, Sandbox};
@@ -58,11 +58,51 @@ pub fn hint_sources(pleg: &Pleg) -> Vec<v1::HintSource> {
     let metrics = pleg.metrics();
     HintSourceName::ALL
         .iter()
-        .map(|&name| v1::HintSource {
-            name: name.to_string(),
-            state: metrics.hint_source_state(name).to_string(),
+        .map(|&name| {
+            let (stops_judged, stops_missed) = pleg.hint_source_stops(name);
+            v1::HintSource {
+                name: name.to_string(),
+                state: metrics.hint_source_state(name).to_string(),
+                stops_judged,
+                stops_missed,
+            }
         })
         .collect()
+}
+
+/// plegd's health and whether the runtime answers, now.
+pub fn health(pleg: &Pleg) -> v1::Health {
+    let health = pleg.health();
+    let now = Instant::now();
+    let (healthy, reason) = match health.check_at(now) {
+        Ok(()) => (true, String::new()),
+        Err(reason) => (false, reason),
+    };
+    let last_global_relist_unix_nano = if health.ready() {
+        let ended = SystemTime::now()
+            .checked_sub(health.since_last_relist(now))
+            .unwrap_or(UNIX_EPOCH);
+        unix_nanos(ended)
+    } else {
+        0
+    };
+    let (runtime, runtime_error, answering_for) = match health.runtime(now) {
+        Runtime::Unknown => (v1::RuntimeAnswer::Unspecified, String::new(), 0),
+        Runtime::Answering(d) => (
+            v1::RuntimeAnswer::Answering,
+            String::new(),
+            i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        ),
+        Runtime::Failing(e) => (v1::RuntimeAnswer::Failing, e, 0),
+    };
+    v1::Health {
+        healthy,
+        reason,
+        last_global_relist_unix_nano,
+        runtime: runtime as i32,
+        runtime_error,
+        answering_for_millis: answering_for,
+    }
 }
 
 pub fn relist_source(s: RelistSource) -> v1::RelistSource {

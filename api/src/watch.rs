@@ -128,6 +128,7 @@ pub async fn open(ctx: &WatchContext, req: v1::WatchRequest) -> Result<WatchStre
         node_name: ctx.node_name.clone(),
         latest_revision: ctx.pleg.latest_revision(),
         hint_sources: convert::hint_sources(&ctx.pleg),
+        health: Some(convert::health(&ctx.pleg)),
     };
     let interval = (req.bookmark_interval_seconds > 0)
         .then(|| Duration::from_secs(u64::from(req.bookmark_interval_seconds)));

@@ -68,7 +68,9 @@ impl ServiceConfig {
     /// `--hint-sources` selects (or detects) on it.
     pub fn for_runtime(&self, runtime: &RuntimeVersion) -> ServiceConfig {
         let mut config = self.clone();
-        config.pleg.hint_sources = self.hint_selection.resolve(runtime);
+        let nri_socket = std::fs::metadata(&self.pleg.nri_socket)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+        config.pleg.hint_sources = self.hint_selection.resolve(runtime, nri_socket);
         config
     }
 }

@@ -49,6 +49,8 @@ pub struct Metrics {
     hint_source_state: IntGaugeVec,
     // Hint IDs the cache did not know, traced to their pods.
     hint_resolutions: IntCounterVec,
+    // Published container stops each hint source reported or missed.
+    hint_stops: IntCounterVec,
     // Subscriber API connections plegd closed itself.
     api_connections_closed: IntCounterVec,
     // API: refused calls, expired sync holds.
@@ -225,6 +227,11 @@ impl Metrics {
                 &["source", "state"],
             )
             .expect("static gauge options are valid"),
+            hint_stops: counter_vec(
+                "plegd_hint_source_stops_total",
+                "Published container stops judged for each hint source that was up from before the exit, by whether the source reported them (reported, missed).",
+                &["source", "result"],
+            ),
             hint_resolutions: counter_vec(
                 "plegd_hint_resolutions_total",
                 "Container or sandbox IDs of hints that the cache did not know, by what tracing them to their pods gave (found, no_pod, limited, failed).",
@@ -278,6 +285,7 @@ impl Metrics {
             Box::new(self.otlp_events_dropped.clone()),
             Box::new(self.hint_source_state.clone()),
             Box::new(self.hint_resolutions.clone()),
+            Box::new(self.hint_stops.clone()),
             Box::new(self.api_refused.clone()),
             Box::new(self.sync_holds_expired.clone()),
             Box::new(self.api_connections_closed.clone()),
@@ -301,6 +309,11 @@ impl Metrics {
         }
         for &p in RelistPhase::ALL {
             self.relist_errors.with_label_values(&[p.as_str()]);
+        }
+        for &s in HintSourceName::ALL {
+            for result in ["reported", "missed"] {
+                self.hint_stops.with_label_values(&[s.as_str(), result]);
+            }
         }
         for &r in ResolveResult::ALL {
             self.hint_resolutions.with_label_values(&[r.as_str()]);
@@ -401,6 +414,14 @@ impl Metrics {
         self.hint_resolutions
             .with_label_values(&[result.as_str()])
             .get()
+    }
+
+    /// Counts one judged container stop of a hint source.
+    pub fn count_hint_stop(&self, source: HintSourceName, reported: bool) {
+        let result = if reported { "reported" } else { "missed" };
+        self.hint_stops
+            .with_label_values(&[source.as_str(), result])
+            .inc();
     }
 
     /// Counts one resolution of an unknown hint ID.

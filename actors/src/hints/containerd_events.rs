@@ -25,6 +25,7 @@ use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::HintSourceName;
 
 use crate::event::RelistSource;
+use crate::hints::coverage::Coverage;
 use crate::hints::cri_events::source_error;
 use crate::hints::cri_stops::{CriStops, Expect};
 use crate::hints::rechecks::{schedule, Awaited, Rechecks, Sign};
@@ -35,15 +36,22 @@ pub struct ContainerdEvents {
     invalid_log: RateLimiter,
     stops: CriStops,
     rechecks: Rechecks,
+    coverage: Coverage,
 }
 
 impl ContainerdEvents {
-    pub fn new(runtime: Arc<dyn RuntimeClient>, stops: CriStops, rechecks: Rechecks) -> Self {
+    pub fn new(
+        runtime: Arc<dyn RuntimeClient>,
+        stops: CriStops,
+        rechecks: Rechecks,
+        coverage: Coverage,
+    ) -> Self {
         ContainerdEvents {
             runtime,
             invalid_log: RateLimiter::new(Duration::from_secs(30)),
             stops,
             rechecks,
+            coverage,
         }
     }
 
@@ -59,7 +67,11 @@ impl ContainerdEvents {
         let awaited = sign.awaited(false);
         let expect = match awaited {
             Awaited::Started => Expect::Unknown,
-            _ => self.stops.announce(id, now),
+            _ => {
+                self.coverage
+                    .reported(HintSourceName::ContainerdEvents, id, now);
+                self.stops.announce(id, now)
+            }
         };
         if expect == Expect::Reported || !self.rechecks.claim(id, awaited, sign, now) {
             return Vec::new();
@@ -130,6 +142,7 @@ mod tests {
             Arc::new(plegd_sim::FakeRuntime::new()),
             stops,
             Rechecks::default(),
+            Coverage::default(),
         )
     }
 
@@ -188,6 +201,7 @@ mod tests {
             Arc::new(plegd_sim::FakeRuntime::new()),
             CriStops::default(),
             rechecks_shared.clone(),
+            Coverage::default(),
         );
         // NRI's stop hook came first.
         assert!(rechecks_shared.claim("c1", Awaited::Exited, Sign::Imminent, Instant::now()));

@@ -22,6 +22,7 @@ use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{HintSourceName, Metrics, StreamEventType};
 
 use crate::event::RelistSource;
+use crate::hints::coverage::Coverage;
 use crate::hints::cri_stops::CriStops;
 use crate::hints::{Connection, Hint, HintSource, ItemContext, ItemStream, SourceError};
 use crate::spans;
@@ -32,15 +33,22 @@ pub struct CriEvents {
     metrics: Arc<Metrics>,
     invalid_log: RateLimiter,
     stops: CriStops,
+    coverage: Coverage,
 }
 
 impl CriEvents {
-    pub fn new(runtime: Arc<dyn RuntimeClient>, metrics: Arc<Metrics>, stops: CriStops) -> Self {
+    pub fn new(
+        runtime: Arc<dyn RuntimeClient>,
+        metrics: Arc<Metrics>,
+        stops: CriStops,
+        coverage: Coverage,
+    ) -> Self {
         CriEvents {
             runtime,
             metrics,
             invalid_log: RateLimiter::new(Duration::from_secs(30)),
             stops,
+            coverage,
         }
     }
 }
@@ -149,6 +157,8 @@ impl HintSource for CriEvents {
         }
         if !ev.container_id.is_empty() {
             self.stops.reported(&ev.container_id, now);
+            self.coverage
+                .reported(HintSourceName::CriEvents, &ev.container_id, now);
         }
         let mut span = spans::start(
             spans::STOP_EVENT,

@@ -70,6 +70,7 @@
 //!   lifecycle event.
 
 pub(crate) mod containerd_events;
+pub(crate) mod coverage;
 pub(crate) mod cri_events;
 pub(crate) mod cri_stops;
 pub(crate) mod nri;

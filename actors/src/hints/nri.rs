@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 
 use crate::event::RelistSource;
 use crate::health::Health;
+use crate::hints::coverage::Coverage;
 use crate::hints::cri_stops::{CriStops, Expect};
 use crate::hints::rechecks::{schedule, Awaited, Rechecks, Sign};
 use crate::hints::{Hint, HintSource, ItemContext, ItemStream, SourceError};
@@ -55,14 +56,14 @@ pub struct Nri {
     stops: CriStops,
     rechecks: Rechecks,
     health: Health,
+    coverage: Coverage,
 }
 
 impl Nri {
     pub fn new(
         config: PluginConfig,
         metrics: Arc<Metrics>,
-        stops: CriStops,
-        rechecks: Rechecks,
+        (stops, rechecks, coverage): (CriStops, Rechecks, Coverage),
         health: Health,
     ) -> Self {
         Nri {
@@ -71,6 +72,7 @@ impl Nri {
             stops,
             rechecks,
             health,
+            coverage,
         }
     }
 
@@ -82,7 +84,10 @@ impl Nri {
             Change::Removed => (Sign::Removed, Awaited::Removed),
         };
         let expect = match change {
-            Change::Stopped => self.stops.announce(id, now),
+            Change::Stopped => {
+                self.coverage.reported(HintSourceName::Nri, id, now);
+                self.stops.announce(id, now)
+            }
             Change::Removed => Expect::Unknown,
         };
         if expect == Expect::Reported || !self.rechecks.claim(id, awaited, sign, now) {
@@ -217,8 +222,7 @@ pub(super) mod tests {
         Nri::new(
             PluginConfig::new("/nonexistent"),
             Arc::new(Metrics::new()),
-            stops,
-            Rechecks::default(),
+            (stops, Rechecks::default(), Coverage::default()),
             Health::new(Duration::from_secs(180)),
         )
     }

@@ -38,15 +38,18 @@ pub fn unavailable(source: HintSourceName) -> Option<&'static str> {
 }
 
 impl HintSelection {
-    /// The sources to run against this runtime. Detection: the CRI event stream and
-    /// the NRI plugin on every runtime (one that lacks them shows `unsupported`; NRI's
-    /// socket is looked for again while plegd runs, so NRI enabled later is used), and
-    /// containerd's event service on containerd.
-    pub fn resolve(&self, runtime: &RuntimeVersion) -> Vec<HintSourceName> {
+    /// The sources to run against this runtime. Detection: the CRI event stream on
+    /// every runtime (one that lacks it shows `unsupported` and is retried),
+    /// containerd's event service on containerd, and the NRI plugin on the runtimes
+    /// that have NRI (containerd, CRI-O) or when the NRI socket exists at start
+    /// (`nri_socket`); a runtime with NRI off shows it `unsupported`, and its socket is
+    /// looked for again while plegd runs, so NRI enabled later is used.
+    pub fn resolve(&self, runtime: &RuntimeVersion, nri_socket: bool) -> Vec<HintSourceName> {
         match self {
             HintSelection::Only(list) => list.clone(),
             HintSelection::Detect { cri_events } => {
                 let containerd = runtime.runtime_name == "containerd";
+                let has_nri = containerd || runtime.runtime_name == "cri-o" || nri_socket;
                 HintSourceName::ALL
                     .iter()
                     .copied()
@@ -54,7 +57,7 @@ impl HintSelection {
                     .filter(|&s| match s {
                         HintSourceName::CriEvents => *cri_events,
                         HintSourceName::ContainerdEvents => containerd,
-                        HintSourceName::Nri => true,
+                        HintSourceName::Nri => has_nri,
                     })
                     .collect()
             }
@@ -97,9 +100,9 @@ pub(crate) fn start_source(
 ) -> RunningSource {
     match name {
         HintSourceName::CriEvents => {
-            let stops = deps.cri_stops.clone();
+            let (stops, coverage) = (deps.cri_stops.clone(), deps.coverage.clone());
             RunningSource::start(
-                CriEvents::new(runtime.clone(), metrics.clone(), stops),
+                CriEvents::new(runtime.clone(), metrics.clone(), stops, coverage),
                 deps,
             )
         }
@@ -107,18 +110,20 @@ pub(crate) fn start_source(
             Nri::new(
                 plegd_nri::PluginConfig::new(nri_socket),
                 metrics.clone(),
-                deps.cri_stops.clone(),
-                deps.rechecks.clone(),
+                (
+                    deps.cri_stops.clone(),
+                    deps.rechecks.clone(),
+                    deps.coverage.clone(),
+                ),
                 health.clone(),
             ),
             deps,
         ),
         HintSourceName::ContainerdEvents => {
             let (stops, rechecks) = (deps.cri_stops.clone(), deps.rechecks.clone());
-            RunningSource::start(
-                ContainerdEvents::new(runtime.clone(), stops, rechecks),
-                deps,
-            )
+            let source =
+                ContainerdEvents::new(runtime.clone(), stops, rechecks, deps.coverage.clone());
+            RunningSource::start(source, deps)
         }
     }
 }
@@ -140,23 +145,28 @@ mod tests {
         use HintSourceName::*;
         let containerd = runtime("containerd", "1.7.24~ds1");
         let crio = runtime("cri-o", "1.31.0");
+        let other = runtime("plegd-sim", "0.1.0");
         let detect = HintSelection::default();
-        // containerd's event service only on containerd; NRI everywhere (its socket
-        // is looked for while plegd runs).
+        // NRI on the runtimes that have it, socket or not yet (it is looked for while
+        // plegd runs); elsewhere when its socket is there. containerd's event service
+        // only on containerd.
         assert_eq!(
-            detect.resolve(&containerd),
+            detect.resolve(&containerd, false),
             [CriEvents, Nri, ContainerdEvents]
         );
-        assert_eq!(detect.resolve(&crio), [CriEvents, Nri]);
+        assert_eq!(detect.resolve(&crio, false), [CriEvents, Nri]);
+        assert_eq!(detect.resolve(&other, false), [CriEvents]);
+        assert_eq!(detect.resolve(&other, true), [CriEvents, Nri]);
         // --evented=false: the same, without the CRI stream.
         let no_cri = HintSelection::Detect { cri_events: false };
-        assert_eq!(no_cri.resolve(&containerd), [Nri, ContainerdEvents]);
-        assert_eq!(no_cri.resolve(&crio), [Nri]);
+        assert_eq!(no_cri.resolve(&containerd, false), [Nri, ContainerdEvents]);
+        assert_eq!(no_cri.resolve(&other, false), []);
+        assert_eq!(no_cri.resolve(&crio, false), [Nri]);
         // A list is exactly that, whatever the runtime; an empty one is polling only.
         let only = HintSelection::Only(vec![ContainerdEvents]);
-        assert_eq!(only.resolve(&crio), [ContainerdEvents]);
-        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd), []);
-        assert_eq!(HintSelection::Only(vec![Nri]).resolve(&crio), [Nri]);
+        assert_eq!(only.resolve(&crio, true), [ContainerdEvents]);
+        assert_eq!(HintSelection::Only(vec![]).resolve(&containerd, true), []);
+        assert_eq!(HintSelection::Only(vec![Nri]).resolve(&other, false), [Nri]);
     }
 
     #[test]

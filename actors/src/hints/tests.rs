@@ -21,6 +21,7 @@ use plegd_telemetry::{HintSourceName, HintSourceState, Metrics, RequestResult, S
 
 use crate::cache::CacheOwner;
 use crate::event::RelistSource;
+use crate::hints::coverage::Coverage;
 use crate::hints::cri_events::CriEvents;
 use crate::hints::cri_stops::CriStops;
 use crate::hints::rechecks::Rechecks;
@@ -58,7 +59,12 @@ impl Harness {
         let (queue, requests) =
             recording_queue(requests, soon_addr.clone().recipient(), metrics.clone());
         let router = RelistRouter::new(queue.clone(), HeldPods::default(), metrics.clone());
-        let source = CriEvents::new(Arc::new(sim.clone()), metrics.clone(), CriStops::default());
+        let source = CriEvents::new(
+            Arc::new(sim.clone()),
+            metrics.clone(),
+            CriStops::default(),
+            Coverage::default(),
+        );
         let deps = WatcherDeps {
             router,
             cache: CacheOwner::new(std::time::Duration::from_secs(300)).1,
@@ -68,6 +74,7 @@ impl Harness {
             cri_stops: CriStops::default(),
             rechecks: Rechecks::default(),
             resolver: Resolver::new(Arc::new(sim.clone()), metrics.clone()),
+            coverage: Coverage::default(),
         };
         let watcher = HintWatcher::new(source, deps).start();
         Harness {
@@ -460,6 +467,7 @@ fn scripted_watcher_on(
         on_reconnect: None,
         cri_stops: stops,
         rechecks: Rechecks::default(),
+        coverage: Coverage::default(),
     };
     let watcher = HintWatcher::new(Scripted { hints: Some(rx) }, deps).start();
     (tx, watcher, requests, soon)

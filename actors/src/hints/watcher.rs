@@ -19,6 +19,7 @@ use plegd_telemetry::logging::RateLimiter;
 use plegd_telemetry::{HintSourceState, Metrics};
 
 use crate::cache::PodCache;
+use crate::hints::coverage::Coverage;
 use crate::hints::cri_stops::CriStops;
 use crate::hints::rechecks::{Awaited, Rechecks, PENDING_FOR};
 use crate::hints::resolve::{Lookup, Owner, Resolver};
@@ -71,6 +72,8 @@ pub struct WatcherDeps {
     pub rechecks: Rechecks,
     /// Traces IDs the cache does not know to their pods (shared: one rate).
     pub resolver: Resolver,
+    /// Which stops each source reported (the watcher records when it is up).
+    pub coverage: Coverage,
 }
 
 /// One item of the stream opened by `attempt`; `item` None marks its end (EOF or a
@@ -278,7 +281,10 @@ impl<S: HintSource> HintWatcher<S> {
             Action::CountReconnectAttempt => self.source.connection(Connection::ReconnectAttempt),
             Action::CountConnectionSuccess => self.source.connection(Connection::Opened),
             Action::CountConnectionError => self.source.connection(Connection::Failed),
-            Action::SetConnected(up) => self.source.connection(Connection::Up(up)),
+            Action::SetConnected(up) => {
+                self.deps.coverage.up(self.source.name(), up, now);
+                self.source.connection(Connection::Up(up));
+            }
             Action::Log(LogLine::Opened { attempt }) => {
                 let source = self.source.name();
                 if let Some(suppressed) = self.open_log.allow(now) {

@@ -1,5 +1,6 @@
 //! `plegd status [UID [--newer-than RFC3339]] [--json]`: without a UID, plegd itself
-//! (node, instance, latest revision and its hint sources, from a Watch's `Hello`);
+//! (node, instance, latest revision, health, whether the runtime answers and the hint
+//! sources, from a Watch's `Hello`);
 //! with one, one pod, as the cache holds it
 //! (with `--newer-than`: once the cache read it after that time), the node it is on,
 //! and when it went away if it did; and plegd's relist hint sources with their states
@@ -23,15 +24,18 @@ const NEWER_THAN_WAIT: Duration = Duration::from_secs(30);
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// The pod's UID; without it, plegd's own status (node, instance, latest
-    /// revision, hint sources and their states).
+    /// revision, health with the age of the last global relist, whether the runtime
+    /// answers, hint sources with their states and the stops they missed).
     pub uid: Option<String>,
     /// Answer only once plegd has read the pod after this time (RFC 3339, e.g.
     /// 2026-11-30T05:21:00Z); waits up to 30s. Needs a UID.
     #[arg(long, value_name = "RFC3339", value_parser = parse_time, requires = "uid")]
     pub newer_than: Option<SystemTime>,
     /// One JSON object (node_name, pod_uid, pod_name, pod_namespace, containers,
-    /// read_at, removed_at when the pod went away, hint_sources: [{name, state}];
-    /// without a UID: node_name, instance_id, latest_revision, hint_sources).
+    /// read_at, removed_at when the pod went away, hint_sources: [{name, state,
+    /// stops_judged, stops_missed}]; without a UID: node_name, instance_id,
+    /// latest_revision, health {healthy, reason, last_global_relist, runtime,
+    /// runtime_error, answering_for_s}, hint_sources).
     #[arg(long)]
     pub json: bool,
     /// The connected watchers (filter, queue depth/capacity, dropped, revision
@@ -67,6 +71,75 @@ struct JsonStatus<'a> {
 struct JsonHintSource<'a> {
     name: &'a str,
     state: &'a str,
+    stops_judged: u64,
+    stops_missed: u64,
+}
+
+#[derive(Serialize)]
+struct JsonHealth<'a> {
+    healthy: bool,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_global_relist: Option<String>,
+    /// `answering`, `failing` or `unknown` (no global relist ended yet).
+    runtime: &'static str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    runtime_error: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answering_for_s: Option<f64>,
+}
+
+fn runtime_answer(h: &v1::Health) -> &'static str {
+    match v1::RuntimeAnswer::try_from(h.runtime) {
+        Ok(v1::RuntimeAnswer::Answering) => "answering",
+        Ok(v1::RuntimeAnswer::Failing) => "failing",
+        _ => "unknown",
+    }
+}
+
+fn json_health(h: &v1::Health) -> JsonHealth<'_> {
+    let answering = runtime_answer(h) == "answering";
+    JsonHealth {
+        healthy: h.healthy,
+        reason: &h.reason,
+        last_global_relist: (h.last_global_relist_unix_nano > 0)
+            .then(|| rfc3339(h.last_global_relist_unix_nano)),
+        runtime: runtime_answer(h),
+        runtime_error: &h.runtime_error,
+        answering_for_s: answering.then(|| h.answering_for_millis as f64 / 1e3),
+    }
+}
+
+/// `healthy (last global relist 0.4 s ago)` or `UNHEALTHY: <reason>`, and
+/// `answering for 3m 12s`, `failing: <error>` or `unknown (no global relist ended yet)`.
+fn health_lines(h: &v1::Health, now: SystemTime) -> (String, String) {
+    let age = (h.last_global_relist_unix_nano > 0).then(|| {
+        now.duration_since(plegd_api::convert::from_unix_nanos(
+            h.last_global_relist_unix_nano,
+        ))
+        .unwrap_or_default()
+    });
+    let last = match age {
+        Some(age) => format!("last global relist {:.1} s ago", age.as_secs_f64()),
+        None => "no global relist yet".to_string(),
+    };
+    let health = if h.healthy {
+        format!("healthy ({last})")
+    } else {
+        format!("UNHEALTHY: {} ({last})", h.reason)
+    };
+    let runtime = match runtime_answer(h) {
+        "answering" => format!(
+            "answering (for {})",
+            humantime::format_duration(Duration::from_secs(
+                u64::try_from(h.answering_for_millis / 1000).unwrap_or(0)
+            ))
+        ),
+        "failing" => format!("FAILING: {}", h.runtime_error),
+        _ => "unknown (no global relist ended yet)".to_string(),
+    };
+    (health, runtime)
 }
 
 /// `cri-events=streaming nri=off containerd-events=streaming` (as on /readyz).
@@ -76,7 +149,16 @@ fn hint_source_summary(sources: &[v1::HintSource]) -> String {
     }
     sources
         .iter()
-        .map(|s| format!("{}={}", s.name, s.state))
+        .map(|s| {
+            if s.stops_missed > 0 {
+                format!(
+                    "{}={} (missed {} of {} stops)",
+                    s.name, s.state, s.stops_missed, s.stops_judged
+                )
+            } else {
+                format!("{}={}", s.name, s.state)
+            }
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -86,6 +168,8 @@ struct JsonPlegd<'a> {
     node_name: &'a str,
     instance_id: &'a str,
     latest_revision: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    health: Option<JsonHealth<'a>>,
     hint_sources: Vec<JsonHintSource<'a>>,
 }
 
@@ -95,6 +179,8 @@ fn json_hint_sources(sources: &[v1::HintSource]) -> Vec<JsonHintSource<'_>> {
         .map(|s| JsonHintSource {
             name: &s.name,
             state: &s.state,
+            stops_judged: s.stops_judged,
+            stops_missed: s.stops_missed,
         })
         .collect()
 }
@@ -128,6 +214,7 @@ async fn run_plegd(args: &StatusArgs) -> Result<(), ExitError> {
             node_name: &hello.node_name,
             instance_id: &hello.instance_id,
             latest_revision: hello.latest_revision,
+            health: hello.health.as_ref().map(json_health),
             hint_sources: json_hint_sources(&hello.hint_sources),
         })
         .map_err(ExitError::runtime("encoding plegd's status"))?;
@@ -136,6 +223,11 @@ async fn run_plegd(args: &StatusArgs) -> Result<(), ExitError> {
     print_line(&format!("node:         {}", hello.node_name))?;
     print_line(&format!("instance:     {}", hello.instance_id))?;
     print_line(&format!("revision:     {}", hello.latest_revision))?;
+    if let Some(h) = &hello.health {
+        let (health, runtime) = health_lines(h, SystemTime::now());
+        print_line(&format!("health:       {health}"))?;
+        print_line(&format!("runtime:      {runtime}"))?;
+    }
     print_line(&format!(
         "hint sources: {}",
         hint_source_summary(&hello.hint_sources)
