@@ -50,6 +50,7 @@ pub enum SubscribeError {
 struct Subscriber {
     id: u64,
     name: String,
+    counted: bool,
     tx: Sender<Queued>,
     /// Dropped after `tx` (field order), so an async receiver it wakes sees the end.
     _wake_on_drop: WakeOnDrop,
@@ -72,6 +73,11 @@ pub struct EventPublisher {
 }
 
 impl EventPublisher {
+    fn count_subscribers(&self) {
+        let counted = self.subscribers.iter().filter(|s| s.counted).count();
+        self.metrics.subscribers.set(counted as i64);
+    }
+
     /// `history`: how many of the last published events are kept for replay.
     /// `revisions`: what the dispatcher has issued (a subscription may resume from
     /// any of them).
@@ -128,6 +134,8 @@ pub struct Subscribe {
     pub name: String,
     pub capacity: usize,
     pub after: Option<u64>,
+    /// Counted in `plegd_subscribers` (false: plegd's own bookkeeping, not an output).
+    pub counted: bool,
 }
 
 impl Handler<Subscribe> for EventPublisher {
@@ -151,6 +159,7 @@ impl Handler<Subscribe> for EventPublisher {
         self.subscribers.push(Subscriber {
             id,
             name: msg.name.clone(),
+            counted: msg.counted,
             tx,
             _wake_on_drop: WakeOnDrop(wake.clone()),
             wake: wake.clone(),
@@ -158,7 +167,7 @@ impl Handler<Subscribe> for EventPublisher {
             loss: loss.clone(),
             skip_through,
         });
-        self.metrics.subscribers.set(self.subscribers.len() as i64);
+        self.count_subscribers();
         MessageResult(Ok(Subscription::new(
             msg.name,
             msg.after.unwrap_or(self.published),
@@ -182,7 +191,7 @@ impl Handler<Unsubscribe> for EventPublisher {
 
     fn handle(&mut self, msg: Unsubscribe, _: &mut Self::Context) {
         self.subscribers.retain(|s| s.id != msg.0);
-        self.metrics.subscribers.set(self.subscribers.len() as i64);
+        self.count_subscribers();
     }
 }
 
@@ -252,7 +261,7 @@ impl Handler<Publish> for EventPublisher {
                 }
             });
         }
-        self.metrics.subscribers.set(self.subscribers.len() as i64);
+        self.count_subscribers();
     }
 }
 
@@ -513,6 +522,7 @@ mod tests {
                 name: "late".into(),
                 capacity: 1,
                 after: Some(10),
+                counted: true,
             })
             .await
             .is_err());

@@ -109,7 +109,14 @@ pub struct Pleg {
 /// Judges each published container death against the hint sources that were up
 /// (`hints/coverage.rs`), and counts and logs what they missed.
 async fn judge_coverage(pleg: Pleg) {
-    let Ok(sub) = pleg.subscribe("hint-coverage", 4096).await else {
+    let subscribe = pleg.publisher.send(Subscribe {
+        name: "hint-coverage".into(),
+        capacity: 4096,
+        after: None,
+        // plegd's own bookkeeping, not an output.
+        counted: false,
+    });
+    let Ok(Ok(sub)) = subscribe.await else {
         return;
     };
     let metrics = pleg.metrics.clone();
@@ -412,6 +419,7 @@ impl Pleg {
                 name: name.to_string(),
                 capacity,
                 after,
+                counted: true,
             })
             .await
             .map_err(|_| SubscribeError::Closed)?

@@ -115,6 +115,12 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
         "too_many_connections",
         "idle",
         "out_of_fds",
+        // Hint IDs traced to their pods; stops a source reported or missed.
+        "found",
+        "no_pod",
+        "limited",
+        "reported",
+        "missed",
     ];
     for series in m.keys() {
         let Some((_, labels)) = series.split_once('{') else {

@@ -451,12 +451,13 @@ async fn a_quiet_healthy_stream_resets_the_backoff_like_containerds() {
     })
     .await;
     let grown = p.watcher_state().await.unwrap();
-    assert_eq!(grown.state, "connecting");
     assert!(
         grown.last_delay.unwrap() >= Duration::from_millis(50),
         "{grown:?}"
     );
-    assert_eq!(p.metrics().stream_connected.get(), 0, "no first event yet");
+    // No first event yet, and no error: subscribed (the runtime has the request).
+    wait_until("subscribed", || p.metrics().stream_connected.get() == 1).await;
+    assert_eq!(p.watcher_state().await.unwrap().state, "subscribed");
     // Quiet and healthy for longer than the healthy-reset time, then a failure.
     let quiet_since = std::time::Instant::now();
     wait_until("quiet for the reset time", || {
@@ -470,6 +471,13 @@ async fn a_quiet_healthy_stream_resets_the_backoff_like_containerds() {
     // And a first event opens the stream for real.
     wait_until("reconnecting", || rt.event_streams() == 1).await;
     rt.run_pod("u1", "web", "ns");
-    wait_until("open", || p.metrics().stream_connected.get() == 1).await;
+    let mut state = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while state != "streaming" {
+        state = p.watcher_state().await.unwrap().state.to_string();
+        assert!(std::time::Instant::now() < deadline, "{state}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(p.metrics().stream_connected.get(), 1);
     p.stop();
 }

@@ -8,8 +8,8 @@
 //! the exit for a single exit, up to 500 ms in a burst). A read of the pod before then
 //! finds the container running: when the CRI stream reports the stop, the early
 //! sources' reads were all for nothing, and they load the runtime while it is finishing
-//! the exit (issue 11: the three default sources cost +16 ms p50 on containerd 1.7
-//! against the CRI stream alone). The early sources exist for the stops the stream
+//! the exit (the three default sources cost +16 ms p50 on containerd 1.7 against
+//! the CRI stream alone). The early sources exist for the stops the stream
 //! does not report: it is down, the runtime has none (1.6), or containerd 1.7 gave the
 //! event to another subscriber.
 //!
@@ -337,7 +337,7 @@ mod tests {
         assert!(st.lags.len() <= LAGS);
     }
 
-    /// Issue 11 (memory after a churn): what a churn's stops filled is forgotten once
+    /// Memory after a churn: what a churn's stops filled is forgotten once
     /// older than RETAIN, and its room given back; before, up to 4,096 ids of each kind
     /// stayed for good (forgotten only once the table was full).
     #[test]

@@ -1,73 +1,45 @@
 //! Relist hint sources: everything that may tell plegd "look at this pod now" — the
 //! CRI event stream (`cri_events.rs`), containerd's own event service
-//! (`containerd_events.rs`), the NRI plugin (`nri.rs`) — behind one seam, [`HintSource`]. A
-//! source is only a hint: polling stays the single source of truth, so a lost, late,
-//! duplicated or garbage hint costs latency, never correctness.
+//! (`containerd_events.rs`), the NRI plugin (`nri.rs`) — behind one seam,
+//! [`HintSource`]. A source is only a hint: polling stays the single source of truth,
+//! so a lost, late, duplicated or garbage hint costs latency, never correctness.
 //!
-//! # The contract (what a source implements, what it may rely on)
+//! A source is one file implementing [`HintSource`], its name in
+//! `plegd_telemetry::labels` ([`HintSourceName`], and a [`RelistSource`]), and its arms
+//! in `select.rs`. The generic actor `watcher::HintWatcher` runs it; the source never
+//! sees the actor, the router, the dispatcher or the cache writer.
 //!
-//! A source is one file implementing [`HintSource`], plus its name in
-//! `plegd_telemetry::labels` ([`HintSourceName`], and a [`RelistSource`] for the
-//! events it finds) and its arms in `select.rs` (`unavailable`, `resolve`'s detection,
-//! `start_source`). The generic actor
-//! `watcher::HintWatcher` runs it; the source never sees the actor, the router,
-//! the dispatcher or the cache writer.
-//!
-//! - **Connection.** [`HintSource::open`] makes one connection attempt and resolves
-//!   to a stream of items, or to a [`SourceError`]. It may resolve only with the
-//!   first item (containerd sends no response headers before it): the watcher puts
-//!   no deadline on it and counts a pending attempt as a healthy connection. The
-//!   stream's end (`None`), or any `Err` item, ends the connection. The watcher then
-//!   retries forever with the CRI stream's capped backoff (`stream/machine.rs`,
-//!   `stream/reconnect.rs`: first retry immediate, then exponential with jitter up
-//!   to `--reconnect-cap`, reset after `--reconnect-healthy-reset` of good
-//!   connection); [`SourceError::unsupported`] (the runtime does not have it:
-//!   gRPC Unimplemented, no socket) waits the cap every time and shows as
+//! - **Connection.** [`HintSource::open`] makes one attempt and resolves to a stream
+//!   of items or a [`SourceError`]; it may resolve only with the first item
+//!   (containerd sends no response headers before it), so no deadline is put on it
+//!   and an attempt without an error a moment after it began counts as subscribed
+//!   (`streaming`). The stream's end or an `Err` item ends the connection; the watcher
+//!   retries forever with a capped backoff (`stream/machine.rs`,
+//!   `stream/reconnect.rs`), every attempt after a failure bringing the global relist
+//!   forward (events around a reconnect may be lost). [`SourceError::unsupported`]
+//!   waits the cap, [`SourceError::absent`] its own short delay; both show
 //!   `unsupported`. Nothing a source does stops plegd or affects `/healthz`.
-//! - **Items.** Each item is passed to [`HintSource::hint`] on the actor's thread, in
-//!   order; it must return at once (containerd 2.x blocks its event queue on a
-//!   subscriber that stops reading; NRI disconnects a plugin that misses its hook
-//!   timeout — so a hook handler must answer the runtime itself, then yield the item).
-//!   It returns what the item asks for, [`Hint`]s (usually one, or none):
-//!   [`Hint::Pod`] (a pod UID, and the container the item is about if it knows it:
-//!   the relist reads that container's status together with the pod's lists — a
-//!   prefetch that saves a round trip, never needed for correctness; today only the
-//!   CRI source names one), [`Hint::Container`] (a container or sandbox ID, mapped
-//!   to its pod through the cache; an ID the cache does not know asks for nothing), [`Hint::Global`] (bring the next global relist forward, honoured at
-//!   most once per relist period — a resynchronisation), [`Hint::After`] (a hint
-//!   later, on the watcher's timer) and [`Hint::Recheck`] (a `Container` hint
-//!   skipped once the cache has had the container exited for one more relist, or once
-//!   the CRI event stream has reported its stop): containerd publishes a task's
-//!   exit before CRI has recorded it, so a read at once may still find the container
-//!   running. A `Container` or `Recheck` hint for a pod whose last such request is
-//!   still pending (no read of the pod begun since) is dropped: many events about one
-//!   pod cost one relist at a time. The watcher turns a hint into a targeted relist request, with the
-//!   source's [`HintSource::relist_source`], through the relist router: a held pod's
-//!   request is coalesced into its sync gate, anything else goes to the dispatcher's
-//!   bounded queue, which drops (and counts) when full. A source never writes state
-//!   and never waits.
-//! - **Reconnects.** Events may be lost around a reconnect, so every attempt after a
-//!   failure (and the first open after one) brings the global relist forward.
-//! - **State.** The watcher exports the source's state as `plegd_hint_source_state
-//!   {source, state}` (`detected`, `connecting`, `streaming`, `waiting`,
-//!   `unsupported`, `stopped`; `off` when not selected), logs each change and shows
-//!   it on `/readyz`. Payloads are never stored; no pod UID, container ID or error
-//!   text goes into a label.
-//! - **Metrics of its own.** [`HintSource::connection`] sees each connection change
-//!   (the CRI source keeps the kubelet `kubelet_evented_pleg_*` metrics with it).
-//! - **Early sources wait for the CRI stream.** A source whose stop events come before
-//!   the runtime's CRI status says so (containerd's event service, NRI) announces each
-//!   stop to the shared [`cri_stops::CriStops`] (the CRI source records the stops its
-//!   stream reports): while the stream is up and reports the early sources' stops, the
-//!   early source reads the pod only after a grace (how late the stream's recent
-//!   reports came), and not at all once the stream has reported the stop — its reads
-//!   before then could only find the container running, and they load the runtime
-//!   while it finishes the exit (issue 11). A stop the stream misses is read at the
-//!   grace. Hint-side bookkeeping only: it moves reads, never writes state.
-//! - **Duplicates.** The same stop seen by several sources asks for several relists
-//!   of the pod; the dispatcher's rules (a request covered by a newer relist is
-//!   skipped, a pod whose status did not change publishes nothing) make them one
-//!   lifecycle event.
+//! - **Items.** [`HintSource::hint`] runs on the actor's thread, in order, and must
+//!   return at once (containerd 2.x blocks its event queue on a slow subscriber; NRI
+//!   drops a plugin that misses its hook timeout). It returns [`Hint`]s; the watcher
+//!   turns them into targeted relist requests with the source's
+//!   [`HintSource::relist_source`] through the relist router (a held pod's request
+//!   joins its sync gate; the dispatcher's bounded queue drops and counts when full).
+//!   A container or sandbox ID the cache does not know is traced to its pod by
+//!   filtered runtime calls (`resolve.rs`). A pod whose last hint request is still
+//!   pending gets no second one, whichever source asks.
+//! - **Early events.** containerd's task events and NRI's hooks come before CRI's
+//!   status says what they announce: they ask for the rechecks of `rechecks.rs`, one
+//!   schedule per change however many sources report it. While the CRI stream
+//!   reports stops, an early source waits a grace for it and asks nothing once it has
+//!   reported the stop (`cri_stops.rs`).
+//! - **State.** The watcher exports `plegd_hint_source_state{source, state}`, logs
+//!   each change and shows it on `/readyz`; `coverage.rs` judges which published
+//!   container stops each source reported. Payloads are never stored; no pod UID,
+//!   container ID or error text goes into a label.
+//! - **Duplicates.** What several sources report of one stop becomes one lifecycle
+//!   event: the dispatcher skips a request a newer relist covered, and a pod whose
+//!   status did not change publishes nothing.
 
 pub(crate) mod containerd_events;
 pub(crate) mod coverage;

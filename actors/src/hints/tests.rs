@@ -138,8 +138,7 @@ fn stopped(uid: &str) -> ContainerEventResponse {
     event(ContainerEventType::ContainerStoppedEvent, Some(uid))
 }
 
-/// A container's stop asks the relist to prefetch that container's status (issue 11,
-/// goal 5); a sandbox's stop (its id is the pod sandbox's) or a stop without an id
+/// A container's stop asks the relist to prefetch that container's status; a sandbox's stop (its id is the pod sandbox's) or a stop without an id
 /// asks for the relist alone.
 #[actix_rt::test]
 async fn a_containers_stop_asks_to_prefetch_its_status() {
@@ -473,7 +472,7 @@ fn scripted_watcher_on(
     (tx, watcher, requests, soon)
 }
 
-/// Issue 11: one debug line per hint a source gives — the source, what it asked for,
+/// One debug line per hint a source gives — the source, what it asked for,
 /// what became of it — under a budget, so that a storm cannot flood the log; the next
 /// line let through counts the lines suppressed.
 #[actix_rt::test]
@@ -586,7 +585,7 @@ fn cache_with_c1() -> (CacheOwner, crate::cache::PodCache) {
     (owner, cache)
 }
 
-/// Regression (issue 11): a recheck of a stop the CRI event stream has reported asked
+/// Regression: a recheck of a stop the CRI event stream has reported asked
 /// for one more relist of the pod (until the cache had the container exited), beside
 /// the stream's own: now it asks for nothing — the stream's relist reads the pod after
 /// the runtime recorded the stop.
@@ -610,7 +609,7 @@ async fn a_recheck_of_a_stop_the_cri_stream_reported_asks_for_nothing() {
     assert_eq!(uids, ["u2"]);
 }
 
-/// Issue 11 (memory after a churn): a watcher's record of the pods it asked for
+/// Memory after a churn: a watcher's record of the pods it asked for
 /// forgot them only once it held 4,096, so after a churn of short-lived pods it kept
 /// thousands for good; now a request no longer pending is forgotten within a second
 /// or so.
@@ -644,7 +643,7 @@ async fn requests_no_longer_pending_are_forgotten() {
     }
 }
 
-/// Issue 11, goal 5: a hint by container ID (containerd's event service, NRI without
+/// A hint by container ID (containerd's event service, NRI without
 /// a pod UID), and a recheck, ask to prefetch that container's status with its pod's
 /// lists (they asked for the relist alone); a hint by a sandbox's ID asks for the
 /// relist alone.
@@ -677,7 +676,7 @@ async fn a_hint_by_container_id_asks_to_prefetch_it_and_one_by_sandbox_id_does_n
     );
 }
 
-/// Issue 11 (memory after a churn): the record of the stops the CRI stream reported
+/// Memory after a churn: the record of the stops the CRI stream reported
 /// forgot old ones only when a new stop came, so after a churn it held up to 4,096
 /// (≈ 0.6 MB) until the next stop; the watchers now tidy it every second, stops or
 /// not.

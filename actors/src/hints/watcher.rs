@@ -6,7 +6,7 @@
 //! waiting: a source's stream is drained promptly. Each hint writes one debug line
 //! (the source, what it asked for, what became of it) under a budget, so a single
 //! exit's latency can be followed in the log while a storm writes a few dozen lines
-//! a second (issue 11).
+//! a second.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -167,7 +167,7 @@ mod tests {
         assert!(ReconnectPolicy::new(Duration::ZERO, s, s).is_err());
         assert!(ReconnectPolicy::new(s * 2, s, s).is_err());
         assert!(ReconnectPolicy::new(s, s, Duration::ZERO).is_err());
-        // Issue 9 #8: no deadline computed from a policy may overflow an Instant.
+        // No deadline computed from a policy may overflow an Instant.
         let forever = Duration::from_secs(u64::MAX / 4);
         assert_eq!(
             ReconnectPolicy::new(s, forever, s),
