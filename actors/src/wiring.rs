@@ -116,6 +116,7 @@ impl Pleg {
             DispatcherConfig {
                 relist_period: cfg.relist_period,
                 queue_capacity: cfg.queue_capacity,
+                admission: true,
             },
             DispatcherDeps {
                 cache: cache_addr.clone().recipient(),

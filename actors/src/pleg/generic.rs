@@ -358,9 +358,9 @@ impl GenericPleg {
     /// deaths already applied.
     ///
     /// `more`: pods asked while the others are read (the dispatcher's requests that
-    /// come meanwhile) join them; once nothing is being read and nothing more is
-    /// there, the call ends (what comes later is the caller's business). Each UID is
-    /// asked at most once per call.
+    /// come meanwhile) join them; the call ends once nothing is being read and `more`
+    /// is closed (without `more`: once every pod asked is read). A UID is asked again
+    /// only once its read has been handed over.
     ///
     /// `give_way`: once it says true (a global relist is due), no read starts but the
     /// first `concurrency`: once the reads in progress end, the call returns the pods
@@ -420,18 +420,10 @@ impl GenericPleg {
                     (tag, read)
                 });
             }
-            if reads.is_empty() {
-                if over {
-                    break;
-                }
-                // Nothing is being read: what was asked meanwhile, or the end.
-                match more.as_mut().map(|rx| rx.try_recv()) {
-                    Some(Ok(ask)) => {
-                        asked.push_back(ask);
-                        continue;
-                    }
-                    _ => break,
-                }
+            // Nothing is being read: the end once nothing more can be asked, else wait
+            // for what is.
+            if reads.is_empty() && (over || !open) {
+                break;
             }
             let next_ask = async {
                 match more.as_mut() {

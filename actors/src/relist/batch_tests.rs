@@ -750,7 +750,7 @@ async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
 /// without a container adds no call.
 #[actix_rt::test]
 async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
-    use super::queue::MAX_PREFETCH;
+    use super::request::MAX_PREFETCH;
     use plegd_telemetry::PrefetchResult::*;
     const CONTAINERS: usize = 6;
     let rt = FakeRuntime::new();

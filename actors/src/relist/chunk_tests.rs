@@ -67,6 +67,7 @@ fn start(
             // Only the first global relist runs.
             relist_period: Duration::from_secs(3600),
             queue_capacity: 64,
+            admission: true,
         },
         DispatcherDeps {
             cache,

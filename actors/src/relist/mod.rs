@@ -10,8 +10,10 @@ mod batch;
 pub(crate) mod dispatcher;
 mod global;
 pub(crate) mod log_budget;
+mod machine;
 pub(crate) mod priority;
 pub(crate) mod queue;
+mod request;
 pub(crate) mod router;
 pub(crate) mod schedule;
 
@@ -19,5 +21,7 @@ pub(crate) mod schedule;
 mod batch_tests;
 #[cfg(test)]
 mod chunk_tests;
+#[cfg(test)]
+mod machine_tests;
 #[cfg(test)]
 mod tests;
