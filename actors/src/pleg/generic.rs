@@ -63,16 +63,30 @@ impl RelistScope {
     }
 }
 
-/// A pod a batch of targeted relists reads ([`GenericPleg::relist_pods_each`]): its
-/// UID, the source of the request (its events' `relist_source`), the containers whose
-/// status is read together with its lists (as [`RelistScope::Pod`]'s), and the
-/// caller's `tag`, handed back with the pod's output.
-#[derive(Debug)]
-pub struct PodAsk<T> {
-    pub uid: String,
-    pub source: RelistSource,
-    pub prefetch: Vec<String>,
-    pub tag: T,
+/// A pod a batch of targeted relists reads ([`GenericPleg::relist_pods_each`]), as
+/// the caller holds it (the dispatcher: a request taken into a batch), handed back
+/// with the pod's output. `(uid, source, prefetch)` is one.
+pub trait PodAsk {
+    fn uid(&self) -> &str;
+    /// The source of the request: its events' `relist_source`.
+    fn source(&self) -> RelistSource;
+    /// The containers whose status is read together with the pod's lists (as
+    /// [`RelistScope::Pod`]'s).
+    fn prefetch(&self) -> &[String];
+}
+
+impl PodAsk for (String, RelistSource, Vec<String>) {
+    fn uid(&self) -> &str {
+        &self.0
+    }
+
+    fn source(&self) -> RelistSource {
+        self.1
+    }
+
+    fn prefetch(&self) -> &[String] {
+        &self.2
+    }
 }
 
 /// What a batch of targeted relists hands over ([`GenericPleg::relist_pods_each`]).
@@ -290,16 +304,11 @@ impl GenericPleg {
             .await?;
             return Ok(all);
         };
-        let pods = vec![PodAsk {
-            uid: uid.clone(),
-            source: *source,
-            prefetch: prefetch.clone(),
-            tag: (),
-        }];
+        let pods = vec![(uid.clone(), *source, prefetch.clone())];
         let mut result = Ok(RelistOutput::default());
         // No early deaths: an error here must mean that nothing changed.
         self.relist_pods_each(pods, None, None, held, false, |step| {
-            if let PodStep::Read((), out, error) = step {
+            if let PodStep::Read(_, out, error) = step {
                 result = match error {
                     Some(e) => Err(e),
                     None => Ok(out),
@@ -319,19 +328,10 @@ impl GenericPleg {
         pods: &[(String, RelistSource, Vec<String>)],
         held: &dyn Fn(&str) -> bool,
     ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
-        let asks = pods
-            .iter()
-            .map(|(uid, source, prefetch)| PodAsk {
-                uid: uid.clone(),
-                source: *source,
-                prefetch: prefetch.clone(),
-                tag: uid.clone(),
-            })
-            .collect();
         let mut all = RelistOutput::default();
         let mut failed = Vec::new();
-        self.relist_pods_each(asks, None, None, held, false, |step| {
-            if let PodStep::Read(uid, out, error) = step {
+        self.relist_pods_each(pods.to_vec(), None, None, held, false, |step| {
+            if let PodStep::Read((uid, ..), out, error) = step {
                 all.append(out);
                 if let Some(e) = error {
                     failed.push((uid, e));
@@ -372,14 +372,15 @@ impl GenericPleg {
     /// prefetches); the others go on.
     pub async fn relist_pods_each<T, F, Fut>(
         &mut self,
-        pods: Vec<PodAsk<T>>,
-        mut more: Option<&mut UnboundedReceiver<PodAsk<T>>>,
+        pods: Vec<T>,
+        mut more: Option<&mut UnboundedReceiver<T>>,
         give_way: Option<&dyn Fn() -> bool>,
         held: &dyn Fn(&str) -> bool,
         early: bool,
         mut each: F,
-    ) -> Vec<PodAsk<T>>
+    ) -> Vec<T>
     where
+        T: PodAsk,
         F: FnMut(PodStep<T>) -> Fut,
         Fut: Future<Output = ()>,
     {
@@ -389,7 +390,7 @@ impl GenericPleg {
         let (early_tx, mut early_rx) = unbounded_channel();
         let early_tx = early.then_some(&early_tx);
         let (reader, calls, whole_node) = (&reader, &calls, &whole_node);
-        let mut asked: VecDeque<PodAsk<T>> = pods.into();
+        let mut asked: VecDeque<T> = pods.into();
         let mut reads = FuturesUnordered::new();
         let mut open = more.is_some();
         // Reads started: the first `concurrency` start whatever `give_way` says, so a
@@ -404,20 +405,19 @@ impl GenericPleg {
                 let Some(ask) = asked.pop_front() else {
                     break;
                 };
-                if held(&ask.uid) {
+                if held(ask.uid()) {
                     let out = RelistOutput {
-                        held: vec![ask.uid],
+                        held: vec![ask.uid().to_string()],
                         ..RelistOutput::default()
                     };
-                    each(PodStep::Read(ask.tag, out, None)).await;
+                    each(PodStep::Read(ask, out, None)).await;
                     continue;
                 }
                 let plan = self.plan(&ask);
-                let tag = ask.tag;
                 started += 1;
                 reads.push(async move {
                     let read = reader.read_pod(plan, calls, whole_node, early_tx).await;
-                    (tag, read)
+                    (ask, read)
                 });
             }
             // Nothing is being read: the end once nothing more can be asked, else wait
@@ -471,7 +471,7 @@ impl GenericPleg {
         // No read of this call is left to commit.
         self.early.clear();
         // What was not read: asked, or asked meanwhile (none unless it gave way).
-        let mut left: Vec<PodAsk<T>> = asked.into();
+        let mut left: Vec<T> = asked.into();
         if let Some(rx) = more {
             while let Ok(ask) = rx.try_recv() {
                 left.push(ask);
@@ -512,18 +512,19 @@ impl GenericPleg {
     }
 
     /// What a read of `ask`'s pod needs of the state (`pod_read`).
-    fn plan<T>(&self, ask: &PodAsk<T>) -> PodPlan {
-        let previous = self.records.get(&ask.uid);
+    fn plan(&self, ask: &impl PodAsk) -> PodPlan {
+        let uid = ask.uid();
+        let previous = self.records.get(uid);
         let last = match (&self.last_reads, previous) {
-            (Some(last), Some(_)) => last.last_read(&ask.uid),
+            (Some(last), Some(_)) => last.last_read(uid),
             _ => None,
         };
         PodPlan::new(
-            &ask.uid,
-            ask.source,
-            &ask.prefetch,
+            uid,
+            ask.source(),
+            ask.prefetch(),
             previous,
-            self.reinspect.contains(&ask.uid),
+            self.reinspect.contains(uid),
             last,
             self.exit_settle,
         )

@@ -1,6 +1,11 @@
 //! The Generic PLEG's logic, free of actors: pod records, the old/new diff that
 //! yields lifecycle events, and one relist (global or of one pod). The
 //! RelistDispatcher actor drives it; tests can drive it directly.
+//!
+//! A pod on its way through a targeted relist: the caller's [`PodAsk`] → `PodPlan`
+//! (what the read needs of its record) → `Work` (its lists, diffed against the
+//! record; a global relist starts here) → `PodRead` (with its status) →
+//! [`RelistOutput`] (cache updates and events), handed over as a [`PodStep`].
 
 mod changes;
 mod chunks;

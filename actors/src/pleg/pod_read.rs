@@ -100,11 +100,6 @@ pub(super) struct PodRead {
     pub status: Option<Result<PodStatus, RuntimeError>>,
 }
 
-/// What a targeted read of one pod ended with: Ok(None): the pod is gone and was
-/// never known (nothing to do); Err: its lists failed (nothing changes). With what
-/// became of its prefetches.
-pub(super) type PodOutcome = (Result<Option<PodRead>, RuntimeError>, PrefetchCounts);
-
 /// The handles a read calls through; cheap to clone.
 #[derive(Clone)]
 pub(super) struct Reader {
@@ -160,14 +155,16 @@ impl Reader {
     /// A new pod's whole-node list waits for one of `whole_node` (at most
     /// [`WHOLE_NODE_LISTS`] per batch). `early`: where the prefetches that show a
     /// death of a container the record knows go as soon as they are read, before the
-    /// lists answer (`early` module).
+    /// lists answer (`early` module). Ends with Ok(None) if the pod is gone and was
+    /// never known (nothing to do), Err if its lists failed (nothing changes); with
+    /// what became of its prefetches.
     pub async fn read_pod(
         &self,
         plan: PodPlan,
         calls: &Semaphore,
         whole_node: &Semaphore,
         early: Option<&UnboundedSender<EarlyExits>>,
-    ) -> PodOutcome {
+    ) -> (Result<Option<PodRead>, RuntimeError>, PrefetchCounts) {
         let lists = async {
             if plan.known.is_empty() {
                 self.list_new_pod(&plan.uid, whole_node).await

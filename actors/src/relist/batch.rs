@@ -30,14 +30,14 @@ pub(super) struct BatchSummary {
     /// The longest a request of the batch waited for the batch to take it.
     pub(super) max_waited: Duration,
     /// Each pod's outcome, if debug lines are on.
-    pub(super) pods_detail: Vec<PodOutcome>,
+    pub(super) pods_detail: Vec<PodLine>,
     /// Requests the batch took but did not start before a global relist came due:
     /// they wait again (a global relist that starts after them covers them).
     pub(super) deferred: Vec<RequestRelist>,
 }
 
 /// One pod of a batch, for its debug line.
-pub(super) struct PodOutcome {
+pub(super) struct PodLine {
     pub(super) uid: String,
     pub(super) source: RelistSource,
     /// From the request's enqueue to the batch taking it.
@@ -55,12 +55,12 @@ pub(super) struct PodOutcome {
 pub(super) struct Batch {
     pub(super) reqs: Vec<RequestRelist>,
     pub(super) priority: GlobalPriority,
-    pub(super) more: UnboundedReceiver<PodAsk<Taken>>,
+    pub(super) more: UnboundedReceiver<Taken>,
     pub(super) read: futures::channel::mpsc::UnboundedSender<String>,
 }
 
-/// A request a batch relists, with its span (linked to its cause) and when the
-/// batch took it.
+/// A request a batch relists (the pod it reads), with its span (linked to its cause)
+/// and when the batch took it.
 pub(super) struct Taken {
     pub(super) req: RequestRelist,
     pub(super) span: BoxedSpan,
@@ -68,7 +68,7 @@ pub(super) struct Taken {
 }
 
 impl Taken {
-    pub(super) fn new(req: RequestRelist) -> PodAsk<Taken> {
+    pub(super) fn new(req: RequestRelist) -> Taken {
         let span = spans::start(
             spans::TARGETED_RELIST,
             vec![
@@ -77,16 +77,25 @@ impl Taken {
             ],
             req.cause.as_ref(),
         );
-        PodAsk {
-            uid: req.uid.clone(),
-            source: req.source,
-            prefetch: req.prefetch.clone(),
-            tag: Taken {
-                req,
-                span,
-                taken_at: Instant::now(),
-            },
+        Taken {
+            req,
+            span,
+            taken_at: Instant::now(),
         }
+    }
+}
+
+impl PodAsk for Taken {
+    fn uid(&self) -> &str {
+        &self.req.uid
+    }
+
+    fn source(&self) -> RelistSource {
+        self.req.source
+    }
+
+    fn prefetch(&self) -> &[String] {
+        &self.req.prefetch
     }
 }
 
@@ -162,7 +171,7 @@ pub(super) async fn targeted_relists(
                     deps.metrics.count_relist_errors(RelistPhase::List, 1);
                 }
                 if detail {
-                    summary.pods_detail.push(PodOutcome {
+                    summary.pods_detail.push(PodLine {
                         uid: req.uid,
                         source: req.source,
                         waited,
@@ -186,7 +195,7 @@ pub(super) async fn targeted_relists(
     summary.deferred = left
         .into_iter()
         .map(|ask| {
-            let Taken { req, mut span, .. } = ask.tag;
+            let Taken { req, mut span, .. } = ask;
             span.set_attribute(KeyValue::new("deferred", true));
             span.end();
             req

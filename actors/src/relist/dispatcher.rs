@@ -38,7 +38,7 @@ use super::priority::GlobalPriority;
 pub(crate) use super::queue::BringForward;
 use super::queue::{Inbox, RelistQueue, Wake};
 use super::request::RequestRelist;
-use crate::pleg::{GenericPleg, PodAsk};
+use crate::pleg::GenericPleg;
 
 #[derive(Clone, Debug)]
 pub struct DispatcherConfig {
@@ -64,7 +64,7 @@ pub struct RelistDispatcher {
     priority: GlobalPriority,
     timer: Option<SpawnHandle>,
     /// Where the batch in progress takes more requests (dropped: it takes no more).
-    batch_input: Option<UnboundedSender<PodAsk<Taken>>>,
+    batch_input: Option<UnboundedSender<Taken>>,
     logs: Logs,
 }
 
