@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use crate::event::{EventKind, RelistSource};
 use crate::id_map::IdMap;
 use crate::packed_status::{PackedReported, PackedStatus};
-use crate::pleg::{CacheUpdate, PodStatus};
+use crate::pleg::{CacheUpdate, LastRead, LastReads, PodStatus};
 
 /// One pod's cache entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -683,6 +683,22 @@ impl Handler<Snapshot> for CacheOwner {
             fut::wrap_future::<_, Self>(rx)
                 .map(|answer, act, _| answer.unwrap_or_else(|_| act.snapshot())),
         )
+    }
+}
+
+/// Through [`PodCache::get`]: an entry whose last read failed (`error`) offers
+/// nothing, even though it keeps the status read before. `modified` is when that
+/// successful read began.
+impl LastReads for PodCache {
+    fn last_read(&self, uid: &str) -> Option<LastRead> {
+        let pod = self.get(uid)?;
+        if pod.error.is_some() {
+            return None;
+        }
+        Some(LastRead {
+            status: pod.status?,
+            read_at: pod.modified,
+        })
     }
 }
 

@@ -36,7 +36,7 @@
 use std::time::SystemTime;
 
 use super::diff::events_for;
-use super::generic::{cri_time, non_empty, CacheUpdate, RelistOutput};
+use super::output::{cri_time, non_empty, CacheUpdate, RelistOutput};
 use super::record::{PlegState, PodRecord};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use plegd_runtime::{ContainerState, ContainerStatus};

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
@@ -30,15 +30,14 @@ use super::changes;
 use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
 use super::early::{self, EarlyExits};
-use super::pod_read::{PodPlan, PodRead, Reader, WHOLE_NODE_LISTS};
+use super::output::{cri_time, non_empty};
+use super::output::{CacheUpdate, RelistOutput};
+use super::pod_read::{listed_of, PodPlan, PodRead, Reader, Work, WHOLE_NODE_LISTS};
 use super::record::{group, PlegState, PodRecord};
-use super::status::{
-    index_containers, index_sandboxes, LastReads, Listed, PodStatus, PrefetchCounts, EXIT_SETTLE,
-};
+use super::status::{index_containers, index_sandboxes, LastReads, PodStatus, EXIT_SETTLE};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use plegd_runtime::{
-    Container, ContainerRef, ContainerState, ContainerStatus, ListView, RuntimeClient,
-    RuntimeError, Sandbox, SandboxRef,
+    ContainerRef, ContainerState, ListView, RuntimeClient, RuntimeError, SandboxRef,
 };
 
 /// What to relist.
@@ -99,80 +98,6 @@ pub enum PodStep<T> {
     Read(T, RelistOutput, Option<RuntimeError>),
 }
 
-/// A change for the CacheOwner.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CacheUpdate {
-    /// The pod was read at `read_at` (the read's start) by a relist from `source`:
-    /// its status, or the error.
-    Set {
-        uid: String,
-        status: Result<PodStatus, String>,
-        read_at: SystemTime,
-        source: RelistSource,
-    },
-    /// The pod is gone from the runtime, as the read that began at `read_at` (a
-    /// relist from `source`) found.
-    Delete {
-        uid: String,
-        read_at: SystemTime,
-        source: RelistSource,
-    },
-    /// One container's status, read at `read_at` while the pod's lists were still
-    /// being read (`early`): it replaces that container's in the pod's status, which
-    /// keeps the time of the pod's last read (the others were not read again).
-    Container {
-        uid: String,
-        status: ContainerStatus,
-        read_at: SystemTime,
-    },
-}
-
-impl CacheUpdate {
-    /// The pod it changes.
-    pub fn uid(&self) -> &str {
-        match self {
-            CacheUpdate::Set { uid, .. }
-            | CacheUpdate::Delete { uid, .. }
-            | CacheUpdate::Container { uid, .. } => uid,
-        }
-    }
-}
-
-/// The result of one relist, to be applied in order: cache first, then events.
-#[derive(Debug, Default)]
-pub struct RelistOutput {
-    pub cache: Vec<CacheUpdate>,
-    pub events: Vec<LifecycleEvent>,
-    /// Pods whose status read failed this time.
-    pub status_errors: usize,
-    /// Pods whose record changed or were re-read.
-    pub pods_inspected: usize,
-    /// Pods left alone because a sync holds them: this relist says nothing of them.
-    pub held: Vec<String>,
-    /// What became of the container statuses read together with the lists.
-    pub prefetch: PrefetchCounts,
-}
-
-impl RelistOutput {
-    /// Appends `other`, the output of what followed (the next chunk of a relist).
-    pub fn append(&mut self, other: RelistOutput) {
-        self.cache.extend(other.cache);
-        self.events.extend(other.events);
-        self.status_errors += other.status_errors;
-        self.pods_inspected += other.pods_inspected;
-        self.held.extend(other.held);
-        self.prefetch.add(other.prefetch);
-    }
-
-    /// Nothing to apply: no cache update, no event, nothing counted (`held` aside).
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
-            && self.events.is_empty()
-            && self.status_errors == 0
-            && self.prefetch == PrefetchCounts::default()
-    }
-}
-
 /// The records' table is shrunk when its room is above this many times its pods (at
 /// least 256): 3 catches the doubling a churn causes, 2 would shrink a table that
 /// inserts just grew and have it grow again.
@@ -202,20 +127,6 @@ pub struct GenericPleg {
     /// reference chunks and the change check are compared with).
     #[cfg(test)]
     rebuild_all: bool,
-}
-
-/// One pod a relist reads: what the lists say of it, against its record.
-pub(super) struct Work {
-    pub uid: String,
-    /// Which relist asked: the events' `relist_source`.
-    pub source: RelistSource,
-    pub new: Option<PodRecord>,
-    pub changes: Vec<(String, EventKind)>,
-    pub reinspect: bool,
-    /// The list entries `new` was built from.
-    pub listed: Listed,
-    /// Container statuses read together with the lists (targeted relists only).
-    pub prefetched: HashMap<String, ContainerStatus>,
 }
 
 impl GenericPleg {
@@ -911,17 +822,6 @@ impl GenericPleg {
     }
 }
 
-/// The list entries of a pod's new record (none if the pod is gone).
-pub(super) fn listed_of(
-    uid: &str,
-    new: Option<&PodRecord>,
-    sandboxes: &HashMap<&str, &Sandbox>,
-    containers: &HashMap<&str, &Container>,
-) -> Listed {
-    new.map(|rec| Listed::of(uid, rec, sandboxes, containers))
-        .unwrap_or_default()
-}
-
 /// Entries by id, only those marked as the last listed entry of their id.
 fn index_last<'a, T>(
     entries: &'a [T],
@@ -942,18 +842,6 @@ struct Detail {
     attempt: u32,
     image: Option<String>,
     exit: Option<Exit>,
-}
-
-/// Nanoseconds since the epoch (CRI's unit, 0 when unset) as a time.
-pub(super) fn cri_time(ns: i64) -> Option<SystemTime> {
-    u64::try_from(ns)
-        .ok()
-        .filter(|&ns| ns > 0)
-        .map(|ns| SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
-}
-
-pub(super) fn non_empty(s: &str) -> Option<String> {
-    Some(s.to_string()).filter(|s| !s.is_empty())
 }
 
 fn details_of(status: &PodStatus) -> HashMap<String, Detail> {

@@ -12,12 +12,14 @@ mod chunks;
 mod diff;
 mod early;
 mod generic;
+mod output;
 mod pod_read;
 mod record;
 mod status;
 
-pub use generic::{CacheUpdate, GenericPleg, PodAsk, PodStep, RelistOutput, RelistScope};
-pub use status::{PodStatus, PrefetchCounts};
+pub use generic::{GenericPleg, PodAsk, PodStep, RelistScope};
+pub use output::{CacheUpdate, RelistOutput};
+pub use status::{LastRead, LastReads, PodStatus, PrefetchCounts};
 
 /// For fuzzing only (`crate::fuzzing`).
 #[cfg(feature = "fuzzing")]

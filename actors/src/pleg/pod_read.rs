@@ -5,8 +5,8 @@
 //! A read borrows nothing of the Generic PLEG: what it needs of the records is
 //! taken first ([`PodPlan`]), and the handles it calls through are cloned
 //! ([`Reader`]). So the pods of a batch are read concurrently while the Generic PLEG
-//! commits each one as soon as its read ends (issue 11, goal 5: 20 exits at once are
-//! published one by one, none waits for the slowest pod's read).
+//! commits each one as soon as its read ends (20 exits at once are published one by
+//! one, none waits for the slowest pod's read).
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -19,13 +19,12 @@ use tokio::sync::Semaphore;
 
 use super::diff::pod_events;
 use super::early::{deaths_in, EarlyExits};
-use super::generic::{listed_of, Work};
 use super::record::{group, PodRecord};
 use super::status::{
     index_containers, index_sandboxes, read_pod_status, reusable, take_prefetched, unsettled_exits,
-    LastRead, LastReads, PodStatus, PrefetchCounts,
+    LastRead, LastReads, Listed, PodStatus, PrefetchCounts,
 };
-use crate::event::RelistSource;
+use crate::event::{EventKind, RelistSource};
 use plegd_runtime::{Container, ContainerStatus, RuntimeClient, RuntimeError, Sandbox};
 
 /// Whole-node sandbox lists (the reads of pods plegd has not seen) in flight at once
@@ -90,6 +89,31 @@ impl PodPlan {
             prefetch,
         }
     }
+}
+
+/// One pod a relist reads: what the lists say of it, against its record.
+pub(super) struct Work {
+    pub uid: String,
+    /// Which relist asked: the events' `relist_source`.
+    pub source: RelistSource,
+    pub new: Option<PodRecord>,
+    pub changes: Vec<(String, EventKind)>,
+    pub reinspect: bool,
+    /// The list entries `new` was built from.
+    pub listed: Listed,
+    /// Container statuses read together with the lists (targeted relists only).
+    pub prefetched: HashMap<String, ContainerStatus>,
+}
+
+/// The list entries of a pod's new record (none if the pod is gone).
+pub(super) fn listed_of(
+    uid: &str,
+    new: Option<&PodRecord>,
+    sandboxes: &HashMap<&str, &Sandbox>,
+    containers: &HashMap<&str, &Container>,
+) -> Listed {
+    new.map(|rec| Listed::of(uid, rec, sandboxes, containers))
+        .unwrap_or_default()
 }
 
 /// A pod read: what the relist found of it, when its status read began, and the
