@@ -155,16 +155,18 @@ impl GenericPleg {
         self
     }
 
-    /// Global relists read and hand over at most `pods` pods at a time (at least 1;
-    /// default [`CHUNK_PODS`]; `usize::MAX`: all at once).
-    pub fn with_chunk_pods(mut self, pods: usize) -> Self {
+    /// Tests: global relists read and hand over at most `pods` pods at a time (at
+    /// least 1; default [`CHUNK_PODS`]; `usize::MAX`: all at once).
+    #[cfg(test)]
+    pub(crate) fn with_chunk_pods(mut self, pods: usize) -> Self {
         self.chunk_pods = pods.max(1);
         self
     }
 
-    /// An exited container's status is reused once a read that began `settle` after
-    /// its exit showed it (default [`EXIT_SETTLE`]; tests shorten it).
-    pub fn with_exit_settle(mut self, settle: Duration) -> Self {
+    /// Tests: an exited container's status is reused once a read that began `settle`
+    /// after its exit showed it (default [`EXIT_SETTLE`]).
+    #[cfg(test)]
+    pub(crate) fn with_exit_settle(mut self, settle: Duration) -> Self {
         self.exit_settle = settle;
         self
     }
@@ -177,8 +179,9 @@ impl GenericPleg {
         self
     }
 
-    /// The last reconciled record of a pod.
-    pub fn record(&self, uid: &str) -> Option<&PodRecord> {
+    /// Tests: the last reconciled record of a pod.
+    #[cfg(test)]
+    pub(crate) fn record(&self, uid: &str) -> Option<&PodRecord> {
         self.records.get(uid)
     }
 
@@ -187,12 +190,15 @@ impl GenericPleg {
         self.records.len()
     }
 
-    /// Whether a pod awaits reinspection.
-    pub fn needs_reinspection(&self, uid: &str) -> bool {
+    /// Tests: whether a pod awaits reinspection.
+    #[cfg(test)]
+    pub(crate) fn needs_reinspection(&self, uid: &str) -> bool {
         self.reinspect.contains(uid)
     }
 
-    /// One relist. `held(uid)` pods are left untouched (a sync holds them).
+    /// One relist as one output (plegd's dispatcher runs [`Self::relist_global`] and
+    /// [`Self::relist_pods_each`]; tests and benches, in integration-tests and bench/,
+    /// drive this). `held(uid)` pods are left untouched (a sync holds them).
     /// Err means the lists failed: nothing changed, no timestamp may advance (what
     /// became of a prefetch then goes uncounted).
     pub async fn relist(
@@ -229,29 +235,6 @@ impl GenericPleg {
         })
         .await;
         result
-    }
-
-    /// Targeted relists of several pods as one output (see
-    /// [`Self::relist_pods_each`], without early deaths): the pods whose lists
-    /// failed are returned with their errors.
-    pub async fn relist_pods(
-        &mut self,
-        pods: &[(String, RelistSource, Vec<String>)],
-        held: &dyn Fn(&str) -> bool,
-    ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
-        let mut all = RelistOutput::default();
-        let mut failed = Vec::new();
-        self.relist_pods_each(pods.to_vec(), None, None, held, false, |step| {
-            if let PodStep::Read((uid, ..), out, error) = step {
-                all.append(out);
-                if let Some(e) = error {
-                    failed.push((uid, e));
-                }
-            }
-            std::future::ready(())
-        })
-        .await;
-        (all, failed)
     }
 
     /// Targeted relists of several pods (the dispatcher's batch), each handed over

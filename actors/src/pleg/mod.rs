@@ -36,4 +36,6 @@ mod prefetch_tests;
 #[cfg(test)]
 mod status_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;
