@@ -2,7 +2,7 @@
 //! list → group by pod UID → diff against the last reconciled record → read the full
 //! status of pods that changed → cache updates + lifecycle events.
 //!
-//! Rules (kubelet's Generic PLEG, DESIGN.md "Event semantics"): a pod whose status
+//! Rules (kubelet's Generic PLEG, see docs/architecture.md): a pod whose status
 //! read fails gets its error cached, keeps its old record, emits nothing, and is
 //! reinspected next time; a reinspection that succeeds with no change emits PodSync.
 //! One pod's failure never blocks the others. The relist timestamp is taken before
@@ -241,7 +241,7 @@ impl GenericPleg {
     /// as soon as it is read: `each(PodStep::Read(tag, output, error))` is called
     /// once for every pod asked, in the order their reads end, and awaited before the
     /// next pod is committed (the dispatcher applies and publishes each meanwhile,
-    /// while the other pods' reads go on; issue 11: none of 20 exits at once waits for
+    /// while the other pods' reads go on; none of 20 exits at once waits for
     /// the slowest pod's read). Each pod is read as `pod_read` says, `concurrency`
     /// pods at once (in the order asked) and one bound on their status calls
     /// (prefetches included); each pod's events carry its ask's source.
@@ -468,7 +468,7 @@ impl GenericPleg {
         // A churn of short-lived pods leaves the records' table at the size its peak
         // grew it to (a hash table that removes and inserts at over half its capacity
         // doubles once, even with the same live pods): give the room back once it is
-        // well above what the pods need (issue 11, memory after a churn).
+        // well above what the pods need (memory after a churn).
         if self.records.capacity() > RECORDS_SHRINK_RATIO * self.records.len().max(256) {
             self.records.shrink_to_fit();
         }

@@ -30,7 +30,7 @@ use plegd_runtime::{Container, ContainerStatus, RuntimeClient, RuntimeError, San
 /// Whole-node sandbox lists (the reads of pods plegd has not seen) in flight at once
 /// in a batch: each decodes every sandbox of the node (≈ 0.3 MB at 1,000 pods), and a
 /// batch that took the requests of a churn's new pods as they came read 32 at once,
-/// which put the churn's heap peak at 19 MB and left pages behind (issue 11, memory
+/// which put the churn's heap peak at 19 MB and left pages behind (memory
 /// after a churn; heaptrack).
 pub(super) const WHOLE_NODE_LISTS: usize = 2;
 

@@ -25,7 +25,7 @@
 //!   second round trip after the lists).
 //!   Everything else is read: created or unknown containers, exited ones until their
 //!   status settled, and every container of a pod whose last read failed.
-//! - Prefetch (issue 11, goal 5): a targeted relist asked for by an event about one
+//! - Prefetch: a targeted relist asked for by an event about one
 //!   container (the CRI stream's) calls its ContainerStatus together with the pod's
 //!   lists, saving a round trip after them. A container the rules above read takes
 //!   the prefetched status instead if it has the id, state, attempt and created_at of

@@ -231,7 +231,7 @@ async fn a_slow_cache_delays_publishing_until_it_acknowledged() {
 /// Finding: the dispatcher awaits the publisher's acknowledgement (`send`) inside the
 /// unit of work. A publisher that stalls therefore stalls the whole Generic PLEG: no
 /// global relist starts and health goes stale. The relist queue is still drained
-/// meanwhile (issue 11): requests wait in the pending set, one per pod. The real
+/// meanwhile: requests wait in the pending set, one per pod. The real
 /// EventPublisher never blocks in `Publish` (subscribers' queues are `try_send`), so
 /// this needs a publisher that is stuck or starved.
 #[actix_rt::test]
@@ -639,7 +639,7 @@ async fn a_request_whose_turn_comes_while_a_relist_runs_is_not_lost() {
         .any(|e| e.kind == EventKind::ContainerDied && e.container_id == c));
 }
 
-/// Issue 10: the dispatcher numbers each relist's events before applying its cache
+/// The dispatcher numbers each relist's events before applying its cache
 /// updates, and the CacheOwner gets the last number with them, so the cache and the
 /// revision it reflects change together; a relist without events issues none.
 #[actix_rt::test]
@@ -676,7 +676,7 @@ async fn each_relist_numbers_its_events_and_applies_the_last_revision_with_the_c
     assert_eq!(b.published.len(), 2);
 }
 
-/// Issue 11: requests that wait together run as one batch — their pods read at once,
+/// Requests that wait together run as one batch — their pods read at once,
 /// each pod's cache update applied and its events published as soon as it is read —
 /// each pod's events with its request's source; a pod whose lists fail in the batch
 /// changes nothing (nothing applied), is counted, and does not stop the others.
