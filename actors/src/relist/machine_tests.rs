@@ -138,37 +138,35 @@ fn req(uid: &str, enqueued_at: Instant) -> RequestRelist {
     }
 }
 
+/// What `f` picks of each action, in order.
+fn pick<T>(actions: &[Action], f: impl Fn(&Action) -> Option<T>) -> Vec<T> {
+    actions.iter().filter_map(f).collect()
+}
+
 /// The pods of each batch started.
 fn batches(actions: &[Action]) -> Vec<Vec<String>> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::StartBatch { requests, .. } => {
-                Some(requests.iter().map(|r| r.uid.clone()).collect())
-            }
-            _ => None,
-        })
-        .collect()
+    pick(actions, |a| match a {
+        Action::StartBatch { requests, .. } => {
+            Some(requests.iter().map(|r| r.uid.clone()).collect())
+        }
+        _ => None,
+    })
 }
 
+/// The pods handed to the running batch.
 fn admitted(actions: &[Action]) -> Vec<String> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Admit(r) => Some(r.uid.clone()),
-            _ => None,
-        })
-        .collect()
+    pick(actions, |a| match a {
+        Action::Admit(r) => Some(r.uid.clone()),
+        _ => None,
+    })
 }
 
+/// The results counted.
 fn counts(actions: &[Action]) -> Vec<RequestResult> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Count(r, _) => Some(*r),
-            _ => None,
-        })
-        .collect()
+    pick(actions, |a| match a {
+        Action::Count(r, _) => Some(*r),
+        _ => None,
+    })
 }
 
 fn starts_global(actions: &[Action]) -> bool {
