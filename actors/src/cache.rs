@@ -21,7 +21,7 @@
 //! updates. A [`Snapshot`] is answered by this actor between two applies, so it holds
 //! every change whose event has a revision up to its own and none after: list it, then
 //! watch from that revision, and each change is seen once (see `revision`). A global
-//! relist applied in chunks (the first one: issue 11, memory) is not presented half
+//! relist applied in chunks (the first one, for memory) is not presented half
 //! done: a snapshot asked between its chunks is answered after the last one.
 
 use std::collections::VecDeque;
@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use crate::event::{EventKind, RelistSource};
 use crate::id_map::IdMap;
 use crate::packed_status::{PackedReported, PackedStatus};
-use crate::pleg::{CacheUpdate, PodStatus};
+use crate::pleg::{CacheUpdate, LastRead, LastReads, PodStatus};
 
 /// One pod's cache entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,8 +59,8 @@ pub struct CachedPod {
 }
 
 /// A [`CachedPod`] as the cache holds it: the status packed into one block (see
-/// `packed_status`: ≈ 250 bytes instead of ≈ 1.3 KB at a sandbox and two containers;
-/// issue 11). Unpacked for readers.
+/// `packed_status`: ≈ 250 bytes instead of ≈ 1.3 KB at a sandbox and two
+/// containers). Unpacked for readers.
 #[derive(Clone, Debug)]
 struct StoredPod {
     status: Option<PackedStatus>,
@@ -128,13 +128,13 @@ struct Shared {
     changes: watch::Sender<(Option<SystemTime>, u64)>,
     /// Pods removed from the runtime, for a while.
     /// Boxed: a table of up to 16,384 has twice as many buckets, each the size of its
-    /// entry (136 bytes inline, 8 boxed; issue 11, churn).
+    /// entry (136 bytes inline, 8 boxed; churn).
     tombstones: DashMap<String, Box<Tombstone>>,
 }
 
 /// A table is shrunk once it has room for more than this many times its entries
 /// (and at least [`SHRINK_FLOOR`]): after a burst of short-lived pods, hash tables
-/// keep the room they grew to unless told (issue 11, churn). Three, not more: a
+/// keep the room they grew to unless told (a churn). Three, not more: a
 /// churn with the same live pods all along doubles a hash table once (removes and
 /// inserts at over half its capacity leave it no free slot; it then grows rather
 /// than rehash in place), to 3.5 times its pods at 1,000 of them. Not two either:
@@ -686,6 +686,22 @@ impl Handler<Snapshot> for CacheOwner {
     }
 }
 
+/// Through [`PodCache::get`]: an entry whose last read failed (`error`) offers
+/// nothing, even though it keeps the status read before. `modified` is when that
+/// successful read began.
+impl LastReads for PodCache {
+    fn last_read(&self, uid: &str) -> Option<LastRead> {
+        let pod = self.get(uid)?;
+        if pod.error.is_some() {
+            return None;
+        }
+        Some(LastRead {
+            status: pod.status?,
+            read_at: pod.modified,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The CacheOwner alone: snapshots between applies, tombstones, newer-than.
@@ -960,7 +976,7 @@ mod tests {
         assert_eq!(cache.tombstones(), 0);
     }
 
-    /// Issue 11 (churn): the pod and tombstone tables kept the room they grew to
+    /// After a churn: the pod and tombstone tables kept the room they grew to
     /// after a burst of short-lived pods, for good.
     #[actix_rt::test]
     async fn the_tables_give_back_their_room_once_a_burst_of_pods_is_gone() {
@@ -1000,7 +1016,7 @@ mod tests {
         }
     }
 
-    /// Issue 11 (churn): a churn of short-lived pods with the same live pods all along
+    /// A churn of short-lived pods with the same live pods all along
     /// left the pod table twice as large (a hash table that removes and inserts at
     /// over half its capacity doubles once, then rehashes in place), for good: room
     /// for 3,548 pods after, 1,680 before (SHRINK_RATIO was 4).

@@ -47,8 +47,8 @@ pub use plegd_telemetry::RelistSource;
 /// not report is `None`, never invented.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LifecycleEvent {
-    /// Node-wide, strictly increasing per plegd instance; given by the publisher
-    /// (0 until published).
+    /// Node-wide, strictly increasing per plegd instance; given by the dispatcher
+    /// just before the relist's cache update (0 until then; see `revision`).
     pub revision: u64,
     /// When the relist that found the change had read the pod's status.
     pub time: SystemTime,

@@ -1,8 +1,9 @@
-//! plegd's actors and the Generic PLEG logic (KEP-3386). See DESIGN.md for the picture.
+//! plegd's actors and the Generic PLEG logic (KEP-3386); docs/architecture.md has
+//! the picture.
 //!
 //! Where each behaviour lives:
 //!
-//! - `relist`: the RelistDispatcher actor (global and targeted
+//! - `relist`: the RelistDispatcher actor and its state machine (global and targeted
 //!   relists, one at a time), its bounded queue, and the router that sends a held
 //!   pod's requests to its sync gate.
 //! - `sync`: PodSyncGate (SyncPod suspension), the registry of gates, the set of

@@ -27,7 +27,7 @@ use crate::event::LifecycleEvent;
 use crate::revision::Revisions;
 use crate::subscription::{
     lock_loss, read, Delivery, History, LossState, Queued, Replay, SharedHistory, SharedLoss,
-    Subscription, WakeOnDrop,
+    Subscription, Unsubscribe, WakeOnDrop,
 };
 
 /// Why a subscription from a revision was refused.
@@ -176,15 +176,10 @@ impl Handler<Subscribe> for EventPublisher {
             loss,
             wake,
             id,
-            ctx.address(),
+            ctx.address().recipient(),
         )))
     }
 }
-
-/// A subscription was dropped: forget its queue.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub(crate) struct Unsubscribe(pub(crate) u64);
 
 impl Handler<Unsubscribe> for EventPublisher {
     type Result = ();

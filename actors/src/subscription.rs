@@ -23,7 +23,6 @@ use tokio::sync::Notify;
 
 use crate::event::LifecycleEvent;
 use crate::packed::PackedEvent;
-use crate::publisher::{EventPublisher, Unsubscribe};
 
 /// One event as a subscriber receives it.
 #[derive(Clone, Debug)]
@@ -334,7 +333,7 @@ impl Subscription {
         loss: SharedLoss,
         wake: Arc<Notify>,
         id: u64,
-        publisher: Addr<EventPublisher>,
+        publisher: Recipient<Unsubscribe>,
     ) -> Self {
         Subscription {
             name,
@@ -522,10 +521,15 @@ impl Subscription {
     }
 }
 
+/// A subscription was dropped: its publisher forgets its queue.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Unsubscribe(pub(crate) u64);
+
 /// Tells the publisher when its subscription is dropped.
 struct Unsubscriber {
     id: u64,
-    publisher: Addr<EventPublisher>,
+    publisher: Recipient<Unsubscribe>,
 }
 
 impl Drop for Unsubscriber {

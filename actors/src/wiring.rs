@@ -185,6 +185,7 @@ impl Pleg {
             DispatcherConfig {
                 relist_period: cfg.relist_period,
                 queue_capacity: cfg.queue_capacity,
+                admission: true,
             },
             DispatcherDeps {
                 cache: cache_addr.clone().recipient(),

@@ -1,6 +1,6 @@
 //! Which pods a global relist must rebuild: the listed sandboxes and containers are
 //! compared with the pod records, entry by entry, so that a relist where nothing
-//! changed builds no record, no diff and allocates nothing per pod (issue 11: at
+//! changed builds no record, no diff and allocates nothing per pod (at
 //! 10,000 pods, grouping every pod and diffing every record took ~30 % of a
 //! no-change relist, most of it in malloc/free).
 //!
@@ -23,7 +23,7 @@ use plegd_runtime::{ContainerRef, SandboxRef};
 
 /// The change check's tables, kept from one relist to the next (cleared, never
 /// freed): allocating and freeing tables of a few hundred KB every relist made glibc
-/// raise its mmap threshold and fragment the heap (issue 11: RSS per pod grew by
+/// raise its mmap threshold and fragment the heap (RSS per pod grew by
 /// 1–3 KiB). They hold list indices, so they borrow nothing.
 #[derive(Default)]
 pub struct Scratch {

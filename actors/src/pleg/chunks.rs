@@ -1,5 +1,5 @@
 //! A global relist's pods, in chunks: which pods it visits, in order, and which list
-//! entries each chunk needs to build its pods' records on its own (issue 11, memory).
+//! entries each chunk needs to build its pods' records on its own (for memory).
 //!
 //! The first global relist of a node reads every pod. Built all at once, its
 //! transients — every list entry as owned structs, every status read, every event —

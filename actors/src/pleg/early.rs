@@ -1,4 +1,4 @@
-//! Deaths a batch reports before the pod's lists answer (issue 11, goal 5).
+//! Deaths a batch reports before the pod's lists answer.
 //!
 //! A targeted relist asked by a hint that names a container reads that container's
 //! ContainerStatus together with the pod's lists (the prefetch). The status read is a
@@ -36,7 +36,7 @@
 use std::time::SystemTime;
 
 use super::diff::events_for;
-use super::generic::{cri_time, non_empty, CacheUpdate, RelistOutput};
+use super::output::{cri_time, non_empty, CacheUpdate, RelistOutput};
 use super::record::{PlegState, PodRecord};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use plegd_runtime::{ContainerState, ContainerStatus};

@@ -39,13 +39,12 @@ async fn one_pod(rt: &FakeRuntime, runtime: Arc<dyn RuntimeClient>) -> (GenericP
 }
 
 /// A targeted relist of `u1` as a CRI event about `c` asks for it.
-fn ask(c: &str) -> PodAsk<()> {
-    PodAsk {
-        uid: "u1".to_string(),
-        source: RelistSource::EventedPleg,
-        prefetch: vec![c.to_string()],
-        tag: (),
-    }
+fn ask(c: &str) -> (String, RelistSource, Vec<String>) {
+    (
+        "u1".to_string(),
+        RelistSource::EventedPleg,
+        vec![c.to_string()],
+    )
 }
 
 /// A batch of one targeted relist of `u1` that names `c`, with early deaths; `held`

@@ -2,7 +2,7 @@
 //! list → group by pod UID → diff against the last reconciled record → read the full
 //! status of pods that changed → cache updates + lifecycle events.
 //!
-//! Rules (kubelet's Generic PLEG, DESIGN.md "Event semantics"): a pod whose status
+//! Rules (kubelet's Generic PLEG, see docs/architecture.md): a pod whose status
 //! read fails gets its error cached, keeps its old record, emits nothing, and is
 //! reinspected next time; a reinspection that succeeds with no change emits PodSync.
 //! One pod's failure never blocks the others. The relist timestamp is taken before
@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
@@ -30,15 +30,14 @@ use super::changes;
 use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
 use super::early::{self, EarlyExits};
-use super::pod_read::{PodPlan, PodRead, Reader, WHOLE_NODE_LISTS};
+use super::output::{cri_time, non_empty};
+use super::output::{CacheUpdate, RelistOutput};
+use super::pod_read::{listed_of, PodPlan, PodRead, Reader, Work, WHOLE_NODE_LISTS};
 use super::record::{group, PlegState, PodRecord};
-use super::status::{
-    index_containers, index_sandboxes, LastReads, Listed, PodStatus, PrefetchCounts, EXIT_SETTLE,
-};
+use super::status::{index_containers, index_sandboxes, LastReads, PodStatus, EXIT_SETTLE};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use plegd_runtime::{
-    Container, ContainerRef, ContainerState, ContainerStatus, ListView, RuntimeClient,
-    RuntimeError, Sandbox, SandboxRef,
+    ContainerRef, ContainerState, ListView, RuntimeClient, RuntimeError, SandboxRef,
 };
 
 /// What to relist.
@@ -63,16 +62,30 @@ impl RelistScope {
     }
 }
 
-/// A pod a batch of targeted relists reads ([`GenericPleg::relist_pods_each`]): its
-/// UID, the source of the request (its events' `relist_source`), the containers whose
-/// status is read together with its lists (as [`RelistScope::Pod`]'s), and the
-/// caller's `tag`, handed back with the pod's output.
-#[derive(Debug)]
-pub struct PodAsk<T> {
-    pub uid: String,
-    pub source: RelistSource,
-    pub prefetch: Vec<String>,
-    pub tag: T,
+/// A pod a batch of targeted relists reads ([`GenericPleg::relist_pods_each`]), as
+/// the caller holds it (the dispatcher: a request taken into a batch), handed back
+/// with the pod's output. `(uid, source, prefetch)` is one.
+pub trait PodAsk {
+    fn uid(&self) -> &str;
+    /// The source of the request: its events' `relist_source`.
+    fn source(&self) -> RelistSource;
+    /// The containers whose status is read together with the pod's lists (as
+    /// [`RelistScope::Pod`]'s).
+    fn prefetch(&self) -> &[String];
+}
+
+impl PodAsk for (String, RelistSource, Vec<String>) {
+    fn uid(&self) -> &str {
+        &self.0
+    }
+
+    fn source(&self) -> RelistSource {
+        self.1
+    }
+
+    fn prefetch(&self) -> &[String] {
+        &self.2
+    }
 }
 
 /// What a batch of targeted relists hands over ([`GenericPleg::relist_pods_each`]).
@@ -83,80 +96,6 @@ pub enum PodStep<T> {
     Early(RelistOutput),
     /// A pod's read ended: its tag, its output, and its lists' error if they failed.
     Read(T, RelistOutput, Option<RuntimeError>),
-}
-
-/// A change for the CacheOwner.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CacheUpdate {
-    /// The pod was read at `read_at` (the read's start) by a relist from `source`:
-    /// its status, or the error.
-    Set {
-        uid: String,
-        status: Result<PodStatus, String>,
-        read_at: SystemTime,
-        source: RelistSource,
-    },
-    /// The pod is gone from the runtime, as the read that began at `read_at` (a
-    /// relist from `source`) found.
-    Delete {
-        uid: String,
-        read_at: SystemTime,
-        source: RelistSource,
-    },
-    /// One container's status, read at `read_at` while the pod's lists were still
-    /// being read (`early`): it replaces that container's in the pod's status, which
-    /// keeps the time of the pod's last read (the others were not read again).
-    Container {
-        uid: String,
-        status: ContainerStatus,
-        read_at: SystemTime,
-    },
-}
-
-impl CacheUpdate {
-    /// The pod it changes.
-    pub fn uid(&self) -> &str {
-        match self {
-            CacheUpdate::Set { uid, .. }
-            | CacheUpdate::Delete { uid, .. }
-            | CacheUpdate::Container { uid, .. } => uid,
-        }
-    }
-}
-
-/// The result of one relist, to be applied in order: cache first, then events.
-#[derive(Debug, Default)]
-pub struct RelistOutput {
-    pub cache: Vec<CacheUpdate>,
-    pub events: Vec<LifecycleEvent>,
-    /// Pods whose status read failed this time.
-    pub status_errors: usize,
-    /// Pods whose record changed or were re-read.
-    pub pods_inspected: usize,
-    /// Pods left alone because a sync holds them: this relist says nothing of them.
-    pub held: Vec<String>,
-    /// What became of the container statuses read together with the lists.
-    pub prefetch: PrefetchCounts,
-}
-
-impl RelistOutput {
-    /// Appends `other`, the output of what followed (the next chunk of a relist).
-    pub fn append(&mut self, other: RelistOutput) {
-        self.cache.extend(other.cache);
-        self.events.extend(other.events);
-        self.status_errors += other.status_errors;
-        self.pods_inspected += other.pods_inspected;
-        self.held.extend(other.held);
-        self.prefetch.add(other.prefetch);
-    }
-
-    /// Nothing to apply: no cache update, no event, nothing counted (`held` aside).
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
-            && self.events.is_empty()
-            && self.status_errors == 0
-            && self.prefetch == PrefetchCounts::default()
-    }
 }
 
 /// The records' table is shrunk when its room is above this many times its pods (at
@@ -190,20 +129,6 @@ pub struct GenericPleg {
     rebuild_all: bool,
 }
 
-/// One pod a relist reads: what the lists say of it, against its record.
-pub(super) struct Work {
-    pub uid: String,
-    /// Which relist asked: the events' `relist_source`.
-    pub source: RelistSource,
-    pub new: Option<PodRecord>,
-    pub changes: Vec<(String, EventKind)>,
-    pub reinspect: bool,
-    /// The list entries `new` was built from.
-    pub listed: Listed,
-    /// Container statuses read together with the lists (targeted relists only).
-    pub prefetched: HashMap<String, ContainerStatus>,
-}
-
 impl GenericPleg {
     /// `concurrency`: pods whose status is read at once (containerd: 8 in flight on one
     /// channel relisted 50 pods in 8.5 ms vs 26–29 ms one at a time).
@@ -230,16 +155,18 @@ impl GenericPleg {
         self
     }
 
-    /// Global relists read and hand over at most `pods` pods at a time (at least 1;
-    /// default [`CHUNK_PODS`]; `usize::MAX`: all at once).
-    pub fn with_chunk_pods(mut self, pods: usize) -> Self {
+    /// Tests: global relists read and hand over at most `pods` pods at a time (at
+    /// least 1; default [`CHUNK_PODS`]; `usize::MAX`: all at once).
+    #[cfg(test)]
+    pub(crate) fn with_chunk_pods(mut self, pods: usize) -> Self {
         self.chunk_pods = pods.max(1);
         self
     }
 
-    /// An exited container's status is reused once a read that began `settle` after
-    /// its exit showed it (default [`EXIT_SETTLE`]; tests shorten it).
-    pub fn with_exit_settle(mut self, settle: Duration) -> Self {
+    /// Tests: an exited container's status is reused once a read that began `settle`
+    /// after its exit showed it (default [`EXIT_SETTLE`]).
+    #[cfg(test)]
+    pub(crate) fn with_exit_settle(mut self, settle: Duration) -> Self {
         self.exit_settle = settle;
         self
     }
@@ -252,8 +179,9 @@ impl GenericPleg {
         self
     }
 
-    /// The last reconciled record of a pod.
-    pub fn record(&self, uid: &str) -> Option<&PodRecord> {
+    /// Tests: the last reconciled record of a pod.
+    #[cfg(test)]
+    pub(crate) fn record(&self, uid: &str) -> Option<&PodRecord> {
         self.records.get(uid)
     }
 
@@ -262,12 +190,15 @@ impl GenericPleg {
         self.records.len()
     }
 
-    /// Whether a pod awaits reinspection.
-    pub fn needs_reinspection(&self, uid: &str) -> bool {
+    /// Tests: whether a pod awaits reinspection.
+    #[cfg(test)]
+    pub(crate) fn needs_reinspection(&self, uid: &str) -> bool {
         self.reinspect.contains(uid)
     }
 
-    /// One relist. `held(uid)` pods are left untouched (a sync holds them).
+    /// One relist as one output (plegd's dispatcher runs [`Self::relist_global`] and
+    /// [`Self::relist_pods_each`]; tests and benches, in integration-tests and bench/,
+    /// drive this). `held(uid)` pods are left untouched (a sync holds them).
     /// Err means the lists failed: nothing changed, no timestamp may advance (what
     /// became of a prefetch then goes uncounted).
     pub async fn relist(
@@ -290,16 +221,11 @@ impl GenericPleg {
             .await?;
             return Ok(all);
         };
-        let pods = vec![PodAsk {
-            uid: uid.clone(),
-            source: *source,
-            prefetch: prefetch.clone(),
-            tag: (),
-        }];
+        let pods = vec![(uid.clone(), *source, prefetch.clone())];
         let mut result = Ok(RelistOutput::default());
         // No early deaths: an error here must mean that nothing changed.
         self.relist_pods_each(pods, None, None, held, false, |step| {
-            if let PodStep::Read((), out, error) = step {
+            if let PodStep::Read(_, out, error) = step {
                 result = match error {
                     Some(e) => Err(e),
                     None => Ok(out),
@@ -311,43 +237,11 @@ impl GenericPleg {
         result
     }
 
-    /// Targeted relists of several pods as one output (see
-    /// [`Self::relist_pods_each`], without early deaths): the pods whose lists
-    /// failed are returned with their errors.
-    pub async fn relist_pods(
-        &mut self,
-        pods: &[(String, RelistSource, Vec<String>)],
-        held: &dyn Fn(&str) -> bool,
-    ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
-        let asks = pods
-            .iter()
-            .map(|(uid, source, prefetch)| PodAsk {
-                uid: uid.clone(),
-                source: *source,
-                prefetch: prefetch.clone(),
-                tag: uid.clone(),
-            })
-            .collect();
-        let mut all = RelistOutput::default();
-        let mut failed = Vec::new();
-        self.relist_pods_each(asks, None, None, held, false, |step| {
-            if let PodStep::Read(uid, out, error) = step {
-                all.append(out);
-                if let Some(e) = error {
-                    failed.push((uid, e));
-                }
-            }
-            std::future::ready(())
-        })
-        .await;
-        (all, failed)
-    }
-
     /// Targeted relists of several pods (the dispatcher's batch), each handed over
     /// as soon as it is read: `each(PodStep::Read(tag, output, error))` is called
     /// once for every pod asked, in the order their reads end, and awaited before the
     /// next pod is committed (the dispatcher applies and publishes each meanwhile,
-    /// while the other pods' reads go on; issue 11: none of 20 exits at once waits for
+    /// while the other pods' reads go on; none of 20 exits at once waits for
     /// the slowest pod's read). Each pod is read as `pod_read` says, `concurrency`
     /// pods at once (in the order asked) and one bound on their status calls
     /// (prefetches included); each pod's events carry its ask's source.
@@ -358,9 +252,9 @@ impl GenericPleg {
     /// deaths already applied.
     ///
     /// `more`: pods asked while the others are read (the dispatcher's requests that
-    /// come meanwhile) join them; once nothing is being read and nothing more is
-    /// there, the call ends (what comes later is the caller's business). Each UID is
-    /// asked at most once per call.
+    /// come meanwhile) join them; the call ends once nothing is being read and `more`
+    /// is closed (without `more`: once every pod asked is read). A UID is asked again
+    /// only once its read has been handed over.
     ///
     /// `give_way`: once it says true (a global relist is due), no read starts but the
     /// first `concurrency`: once the reads in progress end, the call returns the pods
@@ -372,14 +266,15 @@ impl GenericPleg {
     /// prefetches); the others go on.
     pub async fn relist_pods_each<T, F, Fut>(
         &mut self,
-        pods: Vec<PodAsk<T>>,
-        mut more: Option<&mut UnboundedReceiver<PodAsk<T>>>,
+        pods: Vec<T>,
+        mut more: Option<&mut UnboundedReceiver<T>>,
         give_way: Option<&dyn Fn() -> bool>,
         held: &dyn Fn(&str) -> bool,
         early: bool,
         mut each: F,
-    ) -> Vec<PodAsk<T>>
+    ) -> Vec<T>
     where
+        T: PodAsk,
         F: FnMut(PodStep<T>) -> Fut,
         Fut: Future<Output = ()>,
     {
@@ -389,7 +284,7 @@ impl GenericPleg {
         let (early_tx, mut early_rx) = unbounded_channel();
         let early_tx = early.then_some(&early_tx);
         let (reader, calls, whole_node) = (&reader, &calls, &whole_node);
-        let mut asked: VecDeque<PodAsk<T>> = pods.into();
+        let mut asked: VecDeque<T> = pods.into();
         let mut reads = FuturesUnordered::new();
         let mut open = more.is_some();
         // Reads started: the first `concurrency` start whatever `give_way` says, so a
@@ -404,34 +299,25 @@ impl GenericPleg {
                 let Some(ask) = asked.pop_front() else {
                     break;
                 };
-                if held(&ask.uid) {
+                if held(ask.uid()) {
                     let out = RelistOutput {
-                        held: vec![ask.uid],
+                        held: vec![ask.uid().to_string()],
                         ..RelistOutput::default()
                     };
-                    each(PodStep::Read(ask.tag, out, None)).await;
+                    each(PodStep::Read(ask, out, None)).await;
                     continue;
                 }
                 let plan = self.plan(&ask);
-                let tag = ask.tag;
                 started += 1;
                 reads.push(async move {
                     let read = reader.read_pod(plan, calls, whole_node, early_tx).await;
-                    (tag, read)
+                    (ask, read)
                 });
             }
-            if reads.is_empty() {
-                if over {
-                    break;
-                }
-                // Nothing is being read: what was asked meanwhile, or the end.
-                match more.as_mut().map(|rx| rx.try_recv()) {
-                    Some(Ok(ask)) => {
-                        asked.push_back(ask);
-                        continue;
-                    }
-                    _ => break,
-                }
+            // Nothing is being read: the end once nothing more can be asked, else wait
+            // for what is.
+            if reads.is_empty() && (over || !open) {
+                break;
             }
             let next_ask = async {
                 match more.as_mut() {
@@ -479,7 +365,7 @@ impl GenericPleg {
         // No read of this call is left to commit.
         self.early.clear();
         // What was not read: asked, or asked meanwhile (none unless it gave way).
-        let mut left: Vec<PodAsk<T>> = asked.into();
+        let mut left: Vec<T> = asked.into();
         if let Some(rx) = more {
             while let Ok(ask) = rx.try_recv() {
                 left.push(ask);
@@ -520,18 +406,19 @@ impl GenericPleg {
     }
 
     /// What a read of `ask`'s pod needs of the state (`pod_read`).
-    fn plan<T>(&self, ask: &PodAsk<T>) -> PodPlan {
-        let previous = self.records.get(&ask.uid);
+    fn plan(&self, ask: &impl PodAsk) -> PodPlan {
+        let uid = ask.uid();
+        let previous = self.records.get(uid);
         let last = match (&self.last_reads, previous) {
-            (Some(last), Some(_)) => last.last_read(&ask.uid),
+            (Some(last), Some(_)) => last.last_read(uid),
             _ => None,
         };
         PodPlan::new(
-            &ask.uid,
-            ask.source,
-            &ask.prefetch,
+            uid,
+            ask.source(),
+            ask.prefetch(),
             previous,
-            self.reinspect.contains(&ask.uid),
+            self.reinspect.contains(uid),
             last,
             self.exit_settle,
         )
@@ -581,7 +468,7 @@ impl GenericPleg {
         // A churn of short-lived pods leaves the records' table at the size its peak
         // grew it to (a hash table that removes and inserts at over half its capacity
         // doubles once, even with the same live pods): give the room back once it is
-        // well above what the pods need (issue 11, memory after a churn).
+        // well above what the pods need (memory after a churn).
         if self.records.capacity() > RECORDS_SHRINK_RATIO * self.records.len().max(256) {
             self.records.shrink_to_fit();
         }
@@ -918,17 +805,6 @@ impl GenericPleg {
     }
 }
 
-/// The list entries of a pod's new record (none if the pod is gone).
-pub(super) fn listed_of(
-    uid: &str,
-    new: Option<&PodRecord>,
-    sandboxes: &HashMap<&str, &Sandbox>,
-    containers: &HashMap<&str, &Container>,
-) -> Listed {
-    new.map(|rec| Listed::of(uid, rec, sandboxes, containers))
-        .unwrap_or_default()
-}
-
 /// Entries by id, only those marked as the last listed entry of their id.
 fn index_last<'a, T>(
     entries: &'a [T],
@@ -949,18 +825,6 @@ struct Detail {
     attempt: u32,
     image: Option<String>,
     exit: Option<Exit>,
-}
-
-/// Nanoseconds since the epoch (CRI's unit, 0 when unset) as a time.
-pub(super) fn cri_time(ns: i64) -> Option<SystemTime> {
-    u64::try_from(ns)
-        .ok()
-        .filter(|&ns| ns > 0)
-        .map(|ns| SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
-}
-
-pub(super) fn non_empty(s: &str) -> Option<String> {
-    Some(s.to_string()).filter(|s| !s.is_empty())
 }
 
 fn details_of(status: &PodStatus) -> HashMap<String, Detail> {

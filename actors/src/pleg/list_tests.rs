@@ -149,7 +149,7 @@ fn pleg_over(lists: &Lists) -> GenericPleg {
     GenericPleg::new(Arc::new(Intercepted(lists.clone())), 4)
 }
 
-/// Issue 11 goal 5: a known pod's ListPodSandbox and ListContainers were awaited one
+/// A known pod's ListPodSandbox and ListContainers were awaited one
 /// after the other, two round trips before the status read.
 #[tokio::test]
 async fn a_known_pods_sandbox_and_container_lists_are_in_flight_together() {
@@ -334,7 +334,7 @@ impl Intercept for WholeNodeLists {
     }
 }
 
-/// Issue 11 (memory after a churn): a batch of pods plegd has not seen reads the
+/// Memory after a churn: a batch of pods plegd has not seen reads the
 /// whole node's sandbox list for each, and read them all at once (`concurrency`):
 /// the heap's peak grew with the node times the batch. At most
 /// [`pod_read::WHOLE_NODE_LISTS`] are in flight now, and every pod is still found.

@@ -1,18 +1,25 @@
 //! The Generic PLEG's logic, free of actors: pod records, the old/new diff that
 //! yields lifecycle events, and one relist (global or of one pod). The
 //! RelistDispatcher actor drives it; tests can drive it directly.
+//!
+//! A pod on its way through a targeted relist: the caller's [`PodAsk`] → `PodPlan`
+//! (what the read needs of its record) → `Work` (its lists, diffed against the
+//! record; a global relist starts here) → `PodRead` (with its status) →
+//! [`RelistOutput`] (cache updates and events), handed over as a [`PodStep`].
 
 mod changes;
 mod chunks;
 mod diff;
 mod early;
 mod generic;
+mod output;
 mod pod_read;
 mod record;
 mod status;
 
-pub use generic::{CacheUpdate, GenericPleg, PodAsk, PodStep, RelistOutput, RelistScope};
-pub use status::{PodStatus, PrefetchCounts};
+pub use generic::{GenericPleg, PodAsk, PodStep, RelistScope};
+pub use output::{CacheUpdate, RelistOutput};
+pub use status::{LastRead, LastReads, PodStatus, PrefetchCounts};
 
 /// For fuzzing only (`crate::fuzzing`).
 #[cfg(feature = "fuzzing")]
@@ -28,5 +35,7 @@ mod list_tests;
 mod prefetch_tests;
 #[cfg(test)]
 mod status_tests;
+#[cfg(test)]
+mod test_support;
 #[cfg(test)]
 mod tests;

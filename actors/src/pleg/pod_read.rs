@@ -5,8 +5,8 @@
 //! A read borrows nothing of the Generic PLEG: what it needs of the records is
 //! taken first ([`PodPlan`]), and the handles it calls through are cloned
 //! ([`Reader`]). So the pods of a batch are read concurrently while the Generic PLEG
-//! commits each one as soon as its read ends (issue 11, goal 5: 20 exits at once are
-//! published one by one, none waits for the slowest pod's read).
+//! commits each one as soon as its read ends (20 exits at once are published one by
+//! one, none waits for the slowest pod's read).
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -19,19 +19,18 @@ use tokio::sync::Semaphore;
 
 use super::diff::pod_events;
 use super::early::{deaths_in, EarlyExits};
-use super::generic::{listed_of, Work};
 use super::record::{group, PodRecord};
 use super::status::{
     index_containers, index_sandboxes, read_pod_status, reusable, take_prefetched, unsettled_exits,
-    LastRead, LastReads, PodStatus, PrefetchCounts,
+    LastRead, LastReads, Listed, PodStatus, PrefetchCounts,
 };
-use crate::event::RelistSource;
+use crate::event::{EventKind, RelistSource};
 use plegd_runtime::{Container, ContainerStatus, RuntimeClient, RuntimeError, Sandbox};
 
 /// Whole-node sandbox lists (the reads of pods plegd has not seen) in flight at once
 /// in a batch: each decodes every sandbox of the node (≈ 0.3 MB at 1,000 pods), and a
 /// batch that took the requests of a churn's new pods as they came read 32 at once,
-/// which put the churn's heap peak at 19 MB and left pages behind (issue 11, memory
+/// which put the churn's heap peak at 19 MB and left pages behind (memory
 /// after a churn; heaptrack).
 pub(super) const WHOLE_NODE_LISTS: usize = 2;
 
@@ -92,6 +91,31 @@ impl PodPlan {
     }
 }
 
+/// One pod a relist reads: what the lists say of it, against its record.
+pub(super) struct Work {
+    pub uid: String,
+    /// Which relist asked: the events' `relist_source`.
+    pub source: RelistSource,
+    pub new: Option<PodRecord>,
+    pub changes: Vec<(String, EventKind)>,
+    pub reinspect: bool,
+    /// The list entries `new` was built from.
+    pub listed: Listed,
+    /// Container statuses read together with the lists (targeted relists only).
+    pub prefetched: HashMap<String, ContainerStatus>,
+}
+
+/// The list entries of a pod's new record (none if the pod is gone).
+pub(super) fn listed_of(
+    uid: &str,
+    new: Option<&PodRecord>,
+    sandboxes: &HashMap<&str, &Sandbox>,
+    containers: &HashMap<&str, &Container>,
+) -> Listed {
+    new.map(|rec| Listed::of(uid, rec, sandboxes, containers))
+        .unwrap_or_default()
+}
+
 /// A pod read: what the relist found of it, when its status read began, and the
 /// status (None: the pod is gone).
 pub(super) struct PodRead {
@@ -99,11 +123,6 @@ pub(super) struct PodRead {
     pub read_at: SystemTime,
     pub status: Option<Result<PodStatus, RuntimeError>>,
 }
-
-/// What a targeted read of one pod ended with: Ok(None): the pod is gone and was
-/// never known (nothing to do); Err: its lists failed (nothing changes). With what
-/// became of its prefetches.
-pub(super) type PodOutcome = (Result<Option<PodRead>, RuntimeError>, PrefetchCounts);
 
 /// The handles a read calls through; cheap to clone.
 #[derive(Clone)]
@@ -160,14 +179,16 @@ impl Reader {
     /// A new pod's whole-node list waits for one of `whole_node` (at most
     /// [`WHOLE_NODE_LISTS`] per batch). `early`: where the prefetches that show a
     /// death of a container the record knows go as soon as they are read, before the
-    /// lists answer (`early` module).
+    /// lists answer (`early` module). Ends with Ok(None) if the pod is gone and was
+    /// never known (nothing to do), Err if its lists failed (nothing changes); with
+    /// what became of its prefetches.
     pub async fn read_pod(
         &self,
         plan: PodPlan,
         calls: &Semaphore,
         whole_node: &Semaphore,
         early: Option<&UnboundedSender<EarlyExits>>,
-    ) -> PodOutcome {
+    ) -> (Result<Option<PodRead>, RuntimeError>, PrefetchCounts) {
         let lists = async {
             if plan.known.is_empty() {
                 self.list_new_pod(&plan.uid, whole_node).await

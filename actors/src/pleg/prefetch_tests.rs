@@ -111,7 +111,7 @@ fn counts(used: usize, read_again: usize, failed: usize, unused: usize) -> Prefe
     }
 }
 
-/// Issue 11 goal 5: the stopped container's status is read while the pod's lists are
+/// The stopped container's status is read while the pod's lists are
 /// in flight (ListContainers answers only once it has been), once, and the death
 /// carries its exit.
 #[tokio::test]

@@ -25,7 +25,7 @@
 //!   second round trip after the lists).
 //!   Everything else is read: created or unknown containers, exited ones until their
 //!   status settled, and every container of a pod whose last read failed.
-//! - Prefetch (issue 11, goal 5): a targeted relist asked for by an event about one
+//! - Prefetch: a targeted relist asked for by an event about one
 //!   container (the CRI stream's) calls its ContainerStatus together with the pod's
 //!   lists, saving a round trip after them. A container the rules above read takes
 //!   the prefetched status instead if it has the id, state, attempt and created_at of
@@ -45,7 +45,6 @@ use futures::future::try_join_all;
 use tokio::sync::Semaphore;
 
 use super::record::PodRecord;
-use crate::cache::PodCache;
 use plegd_runtime::{
     Container, ContainerState, ContainerStatus, PodRef, RuntimeClient, RuntimeError, Sandbox,
 };
@@ -77,22 +76,6 @@ pub trait LastReads: Send + Sync + 'static {
     /// The pod's last status read, if it succeeded and no read of the pod failed
     /// since (None otherwise: every container is read again).
     fn last_read(&self, uid: &str) -> Option<LastRead>;
-}
-
-/// Through [`PodCache::get`]: an entry whose last read failed (`error`) offers
-/// nothing, even though it keeps the status read before. `modified` is when that
-/// successful read began.
-impl LastReads for PodCache {
-    fn last_read(&self, uid: &str) -> Option<LastRead> {
-        let pod = self.get(uid)?;
-        if pod.error.is_some() {
-            return None;
-        }
-        Some(LastRead {
-            status: pod.status?,
-            read_at: pod.modified,
-        })
-    }
 }
 
 /// True if `st` is an exit whose status a read that began `read_at` shows for good:

@@ -230,7 +230,7 @@ async fn restarted_and_exited_containers_are_read_again() {
     );
 }
 
-/// Issue 11: an exit whose status has settled is not read again. Before, each exited
+/// An exit whose status has settled is not read again. Before, each exited
 /// container (a completed init or job container) cost a ContainerStatus at every read
 /// of its pod: every event in the pod, and a second round trip after the lists.
 #[tokio::test]
@@ -266,7 +266,7 @@ async fn a_settled_exit_is_reused_and_an_unsettled_one_read() {
     }
 }
 
-/// Issue 11 goal 5: a targeted relist calls ContainerStatus of the pod's unsettled
+/// A targeted relist calls ContainerStatus of the pod's unsettled
 /// exits together with its lists (they would be read after them anyway): with the
 /// stopped container's prefetch, the relist is one round trip however many earlier
 /// exits the pod has.

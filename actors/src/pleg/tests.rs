@@ -388,7 +388,7 @@ fn spy_pleg(spy: &Spy, concurrency: usize) -> GenericPleg {
     GenericPleg::new(Arc::new(Intercepted(spy.clone())), concurrency)
 }
 
-/// Issue 9 #4: a sandbox missing from one list made its still-running containers
+/// A sandbox missing from one list made its still-running containers
 /// publish ContainerDied + ContainerRemoved (then ContainerStarted on its return).
 #[tokio::test]
 async fn a_sandbox_missing_from_one_list_reports_only_the_sandbox() {
@@ -425,7 +425,7 @@ async fn a_sandbox_missing_from_one_list_reports_only_the_sandbox() {
     assert!(p.record("u1").unwrap().containers.contains_key(&c));
 }
 
-/// Issue 9 #5: one container answering NotFound to ContainerStatus failed the whole
+/// One container answering NotFound to ContainerStatus failed the whole
 /// pod's read, so a sibling's death was not published.
 #[tokio::test]
 async fn a_container_status_not_found_does_not_hide_its_siblings() {
@@ -450,7 +450,7 @@ async fn a_container_status_not_found_does_not_hide_its_siblings() {
     assert!(status.containers.iter().all(|s| s.id != gone));
 }
 
-/// Issue 9 #6, end to end through the diff: an unknown sandbox state is not a death.
+/// End to end through the diff: an unknown sandbox state is not a death.
 #[tokio::test]
 async fn an_unknown_sandbox_state_publishes_nothing() {
     let rt = FakeRuntime::new();
@@ -461,7 +461,7 @@ async fn an_unknown_sandbox_state_publishes_nothing() {
     assert!(global(&mut p).await.events.is_empty());
 }
 
-/// Issue 9 #13: a targeted relist listed every sandbox on the node.
+/// A targeted relist listed every sandbox on the node.
 #[tokio::test]
 async fn a_targeted_relist_of_a_known_pod_lists_only_its_sandboxes() {
     let rt = FakeRuntime::new();
@@ -485,7 +485,7 @@ async fn a_targeted_relist_of_a_known_pod_lists_only_its_sandboxes() {
     assert_eq!(spy.unfiltered_lists(), before + 1);
 }
 
-/// Issue 9 #13: a pod's status reads were unbounded (all its containers at once).
+/// A pod's status reads were unbounded (all its containers at once).
 #[tokio::test]
 async fn status_reads_in_flight_are_bounded_per_relist() {
     let rt = FakeRuntime::new();
@@ -503,7 +503,7 @@ async fn status_reads_in_flight_are_bounded_per_relist() {
     assert!((1..=3).contains(&max), "{max} status calls in flight");
 }
 
-/// Issue 9 #14: an event's time was taken after the status reads, not when the
+/// An event's time was taken after the status reads, not when the
 /// relist read the pod.
 #[tokio::test]
 async fn an_events_time_is_when_the_relist_read_the_pod() {
@@ -529,7 +529,7 @@ async fn an_events_time_is_when_the_relist_read_the_pod() {
     assert!(out.events.iter().all(|e| e.time == *read_at));
 }
 
-/// Issue 10 §1: events carry what consumers need, from the relist's status read.
+/// Events carry what consumers need, from the relist's status read.
 #[tokio::test]
 async fn events_carry_names_attempts_images_and_how_containers_ended() {
     let rt = FakeRuntime::new();
@@ -592,7 +592,7 @@ async fn events_carry_names_attempts_images_and_how_containers_ended() {
     assert!(died.exit.is_none() && died.attempt.is_none() && died.image.is_none());
 }
 
-/// Issue 11 (memory after a churn): short-lived pods at 1,000 live ones double the
+/// Memory after a churn: short-lived pods at 1,000 live ones double the
 /// records' table once (a hash table that removes and inserts at over half its
 /// capacity resizes), and it kept that room for good.
 #[tokio::test]

@@ -1,14 +1,37 @@
 //! A relist's output applied, global or targeted: its events numbered, the cache
-//! updated (and acknowledged) first, then the events published (module docs of
-//! `dispatcher`: the order every subscriber relies on).
+//! updated (and acknowledged) first, then the events published: the cache and the
+//! revision it reflects change together, and every subscriber sees an event only once
+//! the cache has it. Both are awaited inside the unit of work, so a CacheOwner or an
+//! EventPublisher that stops answering stalls every relist (and shutdown with it).
 
-use plegd_telemetry::{PrefetchResult, RelistPhase};
+use std::sync::Arc;
+use std::time::SystemTime;
 
-use super::dispatcher::DispatcherDeps;
+use actix::Recipient;
+use plegd_telemetry::{Metrics, PrefetchResult, RelistPhase};
+
 use crate::cache::ApplyRelist;
+use crate::health::Health;
 use crate::pleg::RelistOutput;
 use crate::publisher::Publish;
-use std::time::SystemTime;
+use crate::revision::Revisions;
+use crate::sync::HeldPods;
+
+/// Everything a relist needs besides the Generic PLEG state; cloned into each unit
+/// of work (the work runs as a future outside the actor). The cache and the
+/// publisher are Recipients, so a test can stand in for either.
+#[derive(Clone)]
+pub struct DispatcherDeps {
+    /// The CacheOwner.
+    pub cache: Recipient<ApplyRelist>,
+    /// The EventPublisher.
+    pub publisher: Recipient<Publish>,
+    pub metrics: Arc<Metrics>,
+    pub health: Health,
+    pub held: HeldPods,
+    /// Issues each event's revision (the dispatcher is the only issuer).
+    pub revisions: Revisions,
+}
 
 /// Applies a relist's output: revisions issued, cache first (acknowledged, with the
 /// revision it now reflects), then events. `more`: this is a chunk of a global relist

@@ -1,12 +1,8 @@
-//! A batch of targeted relists as the dispatcher runs it (`dispatcher` module docs):
-//! the requests it starts with and those it takes while it runs, each pod applied and
-//! published as soon as it is read (deaths a prefetch shows, before its lists
-//! answer), a request that came during a pod's read run again after it, and what the
-//! batch did for its debug lines.
+//! A batch of targeted relists as the dispatcher runs it: the requests it starts with
+//! and those the dispatcher hands it while it runs, each pod applied and published as
+//! soon as it is read (deaths a prefetch shows, before its lists answer), each read
+//! reported back to the dispatcher, and what the batch did for its debug lines.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use futures::future::Either;
@@ -14,20 +10,14 @@ use opentelemetry::global::BoxedSpan;
 use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 use plegd_telemetry::{RelistPhase, RequestResult};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::apply::apply;
-use super::dispatcher::DispatcherDeps;
+use super::apply::{apply, DispatcherDeps};
 use super::priority::GlobalPriority;
-use super::queue::RequestRelist;
+use super::request::RequestRelist;
 use crate::event::RelistSource;
 use crate::pleg::{GenericPleg, PodAsk, PodStep};
 use crate::spans;
-
-/// The pods a running batch is reading, each with the request that came for it
-/// meanwhile (run again once the read ends). Shared by the actor, which adds to it,
-/// and the batch, which removes each pod once read (both on the actor's thread).
-pub(super) type BatchPods = Rc<RefCell<HashMap<String, Option<RequestRelist>>>>;
 
 /// What a batch did, for its debug lines.
 pub(super) struct BatchSummary {
@@ -40,14 +30,14 @@ pub(super) struct BatchSummary {
     /// The longest a request of the batch waited for the batch to take it.
     pub(super) max_waited: Duration,
     /// Each pod's outcome, if debug lines are on.
-    pub(super) pods_detail: Vec<PodOutcome>,
+    pub(super) pods_detail: Vec<PodLine>,
     /// Requests the batch took but did not start before a global relist came due:
     /// they wait again (a global relist that starts after them covers them).
     pub(super) deferred: Vec<RequestRelist>,
 }
 
 /// One pod of a batch, for its debug line.
-pub(super) struct PodOutcome {
+pub(super) struct PodLine {
     pub(super) uid: String,
     pub(super) source: RelistSource,
     /// From the request's enqueue to the batch taking it.
@@ -59,18 +49,18 @@ pub(super) struct PodOutcome {
 }
 
 /// A batch of targeted relists: the requests it starts with, where it takes more
-/// (`more`, and `again` for the pods it reads once more), the pods it reads, and
-/// whether a global relist is due (no read starts then but the first round).
+/// (`more`: it ends once that is closed and its reads are done), where it reports
+/// each pod read (its UID), and whether a global relist is due (no read starts then
+/// but the first round).
 pub(super) struct Batch {
     pub(super) reqs: Vec<RequestRelist>,
     pub(super) priority: GlobalPriority,
-    pub(super) more: UnboundedReceiver<PodAsk<Taken>>,
-    pub(super) again: UnboundedSender<PodAsk<Taken>>,
-    pub(super) pods: BatchPods,
+    pub(super) more: UnboundedReceiver<Taken>,
+    pub(super) read: futures::channel::mpsc::UnboundedSender<String>,
 }
 
-/// A request a batch relists, with its span (linked to its cause) and when the
-/// batch took it.
+/// A request a batch relists (the pod it reads), with its span (linked to its cause)
+/// and when the batch took it.
 pub(super) struct Taken {
     pub(super) req: RequestRelist,
     pub(super) span: BoxedSpan,
@@ -78,7 +68,7 @@ pub(super) struct Taken {
 }
 
 impl Taken {
-    pub(super) fn new(req: RequestRelist) -> PodAsk<Taken> {
+    pub(super) fn new(req: RequestRelist) -> Taken {
         let span = spans::start(
             spans::TARGETED_RELIST,
             vec![
@@ -87,24 +77,33 @@ impl Taken {
             ],
             req.cause.as_ref(),
         );
-        PodAsk {
-            uid: req.uid.clone(),
-            source: req.source,
-            prefetch: req.prefetch.clone(),
-            tag: Taken {
-                req,
-                span,
-                taken_at: Instant::now(),
-            },
+        Taken {
+            req,
+            span,
+            taken_at: Instant::now(),
         }
     }
 }
 
+impl PodAsk for Taken {
+    fn uid(&self) -> &str {
+        &self.req.uid
+    }
+
+    fn source(&self) -> RelistSource {
+        self.req.source
+    }
+
+    fn prefetch(&self) -> &[String] {
+        &self.req.prefetch
+    }
+}
+
 /// The relists of a batch of pods the dispatcher has settled must run, and of those
-/// it takes into the batch while it runs (`more`): all read at once, each pod
-/// applied and published as soon as it is read (`GenericPleg::relist_pods_each`:
-/// none waits for the batch's slowest read, nor for the batch to end). `detail`:
-/// report each pod's outcome (for the debug lines).
+/// it hands the batch while it runs (`more`): all read at once, each pod applied and
+/// published as soon as it is read (`GenericPleg::relist_pods_each`: none waits for
+/// the batch's slowest read, nor for the batch to end). `detail`: report each pod's
+/// outcome (for the debug lines).
 pub(super) async fn targeted_relists(
     core: &mut GenericPleg,
     deps: &DispatcherDeps,
@@ -115,8 +114,7 @@ pub(super) async fn targeted_relists(
         reqs,
         priority,
         mut more,
-        again,
-        pods,
+        read,
     } = batch;
     let start = Instant::now();
     let mut summary = BatchSummary {
@@ -155,22 +153,9 @@ pub(super) async fn targeted_relists(
                     mut span,
                     taken_at,
                 } = taken;
-                // A request that came while the pod was read runs now; else the pod leaves
-                // the batch (a later request takes it again).
-                let rerun = {
-                    let mut pods = pods.borrow_mut();
-                    let rerun = pods.get_mut(&req.uid).and_then(Option::take);
-                    if rerun.is_none() {
-                        pods.remove(&req.uid);
-                    }
-                    rerun
-                };
-                if let Some(rerun) = rerun {
-                    if again.send(Taken::new(rerun)).is_err() {
-                        // Cannot happen: this batch holds the receiver.
-                        tracing::error!("a batch's own queue is gone; a targeted relist is lost");
-                    }
-                }
+                // The dispatcher runs it again if a request came meanwhile, and closes
+                // `more` once no pod is left. (It outlives the batch.)
+                let _ = read.unbounded_send(req.uid.clone());
                 let events = out.events.len();
                 match &error {
                     Some(e) => span.set_status(opentelemetry::trace::Status::error(e.to_string())),
@@ -186,7 +171,7 @@ pub(super) async fn targeted_relists(
                     deps.metrics.count_relist_errors(RelistPhase::List, 1);
                 }
                 if detail {
-                    summary.pods_detail.push(PodOutcome {
+                    summary.pods_detail.push(PodLine {
                         uid: req.uid,
                         source: req.source,
                         waited,
@@ -210,7 +195,7 @@ pub(super) async fn targeted_relists(
     summary.deferred = left
         .into_iter()
         .map(|ask| {
-            let Taken { req, mut span, .. } = ask.tag;
+            let Taken { req, mut span, .. } = ask;
             span.set_attribute(KeyValue::new("deferred", true));
             span.end();
             req

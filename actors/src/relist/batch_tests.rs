@@ -229,8 +229,8 @@ impl Bench {
     }
 }
 
-/// Issue 11 (regression: a batch held the mailbox, so on a busy machine a storm of
-/// requests overflowed the queue while a batch ran): while a batch's reads wait, far
+/// Regression: a batch held the mailbox, so on a busy machine a storm of
+/// requests overflowed the queue while a batch ran: while a batch's reads wait, far
 /// more requests than the queue holds arrive — each pod twice, one out of order — and
 /// none is dropped: they wait in the pending set, one per pod, and run as the next
 /// batch once the reads complete. Every death is published exactly once. (The
@@ -307,7 +307,7 @@ async fn a_storm_while_a_batch_waits_is_taken_off_the_queue_and_none_is_dropped(
     assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
 }
 
-/// Issue 11, goal 5: a batch publishes each pod as soon as it is read. One pod whose
+/// A batch publishes each pod as soon as it is read. One pod whose
 /// lists are slow holds back none of the other deaths of its batch (the batch used to
 /// apply and publish once its slowest pod was read), and is published once read.
 #[actix_rt::test]
@@ -339,7 +339,7 @@ async fn a_slow_pod_holds_back_no_other_pod_of_its_batch() {
     assert_eq!(gated.unfiltered_lists(), 1, "no global relist ran");
 }
 
-/// Issue 11, goal 5: a request that comes while a batch runs joins it at once: its
+/// A request that comes while a batch runs joins it at once: its
 /// pod is read and published while the batch's slow pod is still being read (it used
 /// to wait for the batch to end). A request for a pod the batch has read already
 /// reads it again at once; one for the pod whose read is in progress (that read may
@@ -643,7 +643,7 @@ async fn the_pending_set_is_bounded_by_the_known_pods_and_the_queue_capacity() {
     assert_eq!(b.requests(RequestResult::Done), 1 + bound as u64);
 }
 
-/// Issue 11: one debug line per global relist, per batch and per pod relisted
+/// One debug line per global relist, per batch and per pod relisted
 /// (source, how long its request waited, the batch's time, events), each kind under a
 /// budget, so a storm cannot flood the log; the next line let through counts the
 /// lines suppressed.
@@ -745,12 +745,12 @@ async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
 }
 
 /// Requests for one pod merged while a batch runs keep the containers each asked to
-/// prefetch (issue 11, goal 5), at most [`MAX_PREFETCH`]: the pod's relist prefetches
+/// prefetch, at most [`MAX_PREFETCH`]: the pod's relist prefetches
 /// them and reads each of its containers once, every death with its exit. A request
 /// without a container adds no call.
 #[actix_rt::test]
 async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
-    use super::queue::MAX_PREFETCH;
+    use super::request::MAX_PREFETCH;
     use plegd_telemetry::PrefetchResult::*;
     const CONTAINERS: usize = 6;
     let rt = FakeRuntime::new();
@@ -830,7 +830,7 @@ async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
     assert_eq!(prefetches(Used), MAX_PREFETCH as u64);
 }
 
-/// Issue 11, goal 5: a request that names its container (a CRI event's) publishes the
+/// A request that names its container (a CRI event's) publishes the
 /// death as soon as the container's status read says so, while the pod's lists are
 /// still being read; its cache update first; and only once, whatever the lists and the
 /// next global relist say.

@@ -1,4 +1,4 @@
-//! The dispatcher's global relist in chunks (issue 11, memory): each chunk's events
+//! The dispatcher's global relist in chunks (for memory): each chunk's events
 //! numbered before its cache apply, the global timestamp and the held pods with the
 //! last chunk only, plegd ready only after it; the cache answers no snapshot of a
 //! relist half applied; and the whole gives the same cache, events and revisions as
@@ -67,6 +67,7 @@ fn start(
             // Only the first global relist runs.
             relist_period: Duration::from_secs(3600),
             queue_capacity: 64,
+            admission: true,
         },
         DispatcherDeps {
             cache,

@@ -8,8 +8,7 @@ use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 use plegd_telemetry::RelistPhase;
 
-use super::apply::apply;
-use super::dispatcher::DispatcherDeps;
+use super::apply::{apply, DispatcherDeps};
 use crate::pleg::{CacheUpdate, GenericPleg, RelistOutput};
 use crate::spans;
 

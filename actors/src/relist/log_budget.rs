@@ -1,6 +1,6 @@
 //! A budget of debug lines: up to `burst` lines per window, the rest counted, so that
 //! one line per hint or per relist can follow a single exit's latency in the log while
-//! a storm of thousands a second writes a few dozen lines (issue 11). The first line
+//! a storm of thousands a second writes a few dozen lines. The first line
 //! let through after some were suppressed reports how many.
 //!
 //! Unlike `plegd_telemetry::logging::RateLimiter` (one line per interval, for

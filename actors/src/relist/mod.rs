@@ -1,17 +1,19 @@
 //! The Generic PLEG's scheduling (KEP-3386 "Design Details"): the dispatcher actor
 //! that runs every relist (`global` one global relist, `batch` a batch of targeted
-//! relists, `apply` their output to the cache and the publisher), the global
-//! relist's schedule and the verdict on each targeted request, the bounded queue
-//! every request source writes into, and the router that sends a held pod's requests
-//! to its sync gate instead.
+//! relists, `apply` their output to the cache and the publisher) and the state
+//! machine that decides what runs when (`machine`, with the global relist's
+//! `schedule`), the requests (`request`) and the bounded queue every request source
+//! writes into, and the router that sends a held pod's requests to its sync gate.
 
 mod apply;
 mod batch;
 pub(crate) mod dispatcher;
 mod global;
 pub(crate) mod log_budget;
+mod machine;
 pub(crate) mod priority;
 pub(crate) mod queue;
+mod request;
 pub(crate) mod router;
 pub(crate) mod schedule;
 
@@ -19,5 +21,7 @@ pub(crate) mod schedule;
 mod batch_tests;
 #[cfg(test)]
 mod chunk_tests;
+#[cfg(test)]
+mod machine_tests;
 #[cfg(test)]
 mod tests;

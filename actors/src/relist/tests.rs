@@ -10,11 +10,7 @@ use plegd_runtime::RuntimeClient;
 use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::{Metrics, RequestResult};
 
-use super::dispatcher::{
-    DispatcherConfig, DispatcherDeps, DispatcherHandle, NoAdmission, RelistDispatcher,
-    TwoUnitsAtOnce,
-};
-use super::queue::RequestRelist;
+use super::dispatcher::{DispatcherConfig, DispatcherDeps, DispatcherHandle, RelistDispatcher};
 use crate::cache::ApplyRelist;
 use crate::event::{EventKind, RelistSource};
 use crate::health::Health;
@@ -95,6 +91,7 @@ pub(super) fn start_on(runtime: Arc<dyn RuntimeClient>, setup: Setup) -> Bench {
         DispatcherConfig {
             relist_period: setup.period,
             queue_capacity: setup.capacity,
+            admission: setup.admission,
         },
         DispatcherDeps {
             cache: cache_addr.recipient(),
@@ -105,10 +102,6 @@ pub(super) fn start_on(runtime: Arc<dyn RuntimeClient>, setup: Setup) -> Bench {
             revisions: Default::default(),
         },
     );
-    if !setup.admission {
-        // The first message: before any request.
-        dispatcher.stop.addr().do_send(NoAdmission);
-    }
     Bench {
         dispatcher,
         cache,
@@ -238,7 +231,7 @@ async fn a_slow_cache_delays_publishing_until_it_acknowledged() {
 /// Finding: the dispatcher awaits the publisher's acknowledgement (`send`) inside the
 /// unit of work. A publisher that stalls therefore stalls the whole Generic PLEG: no
 /// global relist starts and health goes stale. The relist queue is still drained
-/// meanwhile (issue 11): requests wait in the pending set, one per pod. The real
+/// meanwhile: requests wait in the pending set, one per pod. The real
 /// EventPublisher never blocks in `Publish` (subscribers' queues are `try_send`), so
 /// this needs a publisher that is stuck or starved.
 #[actix_rt::test]
@@ -611,31 +604,29 @@ async fn global_relists_keep_their_period_and_observe_the_interval() {
 }
 
 /// Found by the one-hour soak ("relist requested while another is in progress"): when
-/// two units of work start in one poll (the relist timer and a message), the second
-/// found the core taken and its request was lost. It now runs after the first.
+/// two units of work started in one poll (the relist timer and a message), the second
+/// found the core taken and its request was lost. A request whose turn comes while a
+/// unit runs now waits for it (the machine starts no unit while one runs: see
+/// `machine_tests`).
 #[actix_rt::test]
 async fn a_request_whose_turn_comes_while_a_relist_runs_is_not_lost() {
     let rt = FakeRuntime::new();
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
-    let b = start(&rt, Setup::default());
+    let b = start(
+        &rt,
+        Setup {
+            admission: false,
+            ..Setup::default()
+        },
+    );
     wait_until("first global relist", || b.global_relists() == 1).await;
     rt.set_latency(Op::ListContainers, Duration::from_millis(50));
     rt.exit_container(&c, 1);
-    let req = |uid: &str| RequestRelist {
-        uid: uid.into(),
-        source: RelistSource::EventedPleg,
-        enqueued_at: Instant::now(),
-        cause: None,
-        prefetch: vec![],
-        api: None,
-    };
-    b.dispatcher
-        .stop
-        .addr()
-        .send(TwoUnitsAtOnce(req("u1"), req("u2")))
-        .await
-        .unwrap();
+    let q = &b.dispatcher.queue;
+    assert!(q.request("u1", RelistSource::EventedPleg, None, None));
+    wait_until("u1's batch runs", || rt.calls(Op::ListContainers) > 0).await;
+    assert!(q.request("u2", RelistSource::EventedPleg, None, None));
     wait_until("both requests done", || {
         b.requests(RequestResult::Done) == 2
     })
@@ -648,7 +639,7 @@ async fn a_request_whose_turn_comes_while_a_relist_runs_is_not_lost() {
         .any(|e| e.kind == EventKind::ContainerDied && e.container_id == c));
 }
 
-/// Issue 10: the dispatcher numbers each relist's events before applying its cache
+/// The dispatcher numbers each relist's events before applying its cache
 /// updates, and the CacheOwner gets the last number with them, so the cache and the
 /// revision it reflects change together; a relist without events issues none.
 #[actix_rt::test]
@@ -685,7 +676,7 @@ async fn each_relist_numbers_its_events_and_applies_the_last_revision_with_the_c
     assert_eq!(b.published.len(), 2);
 }
 
-/// Issue 11: requests that wait together run as one batch — their pods read at once,
+/// Requests that wait together run as one batch — their pods read at once,
 /// each pod's cache update applied and its events published as soon as it is read —
 /// each pod's events with its request's source; a pod whose lists fail in the batch
 /// changes nothing (nothing applied), is counted, and does not stop the others.

@@ -12,6 +12,7 @@
 //!
 //! [`SyncGateRegistry`]: crate::sync::registry::SyncGateRegistry
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -26,7 +27,6 @@ use crate::event::RelistSource;
 use crate::relist::queue::RelistQueue;
 use crate::spans;
 use crate::sync::held::HeldPods;
-use crate::sync::registry::{GateIdle, SyncGateRegistry, UnknownPlace};
 
 /// How a sync ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,13 +66,38 @@ pub struct PodSyncGate {
     uid: String,
     queue: RelistQueue,
     held: HeldPods,
-    registry: Addr<SyncGateRegistry>,
+    registry: Recipient<GateIdle>,
     idle_after: Duration,
     max_hold: Duration,
     metrics: Arc<Metrics>,
     hold: Option<Holding>,
     idle_timer: Option<SpawnHandle>,
     hold_span: Option<BoxedSpan>,
+}
+
+/// A gate has been idle: forget it if it is still the pod's gate. Replies whether
+/// it was forgotten (the gate then stops).
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct GateIdle {
+    pub uid: String,
+    pub gate: Addr<PodSyncGate>,
+}
+
+/// A place among the holds of pods plegd does not know; given back when dropped.
+pub(crate) struct UnknownPlace(Arc<AtomicUsize>);
+
+impl UnknownPlace {
+    /// The place `count` (already counted) stands for.
+    pub(crate) fn new(count: Arc<AtomicUsize>) -> Self {
+        UnknownPlace(count)
+    }
+}
+
+impl Drop for UnknownPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// How a gate is made (the registry's settings).
@@ -88,7 +113,7 @@ impl PodSyncGate {
         uid: String,
         queue: RelistQueue,
         held: HeldPods,
-        registry: Addr<SyncGateRegistry>,
+        registry: Recipient<GateIdle>,
         cfg: GateConfig,
     ) -> Self {
         PodSyncGate {

@@ -12,7 +12,9 @@ use actix::prelude::*;
 use plegd_telemetry::Metrics;
 
 use crate::relist::queue::RelistQueue;
-use crate::sync::gate::{BeginSync, GateConfig, PodSyncGate, SyncError, SyncHold};
+use crate::sync::gate::{
+    BeginSync, GateConfig, GateIdle, PodSyncGate, SyncError, SyncHold, UnknownPlace,
+};
 use crate::sync::held::HeldPods;
 
 /// The longest a hold lasts without a renew, by default: far longer than a pod
@@ -88,7 +90,7 @@ impl Handler<Acquire> for SyncGateRegistry {
             msg.uid.clone(),
             self.queue.clone(),
             self.held.clone(),
-            ctx.address(),
+            ctx.address().recipient(),
             GateConfig {
                 idle_after: self.idle_after,
                 max_hold: self.max_hold,
@@ -100,15 +102,6 @@ impl Handler<Acquire> for SyncGateRegistry {
         self.metrics.sync_gates.set(self.gates.len() as i64);
         MessageResult(gate)
     }
-}
-
-/// A gate has been idle: forget it if it is still the pod's gate. Replies whether
-/// it was forgotten (the gate then stops).
-#[derive(Message)]
-#[rtype(result = "bool")]
-pub struct GateIdle {
-    pub uid: String,
-    pub gate: Addr<PodSyncGate>,
 }
 
 impl Handler<GateIdle> for SyncGateRegistry {
@@ -129,15 +122,6 @@ static NEXT_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 
 /// Whether plegd knows a pod (lists it, or remembers its removal).
 pub type KnownPod = Arc<dyn Fn(&str) -> bool + Send + Sync>;
-
-/// A place among the holds of pods plegd does not know; given back when dropped.
-pub(crate) struct UnknownPlace(Arc<AtomicUsize>);
-
-impl Drop for UnknownPlace {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// The consumers' handle: hold a pod while syncing it.
 #[derive(Clone)]
@@ -180,7 +164,7 @@ impl SyncGates {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < max).then_some(n + 1)
             })
-            .map(|_| UnknownPlace(self.unknown.clone()))
+            .map(|_| UnknownPlace::new(self.unknown.clone()))
             .map_err(|_| SyncError::TooManyUnknown(max))
     }
 
