@@ -341,6 +341,7 @@ mod tests {
             name: name.into(),
             capacity,
             after,
+            counted: true,
         })
         .await
         .unwrap()

@@ -153,7 +153,7 @@ mod tests {
         c.up(CriEvents, true, t0);
         c.up(ContainerdEvents, true, t0);
         // NRI came up only after the exit: not its to report.
-        c.up(Nri, true, t0 + 9 * S);
+        c.up(Nri, true, t0 + 9 * S + S / 2);
         c.reported(ContainerdEvents, "c1", t0 + 10 * S);
         // Exited at t0 + 10 s, published at t0 + 10.1 s.
         let published = t0 + 10 * S + S / 10;
