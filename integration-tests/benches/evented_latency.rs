@@ -116,7 +116,10 @@ async fn wait_settled(pleg: &Pleg, source: RelistSource, count: u64) {
         if settled >= count {
             return;
         }
-        assert!(Instant::now() < deadline, "{source:?} requests never settled");
+        assert!(
+            Instant::now() < deadline,
+            "{source:?} requests never settled"
+        );
         actix_rt::time::sleep(Duration::from_micros(100)).await;
     }
 }

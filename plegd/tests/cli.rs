@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use plegd_sim::{spawn_in_thread, FakeRuntime};
 
-use integration_tests::process::{command, free_port, http_get, signal, wait_exit, TIMEOUT};
+use integration_tests::process::{self, command, free_port, http_get, signal, wait_exit, TIMEOUT};
 
 /// The binary under test.
 fn plegd() -> std::process::Command {
@@ -16,18 +16,7 @@ fn plegd() -> std::process::Command {
 }
 
 fn run_to_end(args: &[&str]) -> Output {
-    let mut child = plegd()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "plegd {args:?} did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
+    process::run_to_end(plegd().args(args)).0
 }
 
 #[test]
