@@ -1,4 +1,4 @@
-//! The soak engine (issue 9): plegd as its own process against the simulated CRI
+//! The soak engine: plegd as its own process against the simulated CRI
 //! runtime with steady churn and periodic runtime restarts, sampled over time — RSS,
 //! threads, open fds from `/proc`, counters from its `/metrics`, events from its
 //! stdout. The `soak` binary runs it for an hour and plots it; `plegd/tests/soak.rs`

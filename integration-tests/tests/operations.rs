@@ -271,7 +271,7 @@ async fn counters_move_as_the_troubleshooting_table_says() {
     assert!(evented > 0.0, "the fast path caught some exits");
     // Each death is found by a targeted relist or, if every request for its pod was
     // dropped, by a global relist. (Since the dispatcher drains its queue while a
-    // relist runs, issue 11, one of a pod's 20 requests usually gets through: the
+    // relist runs, one of a pod's 20 requests usually gets through: the
     // global relists may find none.)
     let global_before = val(&up, "kubelet_pleg_events_total{relist_source=\"global\"}");
     assert!(

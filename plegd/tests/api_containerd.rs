@@ -1,4 +1,4 @@
-//! Issue 10's "done when", against a real containerd 1.7: `plegd run` with the API
+//! The subscriber API end to end against a real containerd 1.7: `plegd run` with the API
 //! on, two `plegd watch --json` clients, a container killed with SIGKILL — all three
 //! outputs show the same death (exit 137) with the same revision, within milliseconds
 //! of the runtime's stop event, from plegd's one CRI event stream.

@@ -1,4 +1,4 @@
-//! Memory after a churn of short-lived pods (issue 11, goal 4): with the event
+//! Memory after a churn of short-lived pods: with the event
 //! history and the tombstones bounded small, plegd's RSS comes back within 1 MiB of
 //! where it was with the same live pods. What the churn freed stays with glibc
 //! between long-lived blocks unless plegd gives it back (`--memory-trim-period`), and

@@ -1,5 +1,5 @@
 //! A reader of the ListPodSandbox and ListContainers responses straight from their
-//! protobuf bytes, for the global relist (issue 11): it borrows the fields plegd uses
+//! protobuf bytes, for the global relist: it borrows the fields plegd uses
 //! (IDs, the pod's identity, states) and only checks the rest — labels, annotations,
 //! the image spec — instead of decoding every field of every entry into owned strings
 //! and hash maps that a relist where nothing changed throws away.
