@@ -17,8 +17,8 @@ pub enum Workers {
     One(&'static str),
 }
 
-/// Starts the thread `name` and builds its runtime there; then `setup` runs on it,
-/// with the runtime. If `setup` gives `Ok((value, run))`, `value` is returned to the
+/// Builds a runtime and starts the thread `name`; then `setup` runs on it, with the
+/// runtime. If `setup` gives `Ok((value, run))`, `value` is returned to the
 /// caller and `run` goes on with the runtime on the thread until it returns; else
 /// its error is. Returns once `setup` has returned, with the thread's handle.
 pub fn spawn<T, E, Run>(
@@ -31,32 +31,27 @@ where
     E: From<std::io::Error> + Send + 'static,
     Run: FnOnce(Runtime),
 {
+    // Built here, run there: a runtime that cannot be built is the caller's error.
+    let rt = match workers {
+        Workers::Own => Builder::new_current_thread().enable_all().build(),
+        Workers::One(worker) => Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(worker)
+            .enable_all()
+            .build(),
+    }?;
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let thread = std::thread::Builder::new()
         .name(name.into())
-        .spawn(move || {
-            let built = match workers {
-                Workers::Own => Builder::new_current_thread().enable_all().build(),
-                Workers::One(worker) => Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .thread_name(worker)
-                    .enable_all()
-                    .build(),
-            };
-            let started = built.map_err(E::from).and_then(|rt| {
-                let (value, run) = setup(&rt)?;
-                Ok((value, run, rt))
-            });
-            match started {
-                Ok((value, run, rt)) => {
-                    // The caller waits for this answer: it is there to take it.
-                    if ready_tx.send(Ok(value)).is_ok() {
-                        run(rt);
-                    }
+        .spawn(move || match setup(&rt) {
+            Ok((value, run)) => {
+                // The caller waits for this answer: it is there to take it.
+                if ready_tx.send(Ok(value)).is_ok() {
+                    run(rt);
                 }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                }
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
             }
         })?;
     let value = ready_rx.recv().map_err(|_| {
