@@ -53,5 +53,5 @@ else
     cargo deny --offline check licenses bans sources
 fi
 step "cargo machete (unused dependencies)"
-cargo machete runtime actors telemetry sim protocol api plegd integration-tests workload otlp-events nri bench
+cargo machete runtime actors telemetry sim protocol api plegd integration-tests workload otlp-events nri bench testkit
 step "all clean"

@@ -3,7 +3,7 @@
 /// A map from IDs, sorted by ID: the few sandboxes or containers of one pod, with
 /// the parts of `BTreeMap`'s API plegd uses. A vector of exactly as many entries
 /// as the pod has: a `BTreeMap` allocates a node for 11 entries even for one (≈ 300
-/// bytes for a pod's sandbox, ≈ 640 for its containers; issue 11).
+/// bytes for a pod's sandbox, ≈ 640 for its containers).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IdMap<V>(Vec<(String, V)>);
 

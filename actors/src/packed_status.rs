@@ -1,7 +1,7 @@
 //! A pod's status packed into one heap block, as the pod cache keeps it (see
 //! `cache`). As structs, the status of a pod with a sandbox and two containers takes
 //! ≈ 1.3 KB of heap in 14 blocks (each sandbox repeats the pod's three strings); packed
-//! it takes ≈ 250 bytes (issue 11). Readers get the structs back ([`PackedStatus::unpack`]);
+//! it takes ≈ 250 bytes. Readers get the structs back ([`PackedStatus::unpack`]);
 //! the IDs and container states come first, so the hint sources' lookups by container
 //! ID ([`PackedStatus::find_id`], [`PackedStatus::container_state`]) read them without
 //! unpacking anything.

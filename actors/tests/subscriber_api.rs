@@ -13,6 +13,8 @@ use plegd_actors::{
 use plegd_runtime::{ContainerState, SandboxState};
 use plegd_sim::{FakeRuntime, Op};
 use plegd_telemetry::Metrics;
+use rand::{Rng as _, SeedableRng as _};
+use rand_chacha::ChaCha8Rng;
 
 /// Generous: CI machines are slow and shared.
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -146,35 +148,28 @@ fn fold<'a>(events: impl Iterator<Item = &'a Delivery>) -> BTreeMap<String, Even
     m
 }
 
-/// A small deterministic pseudo-random sequence (the churn must be reproducible).
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 33) % n as u64) as usize
-    }
-}
-
 /// Pods come, their containers exit, restart and go, pods go; each change asks for a
 /// targeted relist of its pod, so targeted and global relists interleave with the
 /// snapshots.
 async fn churn(rt: &FakeRuntime, p: &Pleg, steps: usize) {
-    let mut rng = Lcg(7);
+    // Seeded: the churn is reproducible.
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
     let mut pods: Vec<(String, String)> = Vec::new(); // (uid, sandbox)
     let mut next = 0;
     for _ in 0..steps {
-        let choice = if pods.len() < 3 { 0 } else { rng.below(6) };
+        let choice = if pods.len() < 3 {
+            0
+        } else {
+            rng.random_range(0..6)
+        };
         let uid = match choice {
             5 => {
                 // A read fails once: nothing of that relist (or pod) is applied or
                 // published; the pod is read again later.
-                let op = [Op::ListSandboxes, Op::ContainerStatus, Op::SandboxStatus][rng.below(3)];
+                let op = [Op::ListSandboxes, Op::ContainerStatus, Op::SandboxStatus]
+                    [rng.random_range(0..3)];
                 rt.fail(op, tonic::Code::Unavailable, Some(1));
-                pods[rng.below(pods.len())].0.clone()
+                pods[rng.random_range(0..pods.len())].0.clone()
             }
             0 => {
                 next += 1;
@@ -185,7 +180,7 @@ async fn churn(rt: &FakeRuntime, p: &Pleg, steps: usize) {
                 uid
             }
             1..=3 => {
-                let (uid, sb) = pods[rng.below(pods.len())].clone();
+                let (uid, sb) = pods[rng.random_range(0..pods.len())].clone();
                 let containers = rt.containers_of(&sb);
                 match choice {
                     1 => {
@@ -211,14 +206,14 @@ async fn churn(rt: &FakeRuntime, p: &Pleg, steps: usize) {
                 uid
             }
             _ => {
-                let (uid, sb) = pods.swap_remove(rng.below(pods.len()));
+                let (uid, sb) = pods.swap_remove(rng.random_range(0..pods.len()));
                 rt.stop_pod(&sb);
                 rt.remove_pod(&sb);
                 uid
             }
         };
         p.request_relist(&uid, RelistSource::PostSync);
-        for _ in 0..rng.below(8) {
+        for _ in 0..rng.random_range(0..8) {
             tokio::task::yield_now().await;
         }
     }

@@ -1,4 +1,4 @@
-//! plegd's subscriber API (issue 10 §2): the plegd.v1 gRPC service on a unix socket,
+//! plegd's subscriber API: the plegd.v1 gRPC service on a unix socket,
 //! and the client helpers the CLI and node agents use.
 //!
 //! - `socket`: making the socket safely (mode, group, stale or live socket).

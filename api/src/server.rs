@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use plegd_actors::Pleg;
 use plegd_protocol::v1::plegd_server::PlegdServer;
 use plegd_protocol::MAX_REQUEST_BYTES;
+use plegd_telemetry::runtime_thread::{self, Workers};
+use tokio::runtime::Runtime;
 use tokio::sync::watch;
 use tonic::transport::Server;
 
@@ -99,9 +101,6 @@ impl ApiServer {
         let (stop, stopped) = watch::channel(false);
         let path = socket.path().to_owned();
         let control_path = control.as_ref().map(|c| c.path().to_owned());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let max_connections = cfg.max_connections;
         let ctx = WatchContext {
             pleg,
@@ -111,9 +110,8 @@ impl ApiServer {
             clients: Clients::default(),
         };
         let shown = path.clone();
-        let thread = std::thread::Builder::new()
-            .name("plegd-api".into())
-            .spawn(move || {
+        let ((), thread) = runtime_thread::spawn("plegd-api", Workers::Own, move |_: &Runtime| {
+            std::io::Result::Ok(((), move |runtime: Runtime| {
                 runtime.block_on(async move {
                     let read = PlegdService {
                         ctx: ctx.clone(),
@@ -142,7 +140,8 @@ impl ApiServer {
                         tracing::error!(socket = %p.display(), error = %e, "the API control server failed");
                     }
                 });
-            })?;
+            }))
+        })?;
         Ok(ApiServer {
             stop,
             thread: Some(thread),

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use plegd_runtime::cri;
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
+use plegd_testkit::cri::{container_config, pod_config, ContainerSpec, PodSpec, BUSYBOX};
 use tonic::transport::Channel;
 
 #[derive(Clone)]
@@ -113,20 +114,21 @@ impl Cri {
         Ok(Instant::now())
     }
 
-    /// A pod with one running container; returns its sandbox.
+    /// A pod with one running container; returns its sandbox. The configs are the
+    /// test kit's busybox pod's (the simulator runs no image and keeps no logs).
     pub async fn run_pod(&self, uid: &str) -> Result<String> {
         let mut c = self.0.clone();
+        let config = pod_config(PodSpec {
+            name: format!("churn-{uid}"),
+            uid: uid.to_string(),
+            namespace: "churn".into(),
+            attempt: 0,
+            log_directory: String::new(),
+            labels: Default::default(),
+        });
         let sandbox = c
             .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(cri::PodSandboxConfig {
-                    metadata: Some(cri::PodSandboxMetadata {
-                        name: format!("churn-{uid}"),
-                        uid: uid.to_string(),
-                        namespace: "churn".into(),
-                        attempt: 0,
-                    }),
-                    ..Default::default()
-                }),
+                config: Some(config.clone()),
                 ..Default::default()
             })
             .await
@@ -136,14 +138,16 @@ impl Cri {
         let container = c
             .create_container(cri::CreateContainerRequest {
                 pod_sandbox_id: sandbox.clone(),
-                config: Some(cri::ContainerConfig {
-                    metadata: Some(cri::ContainerMetadata {
-                        name: "app".into(),
-                        attempt: 0,
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
+                config: Some(container_config(ContainerSpec {
+                    name: "app",
+                    attempt: 0,
+                    image: BUSYBOX,
+                    script: "sleep 3600",
+                    log_path: String::new(),
+                    labels: Default::default(),
+                    memory_limit: None,
+                })),
+                sandbox_config: Some(config),
             })
             .await
             .context("CreateContainer")?

@@ -1,4 +1,4 @@
-//! The fan-out row (issue 11): single exits and bursts of 20 exits while `W` watchers
+//! The fan-out row: single exits and bursts of 20 exits while `W` watchers
 //! of the subscriber API receive every event; latency from StopContainer's return to
 //! each watcher's ContainerDied, and to plegd's own stdout line (its publication) for
 //! comparison; events missed; the global relist schedule meanwhile ("nothing a

@@ -1,4 +1,4 @@
-//! `plegd-bench`: plegd's benchmark suite (issue 11, BENCHMARKS.md). It starts the
+//! `plegd-bench`: plegd's benchmark suite (BENCHMARKS.md). It starts the
 //! simulated runtime (`plegd-sim`) and the release `plegd` as two processes talking
 //! CRI over a unix socket, drives each workload, and prints one table:
 //!
@@ -38,7 +38,7 @@ use workloads::Exits;
 #[command(
     name = "plegd-bench",
     about = "plegd's benchmark suite: the release plegd against the simulated CRI runtime (or a real containerd), one table",
-    long_about = "plegd's benchmark suite (issue 11, BENCHMARKS.md). Starts the simulated runtime \
+    long_about = "plegd's benchmark suite (BENCHMARKS.md). Starts the simulated runtime \
 (plegd-sim) and the release plegd as two processes and prints one table: per node size the \
 first and the no-change global relist, memory, single exits, bursts of 20 exits, storms; \
 polled exits (--evented=false); memory over a churn of short-lived pods (plegd's defaults, \

@@ -3,29 +3,18 @@
 //! on receipt), its Prometheus metrics, its CPU time and resident memory (`/proc`).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
+use plegd_testkit::metrics::Scrape;
+use plegd_testkit::process::{free_port, http_get, status_field, Reaped};
 
 /// How long the harness waits for anything (a start, an event) before it gives up.
 pub const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A child process killed and reaped on drop.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
 
 /// `plegd-sim` serving a node of `pods` pods.
 pub struct Sim {
@@ -157,10 +146,7 @@ impl Plegd {
     /// waits until `/readyz` says its first global relist is done.
     pub fn start(bin: &Path, endpoint: &str, dir: &Path, extra: &[&str]) -> Result<Plegd> {
         let api_socket = dir.join("plegd-api.sock");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .context("a free port")?
-            .port();
+        let port = free_port().context("a free port")?;
         let started = Instant::now();
         let mut child = Command::new(bin)
             .arg("run")
@@ -226,23 +212,15 @@ impl Plegd {
     }
 
     fn get(&self, path: &str) -> Option<(u16, String)> {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        let code = body.split_whitespace().nth(1)?.parse().ok()?;
-        Some((code, body))
+        http_get(self.port, path)
     }
 
-    pub fn metrics(&self) -> Result<Metrics> {
+    /// One scrape of plegd's `/metrics`.
+    pub fn metrics(&self) -> Result<Scrape> {
         match self.get("/metrics") {
-            Some((200, text)) => Ok(Metrics(text)),
+            Some((200, response)) => {
+                Scrape::from_response(&response).context("plegd's /metrics had no body")
+            }
             other => Err(anyhow!(
                 "plegd's /metrics answered {:?}",
                 other.map(|o| o.0)
@@ -269,51 +247,6 @@ impl Plegd {
     /// mapped, its own binary's code among them), KiB.
     pub fn anon_kib(&self) -> Result<u64> {
         status_kib(self.pid(), "RssAnon:")
-    }
-}
-
-/// One scrape of plegd's `/metrics`.
-pub struct Metrics(String);
-
-impl Metrics {
-    /// A scrape's text, as `/metrics` answered it.
-    #[cfg(test)]
-    pub fn from_text(text: String) -> Metrics {
-        Metrics(text)
-    }
-
-    /// The sum of the samples of `name` whose labels contain every one of `labels`
-    /// (`key="value"` strings).
-    pub fn sum(&self, name: &str, labels: &[&str]) -> f64 {
-        self.0
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (series, value) = l.rsplit_once(' ')?;
-                let (metric, rest) = match series.split_once('{') {
-                    Some((m, r)) => (m, r),
-                    None => (series, ""),
-                };
-                (metric == name && labels.iter().all(|lb| rest.contains(lb)))
-                    .then(|| value.parse::<f64>().ok())
-                    .flatten()
-            })
-            .sum()
-    }
-}
-
-impl Metrics {
-    /// The labels (`{...}`) of every sample of `name` whose value is 1: e.g. the state
-    /// of each hint source in `plegd_hint_source_state`.
-    pub fn labels_at_one(&self, name: &str) -> Vec<String> {
-        self.0
-            .lines()
-            .filter_map(|l| {
-                let (series, value) = l.rsplit_once(' ')?;
-                let rest = series.strip_prefix(name)?.strip_prefix('{')?;
-                (value == "1").then(|| rest.trim_end_matches('}').to_string())
-            })
-            .collect()
     }
 }
 
@@ -378,11 +311,5 @@ fn rss_kib_of(pid: u32) -> Result<u64> {
 
 /// A `/proc/PID/status` field in KiB (`field` with its colon).
 fn status_kib(pid: u32, field: &str) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("{field} in /proc/PID/status"))
+    status_field(pid, field).with_context(|| format!("{field} in /proc/{pid}/status"))
 }

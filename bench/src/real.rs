@@ -1,4 +1,4 @@
-//! `--containerd ENDPOINT`: plegd against a real containerd (issue 11, goal 5). plegd
+//! `--containerd ENDPOINT`: plegd against a real containerd. plegd
 //! runs as its own process with its default hint sources (plus `--nri-socket` when the
 //! containerd of `scripts/containerd-up.sh` has one next to its socket); the harness
 //! makes host-network busybox pods (single exits: 20 containers a pod; a burst: 20

@@ -1,11 +1,10 @@
-//! The harness's CRI client for a real containerd, made the way the integration tests
-//! make theirs (`integration-tests/src/containerd.rs`): host-network pods (no CNI),
-//! busybox containers from the local image `scripts/containerd-up.sh` imports (no
-//! registry), and a raw GetContainerEvents subscriber stamping each event on receipt.
+//! The harness's CRI client for a real containerd: the test kit's busybox pods
+//! (`plegd_testkit::cri`, as the integration tests make them), the reads of a
+//! targeted relist timed, and raw event subscribers stamping each event on receipt.
 //! Every call returns an error (never panics): the runtime is outside the process.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,16 +14,19 @@ use plegd_runtime::containerd_events::{
 };
 use plegd_runtime::cri;
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
+use plegd_testkit::cri::{Busybox, Owner, CALL_TIMEOUT};
 use tonic::transport::Channel;
 
-/// The busybox image `scripts/containerd-up.sh` builds and imports.
-pub const BUSYBOX: &str = "localhost/pleg/busybox:1.0";
-/// Label on every pod made here.
-const LABEL: &str = "plegd-bench";
+pub use plegd_testkit::cri::Pod;
+
+/// Who the benchmark's pods belong to.
+const OWNER: Owner = Owner {
+    label: "plegd-bench",
+    namespace: "plegd-bench",
+    uid_prefix: "plegd-bench",
+};
 /// Reads of a stopped container's pod until its status says EXITED.
 const VERIFY_TRIES: usize = 5;
-/// Deadline of each unary call (a loaded 2-core machine).
-const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Runs until killed: the container's process is the sleep itself, so a SIGKILL of
 /// it is the container's exit (nothing left behind in the pod's PID namespace).
 const SLEEP_SCRIPT: &str = "exec sleep 3600";
@@ -35,26 +37,11 @@ fn req<T>(msg: T) -> tonic::Request<T> {
     r
 }
 
-fn host_namespaces() -> Option<cri::NamespaceOption> {
-    Some(cri::NamespaceOption {
-        network: cri::NamespaceMode::Node as i32,
-        pid: cri::NamespaceMode::Pod as i32,
-        ipc: cri::NamespaceMode::Pod as i32,
-        ..Default::default()
-    })
-}
-
-/// A pod sandbox made by [`RealCri::run_pod`].
-pub struct Pod {
-    pub id: String,
-    config: cri::PodSandboxConfig,
-}
-
+/// The test kit's busybox-pod client, with the benchmark's timed reads and raw event
+/// subscribers.
 #[derive(Clone)]
 pub struct RealCri {
-    client: RuntimeServiceClient<Channel>,
-    channel: Channel,
-    logs: PathBuf,
+    busybox: Busybox,
 }
 
 impl RealCri {
@@ -63,132 +50,38 @@ impl RealCri {
     pub fn new(endpoint: &str, logs: &Path) -> Result<RealCri> {
         let socket = plegd_runtime::parse_unix_endpoint(endpoint)
             .map_err(|e| anyhow!("--containerd {endpoint:?}: {e}"))?;
-        let channel = plegd_runtime::unix_channel(&socket);
         Ok(RealCri {
-            client: RuntimeServiceClient::new(channel.clone()),
-            channel,
-            logs: logs.to_path_buf(),
+            busybox: Busybox::connect(&socket, logs, OWNER),
         })
     }
 
     fn c(&self) -> RuntimeServiceClient<Channel> {
-        self.client.clone()
+        self.busybox.client.clone()
     }
 
     /// The runtime's name and version ("containerd", "v2.1.9").
     pub async fn version(&self) -> Result<(String, String)> {
-        let mut r = tonic::Request::new(cri::VersionRequest::default());
-        r.set_timeout(Duration::from_secs(5));
         let v = self
-            .c()
-            .version(r)
+            .busybox
+            .version()
             .await
-            .map_err(|s| anyhow!("{:?}: {}", s.code(), s.message()))?
-            .into_inner();
+            .map_err(|s| anyhow!("{:?}: {}", s.code(), s.message()))?;
         Ok((v.runtime_name, v.runtime_version))
     }
 
     /// Runs a host-network pod named `name`.
     pub async fn run_pod(&self, name: &str) -> Result<Pod> {
-        let uid = format!(
-            "plegd-bench-{}-{name}-{}",
-            std::process::id(),
-            plegd_runtime::now_ns() % 1_000_000_000
-        );
-        let log_dir = self.logs.join(&uid);
-        std::fs::create_dir_all(&log_dir)
-            .with_context(|| format!("creating {}", log_dir.display()))?;
-        let config = cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata {
-                name: name.to_string(),
-                uid,
-                namespace: "plegd-bench".into(),
-                attempt: 0,
-            }),
-            log_directory: log_dir.display().to_string(),
-            labels: [(LABEL.to_string(), "true".to_string())].into(),
-            linux: Some(cri::LinuxPodSandboxConfig {
-                security_context: Some(cri::LinuxSandboxSecurityContext {
-                    namespace_options: host_namespaces(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let id = self
-            .c()
-            .run_pod_sandbox(req(cri::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                ..Default::default()
-            }))
-            .await
-            .with_context(|| format!("RunPodSandbox {name}"))?
-            .into_inner()
-            .pod_sandbox_id;
-        Ok(Pod { id, config })
+        Ok(self.busybox.run_pod(name).await?)
     }
 
-    /// Creates and starts a busybox container that runs until stopped; returns its ID.
+    /// Creates and starts a busybox container that runs until killed; returns its ID.
     pub async fn run_container(&self, pod: &Pod, name: &str) -> Result<String> {
-        let config = cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata {
-                name: name.to_string(),
-                attempt: 0,
-            }),
-            image: Some(cri::ImageSpec {
-                image: BUSYBOX.to_string(),
-                ..Default::default()
-            }),
-            command: vec!["sh".into(), "-c".into(), SLEEP_SCRIPT.into()],
-            log_path: format!("{name}.log"),
-            labels: [(LABEL.to_string(), "true".to_string())].into(),
-            linux: Some(cri::LinuxContainerConfig {
-                security_context: Some(cri::LinuxContainerSecurityContext {
-                    namespace_options: host_namespaces(),
-                    ..Default::default()
-                }),
-                resources: None,
-            }),
-            ..Default::default()
-        };
-        let id = self
-            .c()
-            .create_container(req(cri::CreateContainerRequest {
-                pod_sandbox_id: pod.id.clone(),
-                config: Some(config),
-                sandbox_config: Some(pod.config.clone()),
-            }))
-            .await
-            .with_context(|| format!("CreateContainer {name} (image {BUSYBOX}: imported by scripts/containerd-up.sh)"))?
-            .into_inner()
-            .container_id;
-        self.c()
-            .start_container(req(cri::StartContainerRequest {
-                container_id: id.clone(),
-            }))
-            .await
-            .with_context(|| format!("StartContainer {name}"))?;
-        Ok(id)
+        Ok(self.busybox.run_container(pod, name, SLEEP_SCRIPT).await?)
     }
 
-    /// The host PID of the container's process (verbose ContainerStatus: the JSON in
-    /// info["info"] has "pid").
+    /// The host PID of the container's process.
     pub async fn pid(&self, id: &str) -> Result<u32> {
-        let resp = self
-            .c()
-            .container_status(req(cri::ContainerStatusRequest {
-                container_id: id.to_string(),
-                verbose: true,
-            }))
-            .await
-            .with_context(|| format!("ContainerStatus {id}"))?
-            .into_inner();
-        let info = resp
-            .info
-            .get("info")
-            .with_context(|| format!("ContainerStatus {id}: no verbose info"))?;
-        pid_of(info).with_context(|| format!("ContainerStatus {id}: no pid in {info}"))
+        Ok(self.busybox.pid(id).await?)
     }
 
     /// The container's `finished_at` (ns since the epoch; 0 while it runs).
@@ -267,19 +160,7 @@ impl RealCri {
 
     /// StopPodSandbox then RemovePodSandbox (its containers go with it).
     pub async fn remove_pod(&self, id: &str) -> Result<()> {
-        self.c()
-            .stop_pod_sandbox(req(cri::StopPodSandboxRequest {
-                pod_sandbox_id: id.to_string(),
-            }))
-            .await
-            .with_context(|| format!("StopPodSandbox {id}"))?;
-        self.c()
-            .remove_pod_sandbox(req(cri::RemovePodSandboxRequest {
-                pod_sandbox_id: id.to_string(),
-            }))
-            .await
-            .with_context(|| format!("RemovePodSandbox {id}"))?;
-        Ok(())
+        Ok(self.busybox.remove_pod(id).await?)
     }
 
     /// Opens a raw GetContainerEvents stream on `rt`, stamping every
@@ -365,7 +246,7 @@ impl RealCri {
     /// stamping every /tasks/exit when it arrives. containerd publishes these to every
     /// subscriber, on 1.7 as on 2.x.
     pub fn raw_task_exits(&self, rt: &tokio::runtime::Runtime) -> RawExits {
-        let mut client = EventsClient::new(self.channel.clone());
+        let mut client = EventsClient::new(self.busybox.channel());
         RawExits::spawn(rt, move |sink| async move {
             let mut stream = client
                 .subscribe(SubscribeRequest {
@@ -386,15 +267,6 @@ impl RealCri {
             Ok(())
         })
     }
-}
-
-/// `pid` of containerd's verbose container info (a JSON object).
-fn pid_of(info: &str) -> Option<u32> {
-    let v: serde_json::Value = serde_json::from_str(info).ok()?;
-    v["pid"]
-        .as_u64()
-        .and_then(|p| u32::try_from(p).ok())
-        .filter(|p| *p > 0)
 }
 
 /// SIGKILLs `pids` with one `kill` (one process sends every signal, so a burst's
@@ -502,20 +374,5 @@ impl RawExits {
 impl Drop for RawExits {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_pid_is_read_from_containerds_verbose_info() {
-        use super::pid_of;
-        assert_eq!(
-            pid_of(r#"{"sandboxID":"ab","pid":4242,"removing":false}"#),
-            Some(4242)
-        );
-        assert_eq!(pid_of(r#"{"pid":0}"#), None);
-        assert_eq!(pid_of("{}"), None);
-        assert_eq!(pid_of("not json"), None);
     }
 }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::procs::{Metrics, Plegd};
+use crate::procs::Plegd;
+use plegd_testkit::metrics::Scrape;
 
 const INTERVAL: &str = "kubelet_pleg_relist_interval_seconds";
 const LAST_SEEN: &str = "kubelet_pleg_last_seen_seconds";
@@ -72,8 +73,8 @@ pub fn during<T>(
 }
 
 fn schedule(
-    m0: &Metrics,
-    m1: &Metrics,
+    m0: &Scrape,
+    m1: &Scrape,
     seen: &[f64],
     window: Duration,
     period: Duration,
@@ -102,7 +103,7 @@ mod tests {
     #[test]
     fn the_longest_gap_is_between_two_successive_relists() {
         let m = |count: f64, sum: f64| {
-            Metrics::from_text(format!("{INTERVAL}_count {count}\n{INTERVAL}_sum {sum}\n"))
+            Scrape::parse(&format!("{INTERVAL}_count {count}\n{INTERVAL}_sum {sum}\n"))
         };
         let s = schedule(
             &m(10.0, 10.0),

@@ -1,4 +1,4 @@
-//! The workloads of issue 11, each against a running plegd and simulated runtime.
+//! The benchmark's workloads, each against a running plegd and simulated runtime.
 //! Every figure is measured from outside plegd: its events as they reach its stdout,
 //! its metrics, its CPU time and memory in `/proc`.
 

@@ -1,4 +1,4 @@
-//! Issue 11's regression guard: the instructions of a no-change global relist at
+//! A regression guard on the instructions of a no-change global relist at
 //! 1,000 pods (2 containers each), counted by valgrind's callgrind — instruction
 //! counts, unlike times, hardly move on a loaded 2-core machine. Fails when they grow
 //! by more than 10 % over the committed baseline (`relist_instructions.baseline`).

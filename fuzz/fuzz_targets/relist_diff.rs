@@ -8,7 +8,7 @@
 //!   container is in a record only through a sandbox listed now or known before, and
 //!   in the record of the pod that owns that sandbox; a record is named by its newest
 //!   listed sandbox (or keeps its old name); nothing else is in a record;
-//! - pod_events: exactly DESIGN.md's table, per ID of the union of old and new
+//! - pod_events: exactly the table of docs/architecture.md ("Event semantics"), per ID of the union of old and new
 //!   (sandboxes first, then containers, each by ID, each ID once): → running:
 //!   ContainerStarted; → exited: ContainerDied; → unknown: ContainerChanged; gone:
 //!   ContainerRemoved, preceded by ContainerDied unless it was exited. So no
@@ -210,7 +210,7 @@ fn state(rec: Option<&PodRecord>, id: &str) -> PlegState {
         .unwrap_or(PlegState::NonExistent)
 }
 
-/// DESIGN.md "Event semantics", written out independently of diff.rs.
+/// docs/architecture.md "Event semantics", written out independently of diff.rs.
 fn expected_events(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<(String, EventKind)> {
     let mut sandbox_ids = BTreeSet::new();
     let mut container_ids = BTreeSet::new();

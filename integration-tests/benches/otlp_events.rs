@@ -1,4 +1,4 @@
-//! The OTLP event export (issue 13), measured: export throughput (records/s from the
+//! The OTLP event export, measured: export throughput (records/s from the
 //! first publication to the last record accepted by an in-process collector), and the
 //! dispatcher's global relist interval (p50/p99/max) under churn with no export, with
 //! a healthy collector, and with a stalled one (accepts, never answers).

@@ -18,8 +18,9 @@
 //!   FIFO order to the waiting streams, so from then on no leftover goroutine of an
 //!   earlier (cancelled) stream is waiting any more and the caller's stream gets every
 //!   event.
-//! - [`Cri`]: a small CRI client (tonic over the unix socket) for host-network pods with
-//!   busybox containers.
+//! - [`Cri`]: the test kit's busybox-pod client (`plegd_testkit::cri`), failing the
+//!   test on any error, with what only the tests do (ending containers, raw event
+//!   streams).
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener};
@@ -32,15 +33,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use plegd_runtime::cri;
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
+use plegd_testkit::cri::{Busybox, CallError, Owner};
 use tokio::sync::{Mutex, MutexGuard};
 use tonic::transport::Channel;
 
-/// The busybox image `containerd-up.sh` builds and imports.
-pub const BUSYBOX: &str = "localhost/pleg/busybox:1.0";
+pub use plegd_testkit::cri::BUSYBOX;
 /// Label on every pod made here.
 pub const LABEL: &str = "plegd-ci-test";
-/// Deadline of each unary CRI call made by the tests (a loaded 2-core CI machine).
-const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// The file a [`wait_script`] container waits for before exiting by itself.
 const EXIT_FILE: &str = "tmp/exit-now";
 
@@ -327,14 +326,7 @@ impl Session {
 }
 
 /// A pod sandbox made by [`Cri::run_pod`].
-#[derive(Clone, Debug)]
-pub struct Pod {
-    pub id: String,
-    pub uid: String,
-    pub name: String,
-    pub namespace: String,
-    pub config: cri::PodSandboxConfig,
-}
+pub use plegd_testkit::cri::Pod;
 
 /// How a test container ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -366,40 +358,40 @@ pub fn oom_script() -> String {
 /// A container command that sleeps until stopped (SIGTERM → exit 0) or killed.
 pub const SLEEP_SCRIPT: &str = "trap 'exit 0' TERM; sleep 3600 & wait";
 
-fn req<T>(msg: T) -> tonic::Request<T> {
-    let mut r = tonic::Request::new(msg);
-    r.set_timeout(CALL_TIMEOUT);
-    r
-}
+/// Who the tests' pods belong to.
+const OWNER: Owner = Owner {
+    label: LABEL,
+    namespace: "plegd-ci",
+    uid_prefix: "plegd-test",
+};
 
-static POD_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// A CRI v1 client over containerd's unix socket. Build it inside the runtime that uses
-/// it (tonic spawns the connection on the current runtime).
+/// The tests' CRI client over containerd's unix socket: [`Busybox`], failing the test
+/// on any error. Build it inside the runtime that uses it (tonic spawns the
+/// connection on the current runtime).
 #[derive(Clone)]
 pub struct Cri {
-    pub client: RuntimeServiceClient<Channel>,
-    logs: PathBuf,
+    pub busybox: Busybox,
+}
+
+/// The value, or the test fails with the call's error.
+fn must<T>(answer: Result<T, CallError>) -> T {
+    answer.unwrap_or_else(|e| panic!("{e}"))
 }
 
 impl Cri {
     pub fn connect(socket: &Path) -> Cri {
-        let channel = plegd_runtime::unix_channel(socket);
         let base = socket.parent().unwrap_or(Path::new("/tmp"));
         Cri {
-            client: RuntimeServiceClient::new(channel),
-            logs: base.join("logs"),
+            busybox: Busybox::connect(socket, &base.join("logs"), OWNER),
         }
     }
 
     fn c(&self) -> RuntimeServiceClient<Channel> {
-        self.client.clone()
+        self.busybox.client.clone()
     }
 
     pub async fn version(&self) -> Result<cri::VersionResponse, tonic::Status> {
-        let mut r = tonic::Request::new(cri::VersionRequest::default());
-        r.set_timeout(Duration::from_secs(5));
-        self.c().version(r).await.map(|r| r.into_inner())
+        self.busybox.version().await
     }
 
     /// Polls Version until it answers (the CRI plugin may still be initialising).
@@ -419,55 +411,7 @@ impl Cri {
 
     /// Runs a host-network pod (network NODE, pid namespace POD: no CNI needed).
     pub async fn run_pod(&self, name: &str) -> Pod {
-        let n = POD_SEQ.fetch_add(1, Ordering::Relaxed);
-        let uid = format!(
-            "plegd-test-{}-{n}-{}",
-            std::process::id(),
-            plegd_runtime::now_ns() % 1_000_000_000
-        );
-        let namespace = "plegd-ci".to_string();
-        let log_dir = self.logs.join(&uid);
-        std::fs::create_dir_all(&log_dir).expect("pod log directory");
-        let config = cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata {
-                name: name.to_string(),
-                uid: uid.clone(),
-                namespace: namespace.clone(),
-                attempt: 0,
-            }),
-            log_directory: log_dir.display().to_string(),
-            labels: [(LABEL.to_string(), "true".to_string())].into(),
-            linux: Some(cri::LinuxPodSandboxConfig {
-                security_context: Some(cri::LinuxSandboxSecurityContext {
-                    namespace_options: Some(cri::NamespaceOption {
-                        network: cri::NamespaceMode::Node as i32,
-                        pid: cri::NamespaceMode::Pod as i32,
-                        ipc: cri::NamespaceMode::Pod as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let id = self
-            .c()
-            .run_pod_sandbox(req(cri::RunPodSandboxRequest {
-                config: Some(config.clone()),
-                ..Default::default()
-            }))
-            .await
-            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}"))
-            .into_inner()
-            .pod_sandbox_id;
-        Pod {
-            id,
-            uid,
-            name: name.to_string(),
-            namespace,
-            config,
-        }
+        must(self.busybox.run_pod(name).await)
     }
 
     /// Creates a busybox container running `sh -c script` (not started).
@@ -484,114 +428,39 @@ impl Cri {
         script: &str,
         memory_limit: Option<i64>,
     ) -> String {
-        let ns = Some(cri::NamespaceOption {
-            network: cri::NamespaceMode::Node as i32,
-            pid: cri::NamespaceMode::Pod as i32,
-            ipc: cri::NamespaceMode::Pod as i32,
-            ..Default::default()
-        });
-        let config = cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata {
-                name: name.to_string(),
-                attempt: 0,
-            }),
-            image: Some(cri::ImageSpec {
-                image: BUSYBOX.to_string(),
-                ..Default::default()
-            }),
-            command: vec!["sh".into(), "-c".into(), script.into()],
-            log_path: format!("{name}.log"),
-            labels: [(LABEL.to_string(), "true".to_string())].into(),
-            linux: Some(cri::LinuxContainerConfig {
-                security_context: Some(cri::LinuxContainerSecurityContext {
-                    namespace_options: ns,
-                    ..Default::default()
-                }),
-                resources: memory_limit.map(|bytes| cri::LinuxContainerResources {
-                    memory_limit_in_bytes: bytes,
-                    ..Default::default()
-                }),
-            }),
-            ..Default::default()
-        };
-        self.c()
-            .create_container(req(cri::CreateContainerRequest {
-                pod_sandbox_id: pod.id.clone(),
-                config: Some(config),
-                sandbox_config: Some(pod.config.clone()),
-            }))
-            .await
-            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}"))
-            .into_inner()
-            .container_id
+        must(
+            self.busybox
+                .create_container(pod, name, script, memory_limit)
+                .await,
+        )
     }
 
     pub async fn start_container(&self, id: &str) {
-        self.c()
-            .start_container(req(cri::StartContainerRequest {
-                container_id: id.to_string(),
-            }))
-            .await
-            .unwrap_or_else(|e| panic!("StartContainer {id}: {e}"));
+        must(self.busybox.start_container(id).await)
     }
 
     /// Creates and starts a container; returns its ID.
     pub async fn run_container(&self, pod: &Pod, name: &str, script: &str) -> String {
-        let id = self.create_container(pod, name, script).await;
-        self.start_container(&id).await;
-        id
+        must(self.busybox.run_container(pod, name, script).await)
     }
 
     /// CRI StopContainer (SIGTERM, SIGKILL after `timeout_s`).
     pub async fn stop_container(&self, id: &str, timeout_s: i64) {
-        self.c()
-            .stop_container(req(cri::StopContainerRequest {
-                container_id: id.to_string(),
-                timeout: timeout_s,
-            }))
-            .await
-            .unwrap_or_else(|e| panic!("StopContainer {id}: {e}"));
+        must(self.busybox.stop_container(id, timeout_s).await)
     }
 
+    /// RemoveContainer (one already gone is fine).
     pub async fn remove_container(&self, id: &str) {
-        if let Err(e) = self
-            .c()
-            .remove_container(req(cri::RemoveContainerRequest {
-                container_id: id.to_string(),
-            }))
-            .await
-        {
-            assert_eq!(e.code(), tonic::Code::NotFound, "RemoveContainer {id}: {e}");
-        }
-    }
-
-    async fn status_response(&self, id: &str, verbose: bool) -> cri::ContainerStatusResponse {
-        self.c()
-            .container_status(req(cri::ContainerStatusRequest {
-                container_id: id.to_string(),
-                verbose,
-            }))
-            .await
-            .unwrap_or_else(|e| panic!("ContainerStatus {id}: {e}"))
-            .into_inner()
+        must(self.busybox.remove_container(id).await)
     }
 
     pub async fn container_status(&self, id: &str) -> cri::ContainerStatus {
-        self.status_response(id, false)
-            .await
-            .status
-            .unwrap_or_else(|| panic!("ContainerStatus {id}: no status"))
+        must(self.busybox.container_status(id).await)
     }
 
-    /// The host PID of the container's process (verbose ContainerStatus: the JSON in
-    /// info["info"] has "pid").
+    /// The host PID of the container's process (verbose ContainerStatus).
     pub async fn container_pid(&self, id: &str) -> u32 {
-        let resp = self.status_response(id, true).await;
-        let info = resp
-            .info
-            .get("info")
-            .unwrap_or_else(|| panic!("no verbose info for {id}: {:?}", resp.info));
-        parse_pid(info).unwrap_or_else(|| panic!("no pid in the verbose info of {id}: {info}"))
+        must(self.busybox.pid(id).await)
     }
 
     /// Makes a [`wait_script`] container exit by itself: creates /tmp/exit-now in its
@@ -639,37 +508,12 @@ impl Cri {
     }
 
     pub async fn pods(&self) -> Vec<cri::PodSandbox> {
-        self.c()
-            .list_pod_sandbox(req(cri::ListPodSandboxRequest::default()))
-            .await
-            .expect("ListPodSandbox")
-            .into_inner()
-            .items
+        must(self.busybox.pods().await)
     }
 
+    /// StopPodSandbox then RemovePodSandbox (a pod already gone is fine).
     pub async fn remove_pod(&self, id: &str) {
-        let stop = self
-            .c()
-            .stop_pod_sandbox(req(cri::StopPodSandboxRequest {
-                pod_sandbox_id: id.to_string(),
-            }))
-            .await;
-        if let Err(e) = stop {
-            assert_eq!(e.code(), tonic::Code::NotFound, "StopPodSandbox {id}: {e}");
-        }
-        let rm = self
-            .c()
-            .remove_pod_sandbox(req(cri::RemovePodSandboxRequest {
-                pod_sandbox_id: id.to_string(),
-            }))
-            .await;
-        if let Err(e) = rm {
-            assert_eq!(
-                e.code(),
-                tonic::Code::NotFound,
-                "RemovePodSandbox {id}: {e}"
-            );
-        }
+        must(self.busybox.remove_pod(id).await)
     }
 
     /// Removes every pod (8 at a time); returns how many there were.
@@ -789,29 +633,10 @@ pub fn trigger_exit_pid(pid: u32) {
     std::fs::write(&path, b"").unwrap_or_else(|e| panic!("creating {path}: {e}"));
 }
 
-/// `"pid": 1234` out of containerd's verbose info JSON.
-fn parse_pid(info: &str) -> Option<u32> {
-    let at = info.find("\"pid\"")?;
-    let rest = info[at + 5..].trim_start().strip_prefix(':')?.trim_start();
-    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-    digits.parse().ok().filter(|p| *p > 0)
-}
-
 /// Every event the StreamWatcher has received (all types, valid or not).
 pub fn stream_events_received(m: &plegd_telemetry::Metrics) -> u64 {
     plegd_telemetry::StreamEventType::ALL
         .iter()
         .map(|&t| m.stream_events(t))
         .sum()
-}
-
-#[test]
-fn parse_pid_reads_containerds_verbose_info() {
-    assert_eq!(
-        parse_pid(r#"{"sandboxID":"ab","pid":4242,"removing":false}"#),
-        Some(4242)
-    );
-    assert_eq!(parse_pid(r#"{"pid" : 7}"#), Some(7));
-    assert_eq!(parse_pid(r#"{"pid":0}"#), None);
-    assert_eq!(parse_pid("{}"), None);
 }

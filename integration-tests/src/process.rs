@@ -1,12 +1,14 @@
 //! Testing plegd as a process (the binary's tests in plegd/tests): starting it,
-//! signalling it, waiting for its exit or for a condition, a free port, a one-shot
-//! HTTP GET. The binary's path comes from the caller (`env!("CARGO_BIN_EXE_plegd")`
-//! exists only in the plegd package).
+//! signalling it, waiting for its exit or for a condition, running it to its end.
+//! The binary's path comes from the caller (`env!("CARGO_BIN_EXE_plegd")` exists only
+//! in the plegd package). The child killed on drop, the one-shot HTTP GET and the
+//! `/proc` reads are the test kit's (`plegd_testkit::process`), shared with the
+//! benchmark.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+pub use plegd_testkit::process::{http_get, status_field, Reaped};
 
 /// Generous: CI machines are slow and shared.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,19 +32,6 @@ pub fn command_with_fd_limit(path: &str, soft: usize) -> Command {
         .env("RUST_LOG", "info")
         .env("PLEGD_API_SOCKET", "off");
     c
-}
-
-/// A running child that is killed and reaped when dropped, so that a failed assertion
-/// leaves no plegd behind.
-pub struct Reaped(pub Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// Sends `sig` (a name `kill` knows: TERM, INT, HUP, ...) to the child.
@@ -81,28 +70,25 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A port on 127.0.0.1 nobody listens on now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    plegd_testkit::process::free_port().expect("a free port")
 }
 
-/// One GET on a fresh connection: the status code and the whole response, or None
-/// if the connection failed, was refused or closed without a response.
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    // A server that stopped accepting would leave a plain connect hanging for minutes.
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    let code = body.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body))
+/// Runs `cmd` to its end, stdout and stderr captured; panics if it still runs after
+/// [`TIMEOUT`]. Returns what it wrote and how long it ran.
+pub fn run_to_end(cmd: &mut Command) -> (Output, Duration) {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+    let deadline = start + TIMEOUT;
+    while child.try_wait().expect("the child's status").is_none() {
+        assert!(Instant::now() < deadline, "{cmd:?} did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let output = child.wait_with_output().expect("the child's output");
+    (output, start.elapsed())
 }

@@ -1,4 +1,4 @@
-//! The soak engine (issue 9): plegd as its own process against the simulated CRI
+//! The soak engine: plegd as its own process against the simulated CRI
 //! runtime with steady churn and periodic runtime restarts, sampled over time — RSS,
 //! threads, open fds from `/proc`, counters from its `/metrics`, events from its
 //! stdout. The `soak` binary runs it for an hour and plots it; `plegd/tests/soak.rs`
@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +24,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use plegd_sim::{spawn_churn, spawn_in_thread, ChurnConfig, FakeRuntime};
+use plegd_testkit::metrics::Scrape;
+use plegd_testkit::process;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -420,23 +422,16 @@ where
 /// A port nobody listens on now (the kernel picks it; a race with another program
 /// taking it meanwhile is possible but makes plegd fail at start, which is reported).
 fn free_port() -> Result<SocketAddr, SoakError> {
-    let listener =
-        TcpListener::bind("127.0.0.1:0").map_err(|e| SoakError::io("pick a free port", e))?;
-    listener
-        .local_addr()
-        .map_err(|e| SoakError::io("pick a free port", e))
+    let port = process::free_port().map_err(|e| SoakError::io("pick a free port", e))?;
+    Ok(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
 /// `VmRSS` (kB) and `Threads` of a process.
 fn proc_status(pid: u32) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    Some((field("VmRSS:")?, field("Threads:")?))
+    Some((
+        process::status_field(pid, "VmRSS:")?,
+        process::status_field(pid, "Threads:")?,
+    ))
 }
 
 /// Open file descriptors of a process.
@@ -445,49 +440,12 @@ fn proc_fds(pid: u32) -> Option<u64> {
     Some(dir.count() as u64)
 }
 
-/// GET /metrics over plain HTTP/1.0 (no client library for one request).
-fn scrape(addr: SocketAddr) -> Option<String> {
-    let timeout = Duration::from_secs(5);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    stream.set_read_timeout(Some(timeout)).ok()?;
-    stream.set_write_timeout(Some(timeout)).ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    let (head, body) = body.split_once("\r\n\r\n")?;
-    let ok = head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200");
-    ok.then(|| body.to_string())
-}
-
-/// The sum of every series of `name` whose labels contain `label` (`""`: all), from
-/// Prometheus text; `None` if there is none.
-pub fn metric_sum(text: &str, name: &str, label: &str) -> Option<u64> {
-    let mut found = false;
-    let mut sum = 0.0;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let (labels, value) = match rest.chars().next() {
-            Some('{') => match rest.split_once('}') {
-                Some((labels, value)) => (labels, value),
-                None => continue,
-            },
-            Some(' ') => ("", rest),
-            _ => continue, // another metric with this one's name as a prefix
-        };
-        if !labels.contains(label) {
-            continue;
-        }
-        if let Ok(v) = value.trim().parse::<f64>() {
-            found = true;
-            sum += v;
-        }
+/// One scrape of `/metrics` on `addr` (a local port); `None` unless it answers 200.
+fn scrape(addr: SocketAddr) -> Option<Scrape> {
+    match process::http_get(addr.port(), "/metrics")? {
+        (200, response) => Scrape::from_response(&response),
+        _ => None,
     }
-    // Counters and gauges here are whole numbers.
-    found.then_some(sum.max(0.0).round() as u64)
 }
 
 /// Runs a soak; `on_sample` sees each sample as it is taken (for progress output).
@@ -598,7 +556,8 @@ fn wait_ready(plegd: &mut Plegd) -> Result<(), SoakError> {
             });
         }
         if scrape(plegd.metrics).is_some_and(|m| {
-            metric_sum(&m, "kubelet_pleg_relist_duration_seconds_count", "").is_some_and(|n| n > 0)
+            m.count("kubelet_pleg_relist_duration_seconds_count", &[])
+                .is_some_and(|n| n > 0)
         }) {
             return Ok(());
         }
@@ -615,7 +574,7 @@ fn take_sample(plegd: &Plegd, start: Instant, restarts: u64, churn_steps: u64) -
     let pid = plegd.pid();
     let (rss_kb, threads) = proc_status(pid).unwrap_or_default();
     let metrics = scrape(plegd.metrics).unwrap_or_default();
-    let m = |name: &str, label: &str| metric_sum(&metrics, name, label);
+    let m = |name: &str, label: &str| metrics.count(name, &[label]);
     Sample {
         time_s: start.elapsed().as_secs_f64(),
         rss_kb,
@@ -769,27 +728,6 @@ mod tests {
         };
         assert_eq!(Sample::from_csv_row(&s.csv_row()), Some(s));
         assert_eq!(Sample::from_csv_row("1,2,3"), None);
-    }
-
-    #[test]
-    fn metric_sums_select_by_name_and_label() {
-        let text = "# HELP x\n\
-            kubelet_pleg_events_total{relist_source=\"global\"} 3\n\
-            kubelet_pleg_events_total{relist_source=\"evented_pleg\"} 4\n\
-            kubelet_pleg_events_total_other 100\n\
-            plegd_relist_requests_total{result=\"queued\",relist_source=\"evented_pleg\"} 5\n\
-            plegd_relist_requests_total{result=\"done\",relist_source=\"evented_pleg\"} 5\n\
-            plegd_evented_stream_connected 1\n";
-        assert_eq!(metric_sum(text, "kubelet_pleg_events_total", ""), Some(7));
-        assert_eq!(
-            metric_sum(text, "plegd_relist_requests_total", "result=\"queued\""),
-            Some(5)
-        );
-        assert_eq!(
-            metric_sum(text, "plegd_evented_stream_connected", ""),
-            Some(1)
-        );
-        assert_eq!(metric_sum(text, "plegd_sync_gates", ""), None);
     }
 
     #[test]

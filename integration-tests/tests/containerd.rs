@@ -148,8 +148,8 @@ async fn fast_path_publishes_real_exits_kills_and_stops_from_the_event_stream() 
 }
 
 /// A container over its memory limit is OOM-killed by the kernel: plegd's ContainerDied
-/// says so (`OOMKilled`, 137), from its own status read — issue 10's enriched fields on a
-/// real runtime (cgroup v1 memory controller here).
+/// says so (`OOMKilled`, 137), from its own status read — the enriched fields on a real
+/// runtime (cgroup v1 memory controller here).
 #[actix_rt::test]
 #[ignore = "needs root and a real containerd: scripts/test.sh runs it"]
 async fn an_oom_killed_container_is_reported_as_oomkilled() {

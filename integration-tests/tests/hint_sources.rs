@@ -187,7 +187,7 @@ async fn garbage_unknown_ids_and_duplicates_ask_for_nothing_more() {
     assert_eq!(e.sim.calls(Op::TaskEvents), 1, "never resubscribed");
 }
 
-/// Regression (issue 12): containerd publishes a task's exit before CRI records the
+/// Regression: containerd publishes a task's exit before CRI records the
 /// container as exited, so the relist the event asks for at once finds it running;
 /// the source's rechecks find the death (without them: only the next global relist).
 #[actix_rt::test]
@@ -211,7 +211,7 @@ async fn a_task_exit_published_before_the_runtime_records_it_is_found_by_a_reche
     assert_eq!(d.event.exit.as_ref().map(|x| x.code), Some(9));
 }
 
-/// Regression (issue 12): a relist that failed at its lists never advanced the cache's
+/// Regression: a relist that failed at its lists never advanced the cache's
 /// read time, so every later request for the pod counted as still pending and was
 /// dropped: the death waited for the global relist. A request is pending for at most
 /// a second.
@@ -263,7 +263,7 @@ impl Intercept for StaleList {
     }
 }
 
-/// Regression (issue 12, seen on real containerd 2.1): the relist a task event asks
+/// Regression (seen on real containerd 2.1): the relist a task event asks
 /// for read the container's status as exited but its list entry as running, so it
 /// published nothing; rechecks stopped because the cache had it exited. One more relist
 /// after the cache first has it exited publishes the death.
@@ -341,10 +341,10 @@ async fn the_subscription_survives_errors_eof_unimplemented_and_a_runtime_restar
     assert_eq!(e.sim.calls(Op::Events), 0);
 }
 
-/// Issue 12 #4: the same stops seen through the CRI stream and containerd's event
+/// The same stops seen through the CRI stream and containerd's event
 /// service give one ContainerDied each. Prints the figures. (containerd's task exits
 /// come first, as in containerd; the CRI stream has reported no stop yet, so the early
-/// source reads at once — issue 11, `cri_stops.rs` — and both sources ask.)
+/// source reads at once — `cri_stops.rs` — and both sources ask.)
 #[actix_rt::test]
 async fn the_same_stop_through_two_sources_is_one_container_died() {
     let sources = [HintSourceName::CriEvents, HintSourceName::ContainerdEvents];
@@ -412,7 +412,7 @@ async fn the_same_stop_through_two_sources_is_one_container_died() {
     assert!(q(RelistSource::ContainerdEvents) >= EXITS as u64);
 }
 
-/// Issue 11: once the CRI stream has reported the stops containerd's event service
+/// Once the CRI stream has reported the stops containerd's event service
 /// announced, that source waits for the stream's report before it reads a pod (a grace
 /// learnt from the stream's lags) — but a stop the stream misses (containerd 1.7 gives
 /// each CRI event to one subscriber only) is still found by its rechecks, not left to

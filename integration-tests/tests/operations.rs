@@ -18,6 +18,7 @@ use plegd_runtime::CriRuntime;
 use plegd_sim::{spawn_in_thread, FakeRuntime, Op};
 use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::Metrics;
+use plegd_testkit::metrics::Scrape;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct H(Health);
@@ -43,21 +44,11 @@ async fn get(port: u16, path: &str) -> (u16, String) {
     (code, body)
 }
 
-/// series (name{labels}) → value, from the Prometheus text format.
-fn parse(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
 async fn scrape(port: u16) -> BTreeMap<String, f64> {
     let (code, body) = get(port, "/metrics").await;
     assert_eq!(code, 200);
-    parse(body.split_once("\r\n\r\n").map(|b| b.1).unwrap_or_default())
+    // series (name{labels}) → value.
+    Scrape::from_response(&body).unwrap_or_default().series()
 }
 
 fn val(m: &BTreeMap<String, f64>, series: &str) -> f64 {
@@ -286,7 +277,7 @@ async fn counters_move_as_the_troubleshooting_table_says() {
     assert!(evented > 0.0, "the fast path caught some exits");
     // Each death is found by a targeted relist or, if every request for its pod was
     // dropped, by a global relist. (Since the dispatcher drains its queue while a
-    // relist runs, issue 11, one of a pod's 20 requests usually gets through: the
+    // relist runs, one of a pod's 20 requests usually gets through: the
     // global relists may find none.)
     let global_before = val(&up, "kubelet_pleg_events_total{relist_source=\"global\"}");
     assert!(

@@ -1,4 +1,4 @@
-//! Lifecycle events as OTLP log records (issue 13): an in-process OTLP receiver gets
+//! Lifecycle events as OTLP log records: an in-process OTLP receiver gets
 //! one record per published event with the semantic conventions' attributes; a
 //! collector that refuses connections or stalls while 10,000 events are published
 //! costs counted drops and nothing else — the relist schedule goes on, the other

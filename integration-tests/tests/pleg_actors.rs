@@ -180,7 +180,7 @@ async fn a_dropped_subscription_is_forgotten_on_a_quiet_node() {
 
 #[actix_rt::test]
 async fn health_follows_the_global_relist_not_the_stream() {
-    // Issue 9 #15: this test used to run without a stream, so the stream could not
+    // This test used to run without a stream, so the stream could not
     // affect anything. Now the stream fails the whole time (KEP-3386: losing the fast
     // path is not a health failure) and only the global relist moves health.
     let rt = FakeRuntime::new();

@@ -267,7 +267,7 @@ async fn list_filters_are_honoured() {
     assert_eq!(resp.status.unwrap().metadata.unwrap().uid, "uid-1");
 }
 
-/// Issue 11 goal 5: the global relist's ListPodSandbox and ListContainers were awaited
+/// Regression: the global relist's ListPodSandbox and ListContainers were awaited
 /// one after the other (two round trips, while targeted requests wait). Either one
 /// failing still fails the node's lists.
 #[tokio::test]
@@ -319,7 +319,7 @@ async fn the_node_lists_are_in_flight_together() {
     assert_eq!((view.sandboxes.len(), view.containers.len()), (1, 1));
 }
 
-/// Issue 11 goal 5: the targeted relist a stop event asks for read the stopped
+/// Regression: the targeted relist a stop event asks for read the stopped
 /// container's status only after the pod's lists (a second round trip); it now reads
 /// it together with them, once, and the death it publishes carries the exit.
 #[tokio::test]

@@ -178,7 +178,7 @@ async fn spans_reach_an_otlp_receiver_with_their_attributes_and_links() {
         .unwrap()
         .iter()
         .any(|r| r == "service.name=plegd"));
-    // Node identity (issue 13 §2), on the resource of every span.
+    // Node identity, on the resource of every span.
     for want in [
         "k8s.node.name=test-node",
         "host.name=test-host",

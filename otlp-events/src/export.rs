@@ -24,8 +24,10 @@ use opentelemetry_otlp::{LogExporter, RetryPolicy, WithExportConfig, WithTonicCo
 use opentelemetry_sdk::logs::{LogBatch, LogExporter as _, SdkLogRecord, SdkLoggerProvider};
 use opentelemetry_sdk::Resource;
 use plegd_actors::Subscription;
+use plegd_telemetry::runtime_thread::{self, Workers};
 use plegd_telemetry::traces::Identity;
 use plegd_telemetry::Metrics;
+use tokio::runtime::Runtime;
 use tokio::sync::mpsc::{self, error::TrySendError};
 
 use crate::drops::Drops;
@@ -69,7 +71,7 @@ impl EventLogConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum EventLogError {
     #[error("cannot start the OTLP event export: {0}")]
-    Start(std::io::Error),
+    Start(#[from] std::io::Error),
     #[error("cannot build the OTLP log exporter for {endpoint}: {reason}")]
     Exporter { endpoint: String, reason: String },
 }
@@ -87,25 +89,14 @@ impl EventLogExport {
         config: EventLogConfig,
         metrics: Arc<Metrics>,
     ) -> Result<EventLogExport, EventLogError> {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("otlp-events".into())
-            .spawn(move || {
-                let started = Started::new(&config, metrics);
-                match started {
-                    Ok(started) => {
-                        let _ = ready_tx.send(Ok(()));
-                        started.run(&sub, &config);
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                    }
-                }
-            })
-            .map_err(EventLogError::Start)?;
-        ready_rx.recv().map_err(|_| {
-            EventLogError::Start(std::io::Error::other("the export thread ended at start"))
-        })??;
+        let ((), thread) = runtime_thread::spawn::<_, EventLogError, _>(
+            "otlp-events",
+            Workers::One("otlp-events-io"),
+            move |rt: &Runtime| {
+                let started = Started::new(rt, &config, metrics)?;
+                Ok(((), move |rt: Runtime| started.run(rt, &sub, &config)))
+            },
+        )?;
         Ok(EventLogExport { thread })
     }
 
@@ -123,9 +114,8 @@ impl EventLogExport {
     }
 }
 
-/// The export thread's state once its runtime and exporter are built.
+/// The export thread's state once its exporter is built (its runtime is the thread's).
 struct Started {
-    rt: tokio::runtime::Runtime,
     maker: RecordMaker,
     /// Kept for the logger's sake (it makes the records; no processor).
     _provider: SdkLoggerProvider,
@@ -137,13 +127,11 @@ struct Started {
 }
 
 impl Started {
-    fn new(config: &EventLogConfig, metrics: Arc<Metrics>) -> Result<Started, EventLogError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("otlp-events-io")
-            .enable_all()
-            .build()
-            .map_err(EventLogError::Start)?;
+    fn new(
+        rt: &Runtime,
+        config: &EventLogConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Started, EventLogError> {
         let mut exporter = {
             let _guard = rt.enter();
             LogExporter::builder()
@@ -183,7 +171,6 @@ impl Started {
             },
         ));
         Ok(Started {
-            rt,
             maker,
             _provider: provider,
             tx,
@@ -194,7 +181,7 @@ impl Started {
     }
 
     /// Forwards every delivery until the publisher closes, then drains and counts.
-    fn run(self, sub: &Subscription, config: &EventLogConfig) {
+    fn run(self, rt: Runtime, sub: &Subscription, config: &EventLogConfig) {
         let mut accepted: u64 = 0;
         while let Ok(d) = sub.recv() {
             // The subscription's own queue overflowed just before this one.
@@ -213,7 +200,6 @@ impl Started {
             }
         }
         let Started {
-            rt,
             tx,
             mut worker,
             drops,

@@ -1,4 +1,4 @@
-//! plegd's lifecycle events leave the node as OTLP log records (issue 13): one record
+//! plegd's lifecycle events leave the node as OTLP log records: one record
 //! per published event, named `plegd.container.started|died|removed` or
 //! `plegd.pod.sync`, with the OpenTelemetry semantic conventions' attributes, sent over
 //! OTLP/gRPC to the node's collector.

@@ -440,7 +440,7 @@ mod tests {
         }
     }
 
-    /// Issue 9 #8: `20000y` passed validation, then panicked inside tonic.
+    /// Regression: `20000y` passed validation, then panicked inside tonic.
     #[test]
     fn durations_have_an_upper_bound() {
         assert!("1h".parse::<PositiveDuration<HOUR>>().is_ok());

@@ -9,9 +9,10 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
-use integration_tests::process::{command, signal, wait_exit, wait_until, Reaped, TIMEOUT};
+use integration_tests::process::{
+    command, run_to_end, signal, wait_exit, wait_until, Reaped, TIMEOUT,
+};
 use serde_json::Value;
 
 fn plegd() -> std::process::Command {
@@ -50,20 +51,7 @@ fn demo_with(socket: &Path, events: &Path, extra: &[&str]) -> Reaped {
 
 /// Runs a client to its end.
 fn client(args: &[&str], socket: &Path) -> Output {
-    let mut child = plegd()
-        .args(args)
-        .arg("--api-socket")
-        .arg(socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "plegd {args:?} did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
+    run_to_end(plegd().args(args).arg("--api-socket").arg(socket)).0
 }
 
 /// A `plegd watch` process and its stdout lines, read on a thread.

@@ -6,31 +6,16 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use integration_tests::process::{command, wait_exit, wait_until, Reaped, TIMEOUT};
+use integration_tests::process::{command, run_to_end, wait_exit, wait_until, Reaped};
 use serde_json::Value;
 
 fn plegd() -> std::process::Command {
     command(env!("CARGO_BIN_EXE_plegd"))
 }
 
-fn run_to_end(cmd: &mut std::process::Command) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "plegd did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
-}
-
-/// `plegd demo` serving its API at `socket` (its control socket beside it), with churn.
 fn demo(socket: &Path) -> Reaped {
     demo_with(socket, &[])
 }
@@ -74,7 +59,7 @@ fn a_socket_path_that_fits_serves_and_a_longer_one_is_refused_by_name() {
             &socket,
             &["--api-control-socket".as_ref(), control.as_ref()],
         );
-        let out = run_to_end(plegd().args(["pods", "--api-socket"]).arg(&socket));
+        let out = run_to_end(plegd().args(["pods", "--api-socket"]).arg(&socket)).0;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{len} bytes: {err}");
         assert!(
@@ -89,7 +74,8 @@ fn a_socket_path_that_fits_serves_and_a_longer_one_is_refused_by_name() {
                 .args(["demo", "--metrics-addr", "off", "--api-socket"])
                 .arg(&socket)
                 .args(extra),
-        );
+        )
+        .0;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
         assert!(
@@ -109,7 +95,8 @@ fn a_socket_path_that_fits_serves_and_a_longer_one_is_refused_by_name() {
                 .args(["demo", "--metrics-addr", "off", "--api-socket"])
                 .arg(&socket)
                 .args(extra),
-        );
+        )
+        .0;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
         assert!(
@@ -138,7 +125,8 @@ fn print_config_refuses_the_socket_group_a_start_refuses() {
                         .arg(&socket)
                         .args([flag, group])
                         .args(extra),
-                );
+                )
+                .0;
                 let err = String::from_utf8_lossy(&out.stderr);
                 assert_eq!(
                     out.status.code(),
@@ -159,7 +147,8 @@ fn print_config_refuses_the_socket_group_a_start_refuses() {
         "--api-socket-group",
         "0",
         "--print-config",
-    ]));
+    ]))
+    .0;
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("api-socket-group = \"0\""));
 }
@@ -279,7 +268,7 @@ fn each_client_ends_at_its_deadline_when_nothing_answers() {
     ];
     for (args, deadline) in cases {
         let start = Instant::now();
-        let out = run_to_end(plegd().args(args).arg("--api-socket").arg(&socket));
+        let out = run_to_end(plegd().args(args).arg("--api-socket").arg(&socket)).0;
         let took = start.elapsed();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
@@ -294,6 +283,6 @@ fn each_client_ends_at_its_deadline_when_nothing_answers() {
         );
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
     }
-    let out = run_to_end(plegd().args(["pods", "--timeout", "0s"]));
+    let out = run_to_end(plegd().args(["pods", "--timeout", "0s"])).0;
     assert_eq!(out.status.code(), Some(2));
 }

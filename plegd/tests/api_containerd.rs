@@ -1,4 +1,4 @@
-//! Issue 10's "done when", against a real containerd 1.7: `plegd run` with the API
+//! The subscriber API end to end against a real containerd 1.7: `plegd run` with the API
 //! on, two `plegd watch --json` clients, a container killed with SIGKILL — all three
 //! outputs show the same death (exit 137) with the same revision, within milliseconds
 //! of the runtime's stop event, from plegd's one CRI event stream.
@@ -16,6 +16,7 @@ use integration_tests::containerd::{Death, Flavor, Session, SLEEP_SCRIPT};
 use integration_tests::process::{
     command, free_port, http_get, signal, wait_exit, wait_until, Reaped, TIMEOUT,
 };
+use plegd_testkit::metrics::Scrape;
 use serde_json::Value;
 
 /// Lines of a child's stdout, each with when it was read.
@@ -51,13 +52,12 @@ fn until(
 
 /// Events plegd's CRI stream received (its metric), 0 if unreadable.
 fn stream_events(port: u16) -> u64 {
-    let Some((200, body)) = http_get(port, "/metrics") else {
+    let Some((200, response)) = http_get(port, "/metrics") else {
         return 0;
     };
-    body.lines()
-        .filter(|l| l.starts_with("plegd_evented_stream_events_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    Scrape::from_response(&response)
+        .and_then(|m| m.count("plegd_evented_stream_events_total", &[]))
+        .unwrap_or(0)
 }
 
 fn watch(socket: &Path, uid: &str) -> (Reaped, mpsc::Receiver<(SystemTime, String)>) {

@@ -13,8 +13,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use integration_tests::process::{
-    command, command_with_fd_limit, free_port, http_get, wait_until, Reaped, TIMEOUT,
+    self, command, command_with_fd_limit, free_port, http_get, wait_until, Reaped, TIMEOUT,
 };
+use plegd_testkit::metrics::Scrape;
 
 /// plegd's handshake deadline (README, "Subscriber API").
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -152,31 +153,22 @@ fn list_pods(socket: &Path) -> (Result<usize, String>, Duration) {
 }
 
 fn run_to_end(args: &[&str], socket: &Path) -> (Output, Duration) {
-    let start = Instant::now();
-    let mut child = command(plegd_bin())
-        .args(args)
-        .arg("--api-socket")
-        .arg(socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = start + TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "plegd {args:?} did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (child.wait_with_output().unwrap(), start.elapsed())
+    process::run_to_end(
+        command(plegd_bin())
+            .args(args)
+            .arg("--api-socket")
+            .arg(socket),
+    )
 }
 
 /// `name{reason="reason"}` on /metrics.
 fn closed(port: u16, reason: &str) -> u64 {
-    let (_, body) = http_get(port, "/metrics").expect("/metrics answers");
-    let series = format!("plegd_api_connections_closed_total{{reason=\"{reason}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series}in /metrics"))
+    let (_, response) = http_get(port, "/metrics").expect("/metrics answers");
+    let name = "plegd_api_connections_closed_total";
+    let label = format!("reason=\"{reason}\"");
+    Scrape::from_response(&response)
+        .and_then(|m| m.count(name, &[&label]))
+        .unwrap_or_else(|| panic!("no {name}{{{label}}} in /metrics"))
 }
 
 fn temp_socket() -> (tempfile::TempDir, PathBuf) {

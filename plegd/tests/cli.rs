@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use plegd_sim::{spawn_in_thread, FakeRuntime};
 
-use integration_tests::process::{command, free_port, http_get, signal, wait_exit, TIMEOUT};
+use integration_tests::process::{self, command, free_port, http_get, signal, wait_exit, TIMEOUT};
 
 /// The binary under test.
 fn plegd() -> std::process::Command {
@@ -16,18 +16,7 @@ fn plegd() -> std::process::Command {
 }
 
 fn run_to_end(args: &[&str]) -> Output {
-    let mut child = plegd()
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "plegd {args:?} did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
+    process::run_to_end(plegd().args(args)).0
 }
 
 #[test]
@@ -544,7 +533,7 @@ fn a_bad_value_exits_2_naming_the_flag() {
         ),
         (&["--pods", "0"], &[], "--pods"),
         (&["--churn-period=-1s"], &[], "--churn-period"),
-        // Issue 9 #8: absurd durations passed, then panicked (or killed the
+        // Regression: absurd durations passed, then panicked (or killed the
         // dispatcher while /metrics kept answering).
         (
             &["--runtime-request-timeout", "20000y"],
@@ -669,7 +658,7 @@ fn exit_and_stderr(child: &mut Child) -> (std::process::ExitStatus, String) {
     (status, stderr)
 }
 
-/// Issue 9 #1: with its output's reader gone (`plegd ... | head -1`), plegd went on
+/// Regression: with its output's reader gone (`plegd ... | head -1`), plegd went on
 /// relisting forever, silently losing every later event.
 #[test]
 fn a_closed_output_pipe_stops_plegd_with_an_error() {
@@ -688,7 +677,7 @@ fn a_closed_output_pipe_stops_plegd_with_an_error() {
     );
 }
 
-/// Issue 9 #1: `--events-json /dev/full` ran silently until SIGTERM.
+/// Regression: `--events-json /dev/full` ran silently until SIGTERM.
 #[test]
 fn a_full_output_file_stops_plegd_with_an_error() {
     let mut child = busy_demo("/dev/full", Stdio::null());
@@ -697,7 +686,7 @@ fn a_full_output_file_stops_plegd_with_an_error() {
     assert!(stderr.contains("writing events"), "{stderr}");
 }
 
-/// Issue 9 #12: `--config /dev/zero` read until memory ran out; a FIFO hung forever.
+/// Regression: `--config /dev/zero` read until memory ran out; a FIFO hung forever.
 #[test]
 fn a_config_file_that_is_not_a_small_regular_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -724,7 +713,7 @@ fn a_config_file_that_is_not_a_small_regular_file_is_refused() {
     }
 }
 
-/// Issue 9 #10: SIGHUP killed plegd at once (exit 129). It now reopens the events
+/// Regression: SIGHUP killed plegd at once (exit 129). It now reopens the events
 /// file, as log rotation expects, and plegd goes on.
 #[test]
 fn sighup_reopens_the_events_file_and_plegd_goes_on() {
@@ -765,7 +754,7 @@ fn sighup_reopens_the_events_file_and_plegd_goes_on() {
     assert!(lines(&rotated) > 0);
 }
 
-/// Issue 9 #10: a signal during the demo's start-up left its socket directory behind.
+/// Regression: a signal during the demo's start-up left its socket directory behind.
 #[test]
 fn a_signal_during_demo_start_up_still_cleans_up() {
     let tmp = tempfile::tempdir().unwrap();
@@ -791,7 +780,7 @@ fn a_signal_during_demo_start_up_still_cleans_up() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
-/// Issue 9 #9: a relist in progress whose status read was slow (1.2 s, within the 2 s
+/// Regression: a relist in progress whose status read was slow (1.2 s, within the 2 s
 /// request timeout) was dropped at shutdown, its events never written.
 #[test]
 fn shutdown_waits_for_a_relist_within_one_request_timeout() {
@@ -836,7 +825,7 @@ fn shutdown_waits_for_a_relist_within_one_request_timeout() {
     );
 }
 
-/// Issue 13 §4: stderr carried ANSI colour codes even into a pipe or a file.
+/// Regression: stderr carried ANSI colour codes even into a pipe or a file.
 #[test]
 fn logs_have_no_colour_off_a_terminal_and_json_lines_on_request() {
     let text = run_to_end(&["demo", "--duration", "300ms", "--metrics-addr", "off"]);

@@ -1,4 +1,4 @@
-//! Issue 9 #2: clients of the metrics port (bound to 0.0.0.0 in the DaemonSet, so
+//! Clients of the metrics port (bound to 0.0.0.0 in the DaemonSet, so
 //! any pod is one) must not be able to keep plegd from stopping or starve it of file
 //! descriptors. A half-sent request kept SIGTERM from ever completing (only SIGKILL
 //! worked), and every half-open connection held a descriptor for ever.

@@ -1,4 +1,4 @@
-//! Memory after a churn of short-lived pods (issue 11, goal 4): with the event
+//! Memory after a churn of short-lived pods: with the event
 //! history and the tombstones bounded small, plegd's RSS comes back within 1 MiB of
 //! where it was with the same live pods. What the churn freed stays with glibc
 //! between long-lived blocks unless plegd gives it back (`--memory-trim-period`), and
@@ -15,9 +15,9 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use integration_tests::process::{command, free_port, http_get, Reaped};
-use integration_tests::soak::metric_sum;
+use integration_tests::process::{command, free_port, http_get, status_field, Reaped};
 use plegd_sim::{spawn_in_thread, FakeRuntime};
+use plegd_testkit::metrics::Scrape;
 
 /// Live pods kept all along (as plegd-bench's churn row): plenty of long-lived blocks
 /// for the churn's freed ones to lie between, and a full history from the start.
@@ -35,18 +35,12 @@ const SETTLE: Duration = Duration::from_secs(90);
 /// binary it has read, which a debug build's churn adds to by running code paths (pod
 /// removal, tombstones) the steady relists did not, once, and the kernel can drop.
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    status_field(pid, "RssAnon:").unwrap_or(0)
 }
 
 fn metric(port: u16, name: &str) -> u64 {
     http_get(port, "/metrics")
-        .and_then(|(_, body)| metric_sum(&body, name, ""))
+        .and_then(|(_, response)| Scrape::from_response(&response)?.count(name, &[]))
         .unwrap_or(0)
 }
 

@@ -1,5 +1,4 @@
-//! `plegd demo --otlp-events` against an in-process OTLP receiver (issue 13, "done
-//! when"): every event written to stdout arrives as one log record with its event
+//! `plegd demo --otlp-events` against an in-process OTLP receiver: every event written to stdout arrives as one log record with its event
 //! name, revision and node; and the flags are refused when they cannot work.
 
 use std::process::{Output, Stdio};

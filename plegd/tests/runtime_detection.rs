@@ -1,4 +1,4 @@
-//! `plegd run` against real containerd 1.7 and 2.1 (issue 12): it detects the runtime
+//! `plegd run` against real containerd 1.7 and 2.1: it detects the runtime
 //! and its version at start, picks the hint sources the runtime supports (both CRI
 //! events and containerd's event service on containerd), says per runtime what it
 //! does — the one-subscriber warning on 1.7 only — and shows each source's state on

@@ -1,4 +1,4 @@
-//! Issue 9 "Then prove it": SIGTERM at random points under load — mid-relist (slow
+//! SIGTERM at random points under load — mid-relist (slow
 //! runtime calls), mid-backoff (the event stream failing), mid-storm (pods starting
 //! and exiting quickly), with a slow reader of the events, during `plegd demo`'s
 //! start-up, with half-sent HTTP requests open — always exits 0 within the README's

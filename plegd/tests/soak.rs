@@ -1,4 +1,4 @@
-//! The two-minute soak in CI (issue 9): the built `plegd` binary against the
+//! The two-minute soak in CI: the built `plegd` binary against the
 //! simulated CRI runtime with steady churn and a runtime restart every 30 s, sampled
 //! every 2 s; fails when RSS, threads or open fds grow from the first third to the
 //! last (after a warm-up), or when plegd stops relisting or publishing.

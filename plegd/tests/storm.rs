@@ -18,17 +18,22 @@ use integration_tests::otlp::LogsReceiver;
 use integration_tests::process::{
     command, free_port, http_get, signal, wait_exit, wait_until, Reaped,
 };
-use integration_tests::soak::metric_sum;
 use plegd_runtime::cri;
 use plegd_sim::{spawn_in_thread, FakeRuntime};
+use plegd_testkit::metrics::Scrape;
 
 const PODS: usize = 20;
 const THREADS: usize = 3;
 
 fn metric(port: u16, name: &str, labels: &str) -> u64 {
+    scrape(port).count(name, &[labels]).unwrap_or(0)
+}
+
+/// One scrape of /metrics (empty if it did not answer).
+fn scrape(port: u16) -> Scrape {
     http_get(port, "/metrics")
-        .and_then(|(_, body)| metric_sum(&body, name, labels))
-        .unwrap_or(0)
+        .and_then(|(_, response)| Scrape::from_response(&response))
+        .unwrap_or_default()
 }
 
 fn stop_event(uid: &str) -> cri::ContainerEventResponse {
@@ -168,18 +173,13 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
             == PODS
     });
     let intervals = metric(port, "kubelet_pleg_relist_interval_seconds_count", "") - sum_before;
-    let body = http_get(port, "/metrics")
-        .map(|(_, b)| b)
-        .unwrap_or_default();
+    let scraped = scrape(port);
     storming.store(false, Ordering::Relaxed);
     let sent: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
     let result = |r: &str| {
-        metric_sum(
-            &body,
-            "plegd_relist_requests_total",
-            &format!("result=\"{r}\""),
-        )
-        .unwrap_or(0)
+        scraped
+            .count("plegd_relist_requests_total", &[&format!("result=\"{r}\"")])
+            .unwrap_or(0)
     };
     println!(
         "storm: {sent} stop events injected; requests queued {}, merged {}, dropped {}, \

@@ -335,14 +335,14 @@ mod tests {
         assert_eq!(container_state_from_wire(99), ContainerState::Unknown);
     }
 
-    /// Issue 9 #6: an unknown sandbox state value was read as NotReady (a death).
+    /// Regression: an unknown sandbox state value was read as NotReady (a death).
     #[test]
     fn an_undefined_sandbox_state_is_unknown_not_a_death() {
         assert_eq!(sandbox_state_from_wire(7), SandboxState::Unknown);
         assert_eq!(sandbox_state_from_wire(-1), SandboxState::Unknown);
     }
 
-    /// Issue 9 #7: a sandbox with an empty id was accepted (and gave events with an
+    /// Regression: a sandbox with an empty id was accepted (and gave events with an
     /// empty container_id).
     #[test]
     fn a_sandbox_without_id_is_invalid() {
@@ -368,7 +368,7 @@ mod tests {
         ));
     }
 
-    /// The pod's labels (issue 10: label selectors of subscribers) come from the
+    /// The pod's labels (what subscribers' label selectors match) come from the
     /// sandbox's labels on both reads, and back onto the wire for the simulator.
     #[test]
     fn sandbox_labels_are_carried_from_the_list_and_the_status() {

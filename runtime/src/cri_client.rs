@@ -328,7 +328,7 @@ impl RuntimeClient for CriRuntime {
     }
 
     /// The two lists undecoded: the global relist reads them in place and decodes only
-    /// the pods that changed (issue 11). Both are in flight at once: a global relist
+    /// the pods that changed. Both are in flight at once: a global relist
     /// waits for one round trip, not two (targeted requests wait for it). Either
     /// failing fails both.
     async fn list_node(&self) -> Result<NodeLists, RuntimeError> {

@@ -860,7 +860,7 @@ impl RuntimeClient for FakeRuntime {
 mod tests {
     use super::*;
 
-    /// Issue 9 #11: every create scanned every object, so `plegd demo --pods 20000`
+    /// Regression: every create scanned every object, so `plegd demo --pods 20000`
     /// took 29 s to start (60,000: not up after 40 s). Linear, 60,000 pods with two
     /// containers each take about a second here; the bound is only there to fail a
     /// quadratic runtime, which needs minutes.

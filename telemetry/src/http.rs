@@ -453,7 +453,7 @@ mod tests {
         (String::from_utf8_lossy(&got).into_owned(), start.elapsed())
     }
 
-    /// Issue 9 #2: a half-sent request kept the endpoint, and so plegd, from ever
+    /// Regression: a half-sent request kept the endpoint, and so plegd, from ever
     /// stopping. With the default limits, so it is the shutdown grace that acts (the
     /// header timeout is 5 s).
     #[test]

@@ -6,6 +6,7 @@ pub mod http;
 pub mod labels;
 pub mod logging;
 pub mod metrics;
+pub mod runtime_thread;
 pub mod spare_fd;
 pub mod traces;
 

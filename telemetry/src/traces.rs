@@ -12,11 +12,14 @@ use opentelemetry::KeyValue;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
+use tokio::runtime::Runtime;
+
+use crate::runtime_thread::{self, Workers};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     #[error("cannot start the trace export runtime: {0}")]
-    Runtime(std::io::Error),
+    Runtime(#[from] std::io::Error),
     #[error("cannot build the OTLP exporter for {endpoint}: {reason}")]
     Exporter { endpoint: String, reason: String },
 }
@@ -48,24 +51,12 @@ pub struct Identity {
 impl TraceExport {
     /// Starts exporting spans of the global tracer to `endpoint` (OTLP/gRPC).
     pub fn start(endpoint: &str, identity: &Identity) -> Result<TraceExport, TraceError> {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let ep = endpoint.to_string();
-        let thread = std::thread::Builder::new()
-            .name("otlp-export".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .thread_name("otlp-io")
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(TraceError::Runtime(e)));
-                        return;
-                    }
-                };
+        let (exporter, thread) = runtime_thread::spawn::<_, TraceError, _>(
+            "otlp-export",
+            Workers::One("otlp-io"),
+            move |rt: &Runtime| {
                 let exporter = {
                     let _guard = rt.enter();
                     SpanExporter::builder()
@@ -73,19 +64,18 @@ impl TraceExport {
                         .with_endpoint(ep.clone())
                         .with_timeout(Duration::from_secs(3))
                         .build()
-                };
-                let _ = ready_tx.send(exporter.map_err(|e| TraceError::Exporter {
+                }
+                .map_err(|e| TraceError::Exporter {
                     endpoint: ep,
                     reason: e.to_string(),
-                }));
+                })?;
                 // Keep the runtime (and the channel's worker) alive until shutdown.
-                let _ = stop_rx.recv();
-                rt.shutdown_timeout(Duration::from_millis(200));
-            })
-            .map_err(TraceError::Runtime)?;
-        let exporter = ready_rx
-            .recv()
-            .map_err(|_| TraceError::Runtime(std::io::Error::other("export thread died")))??;
+                Ok((exporter, move |rt: Runtime| {
+                    let _ = stop_rx.recv();
+                    rt.shutdown_timeout(Duration::from_millis(200));
+                }))
+            },
+        )?;
         let mut resource = Resource::builder().with_attributes([
             KeyValue::new("service.version", identity.service_version.clone()),
             KeyValue::new("host.name", identity.host_name.clone()),

@@ -1,7 +1,8 @@
 //! sim's churn acted out over CRI: [`CriChurn`] implements `plegd_sim::ChurnRuntime`
 //! with the project's own CRI client (`plegd_runtime::CriRuntime` for reads, the
 //! generated `RuntimeServiceClient`/`ImageServiceClient` for the rest), turning each
-//! churn step into the calls a kubelet makes, and logging each one.
+//! churn step into the calls a kubelet makes, and logging each one. Its pods are the
+//! test kit's host-network pods (`plegd_testkit::cri`).
 //!
 //! Churn is synchronous (it runs on the main thread); each call here is a
 //! `block_on` on the workload's tokio runtime, bounded by the request timeout.
@@ -20,6 +21,7 @@ use plegd_runtime::{
     RuntimeClient, RuntimeError, RuntimeVersion,
 };
 use plegd_sim::{ChurnRuntime, KILL_EXIT_CODE};
+use plegd_testkit::cri::{container_config, labels, pod_config, ContainerSpec, PodSpec};
 use tokio::runtime::Handle;
 use tonic::transport::Channel;
 
@@ -156,7 +158,7 @@ impl CriChurn {
     pub fn remove_leftovers(&self) -> anyhow::Result<usize> {
         let mut runtime = self.runtime.clone();
         let filter = cri::PodSandboxFilter {
-            label_selector: [(LABEL.0.to_string(), LABEL.1.to_string())].into(),
+            label_selector: labels(LABEL),
             ..Default::default()
         };
         let listed = self.call("ListPodSandbox", self.timeout, async {
@@ -201,51 +203,29 @@ impl CriChurn {
     }
 
     fn sandbox_config(&self, pod: &PodRef, attempt: u32) -> cri::PodSandboxConfig {
-        cri::PodSandboxConfig {
-            metadata: Some(cri::PodSandboxMetadata {
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                namespace: pod.namespace.clone(),
-                attempt,
-            }),
+        pod_config(PodSpec {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            attempt,
             log_directory: format!(
                 "{}/{}_{}_{}",
                 self.template.log_root, pod.namespace, pod.name, pod.uid
             ),
-            labels: label(),
-            linux: Some(cri::LinuxPodSandboxConfig {
-                security_context: Some(cri::LinuxSandboxSecurityContext {
-                    namespace_options: Some(node_network()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+            labels: labels(LABEL),
+        })
     }
 
     fn container_config(&self, name: &str, attempt: u32) -> cri::ContainerConfig {
-        cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata {
-                name: name.into(),
-                attempt,
-            }),
-            image: Some(cri::ImageSpec {
-                image: self.template.image.clone(),
-                ..Default::default()
-            }),
-            command: vec!["sh".into(), "-c".into(), SLEEPER.into()],
+        container_config(ContainerSpec {
+            name,
+            attempt,
+            image: &self.template.image,
+            script: SLEEPER,
             log_path: format!("{name}/{attempt}.log"),
-            labels: label(),
-            linux: Some(cri::LinuxContainerConfig {
-                security_context: Some(cri::LinuxContainerSecurityContext {
-                    namespace_options: Some(node_network()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+            labels: labels(LABEL),
+            memory_limit: None,
+        })
     }
 
     fn remove_container(&self, id: &str) -> Result<(), RuntimeError> {
@@ -433,18 +413,6 @@ impl ChurnRuntime for CriChurn {
         let how = if grace == 0 { "SIGKILL" } else { "SIGTERM" };
         tracing::info!("container {} stopped ({how})", self.describe(container_id));
         Ok(())
-    }
-}
-
-fn label() -> HashMap<String, String> {
-    [(LABEL.0.to_string(), LABEL.1.to_string())].into()
-}
-
-/// The node's network namespace: no CNI needed.
-fn node_network() -> cri::NamespaceOption {
-    cri::NamespaceOption {
-        network: cri::NamespaceMode::Node as i32,
-        ..Default::default()
     }
 }
 

@@ -2,8 +2,8 @@
 //! plegd published against it.
 //!
 //! plegd samples each sandbox's and container's state at its relists and publishes
-//! kubelet's events for the difference between two samples (DESIGN.md "Event
-//! semantics"). So what a correct plegd publishes about one ID is exactly what some
+//! kubelet's events for the difference between two samples (docs/architecture.md,
+//! "Event semantics"). So what a correct plegd publishes about one ID is exactly what some
 //! sequence of samples of that ID's true history, taken in order, yields. The check
 //! runs that as a small automaton over the history: the set of positions the last
 //! sample may have been at, advanced by each published event.

@@ -1,4 +1,4 @@
-//! `soak`: the long soak of issue 9 — plegd (a built binary, as its own process)
+//! `soak`: the long soak — plegd (a built binary, as its own process)
 //! against the simulated CRI runtime with steady churn and periodic runtime restarts,
 //! sampled into a CSV and plotted. The engine is `integration_tests::soak`, shared
 //! with the two-minute CI test (`plegd/tests/soak.rs`); this adds the command line,
