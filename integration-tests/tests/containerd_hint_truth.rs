@@ -24,6 +24,8 @@ use plegd_actors::{
     EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, ReconnectPolicy, RelistSource,
     Subscription,
 };
+use futures::StreamExt as _;
+use plegd_runtime::containerd_events::{EventsClient, SubscribeRequest, CRI_NAMESPACE};
 use plegd_runtime::CriRuntime;
 use plegd_telemetry::{Metrics, RequestResult};
 
@@ -171,24 +173,41 @@ newborn_tests! {
 }
 
 /// A quiet runtime (containerd sends response headers only with its first event):
-/// every source is streaming anyway, with no event received.
+/// every source is streaming anyway. containerd's event service keeps nothing for a
+/// later subscriber, so a raw subscriber that saw no event proves that
+/// `containerd-events` streamed without one (the CRI stream may get events containerd
+/// buffered before plegd started).
 async fn quiet_runtime_streams(flavor: Flavor) {
     let s = Session::begin(flavor).await;
+    let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = seen.clone();
+    let mut events = EventsClient::new(plegd_runtime::unix_channel(&s.containerd.socket));
+    let raw = actix_rt::spawn(async move {
+        let filters = vec![format!("namespace=={CRI_NAMESPACE}")];
+        if let Ok(resp) = events.subscribe(SubscribeRequest { filters }).await {
+            let mut stream = resp.into_inner();
+            while let Some(Ok(_)) = stream.next().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    // The raw subscription in place before plegd's.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let began = Instant::now();
     let (pleg, _sub) = start(&s, &ALL, LONG_PERIOD, policy(100, 2_000)).await;
     wait_streaming(&pleg, &ALL).await;
     let took = began.elapsed();
-    let m = pleg.metrics();
     eprintln!(
         "[quiet] containerd {}: every source streaming {:.0} ms after start",
         flavor.as_str(),
         took.as_secs_f64() * 1e3
     );
     assert_eq!(
-        stream_events_received(m),
+        seen.load(std::sync::atomic::Ordering::SeqCst),
         0,
-        "the runtime was not quiet: the stream saw events"
+        "containerd published events: the runtime was not quiet"
     );
+    raw.abort();
     pleg.stop();
 }
 
