@@ -70,22 +70,22 @@ pub mod fuzzing {
 
     pub use crate::pleg::{group, pod_events, PlegState, PodRecord};
 
-    /// `stream::hint::read`: `Ok((uid, kind, relist))` for a valid event,
+    /// `hints::cri_event::read`: `Ok((uid, kind, relist))` for a valid event,
     /// `Err(deleted)` for an invalid one.
     pub fn read_hint(ev: &ContainerEventResponse) -> Result<(&str, StreamEventType, bool), bool> {
-        use crate::stream::hint::{read, Hint};
+        use crate::hints::cri_event::{read, CriEvent};
         match read(ev) {
-            Hint::Valid { uid, kind, relist } => Ok((uid, kind, relist)),
-            Hint::Invalid { deleted } => Err(deleted),
+            CriEvent::Valid { uid, kind, relist } => Ok((uid, kind, relist)),
+            CriEvent::Invalid { deleted } => Err(deleted),
         }
     }
 
-    /// `stream::hint::latency`.
+    /// `hints::cri_event::latency`.
     pub fn hint_latency(
         created_at: i64,
         received_ns: i64,
         attempt_age: std::time::Duration,
     ) -> Option<std::time::Duration> {
-        crate::stream::hint::latency(created_at, received_ns, attempt_age)
+        crate::hints::cri_event::latency(created_at, received_ns, attempt_age)
     }
 }

@@ -1,6 +1,6 @@
 //! The CRI event stream (GetContainerEvents) as a hint source (KEP-3386).
 //!
-//! For each event (`stream/hint.rs`): require pod_sandbox_status, its metadata and a
+//! For each event (`cri_event.rs`): require pod_sandbox_status, its metadata and a
 //! non-empty UID (else count it invalid, log rate-limited, ignore); record
 //! created_at-to-receipt latency; for CONTAINER_STOPPED_EVENT only — any exit code,
 //! with or without container statuses — ask for a relist of the pod (source
@@ -23,10 +23,10 @@ use plegd_telemetry::{HintSourceName, Metrics, StreamEventType};
 
 use crate::event::RelistSource;
 use crate::hints::coverage::Coverage;
+use crate::hints::cri_event::{self, CriEvent};
 use crate::hints::cri_stops::CriStops;
 use crate::hints::{Connection, Hint, HintSource, ItemContext, ItemStream, SourceError};
 use crate::spans;
-use crate::stream::hint::{self, Hint as CriHint};
 
 pub struct CriEvents {
     runtime: Arc<dyn RuntimeClient>,
@@ -127,8 +127,8 @@ impl HintSource for CriEvents {
 
     fn hint(&mut self, ev: ContainerEventResponse, ctx: ItemContext) -> Vec<Hint> {
         let now = Instant::now();
-        let (uid, kind, relist) = match hint::read(&ev) {
-            CriHint::Invalid { deleted } => {
+        let (uid, kind, relist) = match cri_event::read(&ev) {
+            CriEvent::Invalid { deleted } => {
                 self.metrics.count_stream_event(StreamEventType::Invalid);
                 if deleted {
                     tracing::debug!(container = %ev.container_id, "ignoring a DELETED event without pod sandbox status");
@@ -141,11 +141,11 @@ impl HintSource for CriEvents {
                 }
                 return vec![];
             }
-            CriHint::Valid { uid, kind, relist } => (uid, kind, relist),
+            CriEvent::Valid { uid, kind, relist } => (uid, kind, relist),
         };
         if let Some(started) = ctx.attempt_started {
             let age = now.saturating_duration_since(started);
-            if let Some(latency) = hint::latency(ev.created_at, now_ns(), age) {
+            if let Some(latency) = cri_event::latency(ev.created_at, now_ns(), age) {
                 self.metrics
                     .connection_latency
                     .observe(latency.as_secs_f64());

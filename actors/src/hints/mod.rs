@@ -43,6 +43,7 @@
 
 pub(crate) mod containerd_events;
 pub(crate) mod coverage;
+pub(crate) mod cri_event;
 pub(crate) mod cri_events;
 pub(crate) mod cri_stops;
 pub(crate) mod nri;

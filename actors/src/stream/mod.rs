@@ -1,7 +1,5 @@
-//! The CRI event stream's pieces that any hint source reuses: the pure state machine
-//! of a connection, its reconnect policy, and what one CRI event is worth. The actor
-//! that runs them is `hints::watcher`.
+//! A hint source's connection: the pure state machine of it and its reconnect policy.
+//! The actor that runs them is `hints::watcher`.
 
-pub(crate) mod hint;
 pub(crate) mod machine;
 pub(crate) mod reconnect;

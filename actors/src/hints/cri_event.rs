@@ -16,7 +16,7 @@ use plegd_telemetry::StreamEventType;
 
 /// One event, read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Hint<'a> {
+pub(crate) enum CriEvent<'a> {
     /// No pod sandbox status, metadata or UID: ignored, counted invalid.
     Invalid {
         /// A DELETED event: expected without a status (containerd), so not worth a log line.
@@ -30,7 +30,7 @@ pub(crate) enum Hint<'a> {
     },
 }
 
-pub(crate) fn read(ev: &ContainerEventResponse) -> Hint<'_> {
+pub(crate) fn read(ev: &ContainerEventResponse) -> CriEvent<'_> {
     let uid = ev
         .pod_sandbox_status
         .as_ref()
@@ -39,7 +39,7 @@ pub(crate) fn read(ev: &ContainerEventResponse) -> Hint<'_> {
         .filter(|uid| !uid.is_empty());
     let kind = ContainerEventType::try_from(ev.container_event_type);
     let Some(uid) = uid else {
-        return Hint::Invalid {
+        return CriEvent::Invalid {
             deleted: kind == Ok(ContainerEventType::ContainerDeletedEvent),
         };
     };
@@ -50,7 +50,7 @@ pub(crate) fn read(ev: &ContainerEventResponse) -> Hint<'_> {
         Ok(ContainerEventType::ContainerDeletedEvent) => StreamEventType::Deleted,
         Err(_) => StreamEventType::Unknown,
     };
-    Hint::Valid {
+    CriEvent::Valid {
         uid,
         kind: label,
         relist: kind == Ok(ContainerEventType::ContainerStoppedEvent),
@@ -108,7 +108,7 @@ mod tests {
             let ev = event(kind, Some("u1"));
             assert_eq!(
                 read(&ev),
-                Hint::Valid {
+                CriEvent::Valid {
                     uid: "u1",
                     kind: label,
                     relist
@@ -119,7 +119,7 @@ mod tests {
         unknown.container_event_type = 42;
         assert!(matches!(
             read(&unknown),
-            Hint::Valid {
+            CriEvent::Valid {
                 kind: StreamEventType::Unknown,
                 relist: false,
                 ..
@@ -137,10 +137,10 @@ mod tests {
         }
         let empty_uid = event(ContainerStoppedEvent, Some(""));
         for ev in [no_status, no_meta, empty_uid] {
-            assert_eq!(read(&ev), Hint::Invalid { deleted: false });
+            assert_eq!(read(&ev), CriEvent::Invalid { deleted: false });
         }
         let sandbox_deleted = event(ContainerDeletedEvent, None);
-        assert_eq!(read(&sandbox_deleted), Hint::Invalid { deleted: true });
+        assert_eq!(read(&sandbox_deleted), CriEvent::Invalid { deleted: true });
     }
 
     #[test]
