@@ -532,12 +532,20 @@ async fn connections_beyond_the_limit_wait_until_one_closes() {
     let mut second = served.client().await;
     first.list_pods(v1::ListPodsRequest {}).await.unwrap();
     second.list_pods(v1::ListPodsRequest {}).await.unwrap();
-    // The third connects (the kernel's backlog) but is not served while two are open.
+    // The third connects but is not served while two are open: its handshake waits,
+    // or, once done, the connection is closed at once (api/src/incoming.rs) — which of
+    // the two a client sees depends on how fast the server gets to it.
     let mut third = served.client().await;
     let mut req = tonic::Request::new(v1::ListPodsRequest {});
     req.set_timeout(Duration::from_millis(500));
     let waiting = third.list_pods(req).await.unwrap_err();
-    assert_eq!(waiting.code(), Code::Cancelled, "{waiting:?}");
+    assert!(
+        matches!(
+            waiting.code(),
+            Code::Cancelled | Code::Unknown | Code::Unavailable
+        ),
+        "{waiting:?}"
+    );
     drop(first);
     let deadline = Instant::now() + TIMEOUT;
     loop {
