@@ -232,6 +232,41 @@ async fn without_an_nri_socket_the_source_is_unsupported_until_the_runtime_enabl
     assert!(matches!(end, plegd_nri::mux::MuxEnd::PeerClosed), "{end:?}");
 }
 
+/// A missing NRI socket while the runtime fails CRI (down, or restarting: containerd
+/// opens its NRI socket as it starts) is an ordinary failure, retried on the backoff
+/// and shown `waiting`; only once the runtime has answered CRI for a while is it a
+/// runtime without NRI, `unsupported`. (Regression: it was `unsupported` at once, and
+/// after a containerd restart NRI was back only after the whole reconnect cap.)
+#[actix_rt::test]
+async fn a_missing_nri_socket_while_the_runtime_fails_is_waiting_not_unsupported() {
+    use plegd_sim::Op;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("nri.sock");
+    let rt = FakeRuntime::new();
+    rt.fail(Op::ListSandboxes, tonic::Code::Unavailable, None);
+    let cfg = PlegConfig {
+        relist_period: Duration::from_millis(100),
+        hint_sources: vec![HintSourceName::Nri],
+        nri_socket: socket.clone(),
+        reconnect: policy(20, 200),
+        ..PlegConfig::default()
+    };
+    let pleg = Pleg::start(Arc::new(rt.clone()), &cfg, Arc::new(Metrics::new()));
+    let m = pleg.metrics().clone();
+    wait_state(&pleg, HintSourceState::Waiting).await;
+    // Many attempts (the backoff is capped at 200 ms), none unsupported.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let state = m.hint_source_state(HintSourceName::Nri);
+        assert_ne!(state, HintSourceState::Unsupported);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The runtime answers again, and still has no NRI socket after the grace.
+    rt.clear_failure(Op::ListSandboxes);
+    wait_state(&pleg, HintSourceState::Unsupported).await;
+    pleg.stop();
+}
+
 /// containerd 1.7 calls StopContainer before its CRI status says EXITED (the status
 /// flips after `runc delete`). A hook whose immediate relist still reads the container
 /// running must still be published through NRI, by a follow-up read — not 30 s later
