@@ -161,3 +161,35 @@ async fn find(
             container,
         }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plegd_sim::FakeRuntime;
+    use plegd_telemetry::ResolveResult;
+
+    /// At most RATE traces at once, refilled at RATE a second; beyond, an ID waits for
+    /// the next global relist (counted `limited`).
+    #[test]
+    fn tracing_is_rate_limited() {
+        let metrics = Arc::new(Metrics::new());
+        let r = Resolver::new(Arc::new(FakeRuntime::new()), metrics.clone());
+        let cache = crate::cache::CacheOwner::new(Duration::from_secs(300)).1;
+        let t0 = Instant::now();
+        for i in 0..RATE {
+            assert_eq!(r.lookup(&cache, &format!("c{i}"), t0), Lookup::Ask);
+        }
+        assert_eq!(r.lookup(&cache, "one-more", t0), Lookup::Wait);
+        assert_eq!(metrics.resolutions(ResolveResult::Limited), 1);
+        // An ID being asked already waits, whatever the budget.
+        assert_eq!(
+            r.lookup(&cache, "c0", t0 + Duration::from_secs(1)),
+            Lookup::Wait
+        );
+        // A second later the budget is back.
+        assert_eq!(
+            r.lookup(&cache, "one-more", t0 + Duration::from_secs(1)),
+            Lookup::Ask
+        );
+    }
+}

@@ -700,3 +700,55 @@ async fn old_stops_are_forgotten_without_a_new_one() {
     })
     .await;
 }
+
+/// A container born since the last global relist (containerd's task events name only
+/// its ID): traced to its pod by ListContainers filtered by the ID, then
+/// ListPodSandbox filtered by its sandbox (the cache knows neither), never a whole-node
+/// list; its pod is relisted with the container prefetched. A sandbox's own ID is
+/// traced too; an ID in no pod asks for nothing, and is asked about once.
+#[actix_rt::test]
+async fn an_id_the_cache_does_not_know_is_traced_to_its_pod_by_filtered_calls() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u-new", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let cache = CacheOwner::new(Duration::from_secs(300)).1;
+    let (tx, _watcher, requests, _) = scripted_watcher_on(rt.clone(), cache, CriStops::default());
+    let send = |hint: Hint| tx.unbounded_send(hint).expect("watcher reading");
+    send(Hint::Container { id: c.clone() });
+    let r = requests.clone();
+    wait_until("the new pod requested", || r.len() == 1).await;
+    let q = &requests.all()[0];
+    assert_eq!(
+        (q.uid.as_str(), q.prefetch.clone()),
+        ("u-new", vec![c.clone()])
+    );
+    // A sandbox's own ID: its pod, nothing to prefetch (after the pending request).
+    let sb2 = rt.run_pod("u-other", "db", "ns");
+    send(Hint::Container { id: sb2.clone() });
+    let r = requests.clone();
+    wait_until("the sandbox's pod requested", || r.len() == 2).await;
+    let q = &requests.all()[1];
+    assert_eq!((q.uid.as_str(), q.prefetch.len()), ("u-other", 0));
+    // An ID in no pod: nothing, and the runtime is asked once for it however many
+    // hints name it.
+    let before = rt.calls(Op::FindContainer);
+    for _ in 0..3 {
+        send(recheck("nowhere"));
+    }
+    let r = rt.clone();
+    wait_until("the unknown ID asked about", || {
+        r.calls(Op::FindContainer) > before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rt.calls(Op::FindContainer), before + 1);
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        rt.calls(Op::ListContainers),
+        0,
+        "a whole-node or sandbox list"
+    );
+    // Only filtered sandbox lists: one per traced container's unknown sandbox, one per
+    // ID tried as a sandbox's.
+    assert_eq!(rt.calls(Op::ListSandboxes), 3);
+}
