@@ -47,36 +47,54 @@ pub fn init(default_filter: &str, format: LogFormat) {
     };
 }
 
-/// Lets one message through per `interval` and counts the rest, so a flapping
-/// runtime cannot flood the log. Not thread-safe: one per actor.
+/// Lets `burst` messages through per window and counts the rest, so a flapping
+/// runtime or a storm cannot flood the log: one a window for warnings
+/// ([`RateLimiter::new`]), a burst for per-event debug lines
+/// ([`RateLimiter::with_burst`]: 20 exits at once are 20 lines, a storm of thousands a
+/// second a few dozen). The first message let through after suppressed ones reports
+/// how many. Not thread-safe: one per actor and kind of line.
+#[derive(Debug)]
 pub struct RateLimiter {
-    interval: std::time::Duration,
-    last: Option<std::time::Instant>,
+    window: std::time::Duration,
+    burst: u32,
+    window_start: Option<std::time::Instant>,
+    used: u32,
     suppressed: u64,
 }
 
 impl RateLimiter {
+    /// One message per `interval`.
     pub fn new(interval: std::time::Duration) -> Self {
+        Self::with_burst(1, interval)
+    }
+
+    /// Up to `burst` messages (at least one) per `window`.
+    pub fn with_burst(burst: u32, window: std::time::Duration) -> Self {
         RateLimiter {
-            interval,
-            last: None,
+            window,
+            burst: burst.max(1),
+            window_start: None,
+            used: 0,
             suppressed: 0,
         }
     }
 
     /// Some(n) if a message may be logged now, n being how many were suppressed since
-    /// the last one; None if this one must be suppressed.
+    /// the last one; None if this one must be suppressed (it is counted).
     pub fn allow(&mut self, now: std::time::Instant) -> Option<u64> {
-        match self.last {
-            Some(last) if now.saturating_duration_since(last) < self.interval => {
-                self.suppressed += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.suppressed))
-            }
+        let new_window = self
+            .window_start
+            .is_none_or(|start| now.saturating_duration_since(start) >= self.window);
+        if new_window {
+            self.window_start = Some(now);
+            self.used = 0;
         }
+        if self.used >= self.burst {
+            self.suppressed += 1;
+            return None;
+        }
+        self.used += 1;
+        Some(std::mem::take(&mut self.suppressed))
     }
 }
 
@@ -103,5 +121,35 @@ mod tests {
             assert_eq!(rl.allow(t0 + Duration::from_millis(i)), None);
         }
         assert_eq!(rl.allow(t0 + Duration::from_secs(10)), Some(100));
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_burst_goes_through_then_the_rest_of_the_window_is_counted() {
+        let mut b = RateLimiter::with_burst(3, Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert_eq!(b.allow(t0), Some(0));
+        assert_eq!(b.allow(t0 + ms(1)), Some(0));
+        assert_eq!(b.allow(t0 + ms(2)), Some(0));
+        for i in 3..100 {
+            assert_eq!(b.allow(t0 + ms(i)), None);
+        }
+        // The next window: the first line reports the 97 suppressed, the next none.
+        assert_eq!(b.allow(t0 + ms(1000)), Some(97));
+        assert_eq!(b.allow(t0 + ms(1001)), Some(0));
+        assert_eq!(b.allow(t0 + ms(1002)), Some(0));
+        assert_eq!(b.allow(t0 + ms(1003)), None);
+        assert_eq!(b.allow(t0 + ms(5000)), Some(1));
+    }
+
+    #[test]
+    fn a_zero_burst_still_lets_one_line_through() {
+        let mut b = RateLimiter::with_burst(0, Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert_eq!(b.allow(t0), Some(0));
+        assert_eq!(b.allow(t0), None);
     }
 }
