@@ -68,6 +68,11 @@ impl RateLimiter {
         Self::with_burst(1, interval)
     }
 
+    /// The budget of a per-event debug line (one per hint, per relist): 50 a second.
+    pub fn for_event_lines() -> Self {
+        Self::with_burst(50, std::time::Duration::from_secs(1))
+    }
+
     /// Up to `burst` messages (at least one) per `window`.
     pub fn with_burst(burst: u32, window: std::time::Duration) -> Self {
         RateLimiter {

@@ -24,7 +24,6 @@ use crate::hints::cri_stops::CriStops;
 use crate::hints::rechecks::{Awaited, Rechecks, PENDING_FOR};
 use crate::hints::resolve::{Lookup, Owner, Resolver};
 use crate::hints::{Connection, Hint, HintSource, ItemContext, SourceError};
-use crate::relist::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use crate::relist::router::RelistRouter;
 use crate::stream::machine::{Action, Input, LogLine, Machine};
 use crate::stream::reconnect::ReconnectPolicy;
@@ -100,7 +99,7 @@ pub struct HintWatcher<S: HintSource> {
     logged: Vec<HintSourceState>,
     state_log: RateLimiter,
     /// Budget of the per-hint debug lines.
-    hint_log: LogBudget,
+    hint_log: RateLimiter,
 }
 
 /// What became of a hint, for its debug line.
@@ -179,7 +178,7 @@ impl<S: HintSource> HintWatcher<S> {
             state: HintSourceState::Off,
             logged: vec![],
             state_log: RateLimiter::new(Duration::from_secs(30)),
-            hint_log: LogBudget::new(LINES_PER_WINDOW, WINDOW),
+            hint_log: RateLimiter::for_event_lines(),
         }
     }
 
