@@ -640,3 +640,39 @@ pub fn stream_events_received(m: &plegd_telemetry::Metrics) -> u64 {
         .map(|&t| m.stream_events(t))
         .sum()
 }
+
+/// plegd's core on this session's containerd through its real CRI client: these hint
+/// sources (NRI on the session's NRI socket, which must exist), a global relist every
+/// `period`, this reconnect policy; returns once the first global relist is done, with
+/// a subscription taken before it.
+pub async fn start_pleg(
+    s: &Session,
+    sources: &[plegd_actors::HintSourceName],
+    period: Duration,
+    reconnect: plegd_actors::ReconnectPolicy,
+) -> (plegd_actors::Pleg, plegd_actors::Subscription) {
+    let runtime = plegd_runtime::CriRuntime::new(&s.containerd.endpoint(), Duration::from_secs(10))
+        .expect("CRI client for containerd's socket");
+    if sources.contains(&plegd_actors::HintSourceName::Nri) {
+        let socket = s.containerd.nri_socket();
+        assert!(
+            socket.exists(),
+            "{} is missing: this containerd runs without NRI (containerd-up.sh with \
+             PLEGD_CRI_NRI=1)",
+            socket.display()
+        );
+    }
+    let cfg = plegd_actors::PlegConfig {
+        relist_period: period,
+        hint_sources: sources.to_vec(),
+        nri_socket: s.containerd.nri_socket(),
+        reconnect,
+        ..plegd_actors::PlegConfig::default()
+    };
+    let metrics = Arc::new(plegd_telemetry::Metrics::new());
+    let pleg = plegd_actors::Pleg::start(Arc::new(runtime), &cfg, metrics);
+    let sub = pleg.subscribe("test", 100_000).await.expect("subscribe");
+    let health = pleg.health().clone();
+    crate::wait::wait_until("plegd's first global relist", || health.ready()).await;
+    (pleg, sub)
+}

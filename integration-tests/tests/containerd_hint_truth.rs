@@ -22,11 +22,9 @@ use integration_tests::containerd::*;
 use integration_tests::pleg::policy;
 use integration_tests::wait::*;
 use plegd_actors::{
-    EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, ReconnectPolicy, RelistSource,
-    Subscription,
+    EventKind, HintSourceName, HintSourceState, Pleg, ReconnectPolicy, RelistSource,
 };
 use plegd_runtime::containerd_events::{EventsClient, SubscribeRequest, CRI_NAMESPACE};
-use plegd_runtime::CriRuntime;
 use plegd_telemetry::{Metrics, RequestResult};
 
 use HintSourceName::{ContainerdEvents, CriEvents, Nri};
@@ -34,28 +32,6 @@ use HintSourceName::{ContainerdEvents, CriEvents, Nri};
 /// No periodic global relist during a test: what is found fast, a hint found.
 const LONG_PERIOD: Duration = Duration::from_secs(60);
 const ALL: [HintSourceName; 3] = [CriEvents, ContainerdEvents, Nri];
-
-async fn start(
-    s: &Session,
-    sources: &[HintSourceName],
-    period: Duration,
-    reconnect: ReconnectPolicy,
-) -> (Pleg, Subscription) {
-    let runtime = CriRuntime::new(&s.containerd.endpoint(), Duration::from_secs(10))
-        .expect("CRI client for containerd's socket");
-    let cfg = PlegConfig {
-        relist_period: period,
-        hint_sources: sources.to_vec(),
-        nri_socket: s.containerd.nri_socket(),
-        reconnect,
-        ..PlegConfig::default()
-    };
-    let pleg = Pleg::start(Arc::new(runtime), &cfg, Arc::new(Metrics::new()));
-    let sub = pleg.subscribe("test", 100_000).await.expect("subscribe");
-    let health = pleg.health().clone();
-    wait_until("plegd's first global relist", || health.ready()).await;
-    (pleg, sub)
-}
 
 async fn wait_streaming(pleg: &Pleg, sources: &[HintSourceName]) {
     let m = pleg.metrics().clone();
@@ -108,7 +84,7 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 async fn newborn_deaths(flavor: Flavor, sources: &[HintSourceName]) {
     const BORN: usize = 5;
     let s = Session::begin(flavor).await;
-    let (pleg, sub) = start(&s, sources, LONG_PERIOD, policy(100, 2_000)).await;
+    let (pleg, sub) = start_pleg(&s, sources, LONG_PERIOD, policy(100, 2_000)).await;
     if sources.contains(&CriEvents) {
         // On 1.7 plegd's stream must be the only receiver (see Session).
         let pod = s.cri.run_pod("sole").await;
@@ -204,7 +180,7 @@ async fn quiet_runtime_streams(flavor: Flavor) {
     // The raw subscription in place before plegd's.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let began = Instant::now();
-    let (pleg, _sub) = start(&s, &ALL, LONG_PERIOD, policy(100, 2_000)).await;
+    let (pleg, _sub) = start_pleg(&s, &ALL, LONG_PERIOD, policy(100, 2_000)).await;
     wait_streaming(&pleg, &ALL).await;
     let took = began.elapsed();
     eprintln!(
@@ -241,7 +217,7 @@ async fn nri_back_after_a_restart(flavor: Flavor, signal: &str) {
     let s = Session::begin(flavor).await;
     let sources = [CriEvents, Nri];
     // The default reconnect policy (500 ms, capped at 60 s), a relist every second.
-    let (pleg, _sub) = start(
+    let (pleg, _sub) = start_pleg(
         &s,
         &sources,
         Duration::from_secs(1),
@@ -329,7 +305,7 @@ async fn containerd_2_1_nri_is_back_with_the_cri_stream_after_sigkill() {
 async fn requests_per_death(flavor: Flavor, raw: bool) {
     const DEATHS: usize = 20;
     let s = Session::begin(flavor).await;
-    let (pleg, sub) = start(&s, &ALL, LONG_PERIOD, policy(100, 2_000)).await;
+    let (pleg, sub) = start_pleg(&s, &ALL, LONG_PERIOD, policy(100, 2_000)).await;
     let pod = s.cri.run_pod("per-death").await;
     if !raw {
         let m = pleg.metrics().clone();

@@ -10,17 +10,15 @@
 //! them. One at a time (`Session`), as every real-containerd test.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use integration_tests::containerd::*;
 use integration_tests::pleg::policy;
 use integration_tests::wait::*;
 use plegd_actors::Subscription;
-use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, RelistSource};
+use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, RelistSource};
 use plegd_runtime::cri;
-use plegd_runtime::CriRuntime;
-use plegd_telemetry::{Metrics, PrefetchResult, RequestResult};
+use plegd_telemetry::{PrefetchResult, RequestResult};
 
 /// No periodic global relist during a test: what is found fast, a hint found.
 const LONG_PERIOD: Duration = Duration::from_secs(60);
@@ -28,29 +26,7 @@ const LONG_PERIOD: Duration = Duration::from_secs(60);
 const EXITS: usize = 20;
 
 async fn start(s: &Session, sources: &[HintSourceName], period: Duration) -> (Pleg, Subscription) {
-    let runtime = CriRuntime::new(&s.containerd.endpoint(), Duration::from_secs(10))
-        .expect("CRI client for containerd's socket");
-    if sources.contains(&HintSourceName::Nri) {
-        let socket = s.containerd.nri_socket();
-        assert!(
-            socket.exists(),
-            "{} is missing: this containerd runs without NRI (containerd-up.sh with \
-             PLEGD_CRI_NRI=1)",
-            socket.display()
-        );
-    }
-    let cfg = PlegConfig {
-        relist_period: period,
-        hint_sources: sources.to_vec(),
-        nri_socket: s.containerd.nri_socket(),
-        reconnect: policy(100, 2_000),
-        ..PlegConfig::default()
-    };
-    let pleg = Pleg::start(Arc::new(runtime), &cfg, Arc::new(Metrics::new()));
-    let sub = pleg.subscribe("test", 100_000).await.expect("subscribe");
-    let health = pleg.health().clone();
-    wait_until("plegd's first global relist", || health.ready()).await;
-    (pleg, sub)
+    start_pleg(s, sources, period, policy(100, 2_000)).await
 }
 
 /// `n` running containers in one pod, seen started by plegd.

@@ -92,6 +92,31 @@ pub fn unix_channel(socket: &Path) -> Channel {
 }
 
 impl CriRuntime {
+    /// ListContainers with this filter, each entry converted (one plegd cannot read is
+    /// left out, logged at debug).
+    async fn list_containers_by(
+        &self,
+        filter: Option<cri::ContainerFilter>,
+    ) -> Result<Vec<Container>, RuntimeError> {
+        let resp = self
+            .unary("ListContainers", |mut c, t| {
+                let filter = filter.clone();
+                async move {
+                    c.list_containers(request(cri::ListContainersRequest { filter }, t))
+                        .await
+                }
+            })
+            .await?;
+        Ok(resp
+            .containers
+            .into_iter()
+            .filter_map(|c| {
+                convert::container_from_listed(c)
+                    .map_err(|e| tracing::debug!(error = %e, "ignoring a listed container"))
+                    .ok()
+            })
+            .collect())
+    }
     /// Builds the client. Does not connect: the first call does (see [`Self::check`]).
     /// Must be called inside a tokio runtime that outlives the client.
     pub fn new(endpoint: &str, request_timeout: Duration) -> Result<Self, RuntimeError> {
@@ -291,40 +316,17 @@ impl RuntimeClient for CriRuntime {
             pod_sandbox_id: id.to_string(),
             ..Default::default()
         });
-        let resp = self
-            .unary("ListContainers", |mut c, t| async move {
-                c.list_containers(request(cri::ListContainersRequest { filter }, t))
-                    .await
-            })
-            .await?;
-        Ok(resp
-            .containers
-            .into_iter()
-            .filter_map(|c| {
-                convert::container_from_listed(c)
-                    .map_err(|e| tracing::debug!(error = %e, "ignoring a listed container"))
-                    .ok()
-            })
-            .collect())
+        self.list_containers_by(filter).await
     }
 
     async fn container_by_id(&self, id: &str) -> Result<Option<Container>, RuntimeError> {
-        let filter = Some(cri::ContainerFilter {
+        let filter = cri::ContainerFilter {
             id: id.to_string(),
             ..Default::default()
-        });
-        let resp = self
-            .unary("ListContainers", |mut c, t| async move {
-                c.list_containers(request(cri::ListContainersRequest { filter }, t))
-                    .await
-            })
-            .await?;
+        };
+        let listed = self.list_containers_by(Some(filter)).await?;
         // A runtime that ignored the filter still answers only for this ID.
-        Ok(resp
-            .containers
-            .into_iter()
-            .filter(|c| c.id == id)
-            .find_map(|c| convert::container_from_listed(c).ok()))
+        Ok(listed.into_iter().find(|c| c.id == id))
     }
 
     /// The two lists undecoded: the global relist reads them in place and decodes only
