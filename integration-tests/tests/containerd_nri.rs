@@ -16,10 +16,8 @@ use std::time::{Duration, Instant};
 use integration_tests::containerd::*;
 use integration_tests::pleg::policy;
 use integration_tests::wait::*;
-use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, RelistSource};
+use plegd_actors::{EventKind, HintSourceName, HintSourceState, RelistSource};
 use plegd_nri::{Change, NriHint, Plugin, PluginConfig, Status};
-use plegd_runtime::CriRuntime;
-use plegd_telemetry::Metrics;
 use tokio::sync::mpsc;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -148,20 +146,12 @@ async fn a_death_reaches_plegd_through_nri_alone_on_containerd_2_1() {
 
 async fn death_through_nri_alone(flavor: Flavor) {
     let s = Session::begin(flavor).await;
-    let socket = nri_socket(&s);
-    let runtime = CriRuntime::new(&s.containerd.endpoint(), Duration::from_secs(10))
-        .expect("CRI client for containerd's socket");
-    let cfg = PlegConfig {
-        relist_period: Duration::from_secs(30),
-        hint_sources: vec![HintSourceName::Nri],
-        nri_socket: socket,
-        reconnect: policy(100, 2_000),
-        ..PlegConfig::default()
-    };
-    let pleg = Pleg::start(Arc::new(runtime), &cfg, Arc::new(Metrics::new()));
-    let sub = pleg.subscribe("test", 100_000).await.expect("subscribe");
-    let (health, metrics) = (pleg.health().clone(), pleg.metrics().clone());
-    wait_until("plegd's first global relist", || health.ready()).await;
+    // Checked first: its message says how to start containerd with NRI.
+    nri_socket(&s);
+    let sources = [HintSourceName::Nri];
+    let period = Duration::from_secs(30);
+    let (pleg, sub) = start_pleg(&s, &sources, period, policy(100, 2_000)).await;
+    let metrics = pleg.metrics().clone();
     wait_until("the nri source streaming", || {
         metrics.hint_source_state(HintSourceName::Nri) == HintSourceState::Streaming
     })
