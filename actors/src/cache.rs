@@ -37,6 +37,7 @@ use crate::event::{EventKind, RelistSource};
 use crate::id_map::IdMap;
 use crate::packed_status::{PackedReported, PackedStatus};
 use crate::pleg::{CacheUpdate, LastRead, LastReads, PodStatus};
+use crate::room::give_back_room;
 
 /// One pod's cache entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,20 +133,9 @@ struct Shared {
     tombstones: DashMap<String, Box<Tombstone>>,
 }
 
-/// A table is shrunk once it has room for more than this many times its entries
-/// (and at least [`SHRINK_FLOOR`]): after a burst of short-lived pods, hash tables
-/// keep the room they grew to unless told (a churn). Three, not more: a
-/// churn with the same live pods all along doubles a hash table once (removes and
-/// inserts at over half its capacity leave it no free slot; it then grows rather
-/// than rehash in place), to 3.5 times its pods at 1,000 of them. Not two either:
-/// a table with up to twice its entries' room is what inserting them leaves, and
-/// shrinking it would only make it grow again at the next pods.
-const SHRINK_RATIO: usize = 3;
-const SHRINK_FLOOR: usize = 256;
-
-fn too_roomy(capacity: usize, len: usize) -> bool {
-    capacity > SHRINK_RATIO * len.max(SHRINK_FLOOR)
-}
+/// A table's room is given back counting it as at least this many entries
+/// ([`crate::room`]).
+const MIN_ROOM: usize = 256;
 
 /// At most this many removed pods are remembered (a node removing 55 pods a second
 /// for the default 5 minutes); beyond, the oldest tombstone goes before its TTL.
@@ -504,15 +494,10 @@ impl CacheOwner {
             held_cover,
             ..
         } = &*self.shared;
-        let tables: [&dyn Roomy; 3] = [pods, tombstones, held_cover];
-        for table in tables {
-            if too_roomy(table.capacity(), table.len()) {
-                table.shrink_to_fit();
-            }
-        }
-        if too_roomy(self.expiry.capacity(), self.expiry.len()) {
-            self.expiry.shrink_to_fit();
-        }
+        give_back_room(&mut &*pods, MIN_ROOM);
+        give_back_room(&mut &*tombstones, MIN_ROOM);
+        give_back_room(&mut &*held_cover, MIN_ROOM);
+        give_back_room(&mut self.expiry, MIN_ROOM);
     }
 
     /// Forgets the oldest tombstone; false if there is none.
@@ -525,25 +510,6 @@ impl CacheOwner {
             .tombstones
             .remove_if(&uid, |_, t| t.generation == generation);
         true
-    }
-}
-
-/// A table [`CacheOwner::shrink`] looks at.
-trait Roomy {
-    fn capacity(&self) -> usize;
-    fn len(&self) -> usize;
-    fn shrink_to_fit(&self);
-}
-
-impl<V> Roomy for DashMap<String, V> {
-    fn capacity(&self) -> usize {
-        DashMap::capacity(self)
-    }
-    fn len(&self) -> usize {
-        DashMap::len(self)
-    }
-    fn shrink_to_fit(&self) {
-        DashMap::shrink_to_fit(self)
     }
 }
 
@@ -709,6 +675,7 @@ mod tests {
     use plegd_runtime::{ContainerStatus, PodRef};
 
     use super::*;
+    use crate::room::SHRINK_RATIO;
 
     const TTL: Duration = Duration::from_secs(300);
 
@@ -1002,7 +969,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((cache.len(), cache.tombstones()), (2, 4998));
-        let small = SHRINK_RATIO * SHRINK_FLOOR;
+        let small = SHRINK_RATIO * MIN_ROOM;
         assert!(cache.capacities().0 <= small, "{:?}", cache.capacities());
         assert!(cache.capacities().1 >= 4998);
         // Past the TTL the tombstones go, and so does their room.

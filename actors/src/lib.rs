@@ -34,6 +34,7 @@ mod pleg;
 mod publisher;
 mod relist;
 mod revision;
+mod room;
 pub mod spans;
 mod stream;
 mod subscription;
