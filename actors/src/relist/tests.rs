@@ -21,7 +21,7 @@ use crate::sync::HeldPods;
 use crate::testing::wait_until;
 
 // Nothing in production copies these messages; the Recorder hands the test copies.
-// (If cache.rs or publisher.rs ever derive Clone, delete these.)
+// (If cache/ or publisher.rs ever derive Clone, delete these.)
 impl Clone for ApplyRelist {
     fn clone(&self) -> Self {
         ApplyRelist {
