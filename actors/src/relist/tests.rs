@@ -768,7 +768,7 @@ async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
 /// began after it (`skipped`), or the request it joined (`merged`).
 #[actix_rt::test]
 async fn a_flood_of_api_requests_never_crowds_out_the_runtimes_hints() {
-    use super::queue::ApiRelistOutcome;
+    use crate::queue::ApiRelistOutcome;
     const PODS: usize = 10;
     const BUDGET: usize = 32;
     const FLOOD: usize = 20_000;

@@ -35,7 +35,7 @@ pub struct RequestRelist {
 
 /// One pod's place in the [`ApiBudget`]; given back when dropped.
 #[derive(Debug)]
-pub(crate) struct ApiPlace(pub(super) Arc<AtomicUsize>);
+pub(crate) struct ApiPlace(pub(crate) Arc<AtomicUsize>);
 
 impl Drop for ApiPlace {
     fn drop(&mut self) {
