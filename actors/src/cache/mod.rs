@@ -12,7 +12,7 @@
 //! A pod removed from the runtime leaves a tombstone: its last entry and when it was
 //! found gone, answerable for the tombstone TTL (log shippers and security agents look
 //! pods up after a short-lived pod has gone). Tombstones are pruned by each apply and
-//! skipped by readers once expired; at most [`MAX_TOMBSTONES`] are kept (the oldest go
+//! skipped by readers once expired; at most [`tombstones::MAX_TOMBSTONES`] are kept (the oldest go
 //! first), so memory stays bounded whatever the churn. A pod that comes back (same UID)
 //! is a live entry again.
 //!

@@ -24,7 +24,7 @@ pub struct CacheOwner {
     pub(super) generation: u64,
     /// Scratch for packing statuses, kept between pods.
     pub(super) buf: Vec<u8>,
-    /// A relist is partly applied (see [`ApplyRelist::more`]): snapshots asked
+    /// A relist is partly applied (see [`super::ApplyRelist::more`]): snapshots asked
     /// meanwhile wait here.
     pub(super) partial: bool,
     pub(super) waiting: Vec<oneshot::Sender<CacheSnapshot>>,
