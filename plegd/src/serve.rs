@@ -433,23 +433,16 @@ impl Running {
     /// The graceful shutdown: the endpoints, the relist in progress, the publisher,
     /// then the outputs drain. Errs only when writing the events failed.
     async fn shutdown(self, request_timeout: Duration) -> Result<(), ExitError> {
-        let Running {
-            pleg,
-            api,
-            http,
-            traces,
-            event_logs,
-            writer,
-        } = self;
+        let (pleg, writer) = (&self.pleg, &self.writer);
         // The endpoint stops now, alongside the relist: it drops its connections within
         // its grace (0.5 s, less than SHUTDOWN_MARGIN), so no client holds up the exit.
-        let http_task = http.map(|h| {
+        let http_task = self.http.map(|h| {
             let _ = h.stop.send(());
             h.task
         });
         // Every Watch and Sync stream ends (UNAVAILABLE, a held pod released as
         // cancelled), then the socket goes; on its own thread, so the wait is short.
-        if let Some(api) = api {
+        if let Some(api) = self.api {
             if !api.stop(API_GRACE) {
                 tracing::warn!("the API server did not stop in time; exiting anyway");
             }
@@ -467,7 +460,7 @@ impl Running {
         // Closing the publisher drops every subscriber's sender: the output thread then
         // drains what is queued and exits.
         pleg.close_publisher().await;
-        if let Some(t) = traces {
+        if let Some(t) = self.traces {
             t.shutdown(Duration::from_millis(300));
         }
         // A reader that stopped reading our stdout must not hold plegd up forever.
@@ -478,7 +471,7 @@ impl Running {
         .await;
         // The event export drains its queue for its own drain time once the publisher has
         // closed, alongside the output.
-        if let Some(export) = event_logs {
+        if let Some(export) = self.event_logs {
             let deadline = Instant::now() + OTLP_EVENTS_DRAIN;
             wait_until(deadline, Duration::from_millis(2), || export.is_finished()).await;
             if export.is_finished() {
@@ -499,7 +492,7 @@ impl Running {
             );
             return Ok(());
         }
-        match writer.join() {
+        match self.writer.join() {
             Ok(Ok(())) => Ok(()),
             // A closed pipe too: whoever read the events is gone, later ones are lost.
             Ok(Err(e)) => Err(ExitError::runtime("writing events")(e)),
