@@ -4,8 +4,10 @@
 //! Where each behaviour lives:
 //!
 //! - `relist`: the RelistDispatcher actor and its state machine (global and targeted
-//!   relists, one at a time), its bounded queue, and the router that sends a held
-//!   pod's requests to its sync gate.
+//!   relists, one at a time), and the router that sends a held pod's requests to its
+//!   sync gate.
+//! - `queue`: a targeted relist's request and the bounded queue every request source
+//!   writes into (the dispatcher takes it whole); whether the global relist goes first.
 //! - `sync`: PodSyncGate (SyncPod suspension), the registry of gates, the set of
 //!   held pods.
 //! - `hints`: the relist hint sources behind one seam (`HintSource`: the contract is
@@ -32,8 +34,10 @@ mod packed;
 mod packed_status;
 mod pleg;
 mod publisher;
+mod queue;
 mod relist;
 mod revision;
+mod room;
 pub mod spans;
 mod stream;
 mod subscription;
@@ -53,7 +57,7 @@ pub use pleg::{GenericPleg, PodStatus, PrefetchCounts, RelistOutput, RelistScope
 /// NRI's default socket (`--nri-socket`).
 pub use plegd_nri::DEFAULT_SOCKET as DEFAULT_NRI_SOCKET;
 pub use publisher::SubscribeError;
-pub use relist::queue::{ApiRelistOutcome, DEFAULT_API_RELIST_BUDGET};
+pub use queue::{ApiRelistOutcome, DEFAULT_API_RELIST_BUDGET};
 pub use stream::reconnect::{ReconnectPolicy, ReconnectPolicyError};
 pub use subscription::{Delivery, Loss, Received, Subscription};
 pub use sync::gate::{SyncError, SyncHold, SyncOutcome};

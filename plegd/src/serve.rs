@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use std::path::{Path, PathBuf};
@@ -198,50 +199,113 @@ pub async fn serve(
     api_socket: Option<PathBuf>,
     until: impl Future<Output = ()>,
 ) -> Result<(), ExitError> {
-    let api_bound = api_socket
-        .as_deref()
-        .map(|p| bind_api(p, config))
-        .transpose()?;
-    let control_bound = match &api_bound {
-        Some(_) => control_socket_path(config, api_socket.as_deref())
-            .map(|p| bind_control(&p, config))
-            .transpose()?,
-        None => None,
-    };
+    let sockets = bind_sockets(config, api_socket.as_deref())?;
     let metrics = Arc::new(Metrics::new());
-    let reopen = Arc::new(AtomicBool::new(false));
-    let (target, format) = match &config.events_json {
-        None => (Target::Stdout, default_format),
-        Some(p) if p.as_os_str() == "-" => (Target::Stdout, Format::Json),
-        Some(p) => {
-            // Opened here too, so that a bad path is a configuration error at start.
-            open_append(p).map_err(|error| ConfigError::EventsJson {
-                path: p.clone(),
-                error,
-            })?;
-            let target = Target::File {
-                path: p.clone(),
-                reopen: reopen.clone(),
-            };
-            (target, Format::Json)
-        }
-    };
-    let reopens = matches!(target, Target::File { .. });
-    let traces = match &config.otlp_endpoint {
-        Some(ep) if !sdk_disabled() => {
-            let export =
-                TraceExport::start(ep, &config.identity).map_err(ConfigError::OtlpEndpoint)?;
-            tracing::info!(endpoint = %ep, "exporting traces over OTLP");
-            Some(export)
-        }
-        _ => None,
-    };
+    let output = EventOutput::choose(config, default_format)?;
+    let traces = start_traces(config)?;
     let pleg = Pleg::start(runtime.clone(), &config.pleg, metrics.clone());
     let sub = pleg
         .subscribe("output", OUTPUT_QUEUE)
         .await
         .map_err(ExitError::runtime("event publisher did not start"))?;
-    let event_logs = match &config.otlp_events {
+    let event_logs = start_event_logs(config, &pleg, runtime.as_ref(), &metrics).await?;
+    let (output_failed_tx, output_failed) = tokio::sync::oneshot::channel();
+    let writer = spawn_writer(sub, output.target, output.format, output_failed_tx)
+        .map_err(ExitError::runtime("cannot start the output thread"))?;
+    let api = start_api(config, &pleg, sockets)?;
+    let http = start_http(config, &metrics, &pleg).await?;
+
+    let reason = wait_for_stop(signals, until, output_failed, output.reopen.as_deref()).await;
+    tracing::info!(reason, "shutting down");
+    let running = Running {
+        pleg,
+        api,
+        http,
+        traces,
+        event_logs,
+        writer,
+    };
+    running.shutdown(config.runtime_request_timeout).await
+}
+
+/// The API socket and the control socket, bound before anything starts (so that a
+/// second plegd fails fast); no control socket without an API socket.
+fn bind_sockets(
+    config: &ServiceConfig,
+    api_socket: Option<&Path>,
+) -> Result<Option<(BoundSocket, Option<BoundSocket>)>, ExitError> {
+    let Some(api) = api_socket.map(|p| bind_api(p, config)).transpose()? else {
+        return Ok(None);
+    };
+    let control = control_socket_path(config, api_socket)
+        .map(|p| bind_control(&p, config))
+        .transpose()?;
+    Ok(Some((api, control)))
+}
+
+/// Where the event lines go and how they are written.
+struct EventOutput {
+    target: Target,
+    format: Format,
+    /// Set by SIGHUP to reopen the events file; None when the events go to stdout.
+    reopen: Option<Arc<AtomicBool>>,
+}
+
+impl EventOutput {
+    /// `--events-json`: stdout in the command's format, `-` for stdout in JSON, or a
+    /// file in JSON, opened here too so that a bad path is a configuration error at
+    /// start.
+    fn choose(config: &ServiceConfig, default_format: Format) -> Result<EventOutput, ExitError> {
+        let stdout = |format| EventOutput {
+            target: Target::Stdout,
+            format,
+            reopen: None,
+        };
+        match &config.events_json {
+            None => Ok(stdout(default_format)),
+            Some(p) if p.as_os_str() == "-" => Ok(stdout(Format::Json)),
+            Some(p) => {
+                open_append(p).map_err(|error| ConfigError::EventsJson {
+                    path: p.clone(),
+                    error,
+                })?;
+                let reopen = Arc::new(AtomicBool::new(false));
+                let target = Target::File {
+                    path: p.clone(),
+                    reopen: reopen.clone(),
+                };
+                Ok(EventOutput {
+                    target,
+                    format: Format::Json,
+                    reopen: Some(reopen),
+                })
+            }
+        }
+    }
+}
+
+/// The OTLP trace export, when `--otlp-endpoint` asks for it.
+fn start_traces(config: &ServiceConfig) -> Result<Option<TraceExport>, ExitError> {
+    match &config.otlp_endpoint {
+        Some(ep) if !sdk_disabled() => {
+            let export =
+                TraceExport::start(ep, &config.identity).map_err(ConfigError::OtlpEndpoint)?;
+            tracing::info!(endpoint = %ep, "exporting traces over OTLP");
+            Ok(Some(export))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The OTLP export of lifecycle events, when `--otlp-events` asks for it: a
+/// subscriber of its own.
+async fn start_event_logs(
+    config: &ServiceConfig,
+    pleg: &Pleg,
+    runtime: &dyn RuntimeClient,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<EventLogExport>, ExitError> {
+    match &config.otlp_events {
         Some(ep) if !sdk_disabled() => {
             let sub = pleg
                 .subscribe("otlp-events", OTLP_EVENTS_QUEUE)
@@ -258,57 +322,80 @@ pub async fn serve(
             let export = EventLogExport::start(sub, cfg, metrics.clone())
                 .map_err(|e| ConfigError::OtlpEvents(Box::new(e)))?;
             tracing::info!(endpoint = %ep, "exporting lifecycle events as OTLP log records");
-            Some(export)
+            Ok(Some(export))
         }
         Some(_) => {
             tracing::info!("OTEL_SDK_DISABLED: lifecycle events are not exported over OTLP");
-            None
+            Ok(None)
         }
-        None => None,
-    };
-    let (output_failed_tx, output_failed) = tokio::sync::oneshot::channel();
-    let writer = spawn_writer(sub, target, format, output_failed_tx)
-        .map_err(ExitError::runtime("cannot start the output thread"))?;
-
-    let api = match api_bound {
-        Some(bound) => {
-            let path = bound.path().display().to_string();
-            let api_config = ApiConfig {
-                node_name: config.identity.node_name.clone(),
-                watch_queue: config.watch_queue,
-                max_connections: DEFAULT_MAX_CONNECTIONS,
-            };
-            let control = control_bound
-                .as_ref()
-                .map(|c| c.path().display().to_string());
-            let server =
-                ApiServer::start_with_control(pleg.clone(), bound, control_bound, api_config)
-                    .map_err(ExitError::runtime("cannot start the API server"))?;
-            tracing::info!(socket = %path, "serving the subscriber API (plegd.v1)");
-            if let Some(control) = control {
-                tracing::info!(socket = %control, "serving Sync and RequestRelist on the API control socket");
-            }
-            Some(server)
-        }
-        None => None,
-    };
-
-    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut http_task = None;
-    if let Some(addr) = config.metrics_addr {
-        let server = MetricsServer::bind(
-            addr,
-            metrics.clone(),
-            Arc::new(HealthAdapter(pleg.health().clone())),
-        )
-        .await
-        .map_err(|error| ConfigError::MetricsAddr { addr, error })?;
-        tracing::info!(addr = %addr, "serving /metrics, /healthz and /readyz");
-        http_task = Some(actix_rt::spawn(server.serve(async {
-            let _ = http_stopped.await;
-        })));
+        None => Ok(None),
     }
+}
 
+/// The subscriber API's server on the sockets [`bind_sockets`] bound.
+fn start_api(
+    config: &ServiceConfig,
+    pleg: &Pleg,
+    sockets: Option<(BoundSocket, Option<BoundSocket>)>,
+) -> Result<Option<ApiServer>, ExitError> {
+    let Some((bound, control_bound)) = sockets else {
+        return Ok(None);
+    };
+    let path = bound.path().display().to_string();
+    let api_config = ApiConfig {
+        node_name: config.identity.node_name.clone(),
+        watch_queue: config.watch_queue,
+        max_connections: DEFAULT_MAX_CONNECTIONS,
+    };
+    let control = control_bound
+        .as_ref()
+        .map(|c| c.path().display().to_string());
+    let server = ApiServer::start_with_control(pleg.clone(), bound, control_bound, api_config)
+        .map_err(ExitError::runtime("cannot start the API server"))?;
+    tracing::info!(socket = %path, "serving the subscriber API (plegd.v1)");
+    if let Some(control) = control {
+        tracing::info!(socket = %control, "serving Sync and RequestRelist on the API control socket");
+    }
+    Ok(Some(server))
+}
+
+/// The `/metrics`, `/healthz` and `/readyz` endpoint, running until told to stop.
+struct HttpEndpoint {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: actix_rt::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// The HTTP endpoint, when `--metrics-addr` asks for it.
+async fn start_http(
+    config: &ServiceConfig,
+    metrics: &Arc<Metrics>,
+    pleg: &Pleg,
+) -> Result<Option<HttpEndpoint>, ExitError> {
+    let Some(addr) = config.metrics_addr else {
+        return Ok(None);
+    };
+    let server = MetricsServer::bind(
+        addr,
+        metrics.clone(),
+        Arc::new(HealthAdapter(pleg.health().clone())),
+    )
+    .await
+    .map_err(|error| ConfigError::MetricsAddr { addr, error })?;
+    tracing::info!(addr = %addr, "serving /metrics, /healthz and /readyz");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = actix_rt::spawn(server.serve(async {
+        let _ = stopped.await;
+    }));
+    Ok(Some(HttpEndpoint { stop, task }))
+}
+
+/// Serves SIGHUP until SIGTERM/SIGINT, `until` or a failed output; says which.
+async fn wait_for_stop(
+    signals: &mut Signals,
+    until: impl Future<Output = ()>,
+    output_failed: tokio::sync::oneshot::Receiver<()>,
+    reopen: Option<&AtomicBool>,
+) -> &'static str {
     // Only a failure sends; a writer that ended otherwise drops the sender.
     let output_failed = async move {
         if output_failed.await.is_err() {
@@ -316,85 +403,109 @@ pub async fn serve(
         }
     };
     tokio::pin!(until, output_failed);
-    let reason = loop {
+    loop {
         tokio::select! {
-            asked = signals.next() => match asked {
-                Asked::Stop(s) => break s,
-                Asked::Reopen if reopens => {
+            asked = signals.next() => match (asked, reopen) {
+                (Asked::Stop(s), _) => break s,
+                (Asked::Reopen, Some(reopen)) => {
                     reopen.store(true, Ordering::SeqCst);
                     tracing::info!("SIGHUP: the events file is reopened at the next event");
                 }
-                Asked::Reopen => tracing::info!("SIGHUP: events go to stdout; nothing to reopen"),
+                (Asked::Reopen, None) => tracing::info!("SIGHUP: events go to stdout; nothing to reopen"),
             },
             _ = &mut until => break "end of run",
             _ = &mut output_failed => break "the event output failed",
         }
-    };
-    tracing::info!(reason, "shutting down");
-    // The endpoint stops now, alongside the relist: it drops its connections within
-    // its grace (0.5 s, less than SHUTDOWN_MARGIN), so no client holds up the exit.
-    let _ = http_stop.send(());
-    // Every Watch and Sync stream ends (UNAVAILABLE, a held pod released as
-    // cancelled), then the socket goes; on its own thread, so the wait is short.
-    if let Some(api) = api {
-        if !api.stop(API_GRACE) {
-            tracing::warn!("the API server did not stop in time; exiting anyway");
+    }
+}
+
+/// What runs once plegd has started, in the order it is stopped.
+struct Running {
+    pleg: Pleg,
+    api: Option<ApiServer>,
+    http: Option<HttpEndpoint>,
+    traces: Option<TraceExport>,
+    event_logs: Option<EventLogExport>,
+    writer: JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// The graceful shutdown: the endpoints, the relist in progress, the publisher,
+    /// then the outputs drain. Errs only when writing the events failed.
+    async fn shutdown(self, request_timeout: Duration) -> Result<(), ExitError> {
+        let (pleg, writer) = (&self.pleg, &self.writer);
+        // The endpoint stops now, alongside the relist: it drops its connections within
+        // its grace (0.5 s, less than SHUTDOWN_MARGIN), so no client holds up the exit.
+        let http_task = self.http.map(|h| {
+            let _ = h.stop.send(());
+            h.task
+        });
+        // Every Watch and Sync stream ends (UNAVAILABLE, a held pod released as
+        // cancelled), then the socket goes; on its own thread, so the wait is short.
+        if let Some(api) = self.api {
+            if !api.stop(API_GRACE) {
+                tracing::warn!("the API server did not stop in time; exiting anyway");
+            }
+        }
+        // A relist in progress is finished, its events published, if its remaining calls
+        // end within one request timeout: the common case of one slow call.
+        let deadline = Instant::now() + request_timeout + SHUTDOWN_MARGIN;
+        pleg.stop();
+        wait_until(deadline, Duration::from_millis(5), || pleg.stopped()).await;
+        if !pleg.stopped() {
+            tracing::warn!(
+                "the relist in progress did not finish in time; its events are not published"
+            );
+        }
+        // Closing the publisher drops every subscriber's sender: the output thread then
+        // drains what is queued and exits.
+        pleg.close_publisher().await;
+        if let Some(t) = self.traces {
+            t.shutdown(Duration::from_millis(300));
+        }
+        // A reader that stopped reading our stdout must not hold plegd up forever.
+        let drain_deadline = Instant::now() + OUTPUT_DRAIN;
+        wait_until(drain_deadline, Duration::from_millis(2), || {
+            writer.is_finished()
+        })
+        .await;
+        // The event export drains its queue for its own drain time once the publisher has
+        // closed, alongside the output.
+        if let Some(export) = self.event_logs {
+            let deadline = Instant::now() + OTLP_EVENTS_DRAIN;
+            wait_until(deadline, Duration::from_millis(2), || export.is_finished()).await;
+            if export.is_finished() {
+                export.join();
+            } else {
+                tracing::warn!("the OTLP event export did not stop in time; exiting without it");
+            }
+        }
+        // Told to stop at the signal, the endpoint is done by now or within what is left
+        // of its grace (its wait overlaps the relist's and the output's).
+        if let Some(t) = http_task {
+            let _ = t.await;
+        }
+        if !writer.is_finished() {
+            tracing::warn!(
+                "the event output is blocked (is its reader still reading?); exiting without \
+                 writing the rest"
+            );
+            return Ok(());
+        }
+        match self.writer.join() {
+            Ok(Ok(())) => Ok(()),
+            // A closed pipe too: whoever read the events is gone, later ones are lost.
+            Ok(Err(e)) => Err(ExitError::runtime("writing events")(e)),
+            Err(_) => Err(ExitError::Runtime(anyhow::anyhow!(
+                "the output thread panicked"
+            ))),
         }
     }
-    // A relist in progress is finished, its events published, if its remaining calls
-    // end within one request timeout: the common case of one slow call.
-    let deadline = Instant::now() + config.runtime_request_timeout + SHUTDOWN_MARGIN;
-    pleg.stop();
-    while !pleg.stopped() && Instant::now() < deadline {
-        actix_rt::time::sleep(Duration::from_millis(5)).await;
-    }
-    if !pleg.stopped() {
-        tracing::warn!(
-            "the relist in progress did not finish in time; its events are not published"
-        );
-    }
-    // Closing the publisher drops every subscriber's sender: the output thread then
-    // drains what is queued and exits.
-    pleg.close_publisher().await;
-    if let Some(t) = traces {
-        t.shutdown(Duration::from_millis(300));
-    }
-    // A reader that stopped reading our stdout must not hold plegd up forever.
-    let drain_deadline = Instant::now() + OUTPUT_DRAIN;
-    while !writer.is_finished() && Instant::now() < drain_deadline {
-        actix_rt::time::sleep(Duration::from_millis(2)).await;
-    }
-    // The event export drains its queue for its own drain time once the publisher has
-    // closed, alongside the output.
-    if let Some(export) = event_logs {
-        let deadline = Instant::now() + OTLP_EVENTS_DRAIN;
-        while !export.is_finished() && Instant::now() < deadline {
-            actix_rt::time::sleep(Duration::from_millis(2)).await;
-        }
-        if export.is_finished() {
-            export.join();
-        } else {
-            tracing::warn!("the OTLP event export did not stop in time; exiting without it");
-        }
-    }
-    // Told to stop at the signal, the endpoint is done by now or within what is left
-    // of its grace (its wait overlaps the relist's and the output's).
-    if let Some(t) = http_task {
-        let _ = t.await;
-    }
-    if !writer.is_finished() {
-        tracing::warn!(
-            "the event output is blocked (is its reader still reading?); exiting without \
-             writing the rest"
-        );
-        return Ok(());
-    }
-    match writer.join() {
-        Ok(Ok(())) => Ok(()),
-        // A closed pipe too: whoever read the events is gone, later ones are lost.
-        Ok(Err(e)) => Err(ExitError::runtime("writing events")(e)),
-        Err(_) => Err(ExitError::Runtime(anyhow::anyhow!(
-            "the output thread panicked"
-        ))),
+}
+
+/// Polls `done` every `every` until it holds or `deadline` passes.
+async fn wait_until(deadline: Instant, every: Duration, done: impl Fn() -> bool) {
+    while !done() && Instant::now() < deadline {
+        actix_rt::time::sleep(every).await;
     }
 }

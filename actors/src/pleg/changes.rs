@@ -173,6 +173,8 @@ mod tests {
     use plegd_runtime::{
         Container, ContainerState, ListView, NodeLists, PodRef, Sandbox, SandboxState,
     };
+    use rand::{Rng as _, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
 
     /// [`changed_pods`] of decoded lists.
     fn changed<'a>(
@@ -296,18 +298,8 @@ mod tests {
         );
     }
 
-    /// Small xorshift: the same lists on every run, no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
-
-    fn lists(rng: &mut Rng) -> (Vec<Sandbox>, Vec<Container>) {
+    /// Random lists, the same on every run (a seeded generator).
+    fn lists(rng: &mut ChaCha8Rng) -> (Vec<Sandbox>, Vec<Container>) {
         let sb_states = [
             SandboxState::Ready,
             SandboxState::NotReady,
@@ -320,16 +312,24 @@ mod tests {
             ContainerState::Unknown,
         ];
         let mut sandboxes = Vec::new();
-        for i in 0..rng.below(5) {
-            let uid = format!("u{}", rng.below(3));
-            let state = sb_states[rng.below(3) as usize];
-            sandboxes.push(sandbox(&format!("s{}", i + rng.below(2)), &uid, state));
+        for i in 0..rng.random_range(0..5) {
+            let uid = format!("u{}", rng.random_range(0..3));
+            let state = sb_states[rng.random_range(0..3)];
+            sandboxes.push(sandbox(
+                &format!("s{}", i + rng.random_range(0..2)),
+                &uid,
+                state,
+            ));
         }
         let mut containers = Vec::new();
-        for i in 0..rng.below(6) {
-            let state = c_states[rng.below(4) as usize];
-            let sb = format!("s{}", rng.below(5));
-            containers.push(container(&format!("c{}", i + rng.below(2)), &sb, state));
+        for i in 0..rng.random_range(0..6) {
+            let state = c_states[rng.random_range(0..4)];
+            let sb = format!("s{}", rng.random_range(0..5));
+            containers.push(container(
+                &format!("c{}", i + rng.random_range(0..2)),
+                &sb,
+                state,
+            ));
         }
         (sandboxes, containers)
     }
@@ -339,7 +339,7 @@ mod tests {
     /// changed pods rebuilt from their own entries alone are what the whole lists give.
     #[test]
     fn agrees_with_grouping_everything() {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = ChaCha8Rng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
         let mut decided = 0;
         // One scratch for every draw, as a GenericPleg keeps one.
         let mut scratch = Scratch::default();

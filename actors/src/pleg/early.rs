@@ -1,37 +1,18 @@
-//! Deaths a batch reports before the pod's lists answer.
+//! Deaths a batch reports before the pod's lists answer (containerd 2.1 serves
+//! ListContainers slowly during a burst). A targeted relist's prefetched
+//! ContainerStatus is a poll like any other: when it shows an exit that the pod's
+//! record does not have, that ContainerDied is published at once, with its exit.
 //!
-//! A targeted relist asked by a hint that names a container reads that container's
-//! ContainerStatus together with the pod's lists (the prefetch). The status read is a
-//! poll of the runtime like any other: when it says the container has exited and the
-//! pod's record has it running (or created/unknown), the death is as certain as the
-//! one the lists would show. So the batch publishes that ContainerDied at once, with
-//! the exit from the status read, instead of waiting for the lists, which containerd
-//! 2.1 serves slowly during a burst (its ListContainers takes every container's status
-//! lock before it filters).
+//! So that nothing is reported twice or lost, in this order: the pod's record says
+//! the container exited (a later diff finds no change for it); the cache gets its new
+//! status ([`CacheUpdate::Container`]) before the event is published; the pod's read,
+//! when its lists answer, is diffed against the record so changed and does not reuse
+//! the cache's running status (`status::take_prefetched`).
 //!
-//! What it changes, in this order, so that nothing is reported twice and nothing is
-//! lost:
-//! - the pod's record says the container exited (a later diff, global or targeted,
-//!   finds no change for it; a list that no longer shows it gives ContainerRemoved
-//!   alone, as for any exited container);
-//! - the cache's status of the pod has that container's new status
-//!   ([`CacheUpdate::Container`]), before the event is published;
-//! - the pod's read, when its lists answer, is diffed against the record so changed
-//!   (its own diff was taken against the record before the read).
-//!
-//! - the pod's status read, if its lists were taken before the exit, does not reuse
-//!   the cache's running status of the container (`status::take_prefetched`), so the
-//!   cache does not say running after the death, whichever comes first.
-//!
-//! Nothing else is taken from the prefetch early: a container the record does not
-//! have (its sandbox is not known from a status read), a sandbox, a running or
-//! created container all wait for the lists as before. A pod a sync holds reports
-//! nothing early (its read is handed back unread or not committed either), nor does
-//! a pod awaiting reinspection (its cache entry holds the error of its last read; the
-//! read that clears it reports the change).
-//!
-//! A read whose lists answer in the same poll as its prefetch is committed first;
-//! its early message then finds the death in the record and does nothing.
+//! Only a known container's exit goes early: not a sandbox, a container the record
+//! lacks, a pod a sync holds or one awaiting reinspection. A read whose lists answer
+//! in the same poll as its prefetch is committed first; its early message then finds
+//! the death in the record and does nothing.
 
 use std::time::SystemTime;
 

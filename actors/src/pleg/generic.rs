@@ -36,6 +36,7 @@ use super::pod_read::{listed_of, PodPlan, PodRead, Reader, Work, WHOLE_NODE_LIST
 use super::record::{group, PlegState, PodRecord};
 use super::status::{index_containers, index_sandboxes, LastReads, PodStatus, EXIT_SETTLE};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
+use crate::room::give_back_room;
 use plegd_runtime::{
     ContainerRef, ContainerState, ListView, RuntimeClient, RuntimeError, SandboxRef,
 };
@@ -98,10 +99,9 @@ pub enum PodStep<T> {
     Read(T, RelistOutput, Option<RuntimeError>),
 }
 
-/// The records' table is shrunk when its room is above this many times its pods (at
-/// least 256): 3 catches the doubling a churn causes, 2 would shrink a table that
-/// inserts just grew and have it grow again.
-const RECORDS_SHRINK_RATIO: usize = 3;
+/// The records' table gives its room back counting it as at least this many pods
+/// ([`crate::room`]).
+const RECORDS_MIN_ROOM: usize = 256;
 
 /// The Generic PLEG's state: the last reconciled record of each pod and the pods
 /// to reinspect. Owned by exactly one RelistDispatcher.
@@ -469,9 +469,7 @@ impl GenericPleg {
         // grew it to (a hash table that removes and inserts at over half its capacity
         // doubles once, even with the same live pods): give the room back once it is
         // well above what the pods need (memory after a churn).
-        if self.records.capacity() > RECORDS_SHRINK_RATIO * self.records.len().max(256) {
-            self.records.shrink_to_fit();
-        }
+        give_back_room(&mut self.records, RECORDS_MIN_ROOM);
         Ok(())
     }
 

@@ -3,39 +3,20 @@
 //!
 //! Status calls are what a relist costs per pod (≈ 23 µs of plegd CPU each over CRI),
 //! so a read makes only those that can tell plegd something new:
-//! - A sandbox is taken from the ListPodSandbox entry its record was built from: plegd
-//!   keeps only what that entry carries (id, metadata, state, created_at, labels), and
-//!   PodSandboxStatus answers the same fields. Only a sandbox of the record that no
-//!   entry is at hand for is read with PodSandboxStatus (none on today's paths: a
-//!   record's sandboxes all come from the list it was built from; a sandbox known
-//!   only through its containers is in no record's `sandboxes` and is not read, as
-//!   before).
-//! - A container that the list says is Running, and whose last status read (the
-//!   cache's, through [`LastReads`]) said Running with the same id, attempt and
-//!   created_at, has been running ever since (a container never goes back to Running):
-//!   the fields plegd keeps do not change while it runs, so that status is reused.
-//! - A container that the list says is Exited, and whose last status read said Exited
-//!   with the same id, attempt and created_at, is reused once that read began at least
-//!   [`EXIT_SETTLE`] after the container's `finished_at`: an exited container's
-//!   status can still change just after the exit (containerd records an OOM kill's
-//!   reason when it handles the OOM event, which may come after the exit's), never
-//!   later. Before that it is read at every read of its pod, as before; after it, a
-//!   pod's completed init and job containers cost nothing when the pod is read again
-//!   (before, a ContainerStatus each at every event in the pod or change of it, and a
-//!   second round trip after the lists).
-//!   Everything else is read: created or unknown containers, exited ones until their
-//!   status settled, and every container of a pod whose last read failed.
-//! - Prefetch: a targeted relist asked for by an event about one
-//!   container (the CRI stream's) calls its ContainerStatus together with the pod's
-//!   lists, saving a round trip after them. A container the rules above read takes
-//!   the prefetched status instead if it has the id, state, attempt and created_at of
-//!   the list entry (read in the same round trip, it agrees with the list); otherwise,
-//!   or if the prefetch failed (NotFound included), it is read as usual. Nothing else
-//!   changes: reused statuses stay, and global relists never prefetch. A targeted
-//!   relist of a known pod also prefetches the containers its last read found exited
-//!   and not yet settled ([`unsettled_exits`]): the rules above would read them after
-//!   the lists anyway (a pod with earlier exits would otherwise need that second round
-//!   trip on every exit).
+//! - a sandbox is taken from the ListPodSandbox entry its record was built from (it
+//!   carries every field plegd keeps); only one with no entry at hand is read;
+//! - a container the list says is Running, whose last status read (the cache's,
+//!   [`LastReads`]) said Running with the same id, attempt and created_at, reuses that
+//!   read: nothing plegd keeps changes while it runs;
+//! - an Exited one likewise, once that read began at least [`EXIT_SETTLE`] after its
+//!   `finished_at` (containerd may record an OOM kill's reason just after the exit);
+//! - everything else is read, and every container of a pod whose last read failed.
+//!
+//! Prefetch: a targeted relist reads the container its hint names, and the pod's
+//! exits not yet settled ([`unsettled_exits`]), together with the pod's lists. A
+//! container the rules above read takes that status if it has the list entry's id,
+//! state, attempt and created_at; otherwise, or if the prefetch failed, it is read as
+//! usual. Global relists never prefetch.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

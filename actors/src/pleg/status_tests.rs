@@ -11,6 +11,8 @@ use super::*;
 use crate::event::{EventKind::*, LifecycleEvent, RelistSource};
 use plegd_runtime::ContainerState;
 use plegd_sim::{FakeRuntime, Op};
+use rand::{Rng as _, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// The cache as the CacheOwner keeps it (last good status, error of the last read,
 /// when the last read began), applied by the test after each relist as the
@@ -349,15 +351,15 @@ async fn a_sandbox_is_never_read_with_pod_sandbox_status() {
     assert_eq!(rt.calls(Op::SandboxStatus), 0);
 }
 
-/// A small deterministic generator (xorshift64*).
-pub(super) struct Rng(pub(super) u64);
+/// A seeded generator's draw below `n` (0 when `n` is 0: an index into a list that
+/// may be empty).
+pub(super) trait Below {
+    fn below(&mut self, n: usize) -> usize;
+}
 
-impl Rng {
-    pub(super) fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) as usize % n.max(1)
+impl Below for ChaCha8Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.random_range(0..n.max(1))
     }
 }
 
@@ -400,7 +402,7 @@ async fn reusing_statuses_gives_what_full_reads_give() {
         };
         let mut reuse = Node::settling(&rt, settle);
         let mut full = Node::new(&rt, false);
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut pods: Vec<(String, String)> = Vec::new();
         let (mut calls_reuse, mut calls_full) = (0, 0);
         for step in 0..150 {
@@ -409,7 +411,8 @@ async fn reusing_statuses_gives_what_full_reads_give() {
                     .iter()
                     .flat_map(|(_, sb)| rt.containers_of(sb))
                     .collect();
-                let pick = |rng: &mut Rng| containers.get(rng.below(containers.len())).cloned();
+                let pick =
+                    |rng: &mut ChaCha8Rng| containers.get(rng.below(containers.len())).cloned();
                 match rng.below(10) {
                     0 => {
                         let uid = format!("u{step}");

@@ -13,10 +13,9 @@ use plegd_telemetry::{RelistPhase, RequestResult};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::apply::{apply, DispatcherDeps};
-use super::priority::GlobalPriority;
-use super::request::RequestRelist;
 use crate::event::RelistSource;
 use crate::pleg::{GenericPleg, PodAsk, PodStep};
+use crate::queue::{GlobalPriority, RequestRelist};
 use crate::spans;
 
 /// What a batch did, for its debug lines.

@@ -11,10 +11,10 @@ use plegd_runtime::RuntimeClient;
 use plegd_sim::{FakeRuntime, Intercept, Intercepted, Op};
 use plegd_telemetry::RequestResult;
 
-use super::queue::RequestRelist;
 use super::tests::*;
 use crate::event::{EventKind, RelistSource};
 use crate::pleg::CacheUpdate;
+use crate::queue::RequestRelist;
 use crate::testing::wait_until;
 
 /// The fake runtime, except that a targeted read (a known pod's container list) waits
@@ -750,7 +750,7 @@ async fn requests_waiting_before_a_slow_failing_global_relist_run_next() {
 /// without a container adds no call.
 #[actix_rt::test]
 async fn merged_requests_prefetch_their_containers_up_to_the_bound() {
-    use super::request::MAX_PREFETCH;
+    use crate::queue::request::MAX_PREFETCH;
     use plegd_telemetry::PrefetchResult::*;
     const CONTAINERS: usize = 6;
     let rt = FakeRuntime::new();

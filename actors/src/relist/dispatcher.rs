@@ -34,11 +34,9 @@ use super::batch::{targeted_relists, Batch, BatchSummary, Taken};
 use super::global::global_relist;
 use super::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use super::machine::{Action, Input, Machine, Rules};
-use super::priority::GlobalPriority;
-pub(crate) use super::queue::BringForward;
-use super::queue::{Inbox, RelistQueue, Wake};
-use super::request::RequestRelist;
 use crate::pleg::GenericPleg;
+pub(crate) use crate::queue::BringForward;
+use crate::queue::{GlobalPriority, Inbox, RelistQueue, RequestRelist, Wake};
 
 #[derive(Clone, Debug)]
 pub struct DispatcherConfig {

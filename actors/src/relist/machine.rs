@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use plegd_telemetry::RequestResult;
 
-use super::request::{merge, Added, PodRequests, RequestRelist};
 use super::schedule::{GlobalSchedule, Verdict};
 use crate::event::RelistSource;
+use crate::queue::request::{merge, Added, PodRequests, RequestRelist};
 
 /// The most pods one batch takes.
 pub const MAX_BATCH: usize = 256;

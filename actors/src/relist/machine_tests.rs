@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use plegd_telemetry::RequestResult::{self, *};
 
 use super::machine::{Action, Input, Machine, Rules, MAX_BATCH};
-use super::request::{ApiPlace, RequestRelist};
 use crate::event::RelistSource;
+use crate::queue::request::{ApiPlace, RequestRelist};
 
 const PERIOD: Duration = Duration::from_secs(1);
 const CAPACITY: usize = 4;

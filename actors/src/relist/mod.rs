@@ -2,8 +2,9 @@
 //! that runs every relist (`global` one global relist, `batch` a batch of targeted
 //! relists, `apply` their output to the cache and the publisher) and the state
 //! machine that decides what runs when (`machine`, with the global relist's
-//! `schedule`), the requests (`request`) and the bounded queue every request source
-//! writes into, and the router that sends a held pod's requests to its sync gate.
+//! `schedule`), and the router that sends a held pod's requests to its sync gate.
+//! The requests and the queue they wait in are `crate::queue`, below this module and
+//! `sync`, which both write into it.
 
 mod apply;
 mod batch;
@@ -11,11 +12,11 @@ pub(crate) mod dispatcher;
 mod global;
 pub(crate) mod log_budget;
 mod machine;
-pub(crate) mod priority;
-pub(crate) mod queue;
-mod request;
 pub(crate) mod router;
 pub(crate) mod schedule;
+
+/// The queue's old path, until `wiring.rs` and `hints/tests.rs` import `crate::queue`.
+pub(crate) use crate::queue;
 
 #[cfg(test)]
 mod batch_tests;

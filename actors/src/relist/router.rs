@@ -8,9 +8,8 @@ use std::sync::Arc;
 use opentelemetry::trace::SpanContext;
 use plegd_telemetry::{Metrics, RequestResult};
 
-use super::priority::GlobalPriority;
-use super::queue::{ApiRelistOutcome, RelistQueue};
 use crate::event::RelistSource;
+use crate::queue::{ApiRelistOutcome, GlobalPriority, RelistQueue};
 use crate::sync::HeldPods;
 
 #[derive(Clone)]

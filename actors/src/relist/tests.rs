@@ -21,7 +21,7 @@ use crate::sync::HeldPods;
 use crate::testing::wait_until;
 
 // Nothing in production copies these messages; the Recorder hands the test copies.
-// (If cache.rs or publisher.rs ever derive Clone, delete these.)
+// (If cache/ or publisher.rs ever derive Clone, delete these.)
 impl Clone for ApplyRelist {
     fn clone(&self) -> Self {
         ApplyRelist {
@@ -768,7 +768,7 @@ async fn waiting_requests_run_as_one_batch_and_one_failure_spares_the_rest() {
 /// began after it (`skipped`), or the request it joined (`merged`).
 #[actix_rt::test]
 async fn a_flood_of_api_requests_never_crowds_out_the_runtimes_hints() {
-    use super::queue::ApiRelistOutcome;
+    use crate::queue::ApiRelistOutcome;
     const PODS: usize = 10;
     const BUDGET: usize = 32;
     const FLOOD: usize = 20_000;

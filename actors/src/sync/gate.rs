@@ -24,7 +24,7 @@ use plegd_telemetry::Metrics;
 use tokio::sync::oneshot;
 
 use crate::event::RelistSource;
-use crate::relist::queue::RelistQueue;
+use crate::queue::RelistQueue;
 use crate::spans;
 use crate::sync::held::HeldPods;
 

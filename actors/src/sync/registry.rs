@@ -11,7 +11,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use plegd_telemetry::Metrics;
 
-use crate::relist::queue::RelistQueue;
+use crate::queue::RelistQueue;
 use crate::sync::gate::{
     BeginSync, GateConfig, GateIdle, PodSyncGate, SyncError, SyncHold, UnknownPlace,
 };

@@ -14,7 +14,7 @@ use crate::event::RelistSource;
 /// relist asked for more: the rest are read as usual).
 pub const MAX_PREFETCH: usize = 4;
 
-/// A request for a relist of one pod. Built by [`RelistQueue::request`], which stamps
+/// A request for a relist of one pod. Built by [`super::RelistQueue::request`], which stamps
 /// the enqueue time.
 #[derive(Clone, Debug)]
 pub struct RequestRelist {
@@ -33,9 +33,9 @@ pub struct RequestRelist {
     pub(crate) api: Option<Arc<ApiPlace>>,
 }
 
-/// One pod's place in the [`ApiBudget`]; given back when dropped.
+/// One pod's place in the [`super::ApiBudget`]; given back when dropped.
 #[derive(Debug)]
-pub(crate) struct ApiPlace(pub(super) Arc<AtomicUsize>);
+pub(crate) struct ApiPlace(pub(crate) Arc<AtomicUsize>);
 
 impl Drop for ApiPlace {
     fn drop(&mut self) {

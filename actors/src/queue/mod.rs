@@ -15,6 +15,12 @@
 //! settled), and those pods count in neither the inbox's capacity nor the
 //! dispatcher's bound. So no flood of API requests, whatever its UIDs, makes a hint
 //! from the runtime wait or drop.
+//!
+//! Below `relist` (the dispatcher reads it) and `sync` (a sync gate's release writes
+//! into it): both import it, neither through the other.
+
+mod priority;
+pub(crate) mod request;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,10 +30,10 @@ use actix::prelude::*;
 use opentelemetry::trace::SpanContext;
 use plegd_telemetry::{Metrics, Refusal, RequestResult};
 
-use super::priority::GlobalPriority;
-pub(crate) use super::request::RequestRelist;
-use super::request::{Added, ApiPlace, PodRequests};
 use crate::event::RelistSource;
+pub(crate) use priority::GlobalPriority;
+pub(crate) use request::RequestRelist;
+use request::{Added, ApiPlace, PodRequests};
 
 /// Pods that may wait with an API client's request, by default: a node's pods with
 /// room to spare (a pod worker asks once per pod it allocates or syncs).

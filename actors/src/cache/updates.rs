@@ -1,0 +1,301 @@
+//! Applying a relist: its cache updates, then what its events said of each pod.
+
+use std::time::SystemTime;
+
+use actix::prelude::*;
+
+use super::entry::ReadStamp;
+use super::{CacheOwner, StoredPod};
+use crate::event::{EventKind, RelistSource};
+use crate::packed_status::{PackedReported, PackedStatus};
+use crate::pleg::CacheUpdate;
+
+impl CacheOwner {
+    pub(crate) fn apply(&mut self, update: CacheUpdate) {
+        match update {
+            CacheUpdate::Delete {
+                uid,
+                read_at,
+                source,
+            } => {
+                if let Some((uid, last)) = self.shared.pods.remove(&uid) {
+                    self.bury(uid, last, read_at, source);
+                }
+            }
+            CacheUpdate::Set {
+                uid,
+                status,
+                read_at,
+                source,
+            } => {
+                // Back (same UID): alive again.
+                self.shared.tombstones.remove(&uid);
+                let mut entry = self.shared.pods.entry(uid).or_insert_with(|| StoredPod {
+                    status: None,
+                    error: None,
+                    read: ReadStamp::NEVER,
+                    reported: PackedReported::default(),
+                });
+                let read = ReadStamp::new(read_at, source);
+                // Never let an older read overwrite a newer one.
+                if read.at < entry.read.at {
+                    return;
+                }
+                entry.read = read;
+                match status {
+                    Ok(s) => {
+                        entry.status = Some(PackedStatus::pack(&s, &mut self.buf));
+                        entry.error = None;
+                    }
+                    Err(e) => entry.error = Some(e.into_boxed_str()),
+                }
+            }
+            CacheUpdate::Container {
+                uid,
+                status,
+                read_at,
+            } => {
+                let Some(mut entry) = self.shared.pods.get_mut(&uid) else {
+                    return;
+                };
+                // A read of the whole pod that began later has it already.
+                if ReadStamp::new(read_at, RelistSource::Global).at < entry.read.at {
+                    return;
+                }
+                let Some(mut pod) = entry.status.as_ref().and_then(PackedStatus::unpack) else {
+                    return;
+                };
+                let Some(old) = pod.containers.iter_mut().find(|c| c.id == status.id) else {
+                    return;
+                };
+                *old = status;
+                // `read` stays the pod's last read's: the other containers were
+                // not read again (what `LastReads` reuses is judged by it).
+                entry.status = Some(PackedStatus::pack(&pod, &mut self.buf));
+            }
+        }
+    }
+}
+
+/// Apply the cache updates of one relist; `global_timestamp` is set for a successful
+/// global relist (its start time). The sender awaits the reply before publishing the
+/// relist's events, so a subscriber that reads the cache after an event sees its cause.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ApplyRelist {
+    pub updates: Vec<CacheUpdate>,
+    pub global_timestamp: Option<SystemTime>,
+    /// With a global timestamp: the pods that relist left alone (held by a sync).
+    pub held: Vec<String>,
+    /// The latest revision issued, that of this relist's last event if it had any:
+    /// once applied, the cache reflects every event up to it.
+    pub revision: u64,
+    /// This relist's events, in order, as (pod UID, sandbox or container ID, kind):
+    /// folded into each pod's `reported`.
+    pub events: Vec<(String, String, EventKind)>,
+    /// A chunk of a global relist that more chunks follow: snapshots wait until a
+    /// message without it (the last chunk) is applied, so that no snapshot presents a
+    /// relist half applied.
+    pub more: bool,
+}
+
+impl Handler<ApplyRelist> for CacheOwner {
+    type Result = ();
+
+    fn handle(&mut self, msg: ApplyRelist, _: &mut Self::Context) {
+        for u in msg.updates {
+            self.apply(u);
+        }
+        // After the updates: a pod this relist found gone has no entry left to fold
+        // its last events into.
+        // A pod's events come one after the other: its states are unpacked and packed
+        // again once for them all.
+        let mut events = msg.events.into_iter().peekable();
+        while let Some((uid, id, kind)) = events.next() {
+            let mut run = vec![(id, kind)];
+            while let Some((_, id, kind)) = events.next_if(|(u, ..)| *u == uid) {
+                run.push((id, kind));
+            }
+            let Some(mut pod) = self.shared.pods.get_mut(&uid) else {
+                continue;
+            };
+            let mut reported = pod.reported.unpack();
+            for (id, kind) in run {
+                match kind {
+                    EventKind::ContainerStarted | EventKind::ContainerDied => {
+                        reported.insert(id, kind);
+                    }
+                    EventKind::ContainerRemoved => {
+                        reported.remove(&id);
+                    }
+                    EventKind::PodSync | EventKind::ContainerChanged => {}
+                }
+            }
+            pod.reported = PackedReported::pack(&reported, &mut self.buf);
+        }
+        self.revision = self.revision.max(msg.revision);
+        self.prune();
+        self.shrink();
+        if msg.global_timestamp.is_some() {
+            let previous = self.shared.changes.borrow().0;
+            let held = &msg.held;
+            self.shared.held_cover.retain(|uid, _| held.contains(uid));
+            for uid in held {
+                self.shared
+                    .held_cover
+                    .entry(uid.clone())
+                    .or_insert(previous);
+            }
+        }
+        self.shared.changes.send_modify(|(global, n)| {
+            if let Some(t) = msg.global_timestamp {
+                if global.is_none_or(|g| t > g) {
+                    *global = Some(t);
+                }
+            }
+            *n += 1;
+        });
+        self.partial = msg.more;
+        if !self.partial && !self.waiting.is_empty() {
+            let snapshot = self.snapshot();
+            for tx in self.waiting.drain(..) {
+                let _ = tx.send(snapshot.clone());
+            }
+        }
+    }
+}
+#[cfg(test)]
+mod tests {
+    use actix::prelude::*;
+    use plegd_runtime::ContainerStatus;
+
+    use super::*;
+    use crate::cache::test_support::*;
+    use crate::cache::*;
+    use crate::event::{EventKind, RelistSource};
+    use crate::pleg::CacheUpdate;
+
+    /// An early death (`pleg::early`): one container's status replaced, the pod's
+    /// read time kept; nothing for a read older than the pod's, an unknown container
+    /// or an unknown pod.
+    #[test]
+    fn a_container_update_replaces_that_container_only() {
+        use plegd_runtime::ContainerState::{Exited, Running};
+        let (mut owner, cache) = CacheOwner::new(TTL);
+        let mut st = status("a");
+        st.containers.push(container(Running, 0));
+        let mut other = container(Running, 0);
+        other.id = "d".into();
+        st.containers.push(other.clone());
+        owner.apply(CacheUpdate::Set {
+            uid: "a".into(),
+            status: Ok(st),
+            read_at: at(5),
+            source: RelistSource::Global,
+        });
+        let update = |read_at, status: ContainerStatus| CacheUpdate::Container {
+            uid: "a".into(),
+            status,
+            read_at,
+        };
+        let state_of = |id: &str| {
+            let pod = cache.get("a").unwrap();
+            let st = pod.status.unwrap();
+            let c = st.containers.into_iter().find(|c| c.id == id).unwrap();
+            (c.state, c.exit_code, pod.modified)
+        };
+        owner.apply(update(at(4), container(Exited, 9)));
+        assert_eq!(
+            state_of("c"),
+            (Running, 0, at(5)),
+            "older than the pod's read"
+        );
+        owner.apply(update(at(6), container(Exited, 2)));
+        assert_eq!(state_of("c"), (Exited, 2, at(5)));
+        assert_eq!(state_of("d"), (Running, 0, at(5)));
+        let mut unknown = container(Exited, 1);
+        unknown.id = "x".into();
+        owner.apply(update(at(7), unknown));
+        assert_eq!(cache.get("a").unwrap().status.unwrap().containers.len(), 2);
+        owner.apply(CacheUpdate::Container {
+            uid: "nobody".into(),
+            status: container(Exited, 1),
+            read_at: at(7),
+        });
+        assert!(cache.get("nobody").is_none());
+    }
+
+    #[actix_rt::test]
+    async fn each_pod_keeps_what_the_events_last_said_of_its_sandboxes_and_containers() {
+        use EventKind::*;
+        let (owner, cache) = CacheOwner::new(TTL);
+        let owner = owner.start();
+        let ev = |uid: &str, id: &str, kind| (uid.to_string(), id.to_string(), kind);
+        let reported = |uid: &str| cache.get(uid).map(|p| p.reported.into_iter().collect());
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "sa", ContainerStarted),
+                    ev("a", "c1", ContainerStarted),
+                    ev("a", "c2", ContainerDied),
+                    // No cache entry (never read): nothing is made up for it.
+                    ev("nobody", "cx", ContainerStarted),
+                ],
+                ..relist(vec![set("a", at(1))], 4)
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            reported("a"),
+            Some(vec![
+                ("c1".to_string(), ContainerStarted),
+                ("c2".to_string(), ContainerDied),
+                ("sa".to_string(), ContainerStarted)
+            ])
+        );
+        assert!(cache.get("nobody").is_none());
+        // Later events replace, Removed deletes; a failed read keeps them.
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "c1", ContainerDied),
+                    ev("a", "c2", ContainerRemoved),
+                    ev("a", "", PodSync),
+                ],
+                ..relist(
+                    vec![CacheUpdate::Set {
+                        uid: "a".into(),
+                        status: Err("unavailable".into()),
+                        read_at: at(2),
+                        source: RelistSource::Global,
+                    }],
+                    7,
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            reported("a"),
+            Some(vec![
+                ("c1".to_string(), ContainerDied),
+                ("sa".to_string(), ContainerStarted)
+            ])
+        );
+        // Gone: the tombstone keeps the last entry; back with the same UID: nothing
+        // reported yet of the new one.
+        owner
+            .send(ApplyRelist {
+                events: vec![
+                    ev("a", "c1", ContainerRemoved),
+                    ev("a", "sa", ContainerDied),
+                    ev("a", "sa", ContainerRemoved),
+                ],
+                ..relist(vec![delete("a", at(3))], 10)
+            })
+            .await
+            .unwrap();
+        assert!(matches!(cache.lookup("a"), PodLookup::Removed { .. }));
+        owner.send(relist(vec![set("a", at(4))], 10)).await.unwrap();
+        assert_eq!(reported("a"), Some(vec![]));
+    }
+}
