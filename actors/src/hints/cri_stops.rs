@@ -31,6 +31,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::room::give_back_room;
+
 /// How many stop-to-report lags the grace is taken from.
 pub const LAGS: usize = 32;
 /// Lags needed before an early source waits for the stream.
@@ -44,9 +46,7 @@ pub const MAX_GRACE: Duration = Duration::from_millis(600);
 const RETAIN: Duration = Duration::from_secs(10);
 /// The most stops remembered of each kind; beyond it the oldest are forgotten.
 const MAX_REMEMBERED: usize = 4096;
-/// A table of remembered stops gives its room back above this many times its entries
-/// (at least [`MIN_ROOM`]).
-const SHRINK_RATIO: usize = 3;
+/// A table of remembered stops this small keeps its room (`room.rs`).
 const MIN_ROOM: usize = 64;
 
 /// What an early source may expect of the CRI stream for a stop it saw.
@@ -202,12 +202,8 @@ impl Remembered {
                 self.forget(&id, at);
             }
         }
-        if self.at.capacity() > SHRINK_RATIO * self.at.len().max(MIN_ROOM) {
-            self.at.shrink_to_fit();
-        }
-        if self.order.capacity() > SHRINK_RATIO * self.order.len().max(MIN_ROOM) {
-            self.order.shrink_to_fit();
-        }
+        give_back_room(&mut self.at, MIN_ROOM);
+        give_back_room(&mut self.order, MIN_ROOM);
     }
 
     /// Forgets `id` if it is still remembered from `at` (not inserted again since).

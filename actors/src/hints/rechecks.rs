@@ -29,6 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::cache::PodCache;
 use crate::hints::cri_stops::Expect;
 use crate::hints::Hint;
+use crate::room::give_back_room;
 
 /// What a recheck waits for the cache to show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -160,9 +161,7 @@ const RETAIN: Duration = Duration::from_secs(10);
 pub const PENDING_FOR: Duration = Duration::from_secs(1);
 /// Entries of each table before the oldest are forgotten.
 const MAX_TRACKED: usize = 4096;
-/// A table gives its room back above this many times its entries (at least
-/// [`MIN_ROOM`]).
-const SHRINK_RATIO: usize = 3;
+/// A table this small keeps its room (`room.rs`).
 const MIN_ROOM: usize = 64;
 
 /// Shared by every hint watcher.
@@ -255,23 +254,15 @@ impl Rechecks {
         st.requested
             .retain(|uid, &mut at| is_pending(cache, uid, at, wall));
         st.confirmed.retain(|(id, _)| cache.owner_of(id).is_some());
-        shrink(&mut st.claims);
-        shrink(&mut st.requested);
-        if st.confirmed.capacity() > SHRINK_RATIO * st.confirmed.len().max(MIN_ROOM) {
-            st.confirmed.shrink_to_fit();
-        }
+        give_back_room(&mut st.claims, MIN_ROOM);
+        give_back_room(&mut st.requested, MIN_ROOM);
+        give_back_room(&mut st.confirmed, MIN_ROOM);
     }
 
     /// Entries remembered (claims, requests, confirmations).
     pub fn tracked(&self) -> usize {
         let st = self.lock();
         st.claims.len() + st.requested.len() + st.confirmed.len()
-    }
-}
-
-fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
-    if map.capacity() > SHRINK_RATIO * map.len().max(MIN_ROOM) {
-        map.shrink_to_fit();
     }
 }
 
