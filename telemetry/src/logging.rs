@@ -47,6 +47,10 @@ pub fn init(default_filter: &str, format: LogFormat) {
     };
 }
 
+/// Lines a second of each per-event debug line (a single exit's latency can be
+/// followed in the log; a storm writes a few dozen lines a second).
+pub const EVENT_LINES_PER_SECOND: u32 = 50;
+
 /// Lets `burst` messages through per window and counts the rest, so a flapping
 /// runtime or a storm cannot flood the log: one a window for warnings
 /// ([`RateLimiter::new`]), a burst for per-event debug lines
@@ -68,9 +72,10 @@ impl RateLimiter {
         Self::with_burst(1, interval)
     }
 
-    /// The budget of a per-event debug line (one per hint, per relist): 50 a second.
+    /// The budget of a per-event debug line (one per hint, per relist):
+    /// [`EVENT_LINES_PER_SECOND`].
     pub fn for_event_lines() -> Self {
-        Self::with_burst(50, std::time::Duration::from_secs(1))
+        Self::with_burst(EVENT_LINES_PER_SECOND, std::time::Duration::from_secs(1))
     }
 
     /// Up to `burst` messages (at least one) per `window`.

@@ -477,7 +477,8 @@ fn scripted_watcher_on(
 /// line let through counts the lines suppressed.
 #[actix_rt::test]
 async fn each_hint_writes_a_debug_line_under_a_budget() {
-    use crate::relist::log_budget::{capture::Captured, LINES_PER_WINDOW};
+    use crate::testing::capture::Captured;
+    use plegd_telemetry::logging::EVENT_LINES_PER_SECOND as LINES_PER_WINDOW;
     let log = Captured::default();
     let _guard = log.install();
     let cache = CacheOwner::new(Duration::from_secs(300)).1;

@@ -649,7 +649,8 @@ async fn the_pending_set_is_bounded_by_the_known_pods_and_the_queue_capacity() {
 /// lines suppressed.
 #[actix_rt::test]
 async fn each_relist_writes_a_debug_line_under_a_budget() {
-    use super::log_budget::{capture::Captured, LINES_PER_WINDOW};
+    use crate::testing::capture::Captured;
+    use plegd_telemetry::logging::EVENT_LINES_PER_SECOND as LINES_PER_WINDOW;
     let log = Captured::default();
     let _guard = log.install();
     const PODS: usize = 200;

@@ -18,7 +18,7 @@
 //!   progress finishes; every request accepted is relisted; then the actor stops.
 //! - Debug lines (to follow a relist's latency without traces): one per global
 //!   relist, one per batch, one per pod a batch relisted, each kind under a
-//!   [`LogBudget`]; the first line after suppressed ones counts them.
+//!   `RateLimiter::for_event_lines`; the first line after suppressed ones counts them.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,7 +32,6 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 pub(crate) use super::apply::DispatcherDeps;
 use super::batch::{targeted_relists, Batch, BatchSummary, Taken};
 use super::global::global_relist;
-use super::log_budget::{LogBudget, LINES_PER_WINDOW, WINDOW};
 use super::machine::{Action, Input, Machine, Rules};
 use crate::pleg::GenericPleg;
 pub(crate) use crate::queue::BringForward;
@@ -69,9 +68,9 @@ pub struct RelistDispatcher {
 /// The dispatcher's log lines, each kind under its own budget.
 struct Logs {
     /// One per global relist or batch.
-    unit: LogBudget,
+    unit: RateLimiter,
     /// One per pod a batch relisted.
-    pod: LogBudget,
+    pod: RateLimiter,
     /// A request dropped because too many pods wait (a warning).
     pending_full: RateLimiter,
     /// A global relist failed (a warning).
@@ -147,8 +146,8 @@ impl RelistDispatcher {
             timer: None,
             batch_input: None,
             logs: Logs {
-                unit: LogBudget::new(LINES_PER_WINDOW, WINDOW),
-                pod: LogBudget::new(LINES_PER_WINDOW, WINDOW),
+                unit: RateLimiter::for_event_lines(),
+                pod: RateLimiter::for_event_lines(),
                 pending_full: RateLimiter::new(Duration::from_secs(30)),
                 list_errors: RateLimiter::new(Duration::from_secs(30)),
             },

@@ -10,7 +10,6 @@ mod apply;
 mod batch;
 pub(crate) mod dispatcher;
 mod global;
-pub(crate) mod log_budget;
 mod machine;
 pub(crate) mod router;
 pub(crate) mod schedule;
