@@ -128,7 +128,13 @@ async fn newborn_deaths(flavor: Flavor, sources: &[HintSourceName]) {
         let received = SystemTime::now();
         let finished = d.event.exit.as_ref().and_then(|x| x.finished_at);
         let finished = finished.expect("a death carries its finished_at");
-        latency_ms.push(received.duration_since(finished).unwrap_or_default().as_secs_f64() * 1e3);
+        latency_ms.push(
+            received
+                .duration_since(finished)
+                .unwrap_or_default()
+                .as_secs_f64()
+                * 1e3,
+        );
         by.push(d.event.relist_source);
         assert!(
             allowed.contains(&d.event.relist_source),
@@ -140,7 +146,11 @@ async fn newborn_deaths(flavor: Flavor, sources: &[HintSourceName]) {
         "[newborn] containerd {} {}: exit -> ContainerDied of a container born after the \
          last relist, over {BORN}: p50 {:.1} ms, max {:.1} ms; by {by:?}",
         flavor.as_str(),
-        sources.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" + "),
+        sources
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(" + "),
         percentile(&latency_ms, 0.5),
         percentile(&latency_ms, 1.0),
     );
@@ -212,7 +222,13 @@ async fn nri_back_after_a_restart(flavor: Flavor, signal: &str) {
     let s = Session::begin(flavor).await;
     let sources = [CriEvents, Nri];
     // The default reconnect policy (500 ms, capped at 60 s), a relist every second.
-    let (pleg, _sub) = start(&s, &sources, Duration::from_secs(1), ReconnectPolicy::default()).await;
+    let (pleg, _sub) = start(
+        &s,
+        &sources,
+        Duration::from_secs(1),
+        ReconnectPolicy::default(),
+    )
+    .await;
     wait_streaming(&pleg, &sources).await;
     let pid = s.containerd.pid().expect("containerd's pid");
     signal_pid(pid, signal);
@@ -306,7 +322,11 @@ async fn requests_per_death(flavor: Flavor, raw: bool) {
     wait_streaming(&pleg, &ALL).await;
     let mut containers = Vec::new();
     for i in 0..DEATHS {
-        containers.push(s.cri.run_container(&pod, &format!("c{i}"), SLEEP_SCRIPT).await);
+        containers.push(
+            s.cri
+                .run_container(&pod, &format!("c{i}"), SLEEP_SCRIPT)
+                .await,
+        );
     }
     let mut started = HashSet::new();
     recv_until(&sub, "all started", |d| {
@@ -341,14 +361,20 @@ async fn requests_per_death(flavor: Flavor, raw: bool) {
     // The rechecks of the last deaths run out (the longest schedule is 5 s).
     tokio::time::sleep(Duration::from_secs(6)).await;
     let requests = hint_requests(&m) - before;
-    let missed: Vec<(HintSourceName, (u64, u64))> =
-        ALL.iter().map(|&s| (s, pleg.hint_source_stops(s))).collect();
+    let missed: Vec<(HintSourceName, (u64, u64))> = ALL
+        .iter()
+        .map(|&s| (s, pleg.hint_source_stops(s)))
+        .collect();
     eprintln!(
         "[requests] containerd {}{}: all three sources, {DEATHS} deaths: {requests} relist \
          requests, {:.2} per death; exit -> ContainerDied p50 {:.1} ms, p99 {:.1} ms; first \
          by {by:?}; stops (judged, missed): {missed:?}",
         flavor.as_str(),
-        if raw.is_some() { " beside a raw CRI subscriber" } else { "" },
+        if raw.is_some() {
+            " beside a raw CRI subscriber"
+        } else {
+            ""
+        },
         requests as f64 / DEATHS as f64,
         percentile(&latency_ms, 0.5),
         percentile(&latency_ms, 0.99),
