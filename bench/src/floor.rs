@@ -17,6 +17,10 @@ use crate::procs::own_threads_cpu;
 /// The floor thread's name (its CPU time is read from /proc by it).
 const THREAD: &str = "floor";
 
+/// The largest list the floor's client accepts: any the bench makes (it measures
+/// reading, and polices no limit; plegd's is --runtime-max-message-size).
+const MAX_MESSAGE: usize = 1 << 30;
+
 /// CPU per read of both lists, and their sizes.
 pub struct Floor {
     pub reads: u32,
@@ -45,11 +49,12 @@ fn run(endpoint: &str, reads: u32, pace: Duration) -> Result<Floor> {
         .build()
         .context("the floor's async runtime")?;
     rt.block_on(async {
-        let client =
-            CriRuntime::new(endpoint, Duration::from_secs(60)).context("the floor's CRI client")?;
+        let client = CriRuntime::new(endpoint, Duration::from_secs(60))
+            .context("the floor's CRI client")?
+            .with_max_message_size(MAX_MESSAGE);
         let socket = plegd_runtime::parse_unix_endpoint(endpoint)?;
         let generated = RuntimeServiceClient::new(plegd_runtime::unix_channel(&socket))
-            .max_decoding_message_size(plegd_runtime::DEFAULT_MAX_MESSAGE_SIZE);
+            .max_decoding_message_size(MAX_MESSAGE);
         let (raw, bytes) = per_read(reads, pace, || async {
             match client.list_node().await.context("the floor's lists")? {
                 NodeLists::Wire {
