@@ -92,12 +92,17 @@ mod tests {
     use std::collections::BTreeMap;
 
     use plegd_runtime::cri::runtime_service_server::RuntimeService as _;
+    use plegd_testkit::cri::{container_config, pod_config, ContainerSpec, PodSpec};
     use tonic::Request;
 
     use crate::kubelet::{self, Kubelet};
     use crate::{CriServer, FakeRuntime};
 
     use super::*;
+
+    fn ok<T>(reply: Result<tonic::Response<T>, tonic::Status>) -> T {
+        reply.expect("the call answers").into_inner()
+    }
 
     /// A runtime playing kubelet serves its labels and annotations in both lists,
     /// both statuses and its events, with containerd's IDs.
@@ -116,32 +121,28 @@ mod tests {
         let listed = server
             .list_pod_sandbox(Request::new(Default::default()))
             .await
-            .unwrap()
-            .into_inner()
+            .map(tonic::Response::into_inner)
+            .expect("the call answers")
             .items;
         let s = &listed[0];
         assert_eq!(s.labels[kubelet::POD_UID], "uid-7");
         assert_eq!(s.labels["app"], "service-0");
         assert_eq!(s.annotations[kubelet::CONFIG_SOURCE], "api");
         assert_eq!(s.annotations[kubelet::HEAVY].len(), 2048);
-        let status = server
-            .pod_sandbox_status(Request::new(cri::PodSandboxStatusRequest {
-                pod_sandbox_id: sb.clone(),
-                verbose: false,
-            }))
-            .await
-            .unwrap()
-            .into_inner()
-            .status
-            .unwrap();
+        let req = cri::PodSandboxStatusRequest {
+            pod_sandbox_id: sb.clone(),
+            verbose: false,
+        };
+        let status = ok(server.pod_sandbox_status(Request::new(req)).await).status;
+        let status = status.expect("a status");
         assert_eq!(status.labels, s.labels);
         assert_eq!(status.annotations, s.annotations);
 
         let listed = server
             .list_containers(Request::new(Default::default()))
             .await
-            .unwrap()
-            .into_inner()
+            .map(tonic::Response::into_inner)
+            .expect("the call answers")
             .containers;
         let lc = &listed[0];
         assert_eq!(lc.labels[kubelet::CONTAINER_NAME], "app-0");
@@ -156,20 +157,16 @@ mod tests {
                 }),
             }))
             .await
-            .unwrap()
-            .into_inner()
+            .map(tonic::Response::into_inner)
+            .expect("the call answers")
             .containers;
         assert_eq!(by_label.len(), 1);
-        let status = server
-            .container_status(Request::new(cri::ContainerStatusRequest {
-                container_id: c.clone(),
-                verbose: false,
-            }))
-            .await
-            .unwrap()
-            .into_inner()
-            .status
-            .unwrap();
+        let req = cri::ContainerStatusRequest {
+            container_id: c.clone(),
+            verbose: false,
+        };
+        let status = ok(server.container_status(Request::new(req)).await).status;
+        let status = status.expect("a status");
         assert_eq!(status.labels, lc.labels);
         assert_eq!(status.annotations, lc.annotations);
         assert_eq!(status.image_id, kubelet::image_id("app-0"));
@@ -193,46 +190,36 @@ mod tests {
         let server = CriServer::new(rt.clone());
         let annotations: std::collections::HashMap<String, String> =
             [("a".to_string(), "1".to_string())].into();
-        let sb = server
-            .run_pod_sandbox(Request::new(cri::RunPodSandboxRequest {
-                config: Some(cri::PodSandboxConfig {
-                    metadata: Some(cri::PodSandboxMetadata {
-                        name: "p2".into(),
-                        uid: "u2".into(),
-                        namespace: "ns".into(),
-                        attempt: 0,
-                    }),
-                    annotations: annotations.clone(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }))
-            .await
-            .unwrap()
-            .into_inner()
-            .pod_sandbox_id;
-        let c = server
-            .create_container(Request::new(cri::CreateContainerRequest {
-                pod_sandbox_id: sb.clone(),
-                config: Some(cri::ContainerConfig {
-                    metadata: Some(cri::ContainerMetadata {
-                        name: "app".into(),
-                        attempt: 0,
-                    }),
-                    image: Some(cri::ImageSpec {
-                        image: "sha256:abc".into(),
-                        ..Default::default()
-                    }),
-                    labels: annotations.clone(),
-                    annotations: annotations.clone(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }))
-            .await
-            .unwrap()
-            .into_inner()
-            .container_id;
+        let mut config = pod_config(PodSpec {
+            name: "p2".into(),
+            uid: "u2".into(),
+            namespace: "ns".into(),
+            attempt: 0,
+            log_directory: String::new(),
+            labels: Default::default(),
+        });
+        config.annotations = annotations.clone();
+        let req = cri::RunPodSandboxRequest {
+            config: Some(config),
+            ..Default::default()
+        };
+        let sb = ok(server.run_pod_sandbox(Request::new(req)).await).pod_sandbox_id;
+        let mut config = container_config(ContainerSpec {
+            name: "app",
+            attempt: 0,
+            image: "sha256:abc",
+            script: "true",
+            log_path: String::new(),
+            labels: annotations.clone(),
+            memory_limit: None,
+        });
+        config.annotations = annotations.clone();
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: sb.clone(),
+            config: Some(config),
+            ..Default::default()
+        };
+        let c = ok(server.create_container(Request::new(req)).await).container_id;
         let s = rt.sandbox_status_to_wire(&rt.sandbox(&sb).unwrap());
         assert_eq!(s.annotations, annotations);
         let status = rt.container_status_to_wire(&rt.container(&c).unwrap());
