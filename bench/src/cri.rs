@@ -4,16 +4,25 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use plegd_runtime::cri;
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
+use plegd_runtime::PodRef;
+use plegd_sim::Kubelet;
 use plegd_testkit::cri::{container_config, pod_config, ContainerSpec, PodSpec, BUSYBOX};
 use tonic::transport::Channel;
 
 #[derive(Clone)]
-pub struct Cri(RuntimeServiceClient<Channel>);
+pub struct Cri(
+    RuntimeServiceClient<Channel>,
+    Option<Kubelet>,
+    /// Pods made by `run_pod` (which of them are heavy).
+    Arc<AtomicU64>,
+);
 
 /// A pod's containers, ordered by name (`app-0`, `app-1`, ...).
 pub struct Pod {
@@ -25,7 +34,16 @@ impl Cri {
         Cri(
             RuntimeServiceClient::new(plegd_runtime::unix_channel(socket))
                 .max_decoding_message_size(256 << 20),
+            None,
+            Arc::default(),
         )
+    }
+
+    /// A client whose pods (`run_pod`) carry what kubelet gives them: the pod's and
+    /// kubelet's labels and annotations (plegd_sim::kubelet), None: none.
+    pub fn playing_kubelet(mut self, kubelet: Option<Kubelet>) -> Self {
+        self.1 = kubelet;
+        self
     }
 
     /// Every pod on the node with its containers.
@@ -115,17 +133,47 @@ impl Cri {
     }
 
     /// A pod with one running container; returns its sandbox. The configs are the
-    /// test kit's busybox pod's (the simulator runs no image and keeps no logs).
+    /// test kit's busybox pod's (the simulator runs no image and keeps no logs),
+    /// with kubelet's labels and annotations if this client plays kubelet.
     pub async fn run_pod(&self, uid: &str) -> Result<String> {
         let mut c = self.0.clone();
-        let config = pod_config(PodSpec {
-            name: format!("churn-{uid}"),
+        let pod = PodRef {
             uid: uid.to_string(),
+            name: format!("churn-{uid}"),
             namespace: "churn".into(),
+        };
+        let mut config = pod_config(PodSpec {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
             attempt: 0,
             log_directory: String::new(),
             labels: Default::default(),
         });
+        let mut container = container_config(ContainerSpec {
+            name: "app",
+            attempt: 0,
+            image: BUSYBOX,
+            script: "sleep 3600",
+            log_path: String::new(),
+            labels: Default::default(),
+            memory_limit: None,
+        });
+        if let Some(k) = &self.1 {
+            config.labels = k
+                .sandbox_labels(&pod, Default::default())
+                .into_iter()
+                .collect();
+            let n = self.2.fetch_add(1, Ordering::Relaxed) + 1;
+            config.annotations = k.sandbox_annotations(n, plegd_runtime::now_ns());
+            let meta = k.container_meta(&pod, "app", 0, 0);
+            container.labels = meta.labels;
+            container.annotations = meta.annotations;
+            if let Some(image) = container.image.as_mut() {
+                image.user_specified_image = std::mem::take(&mut image.image);
+                image.image = meta.image_id;
+            }
+        }
         let sandbox = c
             .run_pod_sandbox(cri::RunPodSandboxRequest {
                 config: Some(config.clone()),
@@ -138,15 +186,7 @@ impl Cri {
         let container = c
             .create_container(cri::CreateContainerRequest {
                 pod_sandbox_id: sandbox.clone(),
-                config: Some(container_config(ContainerSpec {
-                    name: "app",
-                    attempt: 0,
-                    image: BUSYBOX,
-                    script: "sleep 3600",
-                    log_path: String::new(),
-                    labels: Default::default(),
-                    memory_limit: None,
-                })),
+                config: Some(container),
                 sandbox_config: Some(config),
             })
             .await

@@ -18,6 +18,7 @@
 mod cri;
 mod fanout;
 mod fanout_row;
+mod floor;
 mod procs;
 mod real;
 mod real_cri;
@@ -31,7 +32,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 
 use cri::Cri;
-use procs::{Plegd, Sim};
+use procs::{Node, Plegd, Sim};
 use workloads::Exits;
 
 #[derive(Parser)]
@@ -59,6 +60,23 @@ struct Args {
     /// storm; and the polled exits), churn, fanout.
     #[arg(long, value_delimiter = ',', default_value = "sizes,churn,fanout")]
     only: Vec<Rows>,
+    /// The light node of earlier rounds (container IDs of 14 characters, no labels
+    /// nor annotations) instead of the realistic one: containerd's 64-hex IDs,
+    /// Deployment pods with kubelet's labels and annotations (plegd_sim::kubelet).
+    #[arg(long)]
+    light_node: bool,
+    /// On the realistic node, every this-many-th sandbox (0: none) carries one more
+    /// annotation of --heavy-bytes bytes (a heavier pod: a mesh's sidecar status...).
+    #[arg(long, default_value_t = 0)]
+    heavy_every: usize,
+    #[arg(long, default_value_t = 2048)]
+    heavy_bytes: usize,
+    /// Reads of both lists by the bare client whose CPU is the floor of a no-change
+    /// global relist (at each size), --floor-pace apart.
+    #[arg(long, default_value_t = 10)]
+    floor_reads: u32,
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+    floor_pace: Duration,
     /// Node sizes (pods, 2 containers each); 0 measures the empty node's memory.
     #[arg(long, value_delimiter = ',', default_value = "0,100,1000,5000,10000")]
     sizes: Vec<usize>,
@@ -136,6 +154,25 @@ enum Rows {
 }
 
 impl Args {
+    /// The node plegd-sim builds, of `pods` pods.
+    fn node(&self, pods: usize) -> Node {
+        Node {
+            pods,
+            containers: CONTAINERS,
+            light: self.light_node,
+            heavy_every: self.heavy_every,
+            heavy_bytes: self.heavy_bytes,
+        }
+    }
+
+    /// What the churn's pods carry: kubelet's metadata unless on the light node.
+    fn kubelet(&self) -> Option<plegd_sim::Kubelet> {
+        (!self.light_node).then_some(plegd_sim::Kubelet {
+            heavy_every: self.heavy_every,
+            heavy_bytes: self.heavy_bytes,
+        })
+    }
+
     fn smoke(mut self) -> Self {
         self.sizes = vec![0, 60, 300];
         self.singles = 5;
@@ -143,6 +180,7 @@ impl Args {
         self.storm_stops = 200;
         self.storm_window = Duration::from_millis(200);
         self.steady_window = Duration::from_secs(2);
+        self.floor_reads = 3;
         self.churn_pods = 200;
         self.churn_live = 50;
         self.polled_singles = 2;
@@ -184,6 +222,8 @@ struct SizeRun {
     /// The bare reads a first relist makes (`Cri::read_every_status`): wall; reads.
     bare_reads: Option<(Duration, usize)>,
     steady: Option<workloads::Steady>,
+    /// A bare client's reads of the same two lists (the no-change relist's floor).
+    floor: Option<floor::Floor>,
     rss_kib: u64,
     singles: Option<Exits>,
     targeted: Option<Duration>,
@@ -216,7 +256,7 @@ fn run_size(
     pods: usize,
     polled: &mut Option<Exits>,
 ) -> Result<SizeRun> {
-    let sim = Sim::start(&bins.1, pods, CONTAINERS)?;
+    let sim = Sim::start(&bins.1, args.node(pods))?;
     let plegd = start_plegd(&bins.0, &sim, &plegd_args(args, &[]))?;
     let mut run = SizeRun {
         pods,
@@ -230,6 +270,11 @@ fn run_size(
     if pods == 0 {
         return Ok(run);
     }
+    run.floor = Some(floor::measure(
+        &sim.endpoint(),
+        args.floor_reads,
+        args.floor_pace,
+    )?);
     let cri = Cri::new(sim.socket());
     run.bare_reads = Some(rt.block_on(cri.read_every_status(STATUS_IN_FLIGHT))?);
     let node = rt.block_on(cri.pods())?;
@@ -287,12 +332,12 @@ fn run_churn(
 ) -> Result<Churn> {
     let plegd_args = plegd_args(args, settings);
     let settle = memory_settles_in(&bins.0, &plegd_args)?;
-    let sim = Sim::start(&bins.1, args.churn_live, CONTAINERS)?;
+    let sim = Sim::start(&bins.1, args.node(args.churn_live))?;
     let plegd = start_plegd(&bins.0, &sim, &plegd_args)?;
     settled(&plegd, settle)?;
     let before_kib = plegd.rss_kib()?;
     let before_anon_kib = plegd.anon_kib()?;
-    let cri = Cri::new(sim.socket());
+    let cri = Cri::new(sim.socket()).playing_kubelet(args.kubelet());
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (took, peak_kib) = std::thread::scope(|s| {
         let sampler = s.spawn(|| {
@@ -378,7 +423,7 @@ fn run_fanout(
     if pods < need {
         bail!("--fanout-pods {pods} is too few for --singles and --bursts: at least {need}");
     }
-    let sim = Sim::start(&bins.1, pods, CONTAINERS)?;
+    let sim = Sim::start(&bins.1, args.node(pods))?;
     let plegd = start_plegd(&bins.0, &sim, &plegd_args(args, &[]))?;
     let cri = Cri::new(sim.socket());
     let node = rts.0.block_on(cri.pods())?;
@@ -483,6 +528,23 @@ fn print_table(
                 s.relists,
                 ms(s.wall),
                 ms(s.cpu)
+            );
+        }
+        if let Some(f) = &r.floor {
+            let ratio = r
+                .steady
+                .as_ref()
+                .filter(|_| !f.raw.is_zero())
+                .map_or("–".to_string(), |s| {
+                    format!("{:.1}×", s.cpu.as_secs_f64() / f.raw.as_secs_f64())
+                });
+            println!(
+                "| floor: a bare client on plegd's tonic stack reading both lists, nothing done with them: CPU per read ({} reads); decoded by prost and dropped; plegd's no-change relist CPU ÷ floor; list bytes (sandboxes, containers) | {p} | {}; {}; {ratio}; {:.0} KiB, {:.0} KiB |",
+                f.reads,
+                ms(f.raw),
+                ms(f.decoded),
+                f.bytes.0 as f64 / 1024.0,
+                f.bytes.1 as f64 / 1024.0,
             );
         }
         let per_pod = match (empty, p) {
@@ -656,7 +718,21 @@ fn main() -> Result<()> {
         };
         return real::run(&o, &rt, &watch_rt);
     }
-    println!("plegd-bench: {}; {}", bins.0.display(), machine());
+    println!(
+        "plegd-bench: {}; {}; {}",
+        bins.0.display(),
+        machine(),
+        if args.light_node {
+            "the light node (short IDs, no labels nor annotations)".to_string()
+        } else if args.heavy_every > 0 {
+            format!(
+                "the realistic node (64-hex IDs, kubelet's labels and annotations; every {}th sandbox +{} B)",
+                args.heavy_every, args.heavy_bytes
+            )
+        } else {
+            "the realistic node (64-hex IDs, kubelet's labels and annotations)".to_string()
+        }
+    );
     let mut runs = Vec::new();
     let mut polled = None;
     let sizes = if args.only.contains(&Rows::Sizes) {

@@ -16,7 +16,21 @@ use plegd_testkit::process::{free_port, http_get, status_field, Reaped};
 /// How long the harness waits for anything (a start, an event) before it gives up.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
-/// `plegd-sim` serving a node of `pods` pods.
+/// Which node `plegd-sim` builds.
+#[derive(Clone, Copy, Debug)]
+pub struct Node {
+    pub pods: usize,
+    pub containers: usize,
+    /// The light node (short IDs, no labels or annotations) instead of the realistic
+    /// one (plegd_sim::kubelet).
+    pub light: bool,
+    /// On the realistic node, every this-many-th sandbox (0: none) carries an
+    /// annotation of `heavy_bytes`.
+    pub heavy_every: usize,
+    pub heavy_bytes: usize,
+}
+
+/// `plegd-sim` serving a node.
 pub struct Sim {
     _child: Reaped,
     socket: PathBuf,
@@ -24,14 +38,20 @@ pub struct Sim {
 }
 
 impl Sim {
-    pub fn start(bin: &Path, pods: usize, containers: usize) -> Result<Sim> {
+    pub fn start(bin: &Path, node: Node) -> Result<Sim> {
         let dir = tempfile::tempdir().context("a temporary directory for the socket")?;
         let socket = dir.path().join("cri.sock");
-        let mut child = Command::new(bin)
-            .arg("--socket")
+        let mut cmd = Command::new(bin);
+        cmd.arg("--socket")
             .arg(&socket)
-            .args(["--pods", &pods.to_string()])
-            .args(["--containers", &containers.to_string()])
+            .args(["--pods", &node.pods.to_string()])
+            .args(["--containers", &node.containers.to_string()])
+            .args(["--heavy-every", &node.heavy_every.to_string()])
+            .args(["--heavy-bytes", &node.heavy_bytes.to_string()]);
+        if node.light {
+            cmd.arg("--light");
+        }
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -1,5 +1,7 @@
 //! A regression guard on the instructions of a no-change global relist at
-//! 1,000 pods (2 containers each), counted by valgrind's callgrind — instruction
+//! 1,000 pods (2 containers each) of the realistic node (containerd's 64-hex IDs,
+//! kubelet's labels and annotations: `plegd_sim::kubelet`), counted by valgrind's
+//! callgrind — instruction
 //! counts, unlike times, hardly move on a loaded 2-core machine. Fails when they grow
 //! by more than 10 % over the committed baseline (`relist_instructions.baseline`).
 //!
@@ -20,10 +22,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use plegd_actors::{GenericPleg, RelistScope};
 use plegd_runtime::{
-    Container, ContainerStatus, EventStream, NodeLists, RuntimeClient, RuntimeError,
+    cri, Container, ContainerStatus, EventStream, NodeLists, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox,
 };
+use plegd_sim::kubelet::{self, Kubelet};
 use plegd_sim::FakeRuntime;
+use prost::Message as _;
 
 const PODS: usize = 1000;
 const RELISTS: u64 = 5;
@@ -32,12 +36,14 @@ const BASELINE: &str = "relist_instructions.baseline";
 const CHILD: &str = "PLEGD_RELIST_INSTRUCTIONS_CHILD";
 
 fn node() -> FakeRuntime {
-    let rt = FakeRuntime::new();
+    let rt = FakeRuntime::with_kubelet(Kubelet::default());
     for i in 0..PODS {
-        let sb = rt.run_pod(
+        let (name, labels) = kubelet::deployment_pod(i);
+        let sb = rt.run_pod_with_labels(
             &format!("{i:08x}-0000-4000-8000-{i:012x}"),
-            &format!("bench-{i}"),
+            &name,
             "bench",
+            labels,
         );
         rt.run_container(&sb, "app-0");
         rt.run_container(&sb, "app-1");
@@ -45,9 +51,9 @@ fn node() -> FakeRuntime {
     rt
 }
 
-/// The fake runtime, its node lists handed over as bytes (as `CriRuntime` does),
-/// encoded on the first global relist and the same bytes after that (the node does
-/// not change).
+/// The fake runtime, its node lists handed over as bytes (as `CriRuntime` does:
+/// the messages its CRI server sends), encoded on the first global relist and the
+/// same bytes after that (the node does not change).
 struct WireListed {
     fake: FakeRuntime,
     lists: Mutex<Option<NodeLists>>,
@@ -68,9 +74,18 @@ impl RuntimeClient for WireListed {
         if let Some(lists) = self.lists.lock().expect("not poisoned").clone() {
             return Ok(lists);
         }
-        let sandboxes = self.fake.list_sandboxes(None).await?;
-        let containers = self.fake.list_containers(None).await?;
-        let lists = NodeLists::encoded(&sandboxes, &containers);
+        let items = self
+            .fake
+            .sandboxes_to_wire(&self.fake.list_sandboxes(None).await?);
+        let containers = self
+            .fake
+            .containers_to_wire(&self.fake.list_containers(None).await?);
+        let lists = NodeLists::Wire {
+            sandboxes: cri::ListPodSandboxResponse { items }.encode_to_vec().into(),
+            containers: cri::ListContainersResponse { containers }
+                .encode_to_vec()
+                .into(),
+        };
         *self.lists.lock().expect("not poisoned") = Some(lists.clone());
         Ok(lists)
     }

@@ -4,6 +4,7 @@
 //! fault injection (`FakeRuntime::fail`) applies to the read RPCs only.
 
 use crate::fake::FakeRuntime;
+use crate::kubelet::ContainerMeta;
 use plegd_runtime::cri;
 use plegd_runtime::ContainerState;
 use tonic::Status;
@@ -23,8 +24,9 @@ fn required<'a>(op: &str, field: &str, value: &'a str) -> Result<&'a str, Status
     }
 }
 
-/// RunPodSandbox: a ready sandbox with the config's labels. The attempt is the
-/// runtime's count of the pod's sandboxes, not `metadata.attempt`.
+/// RunPodSandbox: a ready sandbox with the config's labels and annotations (as
+/// given: the runtime adds none). The attempt is the runtime's count of the pod's
+/// sandboxes, not `metadata.attempt`.
 pub(crate) fn run_pod_sandbox(
     runtime: &FakeRuntime,
     req: cri::RunPodSandboxRequest,
@@ -35,31 +37,40 @@ pub(crate) fn run_pod_sandbox(
         .ok_or_else(|| Status::invalid_argument("RunPodSandbox: config.metadata is required"))?;
     let uid = required("RunPodSandbox", "config.metadata.uid", &meta.uid)?;
     Ok(cri::RunPodSandboxResponse {
-        pod_sandbox_id: runtime.run_pod_with_labels(
+        pod_sandbox_id: runtime.run_pod_with_meta(
             uid,
             &meta.name,
             &meta.namespace,
             config.labels.into_iter().collect(),
+            config.annotations,
         ),
     })
 }
 
-/// CreateContainer: a created container. The attempt is the runtime's count of
-/// same-named containers in the sandbox, not `metadata.attempt`.
+/// CreateContainer: a created container with the config's labels and annotations,
+/// and its image if that is an image ID (`sha256:...`, as kubelet gives it). The
+/// attempt is the runtime's count of same-named containers in the sandbox, not
+/// `metadata.attempt`.
 pub(crate) fn create_container(
     runtime: &FakeRuntime,
     req: cri::CreateContainerRequest,
 ) -> Result<cri::CreateContainerResponse, Status> {
     let op = "CreateContainer";
     let sandbox_id = required(op, "pod_sandbox_id", &req.pod_sandbox_id)?;
-    let name = req
-        .config
-        .and_then(|c| c.metadata)
-        .map(|m| m.name)
-        .unwrap_or_default();
+    let config = req.config.unwrap_or_default();
+    let name = config.metadata.map(|m| m.name).unwrap_or_default();
     let name = required(op, "config.metadata.name", &name)?;
+    let meta = ContainerMeta {
+        labels: config.labels,
+        annotations: config.annotations,
+        image_id: config
+            .image
+            .map(|i| i.image)
+            .filter(|i| i.starts_with("sha256:"))
+            .unwrap_or_default(),
+    };
     runtime
-        .try_create_container(sandbox_id, name)
+        .create_container_with_meta(sandbox_id, name, meta)
         .map(|container_id| cri::CreateContainerResponse { container_id })
         .ok_or_else(|| Status::not_found(format!("{op}: sandbox {sandbox_id} not found")))
 }

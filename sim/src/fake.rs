@@ -16,8 +16,9 @@ use plegd_runtime::cri;
 use tokio::sync::{broadcast, Notify};
 
 use plegd_runtime::containerd_events::{self, Envelope, TaskEventStream};
-use plegd_runtime::convert;
 use plegd_runtime::now_ns;
+
+use crate::kubelet::{self, ContainerMeta, Kubelet};
 use plegd_runtime::{
     Container, ContainerState, ContainerStatus, EventStream, PodRef, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox, SandboxState,
@@ -69,10 +70,19 @@ enum StreamSignal<T = cri::ContainerEventResponse> {
 }
 
 #[derive(Default)]
-struct State {
-    sandboxes: BTreeMap<String, Sandbox>,
-    containers: BTreeMap<String, ContainerStatus>,
+pub(crate) struct State {
+    pub(crate) sandboxes: BTreeMap<String, Sandbox>,
+    pub(crate) containers: BTreeMap<String, ContainerStatus>,
     next_id: u64,
+    /// None: short IDs (`sb…`, `ctr…`) and only the labels callers give.
+    kubelet: Option<Kubelet>,
+    /// Sandboxes made so far (which ones are heavy, [`Kubelet::heavy_every`]).
+    sandboxes_made: u64,
+    /// The sandboxes' annotations (their labels are in [`Sandbox::labels`]); a
+    /// sandbox without any has no entry.
+    pub(crate) sandbox_annotations: HashMap<String, HashMap<String, String>>,
+    /// The containers' labels, annotations and image IDs; one without has no entry.
+    pub(crate) container_meta: HashMap<String, ContainerMeta>,
     failures: HashMap<Op, InjectedFault>,
     latency: HashMap<Op, Duration>,
     /// Calls of these ops wait (counted) until released.
@@ -127,6 +137,7 @@ impl State {
             }
         }
         self.sandbox_containers.remove(id);
+        self.sandbox_annotations.remove(id);
         Some(sb)
     }
 
@@ -143,8 +154,18 @@ impl State {
             if let Some(ids) = self.sandbox_containers.get_mut(&c.sandbox_id) {
                 ids.remove(id);
             }
+            self.container_meta.remove(id);
         }
     }
+}
+
+/// What a new sandbox is dressed with.
+enum Dress {
+    /// The pod's own labels; kubelet's labels and annotations added if the runtime
+    /// plays kubelet.
+    Kubelet(BTreeMap<String, String>),
+    /// Exactly these labels and annotations.
+    Given(BTreeMap<String, String>, HashMap<String, String>),
 }
 
 /// A scriptable in-memory runtime. Cheap to clone; clones share state.
@@ -182,14 +203,25 @@ impl FakeRuntime {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    /// A runtime that dresses what it is scripted to make as containerd and kubelet
+    /// would ([`Kubelet`]): 64-hex IDs, kubelet's labels and annotations.
+    pub fn with_kubelet(kubelet: Kubelet) -> Self {
+        let rt = Self::new();
+        rt.lock().kubelet = Some(kubelet);
+        rt
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock is a test bug; keep serving the state anyway.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn new_id(st: &mut State, prefix: &str) -> String {
         st.next_id += 1;
-        format!("{prefix}{:012x}", st.next_id)
+        match st.kubelet {
+            Some(_) => kubelet::containerd_id(st.next_id),
+            None => format!("{prefix}{:012x}", st.next_id),
+        }
     }
 
     // ---- scripting the runtime's state -------------------------------------------
@@ -199,7 +231,8 @@ impl FakeRuntime {
         self.run_pod_with_labels(uid, name, namespace, BTreeMap::new())
     }
 
-    /// RunPodSandbox with the sandbox's labels (kubelet gives it the pod's labels).
+    /// RunPodSandbox with the pod's own labels. A runtime [`Self::with_kubelet`] adds
+    /// kubelet's labels and annotations.
     pub fn run_pod_with_labels(
         &self,
         uid: &str,
@@ -207,22 +240,51 @@ impl FakeRuntime {
         namespace: &str,
         labels: BTreeMap<String, String>,
     ) -> String {
+        self.make_sandbox(uid, name, namespace, Dress::Kubelet(labels))
+    }
+
+    /// RunPodSandbox with exactly these labels and annotations (a CRI config's).
+    pub(crate) fn run_pod_with_meta(
+        &self,
+        uid: &str,
+        name: &str,
+        namespace: &str,
+        labels: BTreeMap<String, String>,
+        annotations: HashMap<String, String>,
+    ) -> String {
+        self.make_sandbox(uid, name, namespace, Dress::Given(labels, annotations))
+    }
+
+    fn make_sandbox(&self, uid: &str, name: &str, namespace: &str, dress: Dress) -> String {
         let mut st = self.lock();
         let attempt = st.sandboxes_of(uid).count() as u32;
         let id = Self::new_id(&mut st, "sb");
-        let status = Sandbox {
+        st.sandboxes_made += 1;
+        let pod = PodRef {
+            uid: uid.into(),
+            name: name.into(),
+            namespace: namespace.into(),
+        };
+        let created_at = now_ns();
+        let (labels, annotations) = match (dress, st.kubelet) {
+            (Dress::Given(labels, annotations), _) => (labels, annotations),
+            (Dress::Kubelet(labels), None) => (labels, HashMap::new()),
+            (Dress::Kubelet(labels), Some(k)) => (
+                k.sandbox_labels(&pod, labels),
+                k.sandbox_annotations(st.sandboxes_made, created_at),
+            ),
+        };
+        if !annotations.is_empty() {
+            st.sandbox_annotations.insert(id.clone(), annotations);
+        }
+        st.insert_sandbox(Sandbox {
             id: id.clone(),
-            pod: PodRef {
-                uid: uid.into(),
-                name: name.into(),
-                namespace: namespace.into(),
-            },
+            pod,
             attempt,
             state: SandboxState::Ready,
-            created_at: now_ns(),
+            created_at,
             labels,
-        };
-        st.insert_sandbox(status);
+        });
         self.emit(&st, &id, cri::ContainerEventType::ContainerCreatedEvent);
         self.emit(&st, &id, cri::ContainerEventType::ContainerStartedEvent);
         id
@@ -239,17 +301,48 @@ impl FakeRuntime {
     }
 
     /// CreateContainer in a sandbox; `None` if the sandbox does not exist (checked
-    /// under the same lock as the insertion, so it cannot vanish in between).
+    /// under the same lock as the insertion, so it cannot vanish in between). A
+    /// runtime [`Self::with_kubelet`] gives it kubelet's labels and annotations.
     pub fn try_create_container(&self, sandbox_id: &str, name: &str) -> Option<String> {
+        self.make_container(sandbox_id, name, None)
+    }
+
+    /// CreateContainer with exactly this metadata (a CRI config's).
+    pub(crate) fn create_container_with_meta(
+        &self,
+        sandbox_id: &str,
+        name: &str,
+        meta: ContainerMeta,
+    ) -> Option<String> {
+        self.make_container(sandbox_id, name, Some(meta))
+    }
+
+    fn make_container(
+        &self,
+        sandbox_id: &str,
+        name: &str,
+        meta: Option<ContainerMeta>,
+    ) -> Option<String> {
         let mut st = self.lock();
-        if !st.sandboxes.contains_key(sandbox_id) {
-            return None;
+        let pod = st.sandboxes.get(sandbox_id)?.pod.clone();
+        let (mut attempt, mut others) = (0, BTreeSet::new());
+        for c in st.containers_in(sandbox_id) {
+            if c.name == name {
+                attempt += 1;
+            } else {
+                others.insert(c.name.as_str());
+            }
         }
-        let attempt = st
-            .containers_in(sandbox_id)
-            .filter(|c| c.name == name)
-            .count() as u32;
+        let index = others.len();
         let id = Self::new_id(&mut st, "ctr");
+        let meta = match (meta, st.kubelet) {
+            (Some(meta), _) => Some(meta),
+            (None, Some(k)) => Some(k.container_meta(&pod, name, index, attempt)),
+            (None, None) => None,
+        };
+        if let Some(meta) = meta.filter(|m| *m != ContainerMeta::default()) {
+            st.container_meta.insert(id.clone(), meta);
+        }
         st.insert_container(ContainerStatus {
             id: id.clone(),
             sandbox_id: sandbox_id.into(),
@@ -548,10 +641,10 @@ impl FakeRuntime {
             pod_sandbox_status: st
                 .sandboxes
                 .get(&sandbox_id)
-                .map(convert::sandbox_status_to_wire),
+                .map(|s| st.sandbox_status_wire(s)),
             containers_statuses: st
                 .containers_in(&sandbox_id)
-                .map(convert::container_status_to_wire)
+                .map(|c| st.container_status_wire(c))
                 .collect(),
         }
     }
@@ -607,7 +700,7 @@ impl FakeRuntime {
         };
         let containers_statuses = st
             .containers_in(&sandbox_id)
-            .map(convert::container_status_to_wire)
+            .map(|c| st.container_status_wire(c))
             .collect();
         self.send_filtered(
             st,
@@ -615,7 +708,7 @@ impl FakeRuntime {
                 container_id: id.to_string(),
                 container_event_type: kind as i32,
                 created_at: now_ns(),
-                pod_sandbox_status: Some(convert::sandbox_status_to_wire(sandbox)),
+                pod_sandbox_status: Some(st.sandbox_status_wire(sandbox)),
                 containers_statuses,
             },
         );

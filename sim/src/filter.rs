@@ -3,7 +3,7 @@
 
 use plegd_runtime::convert;
 use plegd_runtime::cri;
-use plegd_runtime::{Container, Sandbox};
+use plegd_runtime::Sandbox;
 
 /// ListPodSandbox's filter: `id` (exact; containerd also accepts a unique prefix),
 /// `state`, and `label_selector` (every pair must be among the sandbox's labels).
@@ -17,22 +17,22 @@ pub(crate) fn sandbox_matches(s: &Sandbox, f: &cri::PodSandboxFilter) -> bool {
             .all(|(k, v)| s.labels.get(k) == Some(v))
 }
 
-/// ListContainers' filter: `id` (exact), `state`, `label_selector` — simulated
-/// containers carry no labels, so a non-empty selector matches nothing.
-/// `pod_sandbox_id` is applied by the runtime's list call itself.
-pub(crate) fn container_matches(c: &Container, f: &cri::ContainerFilter) -> bool {
+/// ListContainers' filter, on a listed container as sent: `id` (exact),
+/// `pod_sandbox_id`, `state`, and `label_selector` (every pair must be among the
+/// container's labels).
+pub(crate) fn container_matches(c: &cri::Container, f: &cri::ContainerFilter) -> bool {
     (f.id.is_empty() || c.id == f.id)
-        && (f.pod_sandbox_id.is_empty() || c.sandbox_id == f.pod_sandbox_id)
-        && f.state
-            .as_ref()
-            .is_none_or(|v| v.state == convert::container_state_to_wire(c.state))
-        && f.label_selector.is_empty()
+        && (f.pod_sandbox_id.is_empty() || c.pod_sandbox_id == f.pod_sandbox_id)
+        && f.state.as_ref().is_none_or(|v| v.state == c.state)
+        && f.label_selector
+            .iter()
+            .all(|(k, v)| c.labels.get(k) == Some(v))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plegd_runtime::{ContainerState, PodRef, SandboxState};
+    use plegd_runtime::{Container, ContainerState, PodRef, SandboxState};
 
     fn sandbox(id: &str, state: SandboxState) -> Sandbox {
         Sandbox {
@@ -88,14 +88,14 @@ mod tests {
 
     #[test]
     fn container_filter_fields() {
-        let c = Container {
+        let mut c = convert::container_to_wire(&Container {
             id: "c1".into(),
             sandbox_id: "s1".into(),
             name: "app".into(),
             attempt: 0,
             state: ContainerState::Running,
             created_at: 1,
-        };
+        });
         assert!(container_matches(&c, &cri::ContainerFilter::default()));
         let exited = cri::ContainerFilter {
             state: Some(cri::ContainerStateValue {
@@ -115,5 +115,12 @@ mod tests {
             ..Default::default()
         };
         assert!(container_matches(&c, &same));
+        let labelled = cri::ContainerFilter {
+            label_selector: [("tier".to_string(), "web".to_string())].into(),
+            ..Default::default()
+        };
+        assert!(!container_matches(&c, &labelled));
+        c.labels.insert("tier".into(), "web".into());
+        assert!(container_matches(&c, &labelled));
     }
 }

@@ -19,8 +19,10 @@ pub mod events_server;
 mod fake;
 mod filter;
 mod intercept;
+pub mod kubelet;
 pub mod server;
 pub mod socket;
+mod wire;
 
 pub use churn::{
     spawn_churn, Churn, ChurnConfig, ChurnHandle, ChurnRuntime, ChurnStats, ChurnStep,
@@ -29,6 +31,7 @@ pub use cri_writes::{KILL_EXIT_CODE, STOP_EXIT_CODE};
 pub use error::SimError;
 pub use fake::{EventFilter, FakeRuntime, Op};
 pub use intercept::{Intercept, Intercepted};
+pub use kubelet::{ContainerMeta, Kubelet};
 pub use server::CriServer;
 pub use socket::{
     serve_unix, spawn_in_thread, SimServer, ThreadedSimServer, SHUTDOWN_GRACE, THREAD_STOP_GRACE,

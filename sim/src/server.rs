@@ -8,7 +8,7 @@ use futures::StreamExt;
 use plegd_runtime::cri;
 use plegd_runtime::cri::runtime_service_server::RuntimeService;
 use plegd_runtime::now_ns;
-use plegd_runtime::{convert, RuntimeClient, RuntimeError};
+use plegd_runtime::{RuntimeClient, RuntimeError};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -140,7 +140,7 @@ impl RuntimeService for CriServer {
             .map_err(to_status)?;
         // containers_statuses stays empty, as containerd 1.7 leaves it.
         Ok(Response::new(cri::PodSandboxStatusResponse {
-            status: Some(convert::sandbox_status_to_wire(&s)),
+            status: Some(self.runtime.sandbox_status_to_wire(&s)),
             timestamp: now_ns(),
             ..Default::default()
         }))
@@ -152,15 +152,15 @@ impl RuntimeService for CriServer {
     ) -> Reply<cri::ListPodSandboxResponse> {
         let filter = req.into_inner().filter.unwrap_or_default();
         let id = Some(filter.id.as_str()).filter(|id| !id.is_empty());
-        let mut items: Vec<_> = self
+        let listed: Vec<_> = self
             .runtime
             .list_sandboxes(id)
             .await
             .map_err(to_status)?
-            .iter()
+            .into_iter()
             .filter(|s| filter::sandbox_matches(s, &filter))
-            .map(convert::sandbox_to_wire)
             .collect();
+        let mut items = self.runtime.sandboxes_to_wire(&listed);
         if let Some(first) = items.first_mut() {
             pad(&mut first.annotations, self.runtime.list_padding());
         }
@@ -210,12 +210,8 @@ impl RuntimeService for CriServer {
             let found = self.runtime.container_by_id(&filter.id).await;
             found.map(|c| c.into_iter().collect())
         };
-        let mut containers: Vec<_> = listed
-            .map_err(to_status)?
-            .iter()
-            .filter(|c| filter::container_matches(c, &filter))
-            .map(convert::container_to_wire)
-            .collect();
+        let mut containers = self.runtime.containers_to_wire(&listed.map_err(to_status)?);
+        containers.retain(|c| filter::container_matches(c, &filter));
         if let Some(first) = containers.first_mut() {
             pad(&mut first.annotations, self.runtime.list_padding());
         }
@@ -232,7 +228,7 @@ impl RuntimeService for CriServer {
             .await
             .map_err(to_status)?;
         Ok(Response::new(cri::ContainerStatusResponse {
-            status: Some(convert::container_status_to_wire(&s)),
+            status: Some(self.runtime.container_status_to_wire(&s)),
             ..Default::default()
         }))
     }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use plegd_sim::kubelet::{self, Kubelet};
 use plegd_sim::{serve_unix, FakeRuntime};
 
 #[derive(Parser)]
@@ -25,6 +26,17 @@ struct Args {
     /// Running containers in each of those pods (besides the sandbox).
     #[arg(long, default_value_t = 2)]
     containers: usize,
+    /// The light node: short IDs, pods named `bench-N` with no labels, no
+    /// annotations. Without it the node is a realistic one (plegd_sim::kubelet):
+    /// containerd's 64-hex IDs, Deployment pods with kubelet's labels and annotations.
+    #[arg(long)]
+    light: bool,
+    /// On the realistic node, every this-many-th sandbox (0: none) carries one more
+    /// annotation of --heavy-bytes bytes.
+    #[arg(long, default_value_t = 0)]
+    heavy_every: usize,
+    #[arg(long, default_value_t = 2048)]
+    heavy_bytes: usize,
 }
 
 /// A pod UID as Kubernetes makes them (36 characters), so that plegd's memory per pod
@@ -46,9 +58,21 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(async move {
-        let runtime = FakeRuntime::new();
+        let runtime = if args.light {
+            FakeRuntime::new()
+        } else {
+            FakeRuntime::with_kubelet(Kubelet {
+                heavy_every: args.heavy_every,
+                heavy_bytes: args.heavy_bytes,
+            })
+        };
         for i in 0..args.pods {
-            let sandbox = runtime.run_pod(&uid(i), &format!("bench-{i}"), "bench");
+            let sandbox = if args.light {
+                runtime.run_pod(&uid(i), &format!("bench-{i}"), "bench")
+            } else {
+                let (name, labels) = kubelet::deployment_pod(i);
+                runtime.run_pod_with_labels(&uid(i), &name, "bench", labels)
+            };
             for c in 0..args.containers {
                 runtime.run_container(&sandbox, &format!("app-{c}"));
             }

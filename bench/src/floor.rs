@@ -1,0 +1,104 @@
+//! The floor of a global relist: what reading the node's two lists costs a client
+//! that does nothing with them. The client is plegd's own (`CriRuntime::list_node`:
+//! the same tonic channel, both lists in flight together, the responses kept as
+//! bytes), on a thread of its own with a single-threaded tokio runtime, so the
+//! thread's CPU time is all of the client's work: tonic, h2, the socket. A second
+//! figure decodes the lists into prost's messages, as a client of the generated
+//! types would, and drops them.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Context as _, Result};
+use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
+use plegd_runtime::{cri, CriRuntime, NodeLists, RuntimeClient as _};
+
+use crate::procs::own_threads_cpu;
+
+/// The floor thread's name (its CPU time is read from /proc by it).
+const THREAD: &str = "floor";
+
+/// The largest list the floor's client accepts: any the bench makes (it measures
+/// reading, and polices no limit; plegd's is --runtime-max-message-size).
+const MAX_MESSAGE: usize = 1 << 30;
+
+/// CPU per read of both lists, and their sizes.
+pub struct Floor {
+    pub reads: u32,
+    /// Received as bytes, nothing else (plegd's transport).
+    pub raw: Duration,
+    /// Decoded into prost's messages and dropped.
+    pub decoded: Duration,
+    /// Bytes of the ListPodSandbox and ListContainers responses.
+    pub bytes: (usize, usize),
+}
+
+/// `reads` reads of both lists (after 2 unmeasured ones) each way, `pace` apart.
+pub fn measure(endpoint: &str, reads: u32, pace: Duration) -> Result<Floor> {
+    let endpoint = endpoint.to_string();
+    std::thread::Builder::new()
+        .name(THREAD.into())
+        .spawn(move || run(&endpoint, reads.max(1), pace))
+        .context("the floor's thread")?
+        .join()
+        .map_err(|_| anyhow!("the floor's thread panicked"))?
+}
+
+fn run(endpoint: &str, reads: u32, pace: Duration) -> Result<Floor> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("the floor's async runtime")?;
+    rt.block_on(async {
+        let client = CriRuntime::new(endpoint, Duration::from_secs(60))
+            .context("the floor's CRI client")?
+            .with_max_message_size(MAX_MESSAGE);
+        let socket = plegd_runtime::parse_unix_endpoint(endpoint)?;
+        let generated = RuntimeServiceClient::new(plegd_runtime::unix_channel(&socket))
+            .max_decoding_message_size(MAX_MESSAGE);
+        let (raw, bytes) = per_read(reads, pace, || async {
+            match client.list_node().await.context("the floor's lists")? {
+                NodeLists::Wire {
+                    sandboxes,
+                    containers,
+                } => Ok((sandboxes.len(), containers.len())),
+                NodeLists::Decoded { .. } => Ok((0, 0)),
+            }
+        })
+        .await?;
+        let (decoded, _) = per_read(reads, pace, || async {
+            let (mut a, mut b) = (generated.clone(), generated.clone());
+            let (s, c) = futures::try_join!(
+                a.list_pod_sandbox(cri::ListPodSandboxRequest::default()),
+                b.list_containers(cri::ListContainersRequest::default())
+            )
+            .context("the floor's decoded lists")?;
+            drop((s, c));
+            Ok((0, 0))
+        })
+        .await?;
+        Ok(Floor {
+            reads,
+            raw,
+            decoded,
+            bytes,
+        })
+    })
+}
+
+/// CPU of this thread per call of `read`, over `reads` calls `pace` apart (after 2
+/// unmeasured ones: the connection made, the buffers grown), and the last call's
+/// answer.
+async fn per_read<T, F, Fut>(reads: u32, pace: Duration, mut read: F) -> Result<(Duration, T)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    read().await?;
+    let mut last = read().await?;
+    let start = own_threads_cpu(THREAD)?;
+    for _ in 0..reads {
+        tokio::time::sleep(pace).await;
+        last = read().await?;
+    }
+    Ok(((own_threads_cpu(THREAD)? - start) / reads, last))
+}
