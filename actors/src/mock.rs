@@ -11,8 +11,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use plegd_telemetry::Metrics;
 
+use crate::queue::BringForward;
 use crate::queue::{Inbox, RelistQueue, RequestRelist, Wake};
-use crate::relist::dispatcher::BringForward;
 
 /// What a [`Recorder`] has received, readable from the test.
 pub struct Recorded<M> {

@@ -23,8 +23,8 @@ use crate::hints::watcher::{Stop, WatcherDeps, WatcherState};
 use crate::hints::HintSourceName;
 use crate::pleg::GenericPleg;
 use crate::publisher::{EventPublisher, Subscribe, SubscribeError};
+use crate::queue::{ApiRelistOutcome, RelistQueue};
 use crate::relist::dispatcher::{DispatcherConfig, DispatcherDeps, RelistDispatcher, StopHandle};
-use crate::relist::queue::{ApiRelistOutcome, RelistQueue};
 use crate::relist::router::RelistRouter;
 use crate::revision::{new_instance_id, Revisions};
 use crate::stream::reconnect::ReconnectPolicy;
@@ -76,7 +76,7 @@ impl Default for PlegConfig {
             gate_idle: Duration::from_secs(5),
             history_events: 65_536,
             tombstone_ttl: Duration::from_secs(300),
-            api_relist_budget: crate::relist::queue::DEFAULT_API_RELIST_BUDGET,
+            api_relist_budget: crate::queue::DEFAULT_API_RELIST_BUDGET,
             max_sync_hold: crate::sync::DEFAULT_MAX_SYNC_HOLD,
             max_unknown_holds: crate::sync::DEFAULT_MAX_UNKNOWN_HOLDS,
         }

@@ -36,7 +36,7 @@ pub struct Owner {
 pub enum Lookup {
     /// Known (or remembered): its pod, or None when it is in no pod.
     Known(Option<Owner>),
-    /// Ask the runtime ([`Resolver::resolve`]), then [`Resolver::answered`].
+    /// Ask the runtime: [`Resolver::resolve`] (which remembers the answer).
     Ask,
     /// Being asked already, or over the rate: nothing now.
     Wait,

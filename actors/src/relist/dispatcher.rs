@@ -34,7 +34,7 @@ use super::batch::{targeted_relists, Batch, BatchSummary, Taken};
 use super::global::global_relist;
 use super::machine::{Action, Input, Machine, Rules};
 use crate::pleg::GenericPleg;
-pub(crate) use crate::queue::BringForward;
+use crate::queue::BringForward;
 use crate::queue::{GlobalPriority, Inbox, RelistQueue, RequestRelist, Wake};
 
 #[derive(Clone, Debug)]

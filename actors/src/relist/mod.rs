@@ -14,9 +14,6 @@ mod machine;
 pub(crate) mod router;
 pub(crate) mod schedule;
 
-/// The queue's old path, until `wiring.rs` and `hints/tests.rs` import `crate::queue`.
-pub(crate) use crate::queue;
-
 #[cfg(test)]
 mod batch_tests;
 #[cfg(test)]

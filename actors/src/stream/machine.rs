@@ -14,7 +14,7 @@
 //!   any ──Stop──> Stopped   (cancels the RPC, the stream or the retry timer)
 //! ```
 //!
-//! Measured runtime behaviour it encodes (DESIGN.md):
+//! Measured runtime behaviour it encodes:
 //! - containerd sends no response headers before its first event, so opening has no
 //!   deadline and a pending attempt counts as a healthy connection since it began; an
 //!   attempt with no error [`SUBSCRIBED_AFTER`] after its request went out is

@@ -12,8 +12,8 @@ use super::gate::{SyncError, SyncOutcome};
 use super::registry::{SyncGateRegistry, SyncGates};
 use super::HeldPods;
 use crate::mock::{recording_queue, Recorded, Recorder, RecorderConfig};
+use crate::queue::BringForward;
 use crate::queue::RequestRelist;
-use crate::relist::dispatcher::BringForward;
 use crate::relist::router::RelistRouter;
 use crate::testing::wait_until;
 
