@@ -779,6 +779,18 @@ fn op_name(op: Op) -> &'static str {
     }
 }
 
+/// A container as ListContainers has it.
+fn listed_container(c: &ContainerStatus) -> Container {
+    Container {
+        id: c.id.clone(),
+        sandbox_id: c.sandbox_id.clone(),
+        name: c.name.clone(),
+        attempt: c.attempt,
+        state: c.state,
+        created_at: c.created_at,
+    }
+}
+
 /// A task event of the CRI namespace, as containerd sends it.
 fn task_event(topic: &str, container_id: &str) -> Envelope {
     let mut env =
@@ -874,28 +886,12 @@ impl RuntimeClient for FakeRuntime {
             Some(id) => Box::new(st.containers_in(id)),
             None => Box::new(st.containers.values()),
         };
-        Ok(listed
-            .map(|c| Container {
-                id: c.id.clone(),
-                sandbox_id: c.sandbox_id.clone(),
-                name: c.name.clone(),
-                attempt: c.attempt,
-                state: c.state,
-                created_at: c.created_at,
-            })
-            .collect())
+        Ok(listed.map(listed_container).collect())
     }
 
     async fn container_by_id(&self, id: &str) -> Result<Option<Container>, RuntimeError> {
         self.enter(Op::FindContainer, None).await?;
-        Ok(self.lock().containers.get(id).map(|c| Container {
-            id: c.id.clone(),
-            sandbox_id: c.sandbox_id.clone(),
-            name: c.name.clone(),
-            attempt: c.attempt,
-            state: c.state,
-            created_at: c.created_at,
-        }))
+        Ok(self.lock().containers.get(id).map(listed_container))
     }
 
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError> {

@@ -424,17 +424,17 @@ impl HintSource for Scripted {
     }
 }
 
-/// A watcher of [`Scripted`] hints over `cache`, its requests and bring-forwards
-/// recorded: the hint sender, the watcher and the two recorders.
-fn scripted_watcher(
-    cache: crate::cache::PodCache,
-    stops: CriStops,
-) -> (
+/// The hint sender, the watcher and the recorders of its requests and bring-forwards.
+type ScriptedWatcher = (
     futures::channel::mpsc::UnboundedSender<Hint>,
     Addr<HintWatcher<Scripted>>,
     Recorded<RequestRelist>,
     Recorded<BringForward>,
-) {
+);
+
+/// A watcher of [`Scripted`] hints over `cache`, its requests and bring-forwards
+/// recorded.
+fn scripted_watcher(cache: crate::cache::PodCache, stops: CriStops) -> ScriptedWatcher {
     scripted_watcher_on(FakeRuntime::new(), cache, stops)
 }
 
@@ -443,12 +443,7 @@ fn scripted_watcher_on(
     runtime: FakeRuntime,
     cache: crate::cache::PodCache,
     stops: CriStops,
-) -> (
-    futures::channel::mpsc::UnboundedSender<Hint>,
-    Addr<HintWatcher<Scripted>>,
-    Recorded<RequestRelist>,
-    Recorded<BringForward>,
-) {
+) -> ScriptedWatcher {
     let metrics = Arc::new(Metrics::new());
     let (soon_addr, soon) = Recorder::<BringForward>::start(RecorderConfig::default());
     let (queue, requests) = recording_queue(
