@@ -39,6 +39,7 @@ mod relist;
 mod revision;
 mod room;
 pub mod spans;
+mod stop;
 mod stream;
 mod subscription;
 mod sync;

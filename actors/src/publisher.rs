@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 
 use crate::event::LifecycleEvent;
 use crate::revision::Revisions;
+use crate::stop::Stop;
 use crate::subscription::{
     lock_loss, read, Delivery, History, LossState, Queued, Replay, SharedHistory, SharedLoss,
     Subscription, Unsubscribe, WakeOnDrop,
@@ -260,11 +261,7 @@ impl Handler<Publish> for EventPublisher {
     }
 }
 
-/// Drops every subscriber (their queues drain, then report disconnection) and stops.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Stop;
-
+/// Stopping drops every subscriber (their queues drain, then report disconnection).
 impl Handler<Stop> for EventPublisher {
     type Result = ();
 

@@ -19,7 +19,7 @@ use crate::hints::cri_stops::CriStops;
 use crate::hints::rechecks::Rechecks;
 use crate::hints::resolve::Resolver;
 use crate::hints::select::{start_source, RunningSource};
-use crate::hints::watcher::{Stop, WatcherDeps, WatcherState};
+use crate::hints::watcher::{WatcherDeps, WatcherState};
 use crate::hints::HintSourceName;
 use crate::pleg::GenericPleg;
 use crate::publisher::{EventPublisher, Subscribe, SubscribeError};
@@ -27,6 +27,7 @@ use crate::queue::{ApiRelistOutcome, RelistQueue};
 use crate::relist::dispatcher::{DispatcherConfig, DispatcherDeps, RelistDispatcher, StopHandle};
 use crate::relist::router::RelistRouter;
 use crate::revision::{new_instance_id, Revisions};
+use crate::stop::Stop;
 use crate::stream::reconnect::ReconnectPolicy;
 use crate::subscription::{Received, Subscription};
 use crate::sync::registry::{SyncGateRegistry, SyncGates};
@@ -370,7 +371,7 @@ impl Pleg {
 
     /// Stops the publisher: subscribers receive what is queued, then disconnection.
     pub async fn close_publisher(&self) {
-        let _ = self.publisher.send(crate::publisher::Stop).await;
+        let _ = self.publisher.send(Stop).await;
     }
 
     /// Subscribes to lifecycle events with a queue of `capacity`.

@@ -12,7 +12,8 @@ use crate::health::Health;
 use crate::hints::containerd_events::ContainerdEvents;
 use crate::hints::cri_events::CriEvents;
 use crate::hints::nri::Nri;
-use crate::hints::watcher::{GetState, HintWatcher, Stop, WatcherDeps, WatcherState};
+use crate::hints::watcher::{GetState, HintWatcher, WatcherDeps, WatcherState};
+use crate::stop::Stop;
 
 /// `--hint-sources` as given.
 #[derive(Clone, Debug, PartialEq, Eq)]

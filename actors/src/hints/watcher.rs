@@ -25,6 +25,7 @@ use crate::hints::rechecks::{Awaited, Rechecks, PENDING_FOR};
 use crate::hints::resolve::{Lookup, Owner, Resolver};
 use crate::hints::{Connection, Hint, HintSource, ItemContext, SourceError};
 use crate::relist::router::RelistRouter;
+use crate::stop::Stop;
 use crate::stream::machine::{Action, Input, LogLine, Machine};
 use crate::stream::reconnect::ReconnectPolicy;
 
@@ -569,11 +570,7 @@ impl<S: HintSource> StreamHandler<StreamItem<S::Item>> for HintWatcher<S> {
     fn finished(&mut self, _: &mut Self::Context) {}
 }
 
-/// Stops the watcher: cancels the open, the stream and any retry timer.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Stop;
-
+/// Stopping cancels the open, the stream and any retry timer.
 impl<S: HintSource> Handler<Stop> for HintWatcher<S> {
     type Result = ();
 

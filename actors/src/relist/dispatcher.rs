@@ -36,6 +36,7 @@ use super::machine::{Action, Input, Machine, Rules};
 use crate::pleg::GenericPleg;
 use crate::queue::BringForward;
 use crate::queue::{GlobalPriority, Inbox, RelistQueue, RequestRelist, Wake};
+use crate::stop::Stop;
 
 #[derive(Clone, Debug)]
 pub struct DispatcherConfig {
@@ -79,11 +80,6 @@ struct Logs {
 
 /// The dispatcher's mailbox: [`Wake`] (one at a time), [`BringForward`], [`Stop`].
 const MAILBOX: usize = 64;
-
-/// Stop once the unit of work in progress and the requests accepted are done.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Stop;
 
 /// Sends [`Stop`] to the dispatcher: sets a flag the actor checks before anything it
 /// does (and the queue, which then refuses new requests), then nudges the mailbox
@@ -451,6 +447,7 @@ impl Handler<Wake> for RelistDispatcher {
     }
 }
 
+/// Stopping waits for the unit of work in progress and the requests accepted.
 impl Handler<Stop> for RelistDispatcher {
     type Result = ();
 
