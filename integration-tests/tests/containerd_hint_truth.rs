@@ -122,7 +122,7 @@ async fn newborn_deaths(flavor: Flavor, sources: &[HintSourceName]) {
     }
     eprintln!(
         "[newborn] containerd {} {}: exit -> ContainerDied of a container born after the \
-         last relist, over {BORN}: p50 {:.1} ms, max {:.1} ms; by {by:?}",
+         last relist, over {BORN}: p50 {:.1} ms, max {:.1} ms; each (ms, by): {:?}",
         flavor.as_str(),
         sources
             .iter()
@@ -131,6 +131,11 @@ async fn newborn_deaths(flavor: Flavor, sources: &[HintSourceName]) {
             .join(" + "),
         percentile(&latency_ms, 0.5),
         percentile(&latency_ms, 1.0),
+        latency_ms
+            .iter()
+            .map(|ms| ms.round() as u64)
+            .zip(&by)
+            .collect::<Vec<_>>(),
     );
     assert_eq!(pleg.metrics().events(RelistSource::Global), 0);
     pleg.stop();
