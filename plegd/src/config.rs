@@ -59,16 +59,17 @@ pub struct Settings {
     #[serde(deserialize_with = "true_or_false")]
     pub evented: bool,
     /// Relist hint sources, comma-separated: cri-events (CRI GetContainerEvents), nri
-    /// (the NRI plugin), containerd-events (containerd's own event service: task exit,
-    /// OOM, delete; coexists with other CRI event consumers on containerd 1.7), or
+    /// (the NRI plugin), containerd-events (containerd's own event service: task start,
+    /// exit, OOM, delete; coexists with other CRI event consumers on containerd 1.7), or
     /// none (polling only, still correct). Default: every source the runtime
     /// supports, detected at start. Each only asks for targeted relists; an unusable
     /// one is retried with the reconnect backoff below and never stops plegd.
     #[arg(long, env = "PLEGD_HINT_SOURCES", value_name = "SOURCES")]
     pub hint_sources: Option<HintSources>,
     /// The runtime's NRI socket, for the nri hint source (an absolute path). The
-    /// source is detected when a socket is there at start; containerd 1.7 enables NRI
-    /// with [plugins."io.containerd.nri.v1.nri"] disable = false, 2.x has it on.
+    /// source is detected on containerd and CRI-O, or when a socket is there at start;
+    /// while missing it is looked for every 2 s. containerd 1.7 enables NRI with
+    /// [plugins."io.containerd.nri.v1.nri"] disable = false, 2.x has it on.
     #[arg(long, env = "PLEGD_NRI_SOCKET", value_name = "PATH", default_value = plegd_actors::DEFAULT_NRI_SOCKET)]
     pub nri_socket: PathBuf,
     /// Event stream: delay of the second reconnect attempt (the first is immediate);
