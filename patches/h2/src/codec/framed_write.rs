@@ -291,11 +291,10 @@ where
             }
 
             Frame::Priority(_) => {
-                /*
-                v.encode(self.buf.get_mut());
-                tracing::trace!("encoded priority; rem={:?}", self.buf.remaining());
-                */
-                unimplemented!();
+                // h2 never builds a PRIORITY frame to send (its API has no way to);
+                // should one get here, it is dropped rather than panicking the
+                // connection's task (upstream: unimplemented!()).
+                tracing::debug!("dropping an outgoing PRIORITY frame: encoding it is not supported");
             }
             Frame::Reset(v) => {
                 v.encode(self.buf.get_mut());
