@@ -69,15 +69,7 @@ fn a_socket_path_that_fits_serves_and_a_longer_one_is_refused_by_name() {
     }
     let socket = path_of_len(&dir.path().join("108"), 108);
     for extra in [&[][..], &["--print-config"]] {
-        let out = run_to_end(
-            plegd()
-                .args(["demo", "--metrics-addr", "off", "--api-socket"])
-                .arg(&socket)
-                .args(extra),
-        )
-        .0;
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        let err = refused_demo(&socket, extra);
         assert!(
             err.contains("--api-socket")
                 && err.contains("108 bytes")
@@ -90,15 +82,7 @@ fn a_socket_path_that_fits_serves_and_a_longer_one_is_refused_by_name() {
     // start (and by --print-config), naming the control socket's flag.
     let socket = path_of_len(&dir.path().join("104b"), 104);
     for extra in [&[][..], &["--print-config"]] {
-        let out = run_to_end(
-            plegd()
-                .args(["demo", "--metrics-addr", "off", "--api-socket"])
-                .arg(&socket)
-                .args(extra),
-        )
-        .0;
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        let err = refused_demo(&socket, extra);
         assert!(
             err.contains("--api-control-socket") && err.contains("at most 107"),
             "{err}"
@@ -285,4 +269,19 @@ fn each_client_ends_at_its_deadline_when_nothing_answers() {
     }
     let out = run_to_end(plegd().args(["pods", "--timeout", "0s"])).0;
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// `plegd demo` on this API socket (with `extra`) refused as bad configuration (exit
+/// 2): its stderr.
+fn refused_demo(socket: &std::path::Path, extra: &[&str]) -> String {
+    let out = run_to_end(
+        plegd()
+            .args(["demo", "--metrics-addr", "off", "--api-socket"])
+            .arg(socket)
+            .args(extra),
+    )
+    .0;
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+    err
 }
