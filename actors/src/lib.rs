@@ -39,6 +39,7 @@ mod relist;
 mod revision;
 mod room;
 pub mod spans;
+pub mod state;
 mod stop;
 mod stream;
 mod subscription;

@@ -40,8 +40,12 @@ impl Writer<'_> {
     }
 
     pub(crate) fn str(&mut self, s: &str) {
-        self.u64(s.len() as u64);
-        self.0.extend_from_slice(s.as_bytes());
+        self.bytes(s.as_bytes());
+    }
+
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
+        self.u64(b.len() as u64);
+        self.0.extend_from_slice(b);
     }
 
     pub(crate) fn time(&mut self, t: SystemTime) {
@@ -88,13 +92,17 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn str(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.bytes()?).ok()
+    }
+
+    pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
         let len = usize::try_from(self.u64()?).ok()?;
         if len > self.0.len() {
             return None;
         }
-        let (s, rest) = self.0.split_at(len);
+        let (b, rest) = self.0.split_at(len);
         self.0 = rest;
-        std::str::from_utf8(s).ok()
+        Some(b)
     }
 
     pub(crate) fn string(&mut self) -> Option<String> {
@@ -133,12 +141,18 @@ pub(crate) fn kind_of(code: u8) -> Option<EventKind> {
     })
 }
 
-fn source_code(source: RelistSource) -> u8 {
+/// A relist source as one byte: its place in `RelistSource::ALL` (stored in the state dir:
+/// new sources go at the end of that list).
+pub(crate) fn source_code(source: RelistSource) -> u8 {
     RelistSource::ALL
         .iter()
         .position(|s| *s == source)
         .and_then(|i| u8::try_from(i).ok())
         .unwrap_or(u8::MAX)
+}
+
+pub(crate) fn source_of(code: u8) -> Option<RelistSource> {
+    RelistSource::ALL.get(usize::from(code)).copied()
 }
 
 // Flags of an event.
@@ -235,6 +249,17 @@ impl PackedEvent {
         self.0.len()
     }
 
+    /// The packed bytes (what the state dir stores).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Bytes read back from the state dir: None unless they unpack.
+    pub(crate) fn from_bytes(b: &[u8]) -> Option<Self> {
+        let packed = PackedEvent(Box::from(b));
+        packed.unpack().map(|_| packed)
+    }
+
     /// The event as it was packed; None only if the bytes were not written by
     /// [`Self::pack`] (a bug).
     pub(crate) fn unpack(&self) -> Option<LifecycleEvent> {
@@ -242,7 +267,7 @@ impl PackedEvent {
         let mut r = Reader(self.0.get(8..)?);
         let time = r.time()?;
         let kind = kind_of(r.u8()?)?;
-        let relist_source = *RelistSource::ALL.get(usize::from(r.u8()?))?;
+        let relist_source = source_of(r.u8()?)?;
         let flags = r.u8()?;
         let attempt = if flags & ATTEMPT != 0 {
             Some(r.u32()?)

@@ -158,6 +158,17 @@ impl PackedStatus {
         PackedStatus(Box::from(&buf[..]))
     }
 
+    /// The packed bytes (what the state dir stores).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Bytes read back from the state dir: None unless they unpack.
+    pub(crate) fn from_bytes(b: &[u8]) -> Option<Self> {
+        let packed = PackedStatus(Box::from(b));
+        packed.unpack().map(|_| packed)
+    }
+
     /// Bytes of heap the packed status takes.
     #[cfg(test)]
     pub(crate) fn heap_bytes(&self) -> usize {
@@ -303,6 +314,21 @@ impl PackedReported {
             w.u8(kind_code(*kind));
         }
         PackedReported(Box::from(&buf[..]))
+    }
+
+    /// The packed bytes (what the state dir stores).
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Bytes read back from the state dir: None unless every entry reads.
+    pub(crate) fn from_bytes(b: &[u8]) -> Option<Self> {
+        let mut r = Reader(b);
+        while !r.0.is_empty() {
+            r.str()?;
+            r.u8().and_then(kind_of)?;
+        }
+        Some(PackedReported(Box::from(b)))
     }
 
     /// The map as it was packed; what cannot be read (only a bug could write it) is

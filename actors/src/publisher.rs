@@ -93,6 +93,22 @@ impl EventPublisher {
         }
     }
 
+    /// Goes on from a restart's stored history (oldest first) and the last revision
+    /// stored (`state`): resumes replay from it as if plegd had never stopped.
+    pub fn with_history(
+        self,
+        events: impl IntoIterator<Item = LifecycleEvent>,
+        published: u64,
+    ) -> Self {
+        {
+            let mut history = self.history.write().unwrap_or_else(|e| e.into_inner());
+            for ev in events {
+                history.push(&ev);
+            }
+        }
+        EventPublisher { published, ..self }
+    }
+
     /// Where a subscription from `after` starts replaying, or why it cannot.
     fn replay_from(&self, after: u64) -> Result<Replay, SubscribeError> {
         let latest = self.revisions.latest();
@@ -188,6 +204,24 @@ impl Handler<Unsubscribe> for EventPublisher {
     fn handle(&mut self, msg: Unsubscribe, _: &mut Self::Context) {
         self.subscribers.retain(|s| s.id != msg.0);
         self.count_subscribers();
+    }
+}
+
+/// The history's events as packed bytes, oldest first (a new state file's).
+#[derive(Message)]
+#[rtype(result = "Vec<Vec<u8>>")]
+pub(crate) struct TakeHistory;
+
+impl Handler<TakeHistory> for EventPublisher {
+    type Result = MessageResult<TakeHistory>;
+
+    fn handle(&mut self, _: TakeHistory, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            read(&self.history)
+                .packed()
+                .map(|e| e.as_bytes().to_vec())
+                .collect(),
+        )
     }
 }
 
@@ -318,7 +352,7 @@ mod tests {
     async fn publish(p: &Addr<EventPublisher>, r: &Revisions, from: usize, to: usize) {
         for i in from..to {
             let mut batch = vec![event(i)];
-            r.issue(&mut batch);
+            r.show(r.issue(&mut batch));
             assert_eq!(batch[0].revision, i as u64 + 1, "test numbering");
             p.send(Publish(batch)).await.unwrap();
         }
@@ -545,6 +579,7 @@ mod tests {
         // reflects 5 while the events are still on their way to the publisher.
         let mut batch = vec![event(2), event(3), event(4)];
         assert_eq!(r.issue(&mut batch), 5);
+        r.show(5);
         let sub = subscribe_after(&p, "t", 10, Some(5)).await.unwrap();
         let from_4 = subscribe_after(&p, "t4", 10, Some(4)).await.unwrap();
         p.send(Publish(batch)).await.unwrap();

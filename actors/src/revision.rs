@@ -17,28 +17,46 @@ use std::sync::Arc;
 
 use crate::event::LifecycleEvent;
 
-/// The latest revision issued. Only the dispatcher issues (one relist at a time);
-/// anyone may read. Cheap to clone; clones share the counter.
+/// The revisions issued and shown. Only the dispatcher issues (one relist at a time);
+/// anyone may read what is shown. A revision is shown once the relist that issued it
+/// is stored (with a state dir, `state`; at once without): no consumer ever holds a
+/// revision that a restart could issue again. Cheap to clone; clones share the
+/// counters.
 #[derive(Clone, Debug, Default)]
 pub struct Revisions {
+    issued: Arc<AtomicU64>,
     latest: Arc<AtomicU64>,
 }
 
 impl Revisions {
-    /// The latest revision issued so far (0 before any event).
+    /// Going on from `latest` (a restart on a state dir).
+    pub fn starting_at(latest: u64) -> Self {
+        Revisions {
+            issued: Arc::new(AtomicU64::new(latest)),
+            latest: Arc::new(AtomicU64::new(latest)),
+        }
+    }
+
+    /// The latest revision shown so far (0 before any event).
     pub fn latest(&self) -> u64 {
         self.latest.load(Ordering::SeqCst)
     }
 
     /// Gives `events`, in order, the next revisions; returns the latest revision issued
-    /// (unchanged when `events` is empty).
+    /// (unchanged when `events` is empty). Shown by [`Self::show`].
     pub fn issue(&self, events: &mut [LifecycleEvent]) -> u64 {
         let n = events.len() as u64;
-        let base = self.latest.fetch_add(n, Ordering::SeqCst);
+        let base = self.issued.fetch_add(n, Ordering::SeqCst);
         for (i, ev) in events.iter_mut().enumerate() {
             ev.revision = base + i as u64 + 1;
         }
         base + n
+    }
+
+    /// Shows every revision up to `revision` (issued, and stored if there is a state
+    /// dir).
+    pub fn show(&self, revision: u64) {
+        self.latest.fetch_max(revision, Ordering::SeqCst);
     }
 }
 
@@ -82,12 +100,19 @@ mod tests {
         assert_eq!(r.latest(), 0);
         let mut first = vec![event(), event(), event()];
         assert_eq!(r.issue(&mut first), 3);
+        assert_eq!(r.latest(), 0, "issued is not shown");
+        r.show(3);
         assert_eq!(r.issue(&mut []), 3);
         let mut second = vec![event()];
         assert_eq!(r.clone().issue(&mut second), 4);
+        r.show(4);
         let got: Vec<u64> = first.iter().chain(&second).map(|e| e.revision).collect();
         assert_eq!(got, [1, 2, 3, 4]);
         assert_eq!(r.latest(), 4);
+        let resumed = Revisions::starting_at(4);
+        let mut third = vec![event()];
+        assert_eq!(resumed.issue(&mut third), 5);
+        assert_eq!(resumed.latest(), 4);
     }
 
     #[test]

@@ -84,6 +84,11 @@ impl History {
         self.ring.push_back(packed);
     }
 
+    /// The events held, packed, oldest first.
+    pub(crate) fn packed(&self) -> impl Iterator<Item = &PackedEvent> {
+        self.ring.iter()
+    }
+
     /// Events held.
     pub(crate) fn len(&self) -> usize {
         self.ring.len()

@@ -1,6 +1,7 @@
 //! Starts the Generic PLEG's actors on the current arbiter and wires them together.
 //! The binary and the component tests both start plegd through this one function.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -21,12 +22,16 @@ use crate::hints::resolve::Resolver;
 use crate::hints::select::{start_source, RunningSource};
 use crate::hints::watcher::{WatcherDeps, WatcherState};
 use crate::hints::HintSourceName;
+use crate::packed::PackedEvent;
 use crate::pleg::GenericPleg;
 use crate::publisher::{EventPublisher, Subscribe, SubscribeError};
 use crate::queue::{ApiRelistOutcome, RelistQueue};
 use crate::relist::dispatcher::{DispatcherConfig, DispatcherDeps, RelistDispatcher, StopHandle};
 use crate::relist::router::RelistRouter;
 use crate::revision::{new_instance_id, Revisions};
+use crate::state::{
+    boot_id, Header, Opened, Persistence, Snapshot as StateSnapshot, StateStore, FORMAT,
+};
 use crate::stop::Stop;
 use crate::stream::reconnect::ReconnectPolicy;
 use crate::subscription::{Received, Subscription};
@@ -105,6 +110,7 @@ pub struct Pleg {
     /// [`Pleg::stop`]).
     tasks: Arc<Mutex<Vec<actix_rt::task::JoinHandle<()>>>>,
     coverage: Coverage,
+    state: Option<StateStore>,
 }
 
 /// Judges each published container death against the hint sources that were up
@@ -173,16 +179,91 @@ impl Pleg {
     /// the hint sources, in that order, so each has somewhere to send.
     /// Must run inside an actix System.
     pub fn start(runtime: Arc<dyn RuntimeClient>, cfg: &PlegConfig, metrics: Arc<Metrics>) -> Pleg {
-        let (owner, cache) = CacheOwner::new(cfg.tombstone_ttl);
+        Self::start_with_state(runtime, cfg, metrics, None)
+    }
+
+    /// [`Self::start`] with a state dir ([`crate::state`], opened by the caller):
+    /// goes on from what it held, if anything, and stores every relist in it.
+    pub fn start_with_state(
+        runtime: Arc<dyn RuntimeClient>,
+        cfg: &PlegConfig,
+        metrics: Arc<Metrics>,
+        state: Option<Opened>,
+    ) -> Pleg {
+        let (store, loaded) = match state {
+            Some(o) => (Some(o.store), o.loaded),
+            None => (None, None),
+        };
+        let (instance_id, revision, records, reinspect, (owner, cache), history) = match loaded {
+            Some(l) => (
+                l.instance_id,
+                l.revision,
+                l.records,
+                l.reinspect,
+                l.cache,
+                l.history,
+            ),
+            None => (
+                new_instance_id(),
+                0,
+                HashMap::new(),
+                HashSet::new(),
+                CacheOwner::new(cfg.tombstone_ttl),
+                VecDeque::new(),
+            ),
+        };
+        let instance_id: Arc<str> = instance_id.into();
+        let revisions = Revisions::starting_at(revision);
+        let mut core = GenericPleg::new(runtime.clone(), cfg.status_concurrency)
+            .with_last_reads(Arc::new(cache.clone()));
+        let persistence = store.map(|store| {
+            core = std::mem::replace(
+                &mut core,
+                GenericPleg::new(runtime.clone(), cfg.status_concurrency),
+            )
+            .restored(records, reinspect);
+            let header = Arc::new(Header {
+                format: FORMAT,
+                instance_id: instance_id.to_string(),
+                boot_id: boot_id(),
+            });
+            // The first state file, before any relist (the writer takes its jobs in
+            // order): the identity and everything gone on from, with this boot's id.
+            let mut buf = Vec::new();
+            let first = StateSnapshot {
+                header: &header,
+                records: core.records(),
+                cache: &owner.image(),
+                history: history
+                    .iter()
+                    .map(|e| PackedEvent::pack(e, &mut buf).as_bytes().to_vec())
+                    .collect(),
+            }
+            .bytes();
+            let written = store.rewrite(first);
+            let metrics = metrics.clone();
+            let size = store.clone();
+            actix_rt::spawn(async move {
+                let ok = written.await;
+                metrics.state_persisting.set(i64::from(ok));
+                metrics.state_bytes.set(size.size() as i64);
+            });
+            (store, header)
+        });
         let cache_addr = owner.start();
-        let revisions = Revisions::default();
-        let publisher =
-            EventPublisher::new(metrics.clone(), cfg.history_events, revisions.clone()).start();
+        let publisher = EventPublisher::new(metrics.clone(), cfg.history_events, revisions.clone())
+            .with_history(history, revision)
+            .start();
         let health = Health::new(cfg.health_threshold);
         let held = HeldPods::default();
+        let state = persistence.map(|(store, header)| Persistence {
+            store,
+            header,
+            images: cache_addr.clone().recipient(),
+            history: publisher.clone().recipient(),
+        });
         let dispatcher = RelistDispatcher::start(
-            GenericPleg::new(runtime.clone(), cfg.status_concurrency)
-                .with_last_reads(Arc::new(cache.clone())),
+            core,
             DispatcherConfig {
                 relist_period: cfg.relist_period,
                 queue_capacity: cfg.queue_capacity,
@@ -195,6 +276,7 @@ impl Pleg {
                 health: health.clone(),
                 held: held.clone(),
                 revisions: revisions.clone(),
+                state: state.clone(),
             },
         );
         let mut dispatcher = dispatcher;
@@ -246,7 +328,8 @@ impl Pleg {
         let pleg = Pleg {
             tasks,
             coverage: coverage.clone(),
-            instance_id: new_instance_id().into(),
+            instance_id,
+            state: state.map(|s| s.store),
             revisions,
             cache,
             cache_owner: cache_addr,
@@ -367,6 +450,22 @@ impl Pleg {
     /// (`hints/coverage.rs`).
     pub fn hint_source_stops(&self, source: HintSourceName) -> (u64, u64) {
         self.coverage.counts(source)
+    }
+
+    /// A clean stop of the state dir, once the dispatcher has stopped: the last
+    /// revision recorded and the file synced, so that a restart goes on from it
+    /// exactly (even after the machine restarts). False if there is no state dir, the
+    /// dispatcher still runs, or the stop could not be written.
+    pub async fn close_state(&self) -> bool {
+        match &self.state {
+            Some(store) if self.stopped() => store.stop(self.revisions.latest()).await,
+            _ => false,
+        }
+    }
+
+    /// The state dir's writer, if there is one.
+    pub fn state(&self) -> Option<&StateStore> {
+        self.state.as_ref()
     }
 
     /// Stops the publisher: subscribers receive what is queued, then disconnection.

@@ -40,6 +40,10 @@ pub struct Metrics {
     // The publisher's history (for resuming subscribers).
     pub history_events: IntGauge,
     pub history_bytes: IntGauge,
+    // The state dir (--state-dir).
+    pub state_persisting: IntGauge,
+    pub state_bytes: IntGauge,
+    pub state_write_failures: IntCounter,
     // Sync gates.
     pub sync_gates: IntGauge,
     // Lifecycle events as OTLP log records (--otlp-events).
@@ -207,6 +211,18 @@ impl Metrics {
                 "plegd_event_history_bytes",
                 "Heap bytes of the events held for resuming subscribers (packed events and the ring's slots).",
             ),
+            state_persisting: gauge(
+                "plegd_state_persisting",
+                "1 while every relist is stored in the state dir; 0 while plegd serves from memory (no state dir, or writing it fails).",
+            ),
+            state_bytes: gauge(
+                "plegd_state_file_bytes",
+                "Bytes of the state file (a snapshot and the relists stored since).",
+            ),
+            state_write_failures: counter(
+                "plegd_state_write_failures_total",
+                "Relists that could not be stored in the state dir (served from memory; a restart then starts fresh).",
+            ),
             sync_gates: gauge(
                 "plegd_sync_gates",
                 "Live PodSyncGate actors (pods held by a sync or recently released).",
@@ -280,6 +296,9 @@ impl Metrics {
             Box::new(self.subscriber_drops.clone()),
             Box::new(self.history_events.clone()),
             Box::new(self.history_bytes.clone()),
+            Box::new(self.state_persisting.clone()),
+            Box::new(self.state_bytes.clone()),
+            Box::new(self.state_write_failures.clone()),
             Box::new(self.sync_gates.clone()),
             Box::new(self.otlp_events_exported.clone()),
             Box::new(self.otlp_events_dropped.clone()),

@@ -35,6 +35,7 @@ use tokio::sync::watch;
 
 mod entry;
 mod owner;
+mod persist;
 mod readers;
 mod reclaim;
 #[cfg(test)]
@@ -45,6 +46,7 @@ mod updates;
 use entry::StoredPod;
 pub use entry::{CachedPod, Cover};
 pub use owner::{CacheOwner, CacheSnapshot, Snapshot};
+pub(crate) use persist::{CacheImage, TakeImage};
 pub use readers::{PodCache, PodLookup};
 use tombstones::Tombstone;
 pub use updates::ApplyRelist;

@@ -103,6 +103,13 @@ impl Handler<ApplyRelist> for CacheOwner {
     type Result = ();
 
     fn handle(&mut self, msg: ApplyRelist, _: &mut Self::Context) {
+        self.apply_relist(msg);
+    }
+}
+
+impl CacheOwner {
+    /// What [`ApplyRelist`] does; also how a restart replays the stored relists.
+    pub(crate) fn apply_relist(&mut self, msg: ApplyRelist) {
         for u in msg.updates {
             self.apply(u);
         }

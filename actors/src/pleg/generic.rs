@@ -123,6 +123,9 @@ pub struct GenericPleg {
     /// the pod's read is committed: that read's diff is taken again against the
     /// record, and they stay exited whatever its lists said.
     early: HashMap<String, Vec<String>>,
+    /// Each output lists the records it changed ([`RelistOutput::records`]): the
+    /// state dir stores them.
+    keep_records: bool,
     /// Tests: every global relist rebuilds every pod at once, with the records (the
     /// reference chunks and the change check are compared with).
     #[cfg(test)]
@@ -143,6 +146,7 @@ impl GenericPleg {
             chunk_pods: CHUNK_PODS,
             exit_settle: EXIT_SETTLE,
             early: HashMap::new(),
+            keep_records: false,
             #[cfg(test)]
             rebuild_all: false,
         }
@@ -177,6 +181,25 @@ impl GenericPleg {
     pub fn with_last_reads(mut self, last_reads: Arc<dyn LastReads>) -> Self {
         self.last_reads = Some(last_reads);
         self
+    }
+
+    /// Goes on from stored records (a restart on a state dir): the next relist is
+    /// diffed against them, and pods whose last read failed are reinspected. Every
+    /// output from now on lists the records it changed ([`RelistOutput::records`]).
+    pub(crate) fn restored(
+        mut self,
+        records: HashMap<String, PodRecord>,
+        reinspect: HashSet<String>,
+    ) -> Self {
+        self.records = records;
+        self.reinspect = reinspect;
+        self.keep_records = true;
+        self
+    }
+
+    /// Every pod's record (a new state file's snapshot).
+    pub(crate) fn records(&self) -> &HashMap<String, PodRecord> {
+        &self.records
     }
 
     /// Tests: the last reconciled record of a pod.
@@ -395,7 +418,10 @@ impl GenericPleg {
             return RelistOutput::default();
         };
         let uid = exits.uid.clone();
-        let out = early::apply(record, exits);
+        let mut out = early::apply(record, exits);
+        if self.keep_records && !out.events.is_empty() {
+            out.records.push((uid.clone(), Some(record.clone())));
+        }
         if !out.events.is_empty() {
             self.early
                 .entry(uid)
@@ -728,7 +754,9 @@ impl GenericPleg {
                     read_at,
                     source: w.source,
                 });
-                self.records.remove(&w.uid);
+                if self.records.remove(&w.uid).is_some() && self.keep_records {
+                    out.records.push((w.uid.clone(), None));
+                }
                 self.reinspect.remove(&w.uid);
             }
             Some(Err(e)) => {
@@ -752,6 +780,9 @@ impl GenericPleg {
                 });
                 self.reinspect.remove(&w.uid);
                 if let Some(rec) = w.new {
+                    if self.keep_records {
+                        out.records.push((w.uid.clone(), Some(rec.clone())));
+                    }
                     // The key moves in: kept where it was made (the first
                     // relist makes every record's key before anything else).
                     self.records.insert(w.uid, rec);

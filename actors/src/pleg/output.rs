@@ -3,6 +3,7 @@
 
 use std::time::SystemTime;
 
+use super::record::PodRecord;
 use super::status::{PodStatus, PrefetchCounts};
 use crate::event::{LifecycleEvent, RelistSource};
 use plegd_runtime::ContainerStatus;
@@ -59,6 +60,9 @@ pub struct RelistOutput {
     pub held: Vec<String>,
     /// What became of the container statuses read together with the lists.
     pub prefetch: PrefetchCounts,
+    /// The records this relist changed, in order (None: the pod is gone); only when
+    /// the Generic PLEG keeps them for the state dir.
+    pub records: Vec<(String, Option<PodRecord>)>,
 }
 
 impl RelistOutput {
@@ -70,6 +74,7 @@ impl RelistOutput {
         self.pods_inspected += other.pods_inspected;
         self.held.extend(other.held);
         self.prefetch.add(other.prefetch);
+        self.records.extend(other.records);
     }
 
     /// Nothing to apply: no cache update, no event, nothing counted (`held` aside).

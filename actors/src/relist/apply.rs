@@ -15,6 +15,7 @@ use crate::health::Health;
 use crate::pleg::RelistOutput;
 use crate::publisher::Publish;
 use crate::revision::Revisions;
+use crate::state::{CommitRef, Persistence};
 use crate::sync::HeldPods;
 
 /// Everything a relist needs besides the Generic PLEG state; cloned into each unit
@@ -31,6 +32,8 @@ pub struct DispatcherDeps {
     pub held: HeldPods,
     /// Issues each event's revision (the dispatcher is the only issuer).
     pub revisions: Revisions,
+    /// The state dir, when there is one: each relist is stored before it is applied.
+    pub(crate) state: Option<Persistence>,
 }
 
 /// Applies a relist's output: revisions issued, cache first (acknowledged, with the
@@ -43,6 +46,27 @@ pub(super) async fn apply(
     more: bool,
 ) {
     let revision = deps.revisions.issue(&mut out.events);
+    let held = if global_timestamp.is_some() {
+        std::mem::take(&mut out.held)
+    } else {
+        Vec::new()
+    };
+    if let Some(state) = &deps.state {
+        // Stored before anything shows it (see `state`).
+        let commit = CommitRef {
+            revision,
+            global: global_timestamp,
+            more,
+            held: &held,
+            updates: &out.cache,
+            events: &out.events,
+            records: &out.records,
+        };
+        if !state.store.commit(&commit, &mut Vec::new()).await {
+            deps.metrics.state_write_failures.inc();
+        }
+    }
+    deps.revisions.show(revision);
     let events = out
         .events
         .iter()
@@ -65,11 +89,7 @@ pub(super) async fn apply(
         .cache
         .send(ApplyRelist {
             updates: out.cache,
-            held: if global_timestamp.is_some() {
-                out.held
-            } else {
-                Vec::new()
-            },
+            held,
             global_timestamp,
             revision,
             events,

@@ -76,6 +76,7 @@ fn start(
             health: health.clone(),
             held: held.clone(),
             revisions: Revisions::default(),
+            state: None,
         },
     );
     Plegd {

@@ -104,5 +104,15 @@ pub(super) async fn global_relist(
     deps.metrics
         .relist_duration
         .observe(start.elapsed().as_secs_f64());
+    if let Some(state) = &deps.state {
+        // Between two units of work: the records, the cache and the history agree.
+        if state.store.rewrite_due(Instant::now()) {
+            state.rewrite(core).await;
+        }
+        deps.metrics.state_bytes.set(state.store.size() as i64);
+        deps.metrics
+            .state_persisting
+            .set(i64::from(!state.store.failing()));
+    }
     (start, result)
 }

@@ -100,6 +100,7 @@ pub(super) fn start_on(runtime: Arc<dyn RuntimeClient>, setup: Setup) -> Bench {
             health: health.clone(),
             held: held.clone(),
             revisions: Default::default(),
+            state: None,
         },
     );
     Bench {
