@@ -177,6 +177,8 @@ impl Plegd {
             // own: never the default /run/plegd/plegd.sock, which another plegd may hold.
             .arg("--api-socket")
             .arg(&api_socket)
+            // No state dir unless `extra` gives one (never the node's /var/lib/plegd).
+            .env("PLEGD_STATE_DIR", "off")
             .args(extra)
             // Its log level: warn, or the environment's PLEGD_BENCH_LOG (a RUST_LOG
             // filter, e.g. `plegd_actors=debug` to follow each hint and relist).

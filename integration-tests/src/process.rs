@@ -13,12 +13,15 @@ pub use plegd_testkit::process::{http_get, status_field, Reaped};
 /// Generous: CI machines are slow and shared.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The binary at `path`, logging at info, with the subscriber API off unless the
-/// test gives `--api-socket`: `plegd run`'s default socket is the node's
-/// (/run/plegd/plegd.sock), which concurrent tests (or a real plegd) would contend for.
+/// The binary at `path`, logging at info, with the subscriber API and the state dir
+/// off unless the test gives `--api-socket` or `--state-dir`: `plegd run`'s defaults
+/// are the node's (/run/plegd/plegd.sock, /var/lib/plegd), which concurrent tests (or
+/// a real plegd) would contend for.
 pub fn command(path: &str) -> Command {
     let mut c = Command::new(path);
-    c.env("RUST_LOG", "info").env("PLEGD_API_SOCKET", "off");
+    c.env("RUST_LOG", "info")
+        .env("PLEGD_API_SOCKET", "off")
+        .env("PLEGD_STATE_DIR", "off");
     c
 }
 
@@ -30,7 +33,8 @@ pub fn command_with_fd_limit(path: &str, soft: usize) -> Command {
         .arg(format!("ulimit -Sn {soft} && exec \"$0\" \"$@\""))
         .arg(path)
         .env("RUST_LOG", "info")
-        .env("PLEGD_API_SOCKET", "off");
+        .env("PLEGD_API_SOCKET", "off")
+        .env("PLEGD_STATE_DIR", "off");
     c
 }
 

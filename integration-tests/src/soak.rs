@@ -287,6 +287,8 @@ impl Plegd {
             // Not the node's default socket, which a real plegd may hold; the soak
             // measures the core.
             .env("PLEGD_API_SOCKET", "off")
+            // Nor the node's state dir (a flag in `plegd_args` overrides it).
+            .env("PLEGD_STATE_DIR", "off")
             .args(&cfg.plegd_args)
             .env(
                 "RUST_LOG",

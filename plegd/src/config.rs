@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::exit::{ConfigError, MAX_CONFIG_FILE};
 use crate::values::{
     true_or_false, ApiSocket, Count, HintSources, LogFormat, MessageSize, MetricsAddr,
-    OtlpEndpoint, PositiveDuration, SocketMode, TrimPeriod, DAY, HOUR,
+    OtlpEndpoint, PositiveDuration, SocketMode, StateDir, TrimPeriod, DAY, HOUR,
 };
 
 /// Every setting of `plegd run` and `plegd demo`. A config file key is the long flag
@@ -155,6 +155,14 @@ pub struct Settings {
     /// a request is answered DROPPED and the next global relist covers the pod.
     #[arg(long, env = "PLEGD_API_RELIST_BUDGET", default_value = "256")]
     pub api_relist_budget: Count<1_000_000>,
+    /// Where plegd keeps what it needs to go on where it stopped after a restart (its
+    /// identity, revisions, pod records, tombstones and event history), so that a
+    /// client resuming with since_revision gets what it missed and the changes made
+    /// while plegd was down; 'off' starts anew each time (clients re-list). One plegd
+    /// per directory. Default: /var/lib/plegd for run, the demo's temporary directory
+    /// for demo. README "Restarts and upgrades".
+    #[arg(long, env = "PLEGD_STATE_DIR", value_name = "DIR|off")]
+    pub state_dir: Option<StateDir>,
     /// Events kept in memory for Watch's since_revision (a client resuming from an
     /// older revision must list again; at most 16777216).
     #[arg(long, env = "PLEGD_HISTORY_EVENTS", default_value = "65536")]
@@ -325,6 +333,7 @@ mod tests {
             "otlp-endpoint".into(),
             "otlp-events-endpoint".into(),
             "runtime-endpoint".into(),
+            "state-dir".into(),
         ]);
         table.sort();
         assert_eq!(keys, table);

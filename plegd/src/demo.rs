@@ -9,7 +9,7 @@ use plegd_sim::{spawn_churn, spawn_in_thread, ChurnConfig, FakeRuntime};
 use crate::cli::Workload;
 use crate::exit::ExitError;
 use crate::output::Format;
-use crate::serve::{api_socket_path, connect, control_socket_path, serve};
+use crate::serve::{api_socket_path, connect, control_socket_path, serve, state_dir_path, Places};
 use crate::service_config::ServiceConfig;
 use crate::signals::Signals;
 
@@ -52,12 +52,16 @@ pub async fn run(
     if let Some(p) = control_socket_path(config, api_socket.as_deref()) {
         tracing::info!(socket = %p.display(), "the demo's API control socket (Sync, RequestRelist; plegd status --clients --api-socket {})", p.display());
     }
+    let state_dir = state_dir_path(config, || dir.path().join("state"));
     let result = serve(
         Arc::new(runtime),
         config,
         signals,
         Format::Text,
-        api_socket,
+        Places {
+            api_socket,
+            state_dir,
+        },
         until,
     )
     .await;

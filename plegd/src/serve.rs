@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use std::path::{Path, PathBuf};
 
+use plegd_actors::state::{OpenError, Opened, StateStore};
 use plegd_actors::{Health, HintSourceName, Pleg};
 use plegd_api::{ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS};
 use plegd_otlp_events::{EventLogConfig, EventLogExport};
@@ -21,7 +22,7 @@ use crate::exit::{ConfigError, ExitError};
 use crate::output::{open_append, spawn_writer, Format, Target};
 use crate::service_config::ServiceConfig;
 use crate::signals::{Asked, Signals};
-use crate::values::ApiSocket;
+use crate::values::{ApiSocket, StateDir};
 
 /// Queue of the output subscriber: large, so a slow terminal rarely drops events
 /// (and when it does, the next line says how many).
@@ -40,7 +41,7 @@ const OTLP_EVENTS_DRAIN: Duration = Duration::from_millis(500);
 /// (its last call may have just started; what follows the call is quick).
 const SHUTDOWN_MARGIN: Duration = Duration::from_millis(700);
 
-struct HealthAdapter(Health);
+struct HealthAdapter(Health, Option<StateStore>);
 
 impl HealthSource for HealthAdapter {
     fn live(&self) -> Result<(), String> {
@@ -48,6 +49,16 @@ impl HealthSource for HealthAdapter {
     }
     fn ready(&self) -> bool {
         self.0.ready()
+    }
+    fn details(&self) -> Vec<String> {
+        vec![match &self.1 {
+            None => "state dir: off".to_string(),
+            Some(s) if s.failing() => format!(
+                "state dir: FAILING, serving from memory ({}); a restart now starts fresh",
+                s.error().unwrap_or_default()
+            ),
+            Some(s) => format!("state dir: stored ({} bytes)", s.size()),
+        }]
     }
 }
 
@@ -59,15 +70,79 @@ pub async fn run_real(
 ) -> Result<(), ExitError> {
     let (runtime, version) = connect(endpoint, config).await?;
     let api_socket = api_socket_path(config, || PathBuf::from(plegd_api::DEFAULT_SOCKET));
+    let state_dir = state_dir_path(config, || PathBuf::from(DEFAULT_STATE_DIR));
     serve(
         Arc::new(runtime),
         &config.for_runtime(&version),
         signals,
         Format::Json,
-        api_socket,
+        Places {
+            api_socket,
+            state_dir,
+        },
         std::future::pending(),
     )
     .await
+}
+
+/// `plegd run`'s state dir unless `--state-dir` says otherwise.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/plegd";
+
+/// Where plegd serves its API and keeps its state (each None when off).
+pub struct Places {
+    pub api_socket: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Where to keep the state: `--state-dir`, or the command's default; None when off.
+pub fn state_dir_path(config: &ServiceConfig, default: impl FnOnce() -> PathBuf) -> Option<PathBuf> {
+    match &config.state_dir {
+        None => Some(default()),
+        Some(StateDir::Off) => None,
+        Some(StateDir::Path(p)) => Some(p.clone()),
+    }
+}
+
+/// Opens the state dir, if there is one: another plegd on it stops this one (exit
+/// 1); a dir that cannot be used, or state that cannot be gone on from, is said once
+/// and plegd starts fresh.
+fn open_state(dir: Option<&Path>, config: &ServiceConfig) -> Result<Option<Opened>, ExitError> {
+    let Some(dir) = dir else {
+        tracing::info!("no state dir (--state-dir off): plegd starts as a new instance; clients resuming from an earlier one re-list");
+        return Ok(None);
+    };
+    let opened = match plegd_actors::state::open(
+        dir,
+        config.pleg.history_events,
+        config.pleg.tombstone_ttl,
+    ) {
+        Ok(o) => o,
+        Err(e @ OpenError::Locked { .. }) => {
+            return Err(ExitError::Runtime(anyhow::Error::new(e)));
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "plegd runs without a state dir: it starts as a new instance, and clients re-list after each restart");
+            return Ok(None);
+        }
+    };
+    if let Some(why) = &opened.discarded {
+        tracing::warn!(dir = %dir.display(), reason = %why, "the stored state is set aside (state.discarded): plegd starts fresh as a new instance; clients re-list");
+    }
+    match &opened.loaded {
+        Some(l) => tracing::info!(
+            dir = %dir.display(),
+            instance = l.instance_id(),
+            revision = l.revision(),
+            pods = l.pods(),
+            clean_stop = l.clean(),
+            "going on from the state dir as the same instance"
+        ),
+        None if opened.discarded.is_none() => {
+            tracing::info!(dir = %dir.display(), "a new state dir: plegd starts as a new instance");
+        }
+        None => {}
+    }
+    Ok(Some(opened))
 }
 
 /// Where to serve the subscriber API: `--api-socket`, or the command's default; None
@@ -196,14 +271,15 @@ pub async fn serve(
     config: &ServiceConfig,
     signals: &mut Signals,
     default_format: Format,
-    api_socket: Option<PathBuf>,
+    places: Places,
     until: impl Future<Output = ()>,
 ) -> Result<(), ExitError> {
-    let sockets = bind_sockets(config, api_socket.as_deref())?;
+    let state = open_state(places.state_dir.as_deref(), config)?;
+    let sockets = bind_sockets(config, places.api_socket.as_deref())?;
     let metrics = Arc::new(Metrics::new());
     let output = EventOutput::choose(config, default_format)?;
     let traces = start_traces(config)?;
-    let pleg = Pleg::start(runtime.clone(), &config.pleg, metrics.clone());
+    let pleg = Pleg::start_with_state(runtime.clone(), &config.pleg, metrics.clone(), state);
     let sub = pleg
         .subscribe("output", OUTPUT_QUEUE)
         .await
@@ -377,7 +453,7 @@ async fn start_http(
     let server = MetricsServer::bind(
         addr,
         metrics.clone(),
-        Arc::new(HealthAdapter(pleg.health().clone())),
+        Arc::new(HealthAdapter(pleg.health().clone(), pleg.state().cloned())),
     )
     .await
     .map_err(|error| ConfigError::MetricsAddr { addr, error })?;
@@ -456,6 +532,10 @@ impl Running {
             tracing::warn!(
                 "the relist in progress did not finish in time; its events are not published"
             );
+        }
+        // The stop is recorded only once the last relist is stored.
+        if pleg.state().is_some() && !pleg.close_state().await {
+            tracing::warn!("the state dir's clean stop could not be recorded: the next start goes on from it only after a crash-consistent check (or fresh after a reboot)");
         }
         // Closing the publisher drops every subscriber's sender: the output thread then
         // drains what is queued and exits.

@@ -15,7 +15,7 @@ use plegd_telemetry::traces::Identity;
 
 use crate::config::Settings;
 use crate::exit::ConfigError;
-use crate::values::{ApiSocket, MetricsAddr, SocketMode};
+use crate::values::{ApiSocket, MetricsAddr, SocketMode, StateDir};
 
 /// What the service runs with, whichever the runtime.
 #[derive(Clone, Debug)]
@@ -45,6 +45,8 @@ pub struct ServiceConfig {
     pub api_control_socket_group: Option<String>,
     /// `--watch-queue`: each Watch stream's queue.
     pub watch_queue: usize,
+    /// `--state-dir`: unset for the command's default.
+    pub state_dir: Option<StateDir>,
 }
 
 /// The host name, as the kernel has it.
@@ -170,6 +172,7 @@ impl Settings {
             api_control_socket_mode: self.api_control_socket_mode,
             api_control_socket_group: self.api_control_socket_group.clone(),
             watch_queue: self.watch_queue.get(),
+            state_dir: self.state_dir.clone(),
             identity: {
                 let host_name = host_name();
                 let node_name = match (&self.node_name, &host_name) {

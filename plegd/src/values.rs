@@ -236,6 +236,37 @@ impl fmt::Display for ApiSocket {
     }
 }
 
+/// Where plegd keeps its state: an absolute directory, or `off`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum StateDir {
+    Off,
+    Path(std::path::PathBuf),
+}
+
+impl FromStr for StateDir {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(StateDir::Off);
+        }
+        let path = std::path::Path::new(s);
+        if !path.is_absolute() || path.file_name().is_none() {
+            return Err("expected an absolute directory such as /var/lib/plegd, or 'off'".into());
+        }
+        Ok(StateDir::Path(path.to_owned()))
+    }
+}
+
+impl fmt::Display for StateDir {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateDir::Off => f.write_str("off"),
+            StateDir::Path(p) => p.display().fmt(f),
+        }
+    }
+}
+
 /// A socket file's mode in octal (`0660`, `660`): at most 0777, never writable by
 /// others (anyone on the host could then call it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -370,6 +401,7 @@ text_conversions!(
     MetricsAddr,
     OtlpEndpoint,
     ApiSocket,
+    StateDir,
     HintSources,
     TrimPeriod,
     SocketMode
@@ -477,6 +509,12 @@ mod tests {
         }
         for bad in ["plegd.sock", "", "/"] {
             assert!(bad.parse::<ApiSocket>().is_err(), "{bad:?}");
+        }
+        for s in ["off", "/var/lib/plegd"] {
+            assert_eq!(s.parse::<StateDir>().unwrap().to_string(), s);
+        }
+        for bad in ["var/lib/plegd", "", "/", "./state"] {
+            assert!(bad.parse::<StateDir>().is_err(), "{bad:?}");
         }
     }
 

@@ -39,6 +39,10 @@ use crate::Metrics;
 pub trait HealthSource: Send + Sync + 'static {
     fn live(&self) -> Result<(), String>;
     fn ready(&self) -> bool;
+    /// Lines `/readyz` adds after the hint sources (facts that never affect it).
+    fn details(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What one client may hold of the endpoint. See [`Limits::default`] for the values
@@ -109,7 +113,11 @@ async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
 /// Readiness, then the relist hint sources' states (which never affect it: polling
 /// alone is correct).
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    let sources = format!("hint sources: {}\n", s.metrics.hint_source_summary());
+    let mut sources = format!("hint sources: {}\n", s.metrics.hint_source_summary());
+    for line in s.health.details() {
+        sources.push_str(&line);
+        sources.push('\n');
+    }
     if s.health.ready() {
         (StatusCode::OK, format!("ready\n{sources}"))
     } else {
