@@ -4,6 +4,7 @@
 mod cli;
 mod client;
 mod config;
+mod cursor;
 mod demo;
 mod exit;
 mod malloc;

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use plegd_actors::{Delivery, Subscription};
+
+use crate::cursor::Cursor;
 use serde::Serialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +26,10 @@ pub enum Format {
 #[derive(Serialize)]
 struct JsonEvent<'a> {
     time: String,
+    /// The plegd instance the revision is of (the event writer's lines; a Watch's
+    /// come after a Hello that names it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instance: Option<&'a str>,
     revision: u64,
     pod_uid: &'a str,
     pod_name: &'a str,
@@ -72,19 +78,26 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-pub fn format_line(d: &Delivery, format: Format) -> String {
-    format_event(d, format, false)
+pub fn format_line(d: &Delivery, format: Format, instance: Option<&str>) -> String {
+    format_event(d, format, false, instance)
 }
 
 /// One event's line; `snapshot` for a synthetic event of the initial state (what
-/// `plegd watch --initial-events` prints first).
-pub fn format_event(d: &Delivery, format: Format, snapshot: bool) -> String {
+/// `plegd watch --initial-events` prints first); `instance`: the plegd instance, in
+/// JSON.
+pub fn format_event(
+    d: &Delivery,
+    format: Format,
+    snapshot: bool,
+    instance: Option<&str>,
+) -> String {
     let e = &d.event;
     let time = rfc3339(e.time);
     let exit = e.exit.as_ref();
     match format {
         Format::Json => serde_json::to_string(&JsonEvent {
             time,
+            instance,
             revision: e.revision,
             pod_uid: &e.pod.uid,
             pod_name: &e.pod.name,
@@ -181,17 +194,26 @@ pub fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
 
 /// Writes every delivery of `sub` to `target` until the publisher goes away, or until
 /// a write fails: then `failed` is told (and the error is the thread's result).
+/// The writer's thread; `instance` goes on each JSON line; `cursor`, when there is
+/// a state dir, is saved as lines are written (see `cursor`).
 pub fn spawn_writer(
     sub: Subscription,
     target: Target,
     format: Format,
+    instance: String,
+    cursor: Option<Cursor>,
     failed: tokio::sync::oneshot::Sender<()>,
 ) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
     let out = target.open()?;
     std::thread::Builder::new()
         .name("event-output".into())
         .spawn(move || {
-            let result = write_all(&sub, out, &target, format);
+            let lines = Lines {
+                target: &target,
+                format,
+                instance: &instance,
+            };
+            let result = write_all(&sub, out, &lines, cursor);
             if result.is_err() {
                 let _ = failed.send(());
             }
@@ -199,25 +221,46 @@ pub fn spawn_writer(
         })
 }
 
+/// Where and how the writer writes.
+struct Lines<'a> {
+    target: &'a Target,
+    format: Format,
+    instance: &'a str,
+}
+
 fn write_all(
     sub: &Subscription,
     out: Box<dyn Write + Send>,
-    target: &Target,
-    format: Format,
+    lines: &Lines<'_>,
+    mut cursor: Option<Cursor>,
 ) -> std::io::Result<()> {
     let mut out_buf = BufWriter::new(out);
+    let mut written = 0;
     while let Ok(d) = sub.recv() {
-        if target.reopen_asked() {
+        if lines.target.reopen_asked() {
             out_buf.flush()?;
-            out_buf = BufWriter::new(target.open()?);
+            out_buf = BufWriter::new(lines.target.open()?);
         }
-        writeln!(out_buf, "{}", format_line(&d, format))?;
-        // Flush when the queue is momentarily empty, so lines appear promptly.
+        writeln!(
+            out_buf,
+            "{}",
+            format_line(&d, lines.format, Some(lines.instance))
+        )?;
+        written = d.event.revision;
+        // Flush when the queue is momentarily empty, so lines appear promptly; the
+        // cursor only ever says what was flushed.
         if sub.is_empty() {
             out_buf.flush()?;
+            if let Some(c) = &mut cursor {
+                c.save(written, false);
+            }
         }
     }
-    out_buf.flush()
+    out_buf.flush()?;
+    if let Some(c) = &mut cursor {
+        c.save(written, true);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -257,7 +300,8 @@ mod tests {
                 }),
             }),
         };
-        let v: serde_json::Value = serde_json::from_str(&format_line(&d, Format::Json)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&format_line(&d, Format::Json, Some("i"))).unwrap();
         assert_eq!(v["time"], "2023-11-14T22:13:20.123456789Z");
         assert_eq!(v["pod_uid"], "u1");
         assert_eq!(v["pod_name"], "web");
@@ -277,7 +321,7 @@ mod tests {
         assert!(v.get("message").is_none(), "not reported, not invented");
         assert_eq!(v["started_at"], "2023-11-14T22:13:10.000000000Z");
         assert_eq!(v["finished_at"], "2023-11-14T22:13:20.000000000Z");
-        let text = format_line(&d, Format::Text);
+        let text = format_line(&d, Format::Text, Some("i"));
         assert!(
             text.contains("ContainerDied") && text.contains("ns/web") && text.contains("missed 2")
         );

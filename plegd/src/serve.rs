@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use std::path::{Path, PathBuf};
 
 use plegd_actors::state::{OpenError, Opened, StateStore};
-use plegd_actors::{Health, HintSourceName, Pleg};
+use plegd_actors::{Health, HintSourceName, Pleg, SubscribeError, Subscription};
 use plegd_api::{ApiConfig, ApiServer, BoundSocket, SocketError, DEFAULT_MAX_CONNECTIONS};
 use plegd_otlp_events::{EventLogConfig, EventLogExport};
 use plegd_runtime::{CriRuntime, RuntimeClient, RuntimeError, RuntimeVersion};
@@ -18,6 +18,7 @@ use plegd_telemetry::http::{HealthSource, MetricsServer};
 use plegd_telemetry::traces::{sdk_disabled, TraceExport};
 use plegd_telemetry::Metrics;
 
+use crate::cursor::Cursor;
 use crate::exit::{ConfigError, ExitError};
 use crate::output::{open_append, spawn_writer, Format, Target};
 use crate::service_config::ServiceConfig;
@@ -95,7 +96,10 @@ pub struct Places {
 }
 
 /// Where to keep the state: `--state-dir`, or the command's default; None when off.
-pub fn state_dir_path(config: &ServiceConfig, default: impl FnOnce() -> PathBuf) -> Option<PathBuf> {
+pub fn state_dir_path(
+    config: &ServiceConfig,
+    default: impl FnOnce() -> PathBuf,
+) -> Option<PathBuf> {
     match &config.state_dir {
         None => Some(default()),
         Some(StateDir::Off) => None,
@@ -280,14 +284,23 @@ pub async fn serve(
     let output = EventOutput::choose(config, default_format)?;
     let traces = start_traces(config)?;
     let pleg = Pleg::start_with_state(runtime.clone(), &config.pleg, metrics.clone(), state);
-    let sub = pleg
-        .subscribe("output", OUTPUT_QUEUE)
-        .await
-        .map_err(ExitError::runtime("event publisher did not start"))?;
+    let cursor = places
+        .state_dir
+        .as_deref()
+        .filter(|_| pleg.state().is_some())
+        .map(|dir| Cursor::new(dir, "output", pleg.instance_id()));
+    let sub = subscribe_after_cursor(&pleg, "output", cursor.as_ref()).await?;
     let event_logs = start_event_logs(config, &pleg, runtime.as_ref(), &metrics).await?;
     let (output_failed_tx, output_failed) = tokio::sync::oneshot::channel();
-    let writer = spawn_writer(sub, output.target, output.format, output_failed_tx)
-        .map_err(ExitError::runtime("cannot start the output thread"))?;
+    let writer = spawn_writer(
+        sub,
+        output.target,
+        output.format,
+        pleg.instance_id().to_string(),
+        cursor,
+        output_failed_tx,
+    )
+    .map_err(ExitError::runtime("cannot start the output thread"))?;
     let api = start_api(config, &pleg, sockets)?;
     let http = start_http(config, &metrics, &pleg).await?;
 
@@ -302,6 +315,39 @@ pub async fn serve(
         writer,
     };
     running.shutdown(config.runtime_request_timeout).await
+}
+
+/// An output's subscription: after its cursor (a restart on the same state: what it
+/// had not written yet, from the stored history), else from now.
+async fn subscribe_after_cursor(
+    pleg: &Pleg,
+    name: &str,
+    cursor: Option<&Cursor>,
+) -> Result<Subscription, ExitError> {
+    let closed = || ExitError::Runtime(anyhow::anyhow!("event publisher did not start"));
+    let after = cursor.and_then(Cursor::load);
+    match pleg.subscribe_after(name, OUTPUT_QUEUE, after).await {
+        Ok(sub) => Ok(sub),
+        Err(SubscribeError::TooOld {
+            after,
+            oldest_available,
+        }) => {
+            tracing::warn!(
+                output = name,
+                after,
+                oldest_available,
+                "the output's cursor is older than the stored history: events between them are not written"
+            );
+            pleg.subscribe_after(name, OUTPUT_QUEUE, Some(oldest_available - 1))
+                .await
+                .map_err(|_| closed())
+        }
+        Err(SubscribeError::Future { .. }) => pleg
+            .subscribe_after(name, OUTPUT_QUEUE, None)
+            .await
+            .map_err(|_| closed()),
+        Err(SubscribeError::Closed) => Err(closed()),
+    }
 }
 
 /// The API socket and the control socket, bound before anything starts (so that a

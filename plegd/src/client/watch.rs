@@ -220,7 +220,7 @@ fn show(msg: v1::WatchResponse, format: Format) -> Result<(), ExitError> {
                 missed: r.missed,
                 event: Arc::new(r.event),
             };
-            print_line(&format_event(&d, format, r.snapshot))
+            print_line(&format_event(&d, format, r.snapshot, None))
         }
         // Only the initial-events one is asked for; others would be resume points.
         Some(Kind::Bookmark(b)) => match format {

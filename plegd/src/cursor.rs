@@ -1,0 +1,76 @@
+//! An output's cursor in the state dir: the instance and the last revision the output
+//! wrote. stdout cannot resume like an API client, so after a restart the event
+//! writer goes on after its cursor from the stored history: at least once (what it
+//! wrote after the last save is written again), each line identifiable by its
+//! instance and revision.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How often the cursor is saved while events are written (and once at the end).
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+
+pub struct Cursor {
+    path: PathBuf,
+    instance: String,
+    /// The last revision saved, and when.
+    saved: u64,
+    at: Instant,
+}
+
+impl Cursor {
+    /// The cursor `name` in `dir` for `instance`.
+    pub fn new(dir: &Path, name: &str, instance: &str) -> Cursor {
+        Cursor {
+            path: dir.join(format!("{name}.cursor")),
+            instance: instance.to_string(),
+            saved: 0,
+            at: Instant::now(),
+        }
+    }
+
+    /// The revision to go on after: the saved one, if it is this instance's.
+    pub fn load(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        let (instance, revision) = text.trim().split_once(' ')?;
+        (instance == self.instance).then(|| revision.parse().ok())?
+    }
+
+    /// Saves `revision` (written to a new file, then renamed: a killed process
+    /// leaves the old cursor or the new one) if a save is due or `now`.
+    pub fn save(&mut self, revision: u64, now: bool) {
+        if revision == self.saved || (!now && self.at.elapsed() < SAVE_EVERY) {
+            return;
+        }
+        let tmp = self.path.with_extension("cursor.new");
+        let written = std::fs::write(&tmp, format!("{} {revision}\n", self.instance))
+            .and_then(|()| std::fs::rename(&tmp, &self.path));
+        match written {
+            Ok(()) => {
+                self.saved = revision;
+                self.at = Instant::now();
+            }
+            // Not fatal: a restart writes again from an older cursor (at least once).
+            Err(e) => {
+                tracing::debug!(error = %e, path = %self.path.display(), "cannot save the output's cursor")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_is_read_back_only_by_its_instance() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Cursor::new(dir.path(), "output", "abc");
+        assert_eq!(c.load(), None);
+        c.save(42, true);
+        assert_eq!(c.load(), Some(42));
+        assert_eq!(Cursor::new(dir.path(), "output", "other").load(), None);
+        std::fs::write(dir.path().join("output.cursor"), "abc x\n").unwrap();
+        assert_eq!(c.load(), None, "a damaged cursor is none");
+    }
+}
