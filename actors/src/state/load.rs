@@ -246,3 +246,212 @@ impl Rebuild {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use plegd_runtime::PodRef;
+
+    use super::*;
+    use crate::cache::{CacheImage, PodLookup};
+    use crate::event::{EventKind, RelistSource};
+    use crate::pleg::PodStatus;
+    use crate::state::codec::{CommitRef, FORMAT};
+    use crate::state::snapshot::Snapshot;
+
+    const TTL: Duration = Duration::from_secs(300);
+
+    fn header(boot: &str) -> Header {
+        Header {
+            format: FORMAT,
+            instance_id: "abc".into(),
+            boot_id: boot.into(),
+        }
+    }
+
+    fn empty_snapshot(boot: &str) -> Vec<u8> {
+        Snapshot {
+            header: &header(boot),
+            records: &HashMap::new(),
+            cache: &CacheImage {
+                revision: 0,
+                global: None,
+                pods: Vec::new(),
+                tombstones: Vec::new(),
+            },
+            history: Vec::new(),
+        }
+        .bytes()
+    }
+
+    fn pod(uid: &str) -> PodRef {
+        PodRef {
+            uid: uid.into(),
+            name: "n".into(),
+            namespace: "ns".into(),
+        }
+    }
+
+    fn event(revision: u64, uid: &str) -> LifecycleEvent {
+        LifecycleEvent {
+            revision,
+            time: SystemTime::now(),
+            pod: pod(uid),
+            kind: EventKind::ContainerStarted,
+            container_id: format!("c-{uid}"),
+            relist_source: RelistSource::Global,
+            container_name: "app".into(),
+            sandbox: false,
+            attempt: None,
+            image: None,
+            exit: None,
+        }
+    }
+
+    /// A commit of `updates` with one event per revision up to `revision`.
+    fn commit(out: &mut Vec<u8>, from: u64, revision: u64, updates: &[CacheUpdate]) {
+        let events: Vec<_> = (from..=revision)
+            .map(|r| event(r, &format!("u{r}")))
+            .collect();
+        let body = codec::commit(
+            &CommitRef {
+                revision,
+                global: None,
+                more: false,
+                held: &[],
+                updates,
+                events: &events,
+                records: &[],
+            },
+            &mut Vec::new(),
+        );
+        frame::put(out, codec::COMMIT, &body);
+    }
+
+    fn stop(out: &mut Vec<u8>, revision: u64) {
+        frame::put(out, codec::STOP, &codec::stop(revision));
+    }
+
+    fn three_commits(boot: &str) -> Vec<u8> {
+        let mut f = empty_snapshot(boot);
+        commit(&mut f, 1, 2, &[]);
+        commit(&mut f, 3, 3, &[]);
+        commit(&mut f, 4, 5, &[]);
+        f
+    }
+
+    #[test]
+    fn after_a_crash_in_this_boot_plegd_goes_on_from_every_commit() {
+        let loaded = load(&three_commits("b1"), "b1", 100, TTL).unwrap();
+        assert!(!loaded.clean);
+        assert_eq!(loaded.revision, 5);
+        let history: Vec<u64> = loaded.history.iter().map(|e| e.revision).collect();
+        assert_eq!(history, [1, 2, 3, 4, 5]);
+        assert_eq!(loaded.instance_id, "abc");
+    }
+
+    #[test]
+    fn a_commit_cut_short_is_dropped_whole() {
+        let full = three_commits("b1");
+        let mut two = empty_snapshot("b1");
+        commit(&mut two, 1, 2, &[]);
+        commit(&mut two, 3, 3, &[]);
+        for cut in two.len() + 1..full.len() {
+            let loaded = load(&full[..cut], "b1", 100, TTL).unwrap();
+            assert_eq!(loaded.revision, 3, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn an_unclean_stop_in_an_earlier_boot_starts_fresh_and_a_clean_one_goes_on() {
+        let why = load(&three_commits("b1"), "b2", 100, TTL).unwrap_err();
+        assert!(
+            why.contains("did not stop cleanly before the machine restarted"),
+            "{why}"
+        );
+        let mut clean = three_commits("b1");
+        stop(&mut clean, 5);
+        let loaded = load(&clean, "b2", 100, TTL).unwrap();
+        assert!(loaded.clean);
+        assert_eq!(loaded.revision, 5);
+    }
+
+    #[test]
+    fn a_stop_that_disagrees_with_the_commits_or_records_after_it_are_damage() {
+        let mut wrong = three_commits("b1");
+        stop(&mut wrong, 4);
+        assert!(load(&wrong, "b1", 100, TTL)
+            .unwrap_err()
+            .contains("clean stop says"));
+        let mut after = three_commits("b1");
+        stop(&mut after, 5);
+        commit(&mut after, 6, 6, &[]);
+        assert!(load(&after, "b1", 100, TTL)
+            .unwrap_err()
+            .contains("after a clean stop"));
+    }
+
+    #[test]
+    fn a_damaged_record_or_no_header_is_refused_with_where() {
+        let mut bytes = three_commits("b1");
+        let last = bytes.len() - 3;
+        bytes[last] ^= 1;
+        assert!(load(&bytes, "b1", 100, TTL)
+            .unwrap_err()
+            .contains("damaged at byte"));
+        assert!(load(b"", "b1", 100, TTL).unwrap_err().contains("empty"));
+        let mut no_header = Vec::new();
+        commit(&mut no_header, 1, 1, &[]);
+        assert!(load(&no_header, "b1", 100, TTL)
+            .unwrap_err()
+            .contains("no header"));
+    }
+
+    #[test]
+    fn the_history_keeps_its_size() {
+        let loaded = load(&three_commits("b1"), "b1", 2, TTL).unwrap();
+        let history: Vec<u64> = loaded.history.iter().map(|e| e.revision).collect();
+        assert_eq!(history, [4, 5]);
+    }
+
+    #[actix_rt::test]
+    async fn a_tombstone_lives_out_its_ttl_from_when_the_pod_went_whatever_the_downtime() {
+        let now = SystemTime::now();
+        let set = |uid: &str| CacheUpdate::Set {
+            uid: uid.into(),
+            status: Ok(PodStatus {
+                pod: pod(uid),
+                sandboxes: Vec::new(),
+                containers: Vec::new(),
+            }),
+            read_at: now - TTL * 2,
+            source: RelistSource::Global,
+        };
+        let delete = |uid: &str, ago: Duration| CacheUpdate::Delete {
+            uid: uid.into(),
+            read_at: now - ago,
+            source: RelistSource::Global,
+        };
+        let mut f = empty_snapshot("b1");
+        commit(&mut f, 1, 2, &[set("old"), set("recent")]);
+        commit(
+            &mut f,
+            3,
+            3,
+            &[
+                delete("old", TTL + Duration::from_secs(1)),
+                delete("recent", Duration::from_secs(10)),
+            ],
+        );
+        let loaded = load(&f, "b1", 100, TTL).unwrap();
+        let cache = &loaded.cache.1;
+        assert!(matches!(cache.lookup("old"), PodLookup::Unknown));
+        match cache.lookup("recent") {
+            PodLookup::Removed { removed_at, .. } => {
+                assert_eq!(removed_at, now - Duration::from_secs(10));
+            }
+            other => panic!("recent: {other:?}"),
+        }
+    }
+}
