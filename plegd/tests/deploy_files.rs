@@ -823,6 +823,27 @@ fn the_daemonset_runs_plegd_with_its_probes_port_and_socket_wired() {
         mount["mountPath"].as_str(),
         "the socket's hostPath must be mounted at the same path, or the endpoint differs on the node"
     );
+
+    // The state dir outlives the pod (a rollout goes on where the last pod stopped):
+    // a writable hostPath, never the read-only root or an emptyDir.
+    let state = effective.get("state-dir");
+    let mount = c["volumeMounts"]
+        .as_vec()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mountPath"].as_str().is_some_and(|p| under(&state, p)))
+        .unwrap_or_else(|| panic!("no volumeMount holds the state dir {state}"));
+    assert_ne!(mount["readOnly"].as_bool(), Some(true), "the state dir must be writable");
+    let volume = pod["spec"]["volumes"]
+        .as_vec()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("volumeMount {:?} has no volume", mount["name"]));
+    assert!(
+        volume["hostPath"]["path"].as_str().is_some(),
+        "the state dir must be a hostPath, or it goes with the pod: {volume:?}"
+    );
 }
 
 // ---------------------------------------------------------------- deploy/plegd.service
@@ -858,11 +879,22 @@ fn the_systemd_unit_runs_plegd_with_arguments_it_accepts() {
         Some("/usr/local/bin/plegd"),
         "ExecStart runs plegd where docs/deploy.md installs it"
     );
-    Launch {
+    let effective = Launch {
         file: "deploy/plegd.service",
         args: words.collect(),
         env,
     }
-    .effective()
-    .socket();
+    .effective();
+    effective.socket();
+    // ProtectSystem=strict leaves only the unit's own directories writable: the state
+    // dir must be its StateDirectory (systemd makes it, 0700, kept across restarts).
+    let state_directory = unit
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("StateDirectory="))
+        .expect("deploy/plegd.service has a StateDirectory=");
+    assert_eq!(
+        effective.get("state-dir"),
+        format!("/var/lib/{state_directory}"),
+        "--state-dir must be the unit's StateDirectory"
+    );
 }
