@@ -42,6 +42,8 @@ pub struct EventLogConfig {
     pub identity: Identity,
     /// `container.runtime.name` (CRI Version's runtime_name), if known.
     pub runtime_name: Option<String>,
+    /// plegd's instance id, on each record (`plegd.instance_id`).
+    pub instance_id: Option<String>,
     /// Records waiting for export at most; beyond, new ones are dropped.
     pub queue: usize,
     /// Records per export request at most.
@@ -60,6 +62,7 @@ impl EventLogConfig {
             endpoint: endpoint.to_string(),
             identity,
             runtime_name,
+            instance_id: None,
             queue: 8192,
             batch: 512,
             timeout: Duration::from_secs(3),
@@ -82,6 +85,10 @@ pub struct EventLogExport {
     thread: std::thread::JoinHandle<()>,
 }
 
+/// Told the revision up to which every record is settled (exported or dropped),
+/// as records settle, and once more (`true`) at the end: where a restart goes on.
+pub type Progress = Box<dyn FnMut(u64, bool) + Send>;
+
 impl EventLogExport {
     /// Starts exporting every delivery of `sub` (a subscription of its own).
     pub fn start(
@@ -89,12 +96,24 @@ impl EventLogExport {
         config: EventLogConfig,
         metrics: Arc<Metrics>,
     ) -> Result<EventLogExport, EventLogError> {
+        Self::start_with_progress(sub, config, metrics, Box::new(|_, _| {}))
+    }
+
+    /// [`Self::start`], telling `progress` how far the export has settled.
+    pub fn start_with_progress(
+        sub: Subscription,
+        config: EventLogConfig,
+        metrics: Arc<Metrics>,
+        progress: Progress,
+    ) -> Result<EventLogExport, EventLogError> {
         let ((), thread) = runtime_thread::spawn::<_, EventLogError, _>(
             "otlp-events",
             Workers::One("otlp-events-io"),
             move |rt: &Runtime| {
                 let started = Started::new(rt, &config, metrics)?;
-                Ok(((), move |rt: Runtime| started.run(rt, &sub, &config)))
+                Ok(((), move |rt: Runtime| {
+                    started.run(rt, &sub, &config, progress)
+                }))
             },
         )?;
         Ok(EventLogExport { thread })
@@ -154,6 +173,7 @@ impl Started {
             logger: provider.logger_with_scope(scope.clone()),
             node_name: config.identity.node_name.clone(),
             runtime_name: config.runtime_name.clone(),
+            instance_id: config.instance_id.clone(),
         };
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let drops = Arc::new(Drops::new(metrics.clone()));
@@ -181,8 +201,9 @@ impl Started {
     }
 
     /// Forwards every delivery until the publisher closes, then drains and counts.
-    fn run(self, rt: Runtime, sub: &Subscription, config: &EventLogConfig) {
+    fn run(self, rt: Runtime, sub: &Subscription, config: &EventLogConfig, mut progress: Progress) {
         let mut accepted: u64 = 0;
+        let mut settling = Settling::default();
         while let Ok(d) = sub.recv() {
             // The subscription's own queue overflowed just before this one.
             self.drops
@@ -191,12 +212,18 @@ impl Started {
             // on anything but its subscription.
             let record = self.maker.make(&d, SystemTime::now());
             match self.tx.try_send(record) {
-                Ok(()) => accepted += 1,
+                Ok(()) => {
+                    accepted += 1;
+                    settling.accepted(d.event.revision);
+                }
                 Err(TrySendError::Full(_)) => self.drops.count(
                     1,
                     "the export queue is full (the collector is slow, stalled or down)",
                 ),
                 Err(TrySendError::Closed(_)) => self.drops.count(1, "the export task ended"),
+            }
+            if let Some(r) = settling.settled(self.settled.load(Ordering::SeqCst)) {
+                progress(r, false);
             }
         }
         let Started {
@@ -219,8 +246,37 @@ impl Started {
         }
         let lost = accepted.saturating_sub(settled.load(Ordering::SeqCst));
         drops.count(lost, "still queued at shutdown");
+        // What was still queued is dropped (counted): settled too.
+        if let Some(r) = settling.settled(accepted) {
+            progress(r, true);
+        }
         drops.tell_rest();
         rt.shutdown_timeout(Duration::from_millis(100));
+    }
+}
+
+/// The revisions of the records accepted and not yet known settled, in order.
+#[derive(Default)]
+struct Settling {
+    revisions: std::collections::VecDeque<u64>,
+    /// Records accepted before `revisions[0]`.
+    passed: u64,
+}
+
+impl Settling {
+    fn accepted(&mut self, revision: u64) {
+        self.revisions.push_back(revision);
+    }
+
+    /// With `settled` records settled so far: the revision of the last one, if it
+    /// moved.
+    fn settled(&mut self, settled: u64) -> Option<u64> {
+        let mut last = None;
+        while self.passed < settled {
+            last = self.revisions.pop_front();
+            self.passed += 1;
+        }
+        last
     }
 }
 
@@ -291,6 +347,18 @@ fn instance_id() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_settled_revision_follows_the_records_settled_in_order() {
+        let mut s = super::Settling::default();
+        for r in [3, 4, 7, 9] {
+            s.accepted(r);
+        }
+        assert_eq!(s.settled(0), None);
+        assert_eq!(s.settled(2), Some(4));
+        assert_eq!(s.settled(2), None, "no move, nothing told");
+        assert_eq!(s.settled(4), Some(9));
+    }
+
     use super::*;
 
     #[test]

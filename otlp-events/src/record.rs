@@ -54,6 +54,9 @@ pub struct RecordMaker {
     pub logger: SdkLogger,
     pub node_name: String,
     pub runtime_name: Option<String>,
+    /// plegd's instance (`plegd.instance_id`): with `plegd.revision`, what tells a
+    /// record from another across restarts.
+    pub instance_id: Option<String>,
 }
 
 impl RecordMaker {
@@ -109,6 +112,9 @@ impl RecordMaker {
             i64::try_from(e.revision).unwrap_or(i64::MAX),
         );
         r.add_attribute("plegd.sandbox", e.sandbox);
+        if let Some(instance) = &self.instance_id {
+            r.add_attribute("plegd.instance_id", instance.clone());
+        }
         r
     }
 }
@@ -205,6 +211,7 @@ mod tests {
     fn a_death_carries_every_attribute() {
         let provider = SdkLoggerProvider::builder().build();
         let maker = RecordMaker {
+            instance_id: Some("abc".into()),
             logger: provider.logger("t"),
             node_name: "node-1".into(),
             runtime_name: Some("containerd".into()),
@@ -243,6 +250,7 @@ mod tests {
             ("plegd.relist_source", s("evented_pleg")),
             ("plegd.revision", AnyValue::Int(42)),
             ("plegd.sandbox", AnyValue::Boolean(false)),
+            ("plegd.instance_id", s("abc")),
         ] {
             assert_eq!(attrs.get(k), Some(&v), "{k}");
         }

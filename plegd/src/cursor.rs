@@ -36,6 +36,11 @@ impl Cursor {
         (instance == self.instance).then(|| revision.parse().ok())?
     }
 
+    /// A save is due (the last one is [`SAVE_EVERY`] old).
+    pub fn due(&self) -> bool {
+        self.at.elapsed() >= SAVE_EVERY
+    }
+
     /// Saves `revision` (written to a new file, then renamed: a killed process
     /// leaves the old cursor or the new one) if a save is due or `now`.
     pub fn save(&mut self, revision: u64, now: bool) {

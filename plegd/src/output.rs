@@ -247,9 +247,10 @@ fn write_all(
             format_line(&d, lines.format, Some(lines.instance))
         )?;
         written = d.event.revision;
-        // Flush when the queue is momentarily empty, so lines appear promptly; the
-        // cursor only ever says what was flushed.
-        if sub.is_empty() {
+        // Flush when the queue is momentarily empty, so lines appear promptly, and
+        // before each save of the cursor, which only ever says what was flushed.
+        let save = cursor.as_ref().is_some_and(Cursor::due);
+        if sub.is_empty() || save {
             out_buf.flush()?;
             if let Some(c) = &mut cursor {
                 c.save(written, false);

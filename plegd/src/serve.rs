@@ -279,6 +279,9 @@ pub async fn serve(
     until: impl Future<Output = ()>,
 ) -> Result<(), ExitError> {
     let state = open_state(places.state_dir.as_deref(), config)?;
+    // Going on as an earlier instance: an output with no cursor of it wrote nothing
+    // known, and replays the whole stored history.
+    let resumed = state.as_ref().is_some_and(|o| o.loaded.is_some());
     let sockets = bind_sockets(config, places.api_socket.as_deref())?;
     let metrics = Arc::new(Metrics::new());
     let output = EventOutput::choose(config, default_format)?;
@@ -289,8 +292,21 @@ pub async fn serve(
         .as_deref()
         .filter(|_| pleg.state().is_some())
         .map(|dir| Cursor::new(dir, "output", pleg.instance_id()));
-    let sub = subscribe_after_cursor(&pleg, "output", cursor.as_ref()).await?;
-    let event_logs = start_event_logs(config, &pleg, runtime.as_ref(), &metrics).await?;
+    let sub =
+        subscribe_after_cursor(&pleg, "output", OUTPUT_QUEUE, cursor.as_ref(), resumed).await?;
+    let state_dir = places
+        .state_dir
+        .as_deref()
+        .filter(|_| pleg.state().is_some());
+    let event_logs = start_event_logs(
+        config,
+        &pleg,
+        runtime.as_ref(),
+        &metrics,
+        state_dir,
+        resumed,
+    )
+    .await?;
     let (output_failed_tx, output_failed) = tokio::sync::oneshot::channel();
     let writer = spawn_writer(
         sub,
@@ -322,11 +338,15 @@ pub async fn serve(
 async fn subscribe_after_cursor(
     pleg: &Pleg,
     name: &str,
+    queue: usize,
     cursor: Option<&Cursor>,
+    resumed: bool,
 ) -> Result<Subscription, ExitError> {
     let closed = || ExitError::Runtime(anyhow::anyhow!("event publisher did not start"));
-    let after = cursor.and_then(Cursor::load);
-    match pleg.subscribe_after(name, OUTPUT_QUEUE, after).await {
+    let after = cursor
+        .and_then(Cursor::load)
+        .or((cursor.is_some() && resumed).then_some(0));
+    match pleg.subscribe_after(name, queue, after).await {
         Ok(sub) => Ok(sub),
         Err(SubscribeError::TooOld {
             after,
@@ -338,12 +358,12 @@ async fn subscribe_after_cursor(
                 oldest_available,
                 "the output's cursor is older than the stored history: events between them are not written"
             );
-            pleg.subscribe_after(name, OUTPUT_QUEUE, Some(oldest_available - 1))
+            pleg.subscribe_after(name, queue, Some(oldest_available - 1))
                 .await
                 .map_err(|_| closed())
         }
         Err(SubscribeError::Future { .. }) => pleg
-            .subscribe_after(name, OUTPUT_QUEUE, None)
+            .subscribe_after(name, queue, None)
             .await
             .map_err(|_| closed()),
         Err(SubscribeError::Closed) => Err(closed()),
@@ -426,13 +446,21 @@ async fn start_event_logs(
     pleg: &Pleg,
     runtime: &dyn RuntimeClient,
     metrics: &Arc<Metrics>,
+    state_dir: Option<&Path>,
+    resumed: bool,
 ) -> Result<Option<EventLogExport>, ExitError> {
     match &config.otlp_events {
         Some(ep) if !sdk_disabled() => {
-            let sub = pleg
-                .subscribe("otlp-events", OTLP_EVENTS_QUEUE)
-                .await
-                .map_err(ExitError::runtime("event publisher did not start"))?;
+            // Like the event writer: after a restart, on from what was settled.
+            let cursor = state_dir.map(|d| Cursor::new(d, "otlp-events", pleg.instance_id()));
+            let sub = subscribe_after_cursor(
+                pleg,
+                "otlp-events",
+                OTLP_EVENTS_QUEUE,
+                cursor.as_ref(),
+                resumed,
+            )
+            .await?;
             let runtime_name = match runtime.version().await {
                 Ok(v) => Some(v.runtime_name),
                 Err(e) => {
@@ -440,8 +468,15 @@ async fn start_event_logs(
                     None
                 }
             };
-            let cfg = EventLogConfig::new(ep, config.identity.clone(), runtime_name);
-            let export = EventLogExport::start(sub, cfg, metrics.clone())
+            let mut cfg = EventLogConfig::new(ep, config.identity.clone(), runtime_name);
+            cfg.instance_id = Some(pleg.instance_id().to_string());
+            let mut cursor = cursor;
+            let progress = Box::new(move |revision, now| {
+                if let Some(c) = &mut cursor {
+                    c.save(revision, now);
+                }
+            });
+            let export = EventLogExport::start_with_progress(sub, cfg, metrics.clone(), progress)
                 .map_err(|e| ConfigError::OtlpEvents(Box::new(e)))?;
             tracing::info!(endpoint = %ep, "exporting lifecycle events as OTLP log records");
             Ok(Some(export))

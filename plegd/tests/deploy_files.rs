@@ -833,7 +833,11 @@ fn the_daemonset_runs_plegd_with_its_probes_port_and_socket_wired() {
         .flatten()
         .find(|m| m["mountPath"].as_str().is_some_and(|p| under(&state, p)))
         .unwrap_or_else(|| panic!("no volumeMount holds the state dir {state}"));
-    assert_ne!(mount["readOnly"].as_bool(), Some(true), "the state dir must be writable");
+    assert_ne!(
+        mount["readOnly"].as_bool(),
+        Some(true),
+        "the state dir must be writable"
+    );
     let volume = pod["spec"]["volumes"]
         .as_vec()
         .into_iter()

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use integration_tests::otlp::{LogsReceiver, Value as Otlp};
 use integration_tests::process::{
     command, free_port, http_get, run_to_end, signal, wait_exit, wait_until, Reaped, TIMEOUT,
 };
@@ -186,8 +187,11 @@ fn a_watch_resumes_across_a_clean_and_a_killed_restart_with_the_downtime_in_betw
     let sb2 = node.sim.run_pod("u2", "db", "ns");
     let c2 = node.sim.run_container(&sb2, "app");
     let rt = rt();
+    let collector = LogsReceiver::default();
+    let endpoint = collector.start();
+    let otlp = ["--otlp-events", "--otlp-events-endpoint", &endpoint];
 
-    let first = node.start(1, &[]);
+    let first = node.start(1, &otlp);
     let (hello, mut stream) = rt.block_on(watch(&node.api(), Some(0), ""));
     let instance = hello.instance_id.clone();
     let seen = rt.block_on(events_until(&mut stream, "both containers", |e| {
@@ -215,7 +219,7 @@ fn a_watch_resumes_across_a_clean_and_a_killed_restart_with_the_downtime_in_betw
     let sb3 = node.sim.run_pod("u3", "cache", "ns");
     let c3 = node.sim.run_container(&sb3, "app");
 
-    let second = node.start(2, &[]);
+    let second = node.start(2, &otlp);
     let (hello, mut stream) = rt.block_on(watch(&node.api(), Some(r1), &instance));
     assert_eq!(
         hello.instance_id, instance,
@@ -258,7 +262,7 @@ fn a_watch_resumes_across_a_clean_and_a_killed_restart_with_the_downtime_in_betw
     let sb4 = node.sim.run_pod("u4", "queue", "ns");
     let c4 = node.sim.run_container(&sb4, "app");
 
-    let third = node.start(3, &[]);
+    let third = node.start(3, &otlp);
     let (hello, mut stream) = rt.block_on(watch(&node.api(), Some(r2), &instance));
     assert_eq!(
         hello.instance_id, instance,
@@ -323,6 +327,32 @@ fn a_watch_resumes_across_a_clean_and_a_killed_restart_with_the_downtime_in_betw
         revisions,
         (1..=last).collect::<Vec<_>>(),
         "stdout: every revision at least once"
+    );
+
+    // OTLP the same: at least once, by (plegd.instance_id, plegd.revision).
+    let mut records: BTreeMap<u64, String> = BTreeMap::new();
+    for log in collector.logs() {
+        assert_eq!(
+            log.attr("plegd.instance_id"),
+            Some(&Otlp::StringValue(instance.clone())),
+            "{log:?}"
+        );
+        let Some(Otlp::IntValue(revision)) = log.attr("plegd.revision") else {
+            panic!("no revision: {log:?}");
+        };
+        let body = format!("{:?}", log.record.body);
+        if let Some(before) = records.insert(*revision as u64, body.clone()) {
+            assert_eq!(
+                before, body,
+                "revision {revision} exported twice differently"
+            );
+        }
+    }
+    let exported: Vec<u64> = records.keys().copied().collect();
+    assert_eq!(
+        exported,
+        (1..=last).collect::<Vec<_>>(),
+        "OTLP: every revision at least once"
     );
 }
 
@@ -527,4 +557,67 @@ fn a_full_disk_keeps_plegd_serving_and_a_crash_then_costs_a_new_identity_never_a
         "stored again: the same instance"
     );
     stop(third);
+}
+
+/// The event writer's cursor is what it flushed: killed while its reader stalled (the
+/// pipe full, events still queued), the next start writes them from the stored
+/// history. Together the two outputs hold every revision.
+#[test]
+fn the_event_writer_goes_on_from_its_cursor_after_a_kill_while_its_reader_stalled() {
+    use std::io::Read as _;
+    let node = Node::new();
+    for i in 0..150 {
+        let sb = node
+            .sim
+            .run_pod(&format!("u{i}"), &format!("pod-{i}"), "ns");
+        node.sim.run_container(&sb, "app");
+    }
+    let port = free_port();
+    let mut first = command(env!("CARGO_BIN_EXE_plegd"))
+        .args(["run", "--runtime-endpoint", &node.server.endpoint()])
+        .arg("--state-dir")
+        .arg(&node.state)
+        .args(["--events-json", "-", "--hint-sources", "none"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Nobody reads: the pipe fills (64 KiB) long before the 300 events are written.
+    let mut pipe = first.stdout.take().unwrap();
+    wait_until("every event published (and so stored)", || {
+        metric(port, "kubelet_pleg_events_total{relist_source=\"global\"}") == Some(300.0)
+    });
+    signal(&first, "KILL");
+    let _ = wait_exit(&mut first);
+    let mut piped = String::new();
+    pipe.read_to_string(&mut piped).unwrap();
+    let second = node.start(2, &[]);
+    let rt = rt();
+    let (hello, _) = rt.block_on(watch(&node.api(), None, ""));
+    stop(second);
+    let written = std::fs::read_to_string(node.events()).unwrap();
+    let revision = |line: &str| -> u64 {
+        let v: Value = serde_json::from_str(line).unwrap();
+        v["revision"].as_u64().unwrap()
+    };
+    let before: std::collections::BTreeSet<u64> = piped
+        .lines()
+        .filter(|l| l.ends_with('}'))
+        .map(revision)
+        .collect();
+    let after: std::collections::BTreeSet<u64> = written.lines().map(revision).collect();
+    assert!(
+        before.len() < 300,
+        "the pipe stalled the writer: {}",
+        before.len()
+    );
+    assert!(!after.is_empty(), "the restart wrote what the kill left");
+    let all: Vec<u64> = before.union(&after).copied().collect();
+    assert_eq!(
+        all,
+        (1..=300).collect::<Vec<_>>(),
+        "every revision at least once"
+    );
+    assert!(written.lines().all(|l| l.contains(&hello.instance_id)));
 }
