@@ -141,7 +141,8 @@ struct Args {
     /// containerd answers there.
     #[arg(long, value_name = "ENDPOINT")]
     containerd: Option<String>,
-    /// More arguments for plegd (e.g. `--plegd-arg=--status-concurrency=16`).
+    /// More arguments for plegd (e.g. `--plegd-arg=--status-concurrency=16`;
+    /// `--plegd-arg=--state-dir=run` gives each plegd a state dir of its own, fresh).
     #[arg(long = "plegd-arg", allow_hyphen_values = true)]
     plegd_args: Vec<String>,
 }

@@ -177,9 +177,14 @@ impl Plegd {
             // own: never the default /run/plegd/plegd.sock, which another plegd may hold.
             .arg("--api-socket")
             .arg(&api_socket)
-            // No state dir unless `extra` gives one (never the node's /var/lib/plegd).
+            // No state dir unless `extra` gives one (never the node's /var/lib/plegd);
+            // `--state-dir=run` is this run's own (measured with a state dir: each plegd
+            // on a fresh one, as each runs against a new simulated node).
             .env("PLEGD_STATE_DIR", "off")
-            .args(extra)
+            .args(extra.iter().map(|a| match *a {
+                "--state-dir=run" => format!("--state-dir={}", dir.join("plegd-state").display()),
+                a => a.to_string(),
+            }))
             // Its log level: warn, or the environment's PLEGD_BENCH_LOG (a RUST_LOG
             // filter, e.g. `plegd_actors=debug` to follow each hint and relist).
             .env(
