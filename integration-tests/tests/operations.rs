@@ -247,7 +247,17 @@ async fn counters_move_as_the_troubleshooting_table_says() {
         pleg.metrics().relist_duration.get_sample_count() > relists_before
     })
     .await;
-    let storm = scrape(port).await;
+    // Every injected stop is read by the watcher (the deaths may all have been found
+    // before the stream was drained).
+    let stopped = "plegd_evented_stream_events_total{type=\"stopped\"}";
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let storm = loop {
+        let storm = scrape(port).await;
+        if val(&storm, stopped) >= 600.0 || std::time::Instant::now() > deadline {
+            break storm;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(
         val(
             &storm,
