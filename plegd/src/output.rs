@@ -26,8 +26,7 @@ pub enum Format {
 #[derive(Serialize)]
 struct JsonEvent<'a> {
     time: String,
-    /// The plegd instance the revision is of (the event writer's lines; a Watch's
-    /// come after a Hello that names it).
+    /// The plegd instance the revision is of.
     #[serde(skip_serializing_if = "Option::is_none")]
     instance: Option<&'a str>,
     revision: u64,

@@ -141,7 +141,7 @@ pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
     let watching = async {
         // The start (connect, the call, the Hello) within the deadline; then events
         // for as long as they come.
-        let mut stream = within(&socket, args.socket.timeout, async {
+        let stream = within(&socket, args.socket.timeout, async {
             let mut client = connect(&socket).await?;
             let mut stream = client
                 .watch(request)
@@ -156,11 +156,16 @@ pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
         })
         .await
         .and_then(|(stream, first)| {
+            let mut instance = String::new();
             if let Some(hello) = first {
-                show(hello, format)?;
+                if let Some(v1::watch_response::Kind::Hello(h)) = &hello.kind {
+                    instance = h.instance_id.clone();
+                }
+                show(hello, format, &instance)?;
             }
-            Ok(stream)
+            Ok((stream, instance))
         })?;
+        let (mut stream, instance) = stream;
         loop {
             let msg = match stream.message().await {
                 Ok(Some(m)) => m,
@@ -172,7 +177,7 @@ pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
                 }
                 Err(s) => return Err(call_failed(&socket, &s)),
             };
-            show(msg, format)?;
+            show(msg, format, &instance)?;
         }
     };
     tokio::select! {
@@ -182,7 +187,9 @@ pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
     }
 }
 
-fn show(msg: v1::WatchResponse, format: Format) -> Result<(), ExitError> {
+/// One message as a line; `instance` (the Hello's) goes on each event's JSON, as on
+/// `plegd run`'s.
+fn show(msg: v1::WatchResponse, format: Format, instance: &str) -> Result<(), ExitError> {
     use v1::watch_response::Kind;
     match msg.kind {
         Some(Kind::Hello(h)) => match format {
@@ -220,7 +227,7 @@ fn show(msg: v1::WatchResponse, format: Format) -> Result<(), ExitError> {
                 missed: r.missed,
                 event: Arc::new(r.event),
             };
-            print_line(&format_event(&d, format, r.snapshot, None))
+            print_line(&format_event(&d, format, r.snapshot, Some(instance)))
         }
         // Only the initial-events one is asked for; others would be resume points.
         Some(Kind::Bookmark(b)) => match format {
