@@ -100,11 +100,7 @@ pub fn state_dir_path(
     config: &ServiceConfig,
     default: impl FnOnce() -> PathBuf,
 ) -> Option<PathBuf> {
-    match &config.state_dir {
-        None => Some(default()),
-        Some(StateDir::Off) => None,
-        Some(StateDir::Path(p)) => Some(p.clone()),
-    }
+    StateDir::or_default(config.state_dir.as_ref(), default)
 }
 
 /// Opens the state dir, if there is one: another plegd on it stops this one (exit
@@ -155,11 +151,7 @@ pub fn api_socket_path(
     config: &ServiceConfig,
     default: impl FnOnce() -> PathBuf,
 ) -> Option<PathBuf> {
-    match &config.api_socket {
-        None => Some(default()),
-        Some(ApiSocket::Off) => None,
-        Some(ApiSocket::Path(p)) => Some(p.clone()),
-    }
+    ApiSocket::or_default(config.api_socket.as_ref(), default)
 }
 
 /// Where to serve the control socket (Sync, RequestRelist): `--api-control-socket`,

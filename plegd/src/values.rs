@@ -203,69 +203,68 @@ impl fmt::Display for OtlpEndpoint {
     }
 }
 
-/// Where to serve the subscriber API: an absolute socket path, or `off`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum ApiSocket {
-    Off,
-    Path(std::path::PathBuf),
+/// A setting that is an absolute path or `off`: the type, its parsing (the error
+/// names what is expected) and its text.
+macro_rules! path_or_off {
+    ($(#[$doc:meta])* $name:ident, $expected:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub enum $name {
+            Off,
+            Path(std::path::PathBuf),
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                if s == "off" {
+                    return Ok($name::Off);
+                }
+                let path = std::path::Path::new(s);
+                if !path.is_absolute() || path.file_name().is_none() {
+                    return Err(concat!("expected ", $expected, ", or 'off'").into());
+                }
+                Ok($name::Path(path.to_owned()))
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self {
+                    $name::Off => f.write_str("off"),
+                    $name::Path(p) => p.display().fmt(f),
+                }
+            }
+        }
+
+        impl $name {
+            /// The path: this one, `default` when unset, None when off.
+            pub fn or_default(
+                setting: Option<&$name>,
+                default: impl FnOnce() -> std::path::PathBuf,
+            ) -> Option<std::path::PathBuf> {
+                match setting {
+                    None => Some(default()),
+                    Some($name::Off) => None,
+                    Some($name::Path(p)) => Some(p.clone()),
+                }
+            }
+        }
+    };
 }
 
-impl FromStr for ApiSocket {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "off" {
-            return Ok(ApiSocket::Off);
-        }
-        let path = std::path::Path::new(s);
-        if !path.is_absolute() || path.file_name().is_none() {
-            return Err(
-                "expected an absolute socket path such as /run/plegd/plegd.sock, or 'off'".into(),
-            );
-        }
-        Ok(ApiSocket::Path(path.to_owned()))
-    }
-}
+path_or_off!(
+    /// Where to serve the subscriber API: an absolute socket path, or `off`.
+    ApiSocket,
+    "an absolute socket path such as /run/plegd/plegd.sock"
+);
 
-impl fmt::Display for ApiSocket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ApiSocket::Off => f.write_str("off"),
-            ApiSocket::Path(p) => p.display().fmt(f),
-        }
-    }
-}
-
-/// Where plegd keeps its state: an absolute directory, or `off`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum StateDir {
-    Off,
-    Path(std::path::PathBuf),
-}
-
-impl FromStr for StateDir {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "off" {
-            return Ok(StateDir::Off);
-        }
-        let path = std::path::Path::new(s);
-        if !path.is_absolute() || path.file_name().is_none() {
-            return Err("expected an absolute directory such as /var/lib/plegd, or 'off'".into());
-        }
-        Ok(StateDir::Path(path.to_owned()))
-    }
-}
-
-impl fmt::Display for StateDir {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StateDir::Off => f.write_str("off"),
-            StateDir::Path(p) => p.display().fmt(f),
-        }
-    }
-}
+path_or_off!(
+    /// Where plegd keeps its state: an absolute directory, or `off`.
+    StateDir,
+    "an absolute directory such as /var/lib/plegd"
+);
 
 /// A socket file's mode in octal (`0660`, `660`): at most 0777, never writable by
 /// others (anyone on the host could then call it).

@@ -150,6 +150,23 @@ impl Effective {
     }
 }
 
+/// The container `c`'s volumeMount holding `path` and the pod's volume it mounts.
+fn mounted<'a>(pod: &'a Yaml, c: &'a Yaml, path: &str, what: &str) -> (&'a Yaml, &'a Yaml) {
+    let mount = c["volumeMounts"]
+        .as_vec()
+        .into_iter()
+        .flatten()
+        .find(|m| m["mountPath"].as_str().is_some_and(|p| under(path, p)))
+        .unwrap_or_else(|| panic!("no volumeMount holds {what} {path}"));
+    let volume = pod["spec"]["volumes"]
+        .as_vec()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap_or_else(|| panic!("volumeMount {:?} has no volume", mount["name"]));
+    (mount, volume)
+}
+
 /// Whether `path` is `dir` or inside it.
 fn under(path: &str, dir: &str) -> bool {
     let dir = dir.trim_end_matches('/');
@@ -806,18 +823,7 @@ fn the_daemonset_runs_plegd_with_its_probes_port_and_socket_wired() {
 
     // The socket plegd dials is the node's: a hostPath mounted at its own path.
     let socket = effective.socket();
-    let mount = c["volumeMounts"]
-        .as_vec()
-        .into_iter()
-        .flatten()
-        .find(|m| m["mountPath"].as_str().is_some_and(|p| under(&socket, p)))
-        .unwrap_or_else(|| panic!("no volumeMount holds the runtime socket {socket}"));
-    let volume = pod["spec"]["volumes"]
-        .as_vec()
-        .into_iter()
-        .flatten()
-        .find(|v| v["name"] == mount["name"])
-        .unwrap_or_else(|| panic!("volumeMount {:?} has no volume", mount["name"]));
+    let (mount, volume) = mounted(pod, c, &socket, "the runtime socket");
     assert_eq!(
         volume["hostPath"]["path"].as_str(),
         mount["mountPath"].as_str(),
@@ -827,23 +833,12 @@ fn the_daemonset_runs_plegd_with_its_probes_port_and_socket_wired() {
     // The state dir outlives the pod (a rollout goes on where the last pod stopped):
     // a writable hostPath, never the read-only root or an emptyDir.
     let state = effective.get("state-dir");
-    let mount = c["volumeMounts"]
-        .as_vec()
-        .into_iter()
-        .flatten()
-        .find(|m| m["mountPath"].as_str().is_some_and(|p| under(&state, p)))
-        .unwrap_or_else(|| panic!("no volumeMount holds the state dir {state}"));
+    let (mount, volume) = mounted(pod, c, &state, "the state dir");
     assert_ne!(
         mount["readOnly"].as_bool(),
         Some(true),
         "the state dir must be writable"
     );
-    let volume = pod["spec"]["volumes"]
-        .as_vec()
-        .into_iter()
-        .flatten()
-        .find(|v| v["name"] == mount["name"])
-        .unwrap_or_else(|| panic!("volumeMount {:?} has no volume", mount["name"]));
     assert!(
         volume["hostPath"]["path"].as_str().is_some(),
         "the state dir must be a hostPath, or it goes with the pod: {volume:?}"
