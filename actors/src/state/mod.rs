@@ -25,6 +25,8 @@ mod frame;
 mod load;
 mod snapshot;
 mod store;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 

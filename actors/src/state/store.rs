@@ -145,10 +145,14 @@ struct Shared {
     /// Bytes of the state file, and of its snapshot.
     size: AtomicU64,
     snapshot_size: AtomicU64,
+    /// The least size at which a new state file is written ([`MIN_REWRITE`]).
+    min_rewrite: AtomicU64,
     /// When a new state file was last tried while failing.
     last_try: Mutex<Option<Instant>>,
     /// The last write's error (for `/readyz` and the log).
     error: Mutex<Option<String>>,
+    /// New state files written.
+    rewrites: AtomicU64,
 }
 
 /// The writer of a state dir (cheap to clone; one thread writes).
@@ -173,8 +177,10 @@ impl StateStore {
             failing: AtomicBool::new(false),
             size: AtomicU64::new(0),
             snapshot_size: AtomicU64::new(0),
+            min_rewrite: AtomicU64::new(MIN_REWRITE),
             last_try: Mutex::new(None),
             error: Mutex::new(None),
+            rewrites: AtomicU64::new(0),
         });
         let writer = Writer {
             dir,
@@ -245,7 +251,19 @@ impl StateStore {
             return lock(&self.shared.last_try).is_none_or(|t| now.duration_since(t) >= RETRY);
         }
         let snapshot = self.shared.snapshot_size.load(Ordering::Relaxed);
-        self.size() > (snapshot * REWRITE_RATIO).max(MIN_REWRITE)
+        let least = self.shared.min_rewrite.load(Ordering::Relaxed);
+        self.size() > (snapshot * REWRITE_RATIO).max(least)
+    }
+
+    /// Tests: a new state file once the file is `bytes` (and four times its snapshot).
+    #[cfg(test)]
+    pub(crate) fn rewrite_at(&self, bytes: u64) {
+        self.shared.min_rewrite.store(bytes, Ordering::Relaxed);
+    }
+
+    /// New state files written so far (the first included).
+    pub fn rewrites(&self) -> u64 {
+        self.shared.rewrites.load(Ordering::Relaxed)
     }
 }
 
@@ -351,6 +369,7 @@ impl Writer {
                 let len = bytes.len() as u64;
                 self.shared.size.store(len, Ordering::Relaxed);
                 self.shared.snapshot_size.store(len, Ordering::Relaxed);
+                self.shared.rewrites.fetch_add(1, Ordering::Relaxed);
                 if self.shared.failing.load(Ordering::SeqCst) {
                     if let Err(e) = write_marker(&self.behind, b'0') {
                         tracing::warn!(error = %e, "cannot clear the state dir's behind marker");

@@ -1,0 +1,116 @@
+//! The state dir under a running plegd over the fake runtime: new state files written
+//! while relists go on never lose a stored relist, and a copy of the dir taken at any
+//! moment (what a killed process leaves, mid-rewrite included) goes on from every
+//! revision shown before it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use plegd_sim::FakeRuntime;
+use plegd_telemetry::Metrics;
+
+use super::{open, Opened};
+use crate::event::LifecycleEvent;
+use crate::wiring::{Pleg, PlegConfig};
+
+const TTL: Duration = Duration::from_secs(300);
+
+fn config() -> PlegConfig {
+    PlegConfig {
+        relist_period: Duration::from_millis(20),
+        hint_sources: vec![],
+        ..PlegConfig::default()
+    }
+}
+
+fn opened(dir: &std::path::Path) -> Opened {
+    open(dir, config().history_events, TTL).unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn new_state_files_written_under_churn_keep_every_relist_and_copies_go_on_from_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = FakeRuntime::new();
+    let p = Pleg::start_with_state(
+        Arc::new(rt.clone()),
+        &config(),
+        Arc::new(Metrics::new()),
+        Some(opened(dir.path())),
+    );
+    let store = p.state().unwrap().clone();
+    // Small files: a new one every few relists.
+    store.rewrite_at(4096);
+    let sub = p.subscribe("t", 1 << 16).await.unwrap();
+    until("the first state file", || dir.path().join("state").exists()).await;
+    let copies = tempfile::tempdir().unwrap();
+    let mut taken = Vec::new();
+    let mut pods = Vec::new();
+    for round in 0..60i32 {
+        let sb = rt.run_pod(&format!("u{round}"), "w", "ns");
+        let c = rt.run_container(&sb, "app");
+        pods.push((sb, c));
+        if round % 2 == 1 {
+            rt.exit_container(&pods[pods.len() - 2].1, round);
+        }
+        if round % 4 == 3 {
+            let (sb, _) = pods.remove(0);
+            rt.remove_pod(&sb);
+        }
+        let shown = p.latest_revision();
+        let copy = copies.path().join(format!("c{round}"));
+        std::fs::create_dir(&copy).unwrap();
+        // A state file is always there: the new one is renamed over the old.
+        std::fs::copy(dir.path().join("state"), copy.join("state")).unwrap();
+        taken.push((copy, shown));
+        tokio::time::sleep(Duration::from_millis(9)).await;
+    }
+    assert!(
+        store.rewrites() >= 3,
+        "new state files written: {}",
+        store.rewrites()
+    );
+    p.stop();
+    until("stopped", || p.stopped()).await;
+    let last = p.latest_revision();
+    assert!(p.close_state().await);
+    let published: HashMap<u64, LifecycleEvent> = sub
+        .try_iter()
+        .map(|d| (d.event.revision, (*d.event).clone()))
+        .collect();
+    assert_eq!(
+        published.len() as u64,
+        last,
+        "every revision published once"
+    );
+    for (copy, shown) in taken {
+        let loaded = opened(&copy)
+            .loaded
+            .unwrap_or_else(|| panic!("{} does not load", copy.display()));
+        assert!(
+            loaded.revision() >= shown,
+            "{}: {} < {shown}",
+            copy.display(),
+            loaded.revision()
+        );
+        for ev in loaded.history() {
+            assert_eq!(Some(ev), published.get(&ev.revision));
+        }
+    }
+    // And the dir itself, after the clean stop: everything, once.
+    let loaded = opened(dir.path()).loaded.unwrap();
+    assert!(loaded.clean());
+    assert_eq!(loaded.revision(), last);
+    let history: Vec<u64> = loaded.history().map(|e| e.revision).collect();
+    assert_eq!(history, (1..=last).collect::<Vec<_>>());
+    // The records agree with the node: the pods still there.
+    assert_eq!(loaded.pods(), pods.len());
+}
