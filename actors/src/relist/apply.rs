@@ -51,8 +51,14 @@ pub(super) async fn apply(
     } else {
         Vec::new()
     };
-    if let Some(state) = &deps.state {
-        // Stored before anything shows it (see `state`).
+    let nothing = out.cache.is_empty()
+        && out.events.is_empty()
+        && out.records.is_empty()
+        && held.is_empty()
+        && global_timestamp.is_none();
+    if let Some(state) = deps.state.as_ref().filter(|_| !nothing) {
+        // Stored before anything shows it (see `state`); a chunk that changed nothing
+        // is not stored.
         let commit = CommitRef {
             revision,
             global: global_timestamp,
