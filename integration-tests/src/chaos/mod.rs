@@ -15,6 +15,7 @@
 
 pub mod exec;
 pub mod mangle;
+pub mod runtime_side;
 pub mod schedule;
 pub mod truth;
 
