@@ -194,8 +194,7 @@ impl Exec {
         }
         // Over CRI the server notices a cancelled stream a little later; in process a
         // dropped stream is gone at once.
-        if self.schedule.config.transport == Transport::Direct && self.side.rt.event_streams() > 1
-        {
+        if self.schedule.config.transport == Transport::Direct && self.side.rt.event_streams() > 1 {
             self.problem(format!(
                 "step {at}: {} event streams open",
                 self.side.rt.event_streams()

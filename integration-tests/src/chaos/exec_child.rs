@@ -84,11 +84,14 @@ async fn list(socket: &Path) -> Option<(u64, Listed)> {
     let mut out = Listed::new();
     for pod in resp.pods {
         let mut states = BTreeMap::new();
-        let named = (0..super::schedule::POD_SLOTS)
-            .map(pod_ref)
-            .any(|p| p.uid == pod.pod_uid && p.name == pod.pod_name && p.namespace == pod.pod_namespace);
+        let named = (0..super::schedule::POD_SLOTS).map(pod_ref).any(|p| {
+            p.uid == pod.pod_uid && p.name == pod.pod_name && p.namespace == pod.pod_namespace
+        });
         if pod.error.is_some() || !named {
-            states.insert(format!("<error {:?}, named {named}>", pod.error), St::Unknown);
+            states.insert(
+                format!("<error {:?}, named {named}>", pod.error),
+                St::Unknown,
+            );
         }
         for sb in &pod.sandboxes {
             states.insert(sb.sandbox_id.clone(), sandbox_st(sb.state));
@@ -323,10 +326,8 @@ impl ChildExec {
             self.supervise();
             let latest = list(&self.plegd.api_socket()).await.map_or(0, |(r, _)| r);
             let watch = &self.watch;
-            let caught_up = eventually(SLACK, || {
-                watch.stopped() || watch.last_revision() >= latest
-            })
-            .await;
+            let caught_up =
+                eventually(SLACK, || watch.stopped() || watch.last_revision() >= latest).await;
             if !caught_up {
                 self.problem(format!(
                     "the subscriber reached revision {}, plegd lists {latest}",
@@ -475,6 +476,12 @@ pub async fn run(schedule: Schedule, plegd_binary: &Path) -> (Vec<String>, Stats
     let stats = x.stats.clone();
     let mut problems = std::mem::take(&mut x.side.problems);
     problems.append(&mut x.problems);
+    if !problems.is_empty() {
+        problems.push(format!(
+            "plegd's warnings and errors (RUST_LOG=warn), by start:{}",
+            x.plegd.logs(LOG_LINES)
+        ));
+    }
     drop(x);
     drop(dir);
     (problems, stats)

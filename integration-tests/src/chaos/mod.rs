@@ -47,7 +47,9 @@ pub use schedule::{generate, generate_in, Schedule, Suite, Transport};
 pub enum Mode {
     Actors,
     /// The restart suite, with the `plegd` binary to run.
-    Restarts { plegd: PathBuf },
+    Restarts {
+        plegd: PathBuf,
+    },
 }
 
 impl Mode {

@@ -143,6 +143,25 @@ impl PlegdChild {
         }
     }
 
+    /// Every start's warnings and errors (at most `lines` of each), for a failing
+    /// seed's report: how each start went on from the state dir, or why not.
+    pub fn logs(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for start in 1..=self.starts {
+            let text = std::fs::read_to_string(self.log_path(start)).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            if all.is_empty() {
+                continue;
+            }
+            out.push_str(&format!("\n    start {start}:"));
+            for line in &all[all.len().saturating_sub(lines)..] {
+                out.push_str("\n      ");
+                out.push_str(line);
+            }
+        }
+        out
+    }
+
     /// The last `lines` lines plegd logged in its latest start.
     pub fn log_tail(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(self.log_path(self.starts)).unwrap_or_default();

@@ -25,7 +25,10 @@ const RETRY: Duration = Duration::from_millis(5);
 #[derive(Clone, Debug, PartialEq)]
 pub enum Got {
     /// A Watch call was answered (the stream opened) from `since`, for `instance`.
-    Opened { since: u64, instance: String },
+    Opened {
+        since: u64,
+        instance: String,
+    },
     Hello {
         instance_id: String,
         latest_revision: u64,
@@ -362,14 +365,7 @@ mod tests {
         ];
         assert_eq!(check_stream(&other).1.len(), 1);
         // After a restart, plegd's latest revision is below one it had shown.
-        let lost = [
-            opened(0),
-            hello(0),
-            ev(1, 1),
-            ev(2, 2),
-            opened(2),
-            hello(1),
-        ];
+        let lost = [opened(0), hello(0), ev(1, 1), ev(2, 2), opened(2), hello(1)];
         assert_eq!(check_stream(&lost).1.len(), 1);
         let refused = [opened(0), hello(0), Got::Refused("future".into())];
         assert_eq!(check_stream(&refused).1.len(), 1);

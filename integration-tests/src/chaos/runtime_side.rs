@@ -312,7 +312,9 @@ impl RuntimeSide {
     }
 
     /// The runtime's state of every live pod slot: pod UID → (ID → state).
-    pub fn wanted(&self) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, St>> {
+    pub fn wanted(
+        &self,
+    ) -> std::collections::BTreeMap<String, std::collections::BTreeMap<String, St>> {
         let mut out = std::collections::BTreeMap::new();
         for p in 0..self.pods {
             let pod = pod_ref(p);

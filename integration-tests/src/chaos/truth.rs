@@ -141,7 +141,11 @@ impl Truth {
             }
             // A death tells the exit the runtime reported, when the read saw one (a
             // container removed before plegd read it has none to tell).
-            if let Some(exit) = ev.exit.as_ref().filter(|_| ev.kind == EventKind::ContainerDied) {
+            if let Some(exit) = ev
+                .exit
+                .as_ref()
+                .filter(|_| ev.kind == EventKind::ContainerDied)
+            {
                 let real = self.exits.get(&ev.container_id);
                 if real != Some(&exit.code) {
                     problems.push(format!(
