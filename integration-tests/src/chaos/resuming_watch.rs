@@ -33,7 +33,7 @@ pub enum Got {
         instance_id: String,
         latest_revision: u64,
     },
-    Event(v1::Event),
+    Event(Box<v1::Event>),
     Bookmark(u64),
     Gap {
         after: u64,
@@ -157,7 +157,7 @@ async fn watch(socket: PathBuf, shared: Arc<Mutex<Shared>>) {
                     }
                     Some(Kind::Event(e)) => {
                         since = since.max(e.revision);
-                        push(Got::Event(e));
+                        push(Got::Event(Box::new(e)));
                     }
                     Some(Kind::Bookmark(b)) => push(Got::Bookmark(b.revision)),
                     Some(Kind::Gap(g)) => {
@@ -268,7 +268,7 @@ pub fn check_stream(got: &[Got]) -> (Vec<v1::Event>, Vec<String>) {
                     ));
                 }
                 replay_after_gap = None;
-                account.push(e.clone());
+                account.push((**e).clone());
             }
             Got::Bookmark(r) => {
                 let last = account.last().map_or(0, |e| e.revision);
@@ -291,11 +291,11 @@ mod tests {
     use super::*;
 
     fn ev(revision: u64, seq: u64) -> Got {
-        Got::Event(v1::Event {
+        Got::Event(Box::new(v1::Event {
             revision,
             seq,
             ..v1::Event::default()
-        })
+        }))
     }
 
     fn opened(since: u64) -> Got {
