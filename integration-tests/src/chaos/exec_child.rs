@@ -483,6 +483,10 @@ pub async fn run(schedule: Schedule, plegd_binary: &Path) -> (Vec<String>, Stats
         ));
     }
     drop(x);
-    drop(dir);
+    if !problems.is_empty() {
+        // plegd's logs and its state dir (as the final clean stop left it), to look
+        // into.
+        problems.push(format!("kept: {}", dir.keep().display()));
+    }
     (problems, stats)
 }
