@@ -6,24 +6,19 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use plegd_actors::{
     Delivery, Pleg, PlegConfig, ReconnectPolicy, RelistSource, Subscription, SyncHold, SyncOutcome,
 };
-use plegd_runtime::cri;
-use plegd_runtime::{ContainerState, CriRuntime, PodRef, RuntimeClient};
-use plegd_sim::{spawn_in_thread, FakeRuntime, ThreadedSimServer};
+use plegd_runtime::{CriRuntime, RuntimeClient};
 use plegd_telemetry::{Metrics, RequestResult};
 use tempfile::TempDir;
 
-use super::mangle::Mangler;
-use super::schedule::{
-    pod_ref, CallOp, HoldEnd, Injected, Schedule, Step, StormSource, StormTarget, Transport,
-};
-use super::truth::{St, Truth};
+use super::runtime_side::RuntimeSide;
+use super::schedule::{pod_ref, HoldEnd, Schedule, Step, StormSource, StormTarget, Transport};
+use super::truth::St;
 
 /// How long plegd gets, on top of one relist period, to converge after the faults
 /// stop; and to settle anything else that must happen "eventually". Generous: the
@@ -31,7 +26,7 @@ use super::truth::{St, Truth};
 pub const SLACK: Duration = Duration::from_secs(10);
 
 /// Deadline of plegd's unary CRI calls over the simulated server.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Queue of the subscriber whose events are checked: it is drained at every step,
 /// so it never fills (if it did, the check says so).
@@ -53,21 +48,19 @@ pub struct Stats {
     /// From the end of the faults to cache == runtime.
     pub convergence: Duration,
     pub relist_period: Duration,
+    /// plegd stopped with SIGTERM, killed with SIGKILL, and starts that failed
+    /// because the runtime was down (restart suite).
+    pub clean_stops: u64,
+    pub kills: u64,
+    pub failed_starts: u64,
 }
 
 /// The executor's state: the runtime, plegd, and what the run has seen.
 struct Exec {
     schedule: Schedule,
-    rt: FakeRuntime,
+    side: RuntimeSide,
     pleg: Pleg,
     metrics: Arc<Metrics>,
-    mangler: Mangler,
-    truth: Truth,
-    /// Sandbox and container numbers → runtime IDs; the pod slot of each sandbox.
-    sandbox_ids: Vec<String>,
-    sandbox_pod: Vec<usize>,
-    container_ids: Vec<String>,
-    container_sandbox: Vec<usize>,
     holds: Vec<Option<SyncHold>>,
     extra_subs: Vec<Option<Subscription>>,
     extra_subs_used: bool,
@@ -75,15 +68,12 @@ struct Exec {
     slow: Subscription,
     checked: Vec<Delivery>,
     slow_seen: Vec<Delivery>,
-    down: bool,
-    server: Option<ThreadedSimServer>,
-    socket: Option<PathBuf>,
     storm_drops: u64,
     problems: Vec<String>,
 }
 
 /// Polls `cond` every few milliseconds until it holds or `timeout` passes.
-async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub async fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
@@ -126,217 +116,20 @@ fn source_of(s: StormSource) -> RelistSource {
     }
 }
 
-/// A STOPPED event whose sandbox status names `pod` (with `uid` as its UID).
-fn stopped_event(container_id: &str, pod: &PodRef, uid: &str) -> cri::ContainerEventResponse {
-    cri::ContainerEventResponse {
-        container_id: container_id.into(),
-        container_event_type: cri::ContainerEventType::ContainerStoppedEvent as i32,
-        created_at: plegd_runtime::now_ns(),
-        pod_sandbox_status: Some(cri::PodSandboxStatus {
-            id: "sb-injected".into(),
-            metadata: Some(cri::PodSandboxMetadata {
-                name: pod.name.clone(),
-                uid: uid.into(),
-                namespace: pod.namespace.clone(),
-                attempt: 0,
-            }),
-            ..Default::default()
-        }),
-        containers_statuses: vec![],
-    }
-}
-
 impl Exec {
     fn problem(&mut self, p: String) {
         self.problems.push(p);
-    }
-
-    /// Records the current state of sandbox number `sb` in the true history.
-    fn record_sandbox(&mut self, sb: usize) {
-        let id = self.sandbox_ids[sb].clone();
-        let st = St::of_sandbox(self.rt.sandbox(&id).map(|s| s.state));
-        let pod = pod_ref(self.sandbox_pod[sb]);
-        self.truth.observe(&id, &pod, true, st);
-    }
-
-    fn record_container(&mut self, ctr: usize) {
-        let id = self.container_ids[ctr].clone();
-        let st = St::of_container(self.rt.container(&id).map(|c| c.state));
-        let pod = pod_ref(self.sandbox_pod[self.container_sandbox[ctr]]);
-        self.truth.observe(&id, &pod, false, st);
     }
 
     fn drain_checker(&mut self) {
         self.checked.extend(self.checker.try_iter());
     }
 
-    async fn runtime_down(&mut self) {
-        self.down = true;
-        self.mangler.set_suppress(true);
-        match self.schedule.config.transport {
-            Transport::Direct => {
-                for op in CallOp::ALL {
-                    self.rt.fail(op.op(), tonic::Code::Unavailable, None);
-                }
-                self.rt.fail_streams(tonic::Code::Unavailable);
-            }
-            Transport::Cri => {
-                if let Some(server) = self.server.take() {
-                    // kill() joins the server's thread: not on the actors' thread.
-                    let _ = tokio::task::spawn_blocking(move || server.kill()).await;
-                }
-            }
-        }
-    }
-
-    async fn runtime_up(&mut self) {
-        match self.schedule.config.transport {
-            Transport::Direct => {
-                for op in CallOp::ALL {
-                    self.rt.clear_failure(op.op());
-                }
-            }
-            Transport::Cri => {
-                if self.server.is_none() {
-                    if let Some(path) = self.socket.clone() {
-                        let rt = self.rt.clone();
-                        match tokio::task::spawn_blocking(move || spawn_in_thread(&path, rt)).await
-                        {
-                            Ok(Ok(server)) => self.server = Some(server),
-                            Ok(Err(e)) => self.problem(format!("harness: restart server: {e}")),
-                            Err(e) => self.problem(format!("harness: restart server: {e}")),
-                        }
-                    }
-                }
-            }
-        }
-        self.down = false;
-        self.mangler.set_suppress(false);
-    }
-
     async fn step(&mut self, step: &Step) {
+        if self.side.apply(step).await {
+            return;
+        }
         match step {
-            Step::RunPod { pod, sandbox } => {
-                let p = pod_ref(*pod);
-                let id = self.rt.run_pod(&p.uid, &p.name, &p.namespace);
-                debug_assert_eq!(*sandbox, self.sandbox_ids.len());
-                self.sandbox_ids.push(id);
-                self.sandbox_pod.push(*pod);
-                self.record_sandbox(*sandbox);
-            }
-            Step::CreateContainer { sandbox, ctr, name } => {
-                let id = self.rt.create_container(&self.sandbox_ids[*sandbox], name);
-                debug_assert_eq!(*ctr, self.container_ids.len());
-                self.container_ids.push(id);
-                self.container_sandbox.push(*sandbox);
-                self.record_container(*ctr);
-            }
-            Step::StartContainer { ctr } => {
-                self.rt.start_container(&self.container_ids[*ctr]);
-                self.record_container(*ctr);
-            }
-            Step::ExitContainer { ctr, code, silent } => {
-                if *silent {
-                    self.mangler.set_suppress(true);
-                }
-                self.rt.exit_container(&self.container_ids[*ctr], *code);
-                self.mangler.set_suppress(self.down);
-                self.record_container(*ctr);
-            }
-            Step::ContainerUnknown { ctr } => {
-                self.rt
-                    .set_container_state(&self.container_ids[*ctr], ContainerState::Unknown);
-                self.record_container(*ctr);
-            }
-            Step::RemoveContainer { ctr } => {
-                self.rt.remove_container(&self.container_ids[*ctr]);
-                self.record_container(*ctr);
-            }
-            Step::StopSandbox { sandbox } => {
-                self.rt.stop_pod(&self.sandbox_ids[*sandbox]);
-                self.record_sandbox(*sandbox);
-            }
-            Step::SandboxUnknown { sandbox } => {
-                self.rt.set_sandbox_state(
-                    &self.sandbox_ids[*sandbox],
-                    plegd_runtime::SandboxState::Unknown,
-                );
-                self.record_sandbox(*sandbox);
-            }
-            Step::SandboxRecovered { sandbox } => {
-                self.rt.set_sandbox_state(
-                    &self.sandbox_ids[*sandbox],
-                    plegd_runtime::SandboxState::Ready,
-                );
-                self.record_sandbox(*sandbox);
-            }
-            Step::RemoveSandbox { sandbox } => {
-                self.rt.remove_pod(&self.sandbox_ids[*sandbox]);
-                self.record_sandbox(*sandbox);
-            }
-            Step::CloseStreams => {
-                self.rt.close_streams();
-            }
-            Step::FailStreams(code) => {
-                self.rt.fail_streams(code.tonic());
-            }
-            Step::SetMangle(m) => self.mangler.set_mode(*m),
-            Step::ReleaseDelayed { reverse } => {
-                let mut held = self.mangler.take_delayed();
-                if *reverse {
-                    held.reverse();
-                }
-                for ev in held {
-                    self.rt.inject_event(ev);
-                }
-            }
-            Step::Inject(what) => {
-                let ev = match *what {
-                    Injected::Stale { ctr } => {
-                        let mut ev = self.rt.event_about(
-                            &self.container_ids[ctr],
-                            cri::ContainerEventType::ContainerStoppedEvent,
-                        );
-                        ev.created_at = 1;
-                        ev
-                    }
-                    Injected::NoUid => stopped_event("ctr-no-uid", &pod_ref(0), ""),
-                    Injected::NoStatus => cri::ContainerEventResponse {
-                        container_id: "ctr-no-status".into(),
-                        container_event_type: cri::ContainerEventType::ContainerStoppedEvent as i32,
-                        created_at: plegd_runtime::now_ns(),
-                        ..Default::default()
-                    },
-                    Injected::UnknownPod => {
-                        stopped_event("ctr-ghost", &pod_ref(99), "chaos-ghost-pod")
-                    }
-                    Injected::BogusType => {
-                        let p = pod_ref(0);
-                        let mut ev = stopped_event("ctr-bogus", &p, &p.uid);
-                        ev.container_event_type = 99;
-                        ev
-                    }
-                };
-                self.rt.inject_event(ev);
-            }
-            Step::FailCalls { op, code, times } => self.rt.fail(op.op(), code.tonic(), *times),
-            Step::ClearFault { op } => {
-                // A down runtime stays down: its own failures are cleared by RuntimeUp.
-                if !(self.down && self.schedule.config.transport == Transport::Direct) {
-                    self.rt.clear_failure(op.op());
-                }
-            }
-            Step::Latency { op, ms } => self.rt.set_latency(op.op(), Duration::from_millis(*ms)),
-            Step::PodStatusFails { pod, failing } => {
-                self.rt.fail_pod_status(&pod_ref(*pod).uid, *failing)
-            }
-            Step::RuntimeDown => self.runtime_down().await,
-            Step::RuntimeUp => self.runtime_up().await,
-            Step::OversizedLists { on } => {
-                // Over the client's limit (kubelet's): those lists fail.
-                let bytes = plegd_runtime::DEFAULT_MAX_MESSAGE_SIZE + (1 << 20);
-                self.rt.set_list_padding(if *on { bytes } else { 0 });
-            }
             Step::BeginHold { pod, slot } => {
                 if let Ok(hold) = self.pleg.gates().begin_sync(&pod_ref(*pod).uid).await {
                     self.holds[*slot] = Some(hold);
@@ -381,6 +174,9 @@ impl Exec {
                     }
                 }
             }
+            // The runtime side's steps were applied above; plegd's restarts belong to
+            // the restart suite, whose schedules the child-process executor runs.
+            _ => {}
         }
     }
 
@@ -398,32 +194,17 @@ impl Exec {
         }
         // Over CRI the server notices a cancelled stream a little later; in process a
         // dropped stream is gone at once.
-        if self.schedule.config.transport == Transport::Direct && self.rt.event_streams() > 1 {
+        if self.schedule.config.transport == Transport::Direct && self.side.rt.event_streams() > 1 {
             self.problem(format!(
                 "step {at}: {} event streams open",
-                self.rt.event_streams()
+                self.side.rt.event_streams()
             ));
         }
     }
 
     /// Stops every fault, ends every hold and extra subscription.
     async fn heal(&mut self) {
-        self.mangler.set_mode(Default::default());
-        if self.down {
-            self.runtime_up().await;
-        }
-        self.mangler.set_suppress(false);
-        for op in CallOp::ALL {
-            self.rt.clear_failure(op.op());
-            self.rt.set_latency(op.op(), Duration::ZERO);
-        }
-        for p in 0..self.schedule.pods {
-            self.rt.fail_pod_status(&pod_ref(p).uid, false);
-        }
-        self.rt.set_list_padding(0);
-        for ev in self.mangler.take_delayed() {
-            self.rt.inject_event(ev);
-        }
+        self.side.heal().await;
         for hold in self.holds.iter_mut().filter_map(Option::take) {
             hold.end(SyncOutcome::Success);
         }
@@ -435,27 +216,18 @@ impl Exec {
     /// The differences between plegd's cache and the runtime, if any.
     fn cache_diff(&self) -> Option<String> {
         let cache = self.pleg.cache();
-        let mut live = 0;
+        let wanted = self.side.wanted();
+        let live = wanted.len();
         let mut diffs = Vec::new();
         for p in 0..self.schedule.pods {
             let pod = pod_ref(p);
-            let sandboxes = self.rt.sandboxes_of(&pod.uid);
             let entry = cache.get(&pod.uid);
-            if sandboxes.is_empty() {
+            let Some(want) = wanted.get(&pod.uid) else {
                 if let Some(e) = entry {
                     diffs.push(format!("{}: gone, cached {e:?}", pod.uid));
                 }
                 continue;
-            }
-            live += 1;
-            let mut want = BTreeMap::new();
-            for sb in &sandboxes {
-                let state = self.rt.sandbox(sb).map(|s| s.state);
-                want.insert(sb.clone(), St::of_sandbox(state));
-                for c in self.rt.containers_of(sb) {
-                    want.insert(c.id.clone(), St::of_container(Some(c.state)));
-                }
-            }
+            };
             let Some(entry) = entry else {
                 diffs.push(format!("{}: not cached; runtime {want:?}", pod.uid));
                 continue;
@@ -471,7 +243,7 @@ impl Exec {
             for c in &status.containers {
                 got.insert(c.id.clone(), St::of_container(Some(c.state)));
             }
-            if got != want || status.pod != pod {
+            if got != *want || status.pod != pod {
                 diffs.push(format!(
                     "{}: cached {:?} {got:?}; runtime {want:?}",
                     pod.uid, status.pod
@@ -504,7 +276,7 @@ impl Exec {
         // with what the runtime has.
         for p in 0..self.schedule.pods {
             let uid = pod_ref(p).uid;
-            let live = !self.rt.sandboxes_of(&uid).is_empty();
+            let live = !self.side.rt.sandboxes_of(&uid).is_empty();
             match self
                 .pleg
                 .cache()
@@ -532,7 +304,7 @@ impl Exec {
             let m = self.metrics.clone();
             eventually(SLACK, || global_relists(&m) >= target).await;
             self.drain_checker();
-            problems = self.truth.check_events(&self.checked, true);
+            problems = self.side.truth.check_events(&self.checked, true);
             let only_incomplete = problems.iter().all(|p| p.contains("incomplete"));
             if problems.is_empty() || !only_incomplete || Instant::now() >= deadline {
                 break;
@@ -604,7 +376,11 @@ impl Exec {
 
     async fn check_bounds(&mut self) {
         let evented = self.schedule.config.evented;
-        let (rt, m, pleg) = (self.rt.clone(), self.metrics.clone(), self.pleg.clone());
+        let (rt, m, pleg) = (
+            self.side.rt.clone(),
+            self.metrics.clone(),
+            self.pleg.clone(),
+        );
         let want_streams = usize::from(evented);
         if !eventually(SLACK, || rt.event_streams() == want_streams).await {
             self.problem(format!(
@@ -652,7 +428,7 @@ impl Exec {
             self.problem("plegd did not stop".into());
         }
         if self.schedule.config.evented {
-            let rt = self.rt.clone();
+            let rt = self.side.rt.clone();
             if !eventually(SLACK, || rt.event_streams() == 0).await {
                 self.problem(format!(
                     "{} event streams open after stop",
@@ -661,41 +437,30 @@ impl Exec {
             }
         }
         self.pleg.close_publisher().await;
-        if let Some(server) = self.server.take() {
-            let _ = tokio::task::spawn_blocking(move || server.kill()).await;
-        }
+        self.side.stop_server().await;
     }
 }
 
 /// Runs `schedule` inside the current actix System; returns the problems and stats.
 pub async fn run(schedule: Schedule) -> (Vec<String>, Stats) {
     let cfg = schedule.config.clone();
-    let rt = FakeRuntime::new();
-    rt.set_quiet_until_first_event(cfg.quiet_until_first_event);
-    let mangler = Mangler::new(schedule.seed);
-    rt.set_event_filter(Some(mangler.filter()));
-
+    let mut side = RuntimeSide::new(&schedule);
     let mut dir: Option<TempDir> = None;
-    let mut server = None;
-    let mut socket = None;
     let client: Arc<dyn RuntimeClient> = match cfg.transport {
-        Transport::Direct => Arc::new(rt.clone()),
-        Transport::Cri => {
+        Transport::Direct => Arc::new(side.rt.clone()),
+        Transport::Cri | Transport::Process => {
             let d = match tempfile::tempdir() {
                 Ok(d) => d,
                 Err(e) => return (vec![format!("harness: tempdir: {e}")], Stats::default()),
             };
-            let path = d.path().join("cri.sock");
-            let s = match spawn_in_thread(&path, rt.clone()) {
+            let endpoint = match side.serve(&d.path().join("cri.sock")) {
                 Ok(s) => s,
                 Err(e) => return (vec![format!("harness: server: {e}")], Stats::default()),
             };
-            let client = match CriRuntime::new(&s.endpoint(), REQUEST_TIMEOUT) {
+            let client = match CriRuntime::new(&endpoint, REQUEST_TIMEOUT) {
                 Ok(c) => c,
                 Err(e) => return (vec![format!("harness: client: {e}")], Stats::default()),
             };
-            server = Some(s);
-            socket = Some(path);
             dir = Some(d);
             Arc::new(client)
         }
@@ -738,23 +503,14 @@ pub async fn run(schedule: Schedule) -> (Vec<String>, Stats) {
         holds: (0..schedule.hold_slots).map(|_| None).collect(),
         extra_subs: (0..schedule.sub_slots).map(|_| None).collect(),
         schedule,
-        rt,
+        side,
         pleg,
         metrics: metrics.clone(),
-        mangler,
-        truth: Truth::default(),
-        sandbox_ids: vec![],
-        sandbox_pod: vec![],
-        container_ids: vec![],
-        container_sandbox: vec![],
         extra_subs_used: false,
         checker,
         slow,
         checked: vec![],
         slow_seen: vec![],
-        down: false,
-        server,
-        socket,
         storm_drops: 0,
         problems: vec![],
     };
@@ -771,7 +527,7 @@ pub async fn run(schedule: Schedule) -> (Vec<String>, Stats) {
     x.teardown().await;
     let stats = Stats {
         steps: steps.len(),
-        transitions: x.truth.transitions(),
+        transitions: x.side.truth.transitions(),
         events: x.checked.len(),
         slow_subscriber_drops: (x.checked.len() - x.slow_seen.len().min(x.checked.len())) as u64,
         storm_drops: x.storm_drops,
@@ -781,8 +537,10 @@ pub async fn run(schedule: Schedule) -> (Vec<String>, Stats) {
         status_errors: metrics.relist_errors(plegd_telemetry::RelistPhase::Status),
         convergence,
         relist_period: x.schedule.config.relist_period,
+        ..Stats::default()
     };
-    let problems = std::mem::take(&mut x.problems);
+    let mut problems = std::mem::take(&mut x.side.problems);
+    problems.append(&mut x.problems);
     drop(x);
     drop(dir);
     (problems, stats)

@@ -24,6 +24,21 @@ pub enum Transport {
     /// The simulated CRI server on a unix socket, through plegd's real tonic client;
     /// a runtime restart is the server killed and started again.
     Cri,
+    /// plegd's own binary as a child process on a state dir, over the simulated CRI
+    /// server, checked through its API by a subscriber that resumes by revision; plegd
+    /// is stopped (SIGTERM or SIGKILL) and started again on the same state.
+    Process,
+}
+
+/// Which suite a schedule belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suite {
+    /// plegd's actors in the test's process (transport Direct or Cri), with the
+    /// consumer steps (holds, storms, subscribers).
+    Actors,
+    /// plegd as a child process (transport Process) that is restarted: the consumer
+    /// steps give way to plegd stops and starts, some while the runtime is down.
+    Restarts,
 }
 
 /// plegd's settings and the run's shape, drawn from the seed.
@@ -267,6 +282,16 @@ pub enum Step {
     ReadSlow {
         n: usize,
     },
+
+    // ---- plegd itself (Process only) -------------------------------------------
+    /// plegd stops: SIGTERM and a clean exit (status 0), or SIGKILL at whatever it was
+    /// doing. Its state dir stays.
+    PlegdStop {
+        kill: bool,
+    },
+    /// plegd starts again on its state dir (while the runtime is down, as a supervisor
+    /// would: again until the runtime answers its start-up check).
+    PlegdStart,
 }
 
 impl Step {
@@ -306,6 +331,9 @@ impl Step {
         "Unsubscribe",
         "ReadSlow",
     ];
+
+    /// The kinds of the restart suite's own steps.
+    pub const RESTART_KINDS: &'static [&'static str] = &["PlegdStop", "PlegdKill", "PlegdStart"];
 
     /// This step's kind (one of [`Self::KINDS`]); a few variants are split where the
     /// difference matters to plegd (a silent exit, a dropped hold, ...).
@@ -353,6 +381,9 @@ impl Step {
             Step::Subscribe { .. } => "Subscribe",
             Step::Unsubscribe { .. } => "Unsubscribe",
             Step::ReadSlow { .. } => "ReadSlow",
+            Step::PlegdStop { kill: false } => "PlegdStop",
+            Step::PlegdStop { kill: true } => "PlegdKill",
+            Step::PlegdStart => "PlegdStart",
         }
     }
 }
@@ -376,6 +407,7 @@ pub struct Timed {
 #[derive(Clone, Debug)]
 pub struct Schedule {
     pub seed: u64,
+    pub suite: Suite,
     pub config: RunConfig,
     pub pods: usize,
     pub steps: Vec<Timed>,
@@ -438,6 +470,7 @@ struct Model {
     subs: Vec<bool>,
     down: bool,
     oversized: bool,
+    plegd_down: bool,
 }
 
 impl Model {
@@ -475,6 +508,8 @@ impl Model {
             Step::RuntimeDown => self.down = true,
             Step::RuntimeUp => self.down = false,
             Step::OversizedLists { on } => self.oversized = on,
+            Step::PlegdStop { .. } => self.plegd_down = true,
+            Step::PlegdStart => self.plegd_down = false,
             _ => {}
         }
     }
@@ -857,7 +892,8 @@ impl Gen {
                 self.close_later(10, Step::RuntimeUp);
             }
             _ => {
-                if self.transport != Transport::Cri || self.model.oversized {
+                let over_cri = matches!(self.transport, Transport::Cri | Transport::Process);
+                if !over_cri || self.model.oversized {
                     return false;
                 }
                 self.push(Step::OversizedLists { on: true });
@@ -927,6 +963,31 @@ impl Gen {
         true
     }
 
+    /// plegd stops (cleanly or killed) and starts again a few steps later; the
+    /// runtime sometimes goes down with it, and comes up before or after plegd is
+    /// started again. false if plegd is already down.
+    fn restart(&mut self) -> bool {
+        if self.model.plegd_down {
+            return false;
+        }
+        let kill = self.percent(50);
+        let with_runtime = !self.model.down && self.percent(35);
+        if with_runtime && self.percent(50) {
+            self.push(Step::RuntimeDown);
+            self.push(Step::PlegdStop { kill });
+        } else {
+            self.push(Step::PlegdStop { kill });
+            if with_runtime {
+                self.push(Step::RuntimeDown);
+            }
+        }
+        self.close_later(8, Step::PlegdStart);
+        if with_runtime {
+            self.close_later(8, Step::RuntimeUp);
+        }
+        true
+    }
+
     /// Emits the window closes that are due.
     fn close_due(&mut self) {
         let now = self.steps.len();
@@ -938,13 +999,24 @@ impl Gen {
     }
 }
 
-/// The schedule of `seed`.
+/// The schedule of `seed` in the actors suite.
 pub fn generate(seed: u64) -> Schedule {
+    generate_in(Suite::Actors, seed)
+}
+
+/// The schedule of `seed` in `suite`. The actors suite's schedules are the same as
+/// before the restart suite existed; the restart suite's differ from them from the
+/// first step on.
+pub fn generate_in(suite: Suite, seed: u64) -> Schedule {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let transport = if rng.random_range(0..100) < 30 {
         Transport::Cri
     } else {
         Transport::Direct
+    };
+    let transport = match suite {
+        Suite::Actors => transport,
+        Suite::Restarts => Transport::Process,
     };
     let cap_ms = rng.random_range(40..200);
     let config = RunConfig {
@@ -979,6 +1051,8 @@ pub fn generate(seed: u64) -> Schedule {
             let done = match g.rng.random_range(0..100) {
                 0..=59 => g.workload(),
                 60..=84 => g.fault(),
+                // A plegd restart in about one round of twelve.
+                _ if suite == Suite::Restarts => g.rng.random_range(0..100) < 55 && g.restart(),
                 _ => g.consumer(),
             };
             if done {
@@ -993,6 +1067,7 @@ pub fn generate(seed: u64) -> Schedule {
     }
     Schedule {
         seed,
+        suite,
         config,
         pods: POD_SLOTS,
         steps: g.steps,
@@ -1013,5 +1088,46 @@ mod tests {
             assert_eq!(format!("{:?}", a.config), format!("{:?}", b.config));
         }
         assert_ne!(generate(1).steps, generate(2).steps);
+        let (a, b) = (
+            generate_in(Suite::Restarts, 7),
+            generate_in(Suite::Restarts, 7),
+        );
+        assert_eq!(a.steps, b.steps);
+    }
+
+    /// Every stop is followed by a start, no start comes without a stop, and the
+    /// runtime is up at the end: the executor's heal has only faults to clear.
+    #[test]
+    fn restart_schedules_pair_every_stop_with_a_start() {
+        for seed in 0..200 {
+            let s = generate_in(Suite::Restarts, seed);
+            assert_eq!(s.config.transport, Transport::Process);
+            let mut down = false;
+            for t in &s.steps {
+                match t.step {
+                    Step::PlegdStop { .. } => {
+                        assert!(!down, "seed {seed}: stopped twice");
+                        down = true;
+                    }
+                    Step::PlegdStart => {
+                        assert!(down, "seed {seed}: started while running");
+                        down = false;
+                    }
+                    _ => {}
+                }
+                let consumer = matches!(
+                    t.step,
+                    Step::BeginHold { .. }
+                        | Step::EndHold { .. }
+                        | Step::Storm { .. }
+                        | Step::BringForward
+                        | Step::Subscribe { .. }
+                        | Step::Unsubscribe { .. }
+                        | Step::ReadSlow { .. }
+                );
+                assert!(!consumer, "seed {seed}: {:?} in the restart suite", t.step);
+            }
+            assert!(!down, "seed {seed}: plegd left stopped");
+        }
     }
 }

@@ -75,6 +75,8 @@ pub struct Truth {
     ids: BTreeMap<String, IdTruth>,
     /// Pods that ever existed (a PodSync must name one of them).
     pods: BTreeMap<String, PodRef>,
+    /// The exit code of each container that exited (a container exits at most once).
+    exits: BTreeMap<String, i32>,
 }
 
 impl Truth {
@@ -89,6 +91,11 @@ impl Truth {
         if t.history.last() != Some(&now) {
             t.history.push(now);
         }
+    }
+
+    /// Records that container `id` exited with `code`.
+    pub fn exited(&mut self, id: &str, code: i32) {
+        self.exits.insert(id.to_string(), code);
     }
 
     /// State changes the runtime went through.
@@ -131,6 +138,21 @@ impl Truth {
             if ev.kind == EventKind::ContainerChanged {
                 problems.push(format!("ContainerChanged published: {ev:?}"));
                 continue;
+            }
+            // A death tells the exit the runtime reported, when the read saw one (a
+            // container removed before plegd read it has none to tell).
+            if let Some(exit) = ev
+                .exit
+                .as_ref()
+                .filter(|_| ev.kind == EventKind::ContainerDied)
+            {
+                let real = self.exits.get(&ev.container_id);
+                if real != Some(&exit.code) {
+                    problems.push(format!(
+                        "seq {}: ContainerDied of {} with exit code {}, but it exited with {real:?}",
+                        d.seq, ev.container_id, exit.code
+                    ));
+                }
             }
             match self.ids.get(&ev.container_id) {
                 None => problems.push(format!(
