@@ -227,8 +227,8 @@ impl Pleg {
                 instance_id: instance_id.to_string(),
                 boot_id: boot_id(),
             });
-            // The first state file, before any relist (the writer takes its jobs in
-            // order): the identity and everything gone on from, with this boot's id.
+            // The first state file, before any relist: the identity and everything
+            // gone on from, with this boot's id.
             let mut buf = Vec::new();
             let first = StateSnapshot {
                 header: &header,
@@ -240,14 +240,12 @@ impl Pleg {
                     .collect(),
             }
             .bytes();
-            let written = store.rewrite(first);
-            let metrics = metrics.clone();
-            let size = store.clone();
-            actix_rt::spawn(async move {
-                let ok = written.await;
-                metrics.state_persisting.set(i64::from(ok));
-                metrics.state_bytes.set(size.size() as i64);
-            });
+            // Awaited before anything can show the identity (a Hello): killed before
+            // this file is there, plegd would come back as another instance. (Only
+            // start-up waits: a write and one sync.)
+            let ok = futures::executor::block_on(store.rewrite(first));
+            metrics.state_persisting.set(i64::from(ok));
+            metrics.state_bytes.set(store.size() as i64);
             (store, header)
         });
         let cache_addr = owner.start();

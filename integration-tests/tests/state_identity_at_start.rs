@@ -9,9 +9,9 @@
 //! 1,000): a subscriber got the first Hello of a plegd killed about 100 ms after its
 //! start on a loaded machine; the plegd started again on the same dir was another
 //! instance and refused the resume with `other-instance`, though no revision had been
-//! issued. The first state file is written, synced and renamed by the state thread
-//! after `Pleg::start_with_state` returns, and nothing waits for it before the API
-//! serves.
+//! issued: the first state file was written, synced and renamed by the state thread
+//! after `Pleg::start_with_state` returned, and nothing waited for it before the API
+//! served. Now start-up waits for it.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -26,8 +26,11 @@ pub fn colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) ->
 pub fn init(default_filter: &str, format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // A log line that cannot be written (stderr a file on a full disk) is lost, not
+    // reported on stderr again: that report panics when stderr fails.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder
