@@ -579,6 +579,7 @@ mod tests {
             text.contains("runtime's own send limit of 16777216 bytes"),
             "{text}"
         );
+        assert!(text.contains("not of plegd"), "{text}");
         assert!(!text.contains("--runtime-max-message-size"), "{text}");
         // A runtime on tonic refusing to encode it: also the runtime's.
         let tonic_server = status_error(

@@ -146,10 +146,11 @@ pub enum RuntimeError {
         size: Option<usize>,
         message: String,
     },
-    /// The runtime refused to send a response over its own send limit (containerd's
-    /// and CRI-O's: 16 MiB, a gRPC server setting plegd cannot change): no client can
-    /// read this list in one message. The streaming list calls carry any size.
-    #[error("{op}: the runtime refused to send its response{}: it is over the runtime's own send limit{}, which no client can raise{hint} ({message})", bytes_of(*.size), bytes_of(*.limit))]
+    /// The runtime refused to send a response over its own send limit, a setting of
+    /// the runtime's gRPC server (containerd's `[grpc] max_send_message_size`, 16 MiB
+    /// by default; CRI-O's `grpc_max_send_msg_size`): no client can read this list in
+    /// one message. The streaming list calls carry any size.
+    #[error("{op}: the runtime refused to send its response{}: it is over the runtime's own send limit{} (a setting of the runtime, not of plegd){hint} ({message})", bytes_of(*.size), bytes_of(*.limit))]
     RuntimeTooLarge {
         op: &'static str,
         /// The response's size and the runtime's limit, when its message said them.

@@ -116,7 +116,8 @@ pub(crate) struct State {
 pub struct ListServing {
     /// The largest message the server sends (None: no limit, tonic's default). A list
     /// response or streamed message over it is refused with ResourceExhausted, worded
-    /// as grpc-go words it (containerd, CRI-O): [`CONTAINERD_SEND_LIMIT`].
+    /// as grpc-go (containerd's and CRI-O's gRPC) words it; containerd's default is
+    /// [`CONTAINERD_SEND_LIMIT`].
     pub send_limit: Option<usize>,
     /// Whether StreamPodSandboxes and StreamContainers are served (else they answer
     /// UNIMPLEMENTED, as a runtime built before them does).
@@ -125,7 +126,7 @@ pub struct ListServing {
     pub stream_batch: usize,
 }
 
-/// containerd's (and CRI-O's) gRPC send limit: 16 MiB.
+/// containerd's default gRPC send limit (`[grpc] max_send_message_size`): 16 MiB.
 pub const CONTAINERD_SEND_LIMIT: usize = 16 << 20;
 
 impl Default for ListServing {
