@@ -242,12 +242,13 @@ async fn streaming_turned_off_is_never_asked_and_named_when_a_list_is_too_large(
 #[tokio::test]
 async fn a_streamed_message_over_a_limit_fails_the_relist_and_names_the_stream() {
     let (rt, _, _) = kubelet_node().await;
-    // The padded first entry makes the first message of each stream 64 KiB larger.
+    // The padded first entry makes the first message of each stream 64 KiB larger; the
+    // others, of 5 entries, are far under 32 KiB.
     rt.set_list_padding(64 << 10);
     rt.set_list_serving(ListServing {
         send_limit: Some(32 << 10),
         streaming: true,
-        stream_batch: 25,
+        stream_batch: 5,
     });
     let (_dir, server, client) = serve(&rt).await;
     let err = client
@@ -266,7 +267,7 @@ async fn a_streamed_message_over_a_limit_fails_the_relist_and_names_the_stream()
     rt.set_list_serving(ListServing {
         send_limit: None,
         streaming: true,
-        stream_batch: 25,
+        stream_batch: 5,
     });
     let small = CriRuntime::new(&server.endpoint(), REQUEST_TIMEOUT)
         .expect("a unix endpoint")

@@ -15,8 +15,10 @@
 //! global relist reads them in place as it reads the unary responses
 //! ([`NodeLists::Wire`], [`crate::list_wire`]). Each message is first checked to be a
 //! whole sequence of fields, so that no field spans two messages and the appended
-//! bytes are read exactly as each message on its own would be. The cost over the
-//! unary path is that one copy of the bytes.
+//! bytes are read exactly as each message on its own would be (an entry the reader
+//! then refuses is reported under the unary call's name: the view does not know
+//! which path brought the bytes). The cost over the unary path is that one copy of
+//! the bytes.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
