@@ -1,6 +1,6 @@
 //! A node larger than one list message, through plegd's real client and the simulated
 //! runtime's gRPC server. A runtime refuses to send a response over its own send limit
-//! (containerd's default: 16 MiB, about 20,000 pods with kubelet's metadata): the
+//! (containerd's default: 16 MiB, 10,000 to 20,000 pods with kubelet's metadata): the
 //! error must say which call hit whose limit. CRI's streaming list calls
 //! (StreamPodSandboxes, StreamContainers) carry a node of any size: plegd uses them
 //! when the runtime offers them and falls back to the unary lists, for good, when it

@@ -44,7 +44,7 @@ pub struct Settings {
     /// Read the global relist's lists with CRI's streaming list calls
     /// (StreamPodSandboxes, StreamContainers; containerd from 2.4) when the runtime
     /// offers them: many messages, so a node past the runtime's own send limit
-    /// (containerd's default: 16MiB, about 20,000 pods) is still read. A runtime that
+    /// (containerd's default: 16MiB, 10,000 to 20,000 pods) is still read. A runtime that
     /// answers UNIMPLEMENTED gets the unary lists until plegd restarts (logged once).
     /// false: always the unary lists.
     #[arg(long, env = "PLEGD_RUNTIME_LIST_STREAMING", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]

@@ -1,8 +1,8 @@
 //! The global relist's lists through CRI's streaming list calls, StreamPodSandboxes
 //! and StreamContainers (KEP-5825, CRIListStreaming): the unary lists are one message
 //! each, and a runtime refuses to send one over its own gRPC send limit (containerd's
-//! default: 16 MiB, about 20,000 pods with kubelet's metadata), so past that size only
-//! the streams can read the node.
+//! default: 16 MiB, 10,000 to 20,000 pods with kubelet's metadata), so past that size
+//! only the streams can read the node.
 //!
 //! Used when the runtime offers them; a runtime that answers UNIMPLEMENTED does not,
 //! and from then on the global relist uses the unary lists (said once in the log, as
