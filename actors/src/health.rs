@@ -93,6 +93,11 @@ impl Health {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The last global relist's error, while it is the last outcome.
+    pub fn last_error(&self) -> Option<String> {
+        self.error().clone()
+    }
+
     /// Whether the runtime answers, as of `now`.
     pub fn runtime(&self, now: Instant) -> Runtime {
         if let Some(e) = self.error().clone() {
@@ -271,7 +276,12 @@ mod tests {
             h.runtime(t0 + s(6)),
             Runtime::Failing("ListPodSandbox failed: Unavailable".into())
         );
+        assert_eq!(
+            h.last_error().as_deref(),
+            Some("ListPodSandbox failed: Unavailable")
+        );
         h.relist_succeeded(t0 + s(7));
+        assert_eq!(h.last_error(), None);
         h.relist_succeeded(t0 + s(8));
         assert!(matches!(h.runtime(t0 + s(10)), Runtime::Answering(d) if about(d, s(3))));
     }

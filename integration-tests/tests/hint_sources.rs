@@ -172,10 +172,13 @@ async fn garbage_unknown_ids_and_duplicates_ask_for_nothing_more() {
     }
     let d = expect_event(&e.sub, EventKind::ContainerDied, &c).await;
     assert_eq!(d.event.relist_source, RelistSource::ContainerdEvents);
+    // A duplicate that comes while the first still waits for the dispatcher merges
+    // into it (counted merged, not done): handled all the same.
     wait_until("every duplicate handled", || {
         let m = e.pleg.metrics();
         let settled = m.requests(RequestResult::Done, RelistSource::ContainerdEvents)
-            + m.requests(RequestResult::Skipped, RelistSource::ContainerdEvents);
+            + m.requests(RequestResult::Skipped, RelistSource::ContainerdEvents)
+            + m.requests(RequestResult::Merged, RelistSource::ContainerdEvents);
         settled == e.queued(RelistSource::ContainerdEvents)
     })
     .await;

@@ -41,6 +41,15 @@ pub struct Settings {
     /// is 16MiB. A relist whose answer is larger fails, and the log names the call.
     #[arg(long, env = "PLEGD_RUNTIME_MAX_MESSAGE_SIZE", default_value = "16MiB")]
     pub runtime_max_message_size: MessageSize,
+    /// Read the global relist's lists with CRI's streaming list calls
+    /// (StreamPodSandboxes, StreamContainers; containerd from 2.4) when the runtime
+    /// offers them: many messages, so a node past the runtime's own send limit
+    /// (containerd's default: 16MiB, 10,000 to 20,000 pods) is still read. A runtime that
+    /// answers UNIMPLEMENTED gets the unary lists until plegd restarts (logged once).
+    /// false: always the unary lists.
+    #[arg(long, env = "PLEGD_RUNTIME_LIST_STREAMING", default_value_t = true, action = clap::ArgAction::Set, value_name = "true|false")]
+    #[serde(deserialize_with = "true_or_false")]
+    pub runtime_list_streaming: bool,
     /// Pods the on-demand (targeted) relist queue holds, one request per pod (a newer
     /// request for a pod merges); a request for one more pod is dropped (counted) and
     /// the next global relist reconciles.
@@ -447,6 +456,8 @@ mod tests {
             "--metrics-addr",
             "[::1]:80",
             "--evented",
+            "false",
+            "--runtime-list-streaming",
             "false",
             "--otlp-events",
             "--otlp-events-endpoint",

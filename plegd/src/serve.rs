@@ -61,6 +61,9 @@ impl HealthSource for HealthAdapter {
             Some(s) => format!("state dir: stored ({} bytes)", s.size()),
         }]
     }
+    fn relist_error(&self) -> Option<String> {
+        self.0.last_error()
+    }
 }
 
 /// `plegd run`: a real CRI runtime.
@@ -219,7 +222,8 @@ pub async fn connect(
     };
     let runtime = CriRuntime::new(endpoint, config.runtime_request_timeout)
         .map_err(start_error)?
-        .with_max_message_size(config.runtime_max_message_size);
+        .with_max_message_size(config.runtime_max_message_size)
+        .with_list_streaming(config.runtime_list_streaming);
     let version = runtime.check().await.map_err(start_error)?;
     log_runtime(&version, &config.for_runtime(&version).pleg.hint_sources);
     Ok((runtime, version))

@@ -27,6 +27,8 @@ pub struct ServiceConfig {
     pub runtime_request_timeout: Duration,
     /// The largest CRI response decoded.
     pub runtime_max_message_size: usize,
+    /// `--runtime-list-streaming`: the global relist may use the streaming lists.
+    pub runtime_list_streaming: bool,
     /// `--events-json`: a path, `-` for stdout, or unset for the command's default.
     pub events_json: Option<PathBuf>,
     /// `None`: no `/metrics` endpoint.
@@ -159,6 +161,7 @@ impl Settings {
             },
             runtime_request_timeout: self.runtime_request_timeout.0,
             runtime_max_message_size: self.runtime_max_message_size.0,
+            runtime_list_streaming: self.runtime_list_streaming,
             events_json: self.events_json.clone(),
             metrics_addr: match self.metrics_addr {
                 MetricsAddr::Off => None,

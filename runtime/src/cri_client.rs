@@ -9,6 +9,7 @@
 //! System arbiter): tonic spawns the connection worker on the current runtime.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cri;
@@ -22,6 +23,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::containerd_events::{self, EventsClient, SubscribeRequest, TaskEventStream};
 use crate::convert;
+use crate::list_streaming::ListStreaming;
 use crate::raw_codec::RawCodec;
 use crate::{
     Container, ContainerStatus, EventStream, NodeLists, RuntimeClient, RuntimeError,
@@ -69,6 +71,8 @@ pub struct CriRuntime {
     events: EventsClient<Channel>,
     timeout: Duration,
     max_message_size: usize,
+    /// Whether the global relist reads the node through the streaming list calls.
+    streaming: Arc<ListStreaming>,
 }
 
 /// The largest CRI response plegd decodes by default: kubelet's 16 MiB. tonic's own
@@ -135,7 +139,20 @@ impl CriRuntime {
             socket,
             timeout: request_timeout,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            streaming: Arc::new(ListStreaming::new(true)),
         })
+    }
+
+    /// Whether the global relist may read the node through CRI's streaming list calls
+    /// when the runtime offers them (the default), or only through the unary lists.
+    pub fn with_list_streaming(mut self, enabled: bool) -> Self {
+        self.streaming = Arc::new(ListStreaming::new(enabled));
+        self
+    }
+
+    /// Whether the last global relist read the node through the streaming list calls.
+    pub fn list_streaming_in_use(&self) -> bool {
+        self.streaming.in_use()
     }
 
     /// The largest response decoded, for unary calls and each event alike.
@@ -243,24 +260,55 @@ impl CriRuntime {
     }
 }
 
-/// tonic reports a response over the decode limit as OutOfRange ("decoded message
-/// length too large"): name the call and the setting, so the log says what to raise.
-fn status_error(op: &'static str, limit: usize, status: tonic::Status) -> RuntimeError {
-    if status.code() == tonic::Code::OutOfRange && status.message().contains("too large") {
-        return RuntimeError::TooLarge {
-            op,
-            limit,
-            message: status.message().to_string(),
-        };
+/// A failed call's status as a [`RuntimeError`]. A response too large for one
+/// message is told apart by whose limit it hit: plegd's receive limit (tonic's
+/// decoder refuses it: OutOfRange, "decoded message length too large: found N bytes,
+/// the limit is: M bytes") or the runtime's send limit (the runtime refuses to send
+/// it: grpc-go's ResourceExhausted "trying to send message larger than max (N vs.
+/// M)", as containerd and CRI-O answer, or a tonic server's OutOfRange "encoded
+/// message length too large").
+pub(crate) fn status_error(op: &'static str, limit: usize, status: tonic::Status) -> RuntimeError {
+    let message = status.message();
+    let (size, their_limit) = first_two_numbers(message);
+    match status.code() {
+        tonic::Code::OutOfRange if message.contains("decoded message length too large") => {
+            return RuntimeError::TooLarge {
+                op,
+                limit,
+                size,
+                message: message.to_string(),
+            }
+        }
+        tonic::Code::OutOfRange if message.contains("encoded message length too large") => {}
+        tonic::Code::ResourceExhausted if message.contains("send message larger than max") => {}
+        code => {
+            return RuntimeError::Rpc {
+                op,
+                code,
+                message: message.to_string(),
+            }
+        }
     }
-    RuntimeError::Rpc {
+    RuntimeError::RuntimeTooLarge {
         op,
-        code: status.code(),
-        message: status.message().to_string(),
+        size,
+        limit: their_limit,
+        hint: "",
+        message: message.to_string(),
     }
 }
 
-fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+/// The first two unsigned numbers in `text` (a message size and a limit, as the gRPC
+/// stacks word them).
+fn first_two_numbers(text: &str) -> (Option<usize>, Option<usize>) {
+    let mut numbers = text
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().ok());
+    (numbers.next().flatten(), numbers.next().flatten())
+}
+
+pub(crate) fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.set_timeout(timeout);
     req
@@ -332,8 +380,18 @@ impl RuntimeClient for CriRuntime {
     /// The two lists undecoded: the global relist reads them in place and decodes only
     /// the pods that changed. Both are in flight at once: a global relist
     /// waits for one round trip, not two (targeted requests wait for it). Either
-    /// failing fails both.
+    /// failing fails both. Through the streaming list calls when the runtime offers
+    /// them ([`crate::list_streaming`]), else the unary ones.
     async fn list_node(&self) -> Result<NodeLists, RuntimeError> {
+        if self.streaming.should_try() {
+            let streamed = self
+                .streaming
+                .node_lists(&self.raw, self.timeout, self.max_message_size)
+                .await?;
+            if let Some(lists) = streamed {
+                return Ok(lists);
+            }
+        }
         let sandboxes = self.raw_unary(
             "ListPodSandbox",
             "/runtime.v1.RuntimeService/ListPodSandbox",
@@ -344,11 +402,26 @@ impl RuntimeClient for CriRuntime {
             "/runtime.v1.RuntimeService/ListContainers",
             cri::ListContainersRequest::default(),
         );
-        let (sandboxes, containers) = futures::try_join!(sandboxes, containers)?;
-        Ok(NodeLists::Wire {
-            sandboxes,
-            containers,
-        })
+        match futures::try_join!(sandboxes, containers) {
+            Ok((sandboxes, containers)) => Ok(NodeLists::Wire {
+                sandboxes,
+                containers,
+            }),
+            Err(RuntimeError::RuntimeTooLarge {
+                op,
+                size,
+                limit,
+                message,
+                ..
+            }) => Err(RuntimeError::RuntimeTooLarge {
+                op,
+                size,
+                limit,
+                hint: self.streaming.unary_hint(),
+                message,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError> {
@@ -449,5 +522,99 @@ mod tests {
         }
         let long = format!("unix:///{}", "x".repeat(120));
         assert!(parse_unix_endpoint(&long).is_err());
+    }
+
+    /// A response too large for one message, as each side's gRPC stack reports it,
+    /// names whose limit it hit and the sizes; other statuses stay what they were.
+    #[test]
+    fn a_response_too_large_names_whose_limit_it_hit() {
+        const OURS: usize = 16 << 20;
+        // tonic's decoder, in plegd: our receive limit.
+        let ours = status_error(
+            "ListContainers",
+            OURS,
+            tonic::Status::out_of_range(
+                "Error, decoded message length too large: found 17825792 bytes, the limit is: 16777216 bytes",
+            ),
+        );
+        assert!(
+            matches!(
+                ours,
+                RuntimeError::TooLarge {
+                    op: "ListContainers",
+                    limit: OURS,
+                    size: Some(17825792),
+                    ..
+                }
+            ),
+            "{ours:?}"
+        );
+        assert!(
+            ours.to_string().contains("--runtime-max-message-size"),
+            "{ours}"
+        );
+        // grpc-go in containerd or CRI-O: the runtime's send limit.
+        let theirs = status_error(
+            "ListContainers",
+            OURS,
+            tonic::Status::resource_exhausted(
+                "grpc: trying to send message larger than max (16779959 vs. 16777216)",
+            ),
+        );
+        assert!(
+            matches!(
+                theirs,
+                RuntimeError::RuntimeTooLarge {
+                    op: "ListContainers",
+                    size: Some(16779959),
+                    limit: Some(16777216),
+                    ..
+                }
+            ),
+            "{theirs:?}"
+        );
+        assert_eq!(theirs.code(), tonic::Code::ResourceExhausted);
+        let text = theirs.to_string();
+        assert!(
+            text.contains("runtime's own send limit of 16777216 bytes"),
+            "{text}"
+        );
+        assert!(text.contains("not of plegd"), "{text}");
+        assert!(!text.contains("--runtime-max-message-size"), "{text}");
+        // A runtime on tonic refusing to encode it: also the runtime's.
+        let tonic_server = status_error(
+            "ListPodSandbox",
+            OURS,
+            tonic::Status::out_of_range(
+                "Error, encoded message length too large: found 20 bytes, the limit is: 10 bytes",
+            ),
+        );
+        assert!(
+            matches!(
+                tonic_server,
+                RuntimeError::RuntimeTooLarge {
+                    size: Some(20),
+                    limit: Some(10),
+                    ..
+                }
+            ),
+            "{tonic_server:?}"
+        );
+        // Other exhausted resources are not a size.
+        let other = status_error(
+            "ListPodSandbox",
+            OURS,
+            tonic::Status::resource_exhausted("too many requests"),
+        );
+        assert!(
+            matches!(
+                other,
+                RuntimeError::Rpc {
+                    code: tonic::Code::ResourceExhausted,
+                    ..
+                }
+            ),
+            "{other:?}"
+        );
     }
 }

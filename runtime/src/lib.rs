@@ -10,6 +10,7 @@
 pub mod containerd_events;
 pub mod convert;
 mod cri_client;
+pub mod list_streaming;
 pub mod list_wire;
 mod node_lists;
 mod raw_codec;
@@ -135,12 +136,35 @@ pub enum RuntimeError {
     Timeout { op: &'static str, timeout: Duration },
     #[error("{op} returned an invalid response: {reason}")]
     Invalid { op: &'static str, reason: String },
-    #[error("{op}: the response is larger than the {limit}-byte limit (--runtime-max-message-size): {message}")]
+    /// A response over plegd's own receive limit (`--runtime-max-message-size`):
+    /// tonic refused to decode it.
+    #[error("{op}: the runtime's response{} is larger than plegd's receive limit of {limit} bytes (raise --runtime-max-message-size)", bytes_of(*.size))]
     TooLarge {
         op: &'static str,
         limit: usize,
+        /// The response's size, when tonic said it.
+        size: Option<usize>,
         message: String,
     },
+    /// The runtime refused to send a response over its own send limit, a setting of
+    /// the runtime's gRPC server (containerd's `[grpc] max_send_message_size`, 16 MiB
+    /// by default; CRI-O's `grpc_max_send_msg_size`): no client can read this list in
+    /// one message. The streaming list calls carry any size.
+    #[error("{op}: the runtime refused to send its response{}: it is over the runtime's own send limit{} (a setting of the runtime, not of plegd){hint} ({message})", bytes_of(*.size), bytes_of(*.limit))]
+    RuntimeTooLarge {
+        op: &'static str,
+        /// The response's size and the runtime's limit, when its message said them.
+        size: Option<usize>,
+        limit: Option<usize>,
+        /// What would read the list instead (empty: nothing more to say).
+        hint: &'static str,
+        message: String,
+    },
+}
+
+/// " of N bytes", or nothing when the size is not known.
+fn bytes_of(size: Option<usize>) -> String {
+    size.map(|n| format!(" of {n} bytes")).unwrap_or_default()
 }
 
 impl RuntimeError {
@@ -153,6 +177,7 @@ impl RuntimeError {
             RuntimeError::Timeout { .. } => tonic::Code::DeadlineExceeded,
             RuntimeError::Invalid { .. } => tonic::Code::Internal,
             RuntimeError::TooLarge { .. } => tonic::Code::OutOfRange,
+            RuntimeError::RuntimeTooLarge { .. } => tonic::Code::ResourceExhausted,
         }
     }
 

@@ -105,6 +105,40 @@ pub(crate) struct State {
     /// Bytes of padding the CRI server adds to the first item of each list response
     /// (0: none), to make lists larger than a client accepts.
     list_padding: usize,
+    /// How the CRI server sends lists: see [`ListServing`].
+    pub(crate) lists: ListServing,
+    /// Streaming list calls received (served or refused).
+    list_stream_calls: u64,
+}
+
+/// How the simulated CRI server sends lists, as a real runtime's gRPC server would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListServing {
+    /// The largest message the server sends (None: no limit, tonic's default). A list
+    /// response or streamed message over it is refused with ResourceExhausted, worded
+    /// as grpc-go (containerd's and CRI-O's gRPC) words it; containerd's default is
+    /// [`CONTAINERD_SEND_LIMIT`].
+    pub send_limit: Option<usize>,
+    /// Whether StreamPodSandboxes and StreamContainers are served (else they answer
+    /// UNIMPLEMENTED, as a runtime built before them does).
+    pub streaming: bool,
+    /// Entries per streamed message (containerd sends 5,000).
+    pub stream_batch: usize,
+}
+
+/// containerd's default gRPC send limit (`[grpc] max_send_message_size`): 16 MiB.
+pub const CONTAINERD_SEND_LIMIT: usize = 16 << 20;
+
+impl Default for ListServing {
+    /// No send limit and no streaming list calls: the lists as the simulator always
+    /// served them.
+    fn default() -> Self {
+        ListServing {
+            send_limit: None,
+            streaming: false,
+            stream_batch: 5000,
+        }
+    }
 }
 
 impl State {
@@ -596,6 +630,28 @@ impl FakeRuntime {
     /// The padding set by [`Self::set_list_padding`].
     pub fn list_padding(&self) -> usize {
         self.lock().list_padding
+    }
+
+    /// How the simulated CRI server sends lists from now on ([`ListServing`]).
+    pub fn set_list_serving(&self, serving: ListServing) {
+        self.lock().lists = serving;
+    }
+
+    /// What [`Self::set_list_serving`] set.
+    pub fn list_serving(&self) -> ListServing {
+        self.lock().lists
+    }
+
+    /// Streaming list calls the simulated CRI server received (served or refused).
+    pub fn list_stream_calls(&self) -> u64 {
+        self.lock().list_stream_calls
+    }
+
+    /// Counts a streaming list call; returns how lists are served now.
+    pub(crate) fn list_stream_called(&self) -> ListServing {
+        let mut st = self.lock();
+        st.list_stream_calls += 1;
+        st.lists
     }
 
     /// How many calls of `op` were made.

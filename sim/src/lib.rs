@@ -4,7 +4,8 @@
 //! tonic client against scripted state, faults, latency, event streams and runtime
 //! restarts — with no containerd on the machine.
 //!
-//! - [`server`]: the `RuntimeService` implementation ([`CriServer`]);
+//! - [`server`]: the `RuntimeService` implementation ([`CriServer`]), with the
+//!   streaming list calls beside it ([`list_streaming`]);
 //!   [`events_server`]: containerd's event service beside it, as containerd serves it.
 //! - [`socket`]: serving it on a unix socket, in the caller's tokio runtime
 //!   ([`serve_unix`]) or on a thread of its own ([`spawn_in_thread`]).
@@ -20,6 +21,7 @@ mod fake;
 mod filter;
 mod intercept;
 pub mod kubelet;
+pub mod list_streaming;
 pub mod server;
 pub mod socket;
 mod wire;
@@ -29,7 +31,7 @@ pub use churn::{
 };
 pub use cri_writes::{KILL_EXIT_CODE, STOP_EXIT_CODE};
 pub use error::SimError;
-pub use fake::{EventFilter, FakeRuntime, Op};
+pub use fake::{EventFilter, FakeRuntime, ListServing, Op, CONTAINERD_SEND_LIMIT};
 pub use intercept::{Intercept, Intercepted};
 pub use kubelet::{ContainerMeta, Kubelet};
 pub use server::CriServer;

@@ -58,6 +58,71 @@ fn unimplemented<T>(method: &str) -> Reply<T> {
     )))
 }
 
+impl CriServer {
+    /// The runtime this server answers for.
+    pub(crate) fn runtime(&self) -> &FakeRuntime {
+        &self.runtime
+    }
+
+    /// The sandboxes ListPodSandbox (and StreamPodSandboxes) sends for `filter`, the
+    /// first one padded ([`FakeRuntime::set_list_padding`]).
+    pub(crate) async fn sandboxes_listed(
+        &self,
+        filter: cri::PodSandboxFilter,
+    ) -> Result<Vec<cri::PodSandbox>, Status> {
+        let id = Some(filter.id.as_str()).filter(|id| !id.is_empty());
+        let listed: Vec<_> = self
+            .runtime
+            .list_sandboxes(id)
+            .await
+            .map_err(to_status)?
+            .into_iter()
+            .filter(|s| filter::sandbox_matches(s, &filter))
+            .collect();
+        let mut items = self.runtime.sandboxes_to_wire(&listed);
+        if let Some(first) = items.first_mut() {
+            pad(&mut first.annotations, self.runtime.list_padding());
+        }
+        Ok(items)
+    }
+
+    /// The containers ListContainers (and StreamContainers) sends for `filter`, the
+    /// first one padded.
+    pub(crate) async fn containers_listed(
+        &self,
+        filter: cri::ContainerFilter,
+    ) -> Result<Vec<cri::Container>, Status> {
+        let sandbox = Some(filter.pod_sandbox_id.as_str()).filter(|s| !s.is_empty());
+        let listed = if filter.id.is_empty() {
+            self.runtime.list_containers(sandbox).await
+        } else {
+            let found = self.runtime.container_by_id(&filter.id).await;
+            found.map(|c| c.into_iter().collect())
+        };
+        let mut containers = self.runtime.containers_to_wire(&listed.map_err(to_status)?);
+        containers.retain(|c| filter::container_matches(c, &filter));
+        if let Some(first) = containers.first_mut() {
+            pad(&mut first.annotations, self.runtime.list_padding());
+        }
+        Ok(containers)
+    }
+}
+
+/// Refuses a message over the server's send limit as grpc-go does (containerd and
+/// CRI-O are grpc-go servers): ResourceExhausted, with the sizes in its words.
+pub(crate) fn within_send_limit(
+    message: &impl tonic_prost::prost::Message,
+    limit: Option<usize>,
+) -> Result<(), Status> {
+    let len = message.encoded_len();
+    match limit {
+        Some(max) if len > max => Err(Status::resource_exhausted(format!(
+            "grpc: trying to send message larger than max ({len} vs. {max})"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The scripted list padding ([`FakeRuntime::set_list_padding`]) as one annotation.
 fn pad(annotations: &mut std::collections::HashMap<String, String>, bytes: usize) {
     if bytes > 0 {
@@ -151,20 +216,10 @@ impl RuntimeService for CriServer {
         req: Request<cri::ListPodSandboxRequest>,
     ) -> Reply<cri::ListPodSandboxResponse> {
         let filter = req.into_inner().filter.unwrap_or_default();
-        let id = Some(filter.id.as_str()).filter(|id| !id.is_empty());
-        let listed: Vec<_> = self
-            .runtime
-            .list_sandboxes(id)
-            .await
-            .map_err(to_status)?
-            .into_iter()
-            .filter(|s| filter::sandbox_matches(s, &filter))
-            .collect();
-        let mut items = self.runtime.sandboxes_to_wire(&listed);
-        if let Some(first) = items.first_mut() {
-            pad(&mut first.annotations, self.runtime.list_padding());
-        }
-        Ok(Response::new(cri::ListPodSandboxResponse { items }))
+        let items = self.sandboxes_listed(filter).await?;
+        let resp = cri::ListPodSandboxResponse { items };
+        within_send_limit(&resp, self.runtime.list_serving().send_limit)?;
+        Ok(Response::new(resp))
     }
 
     async fn create_container(
@@ -203,19 +258,10 @@ impl RuntimeService for CriServer {
         req: Request<cri::ListContainersRequest>,
     ) -> Reply<cri::ListContainersResponse> {
         let filter = req.into_inner().filter.unwrap_or_default();
-        let sandbox = Some(filter.pod_sandbox_id.as_str()).filter(|s| !s.is_empty());
-        let listed = if filter.id.is_empty() {
-            self.runtime.list_containers(sandbox).await
-        } else {
-            let found = self.runtime.container_by_id(&filter.id).await;
-            found.map(|c| c.into_iter().collect())
-        };
-        let mut containers = self.runtime.containers_to_wire(&listed.map_err(to_status)?);
-        containers.retain(|c| filter::container_matches(c, &filter));
-        if let Some(first) = containers.first_mut() {
-            pad(&mut first.annotations, self.runtime.list_padding());
-        }
-        Ok(Response::new(cri::ListContainersResponse { containers }))
+        let containers = self.containers_listed(filter).await?;
+        let resp = cri::ListContainersResponse { containers };
+        within_send_limit(&resp, self.runtime.list_serving().send_limit)?;
+        Ok(Response::new(resp))
     }
 
     async fn container_status(

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::fake::FakeRuntime;
-use plegd_runtime::cri::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -19,6 +18,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::error::SimError;
 use crate::events_server::{EventsServer, SimEvents};
+use crate::list_streaming::CriService;
 use crate::server::CriServer;
 
 /// How long [`SimServer::shutdown`] waits for connections to drain (a unary call
@@ -113,7 +113,7 @@ pub async fn serve_unix(path: &Path, runtime: FakeRuntime) -> Result<SimServer, 
     })?;
     let bound = file_id(path);
     let (stopping, stopping_rx) = watch::channel(false);
-    let service = RuntimeServiceServer::new(CriServer::with_shutdown(
+    let service = CriService::new(CriServer::with_shutdown(
         runtime.clone(),
         stopping_rx.clone(),
     ));

@@ -1,7 +1,8 @@
 //! The operator endpoint: Prometheus text on `/metrics`, liveness on `/healthz`
 //! (200 while the Generic PLEG is healthy, else 503 with the reason) and readiness on
 //! `/readyz` (200 once the first global relist has succeeded; its body also lists the
-//! relist hint sources' states).
+//! relist hint sources' states). Both bodies also say the last global relist's error
+//! while it is the last outcome (say, a list too large for one message).
 //!
 //! Its clients are not trusted: in the DaemonSet it listens on 0.0.0.0, so any pod on
 //! the node can connect. [`Limits`] bounds what a client can hold: the time to send a
@@ -43,6 +44,19 @@ pub trait HealthSource: Send + Sync + 'static {
     fn details(&self) -> Vec<String> {
         Vec::new()
     }
+    /// The last global relist's error, while it is the last outcome (None: it
+    /// succeeded, or none has ended).
+    fn relist_error(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The body's line for the last global relist's error, if it failed.
+fn relist_error_line(health: &dyn HealthSource) -> String {
+    health
+        .relist_error()
+        .map(|e| format!("last global relist failed: {e}\n"))
+        .unwrap_or_default()
 }
 
 /// What one client may hold of the endpoint. See [`Limits::default`] for the values
@@ -106,7 +120,10 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
     match s.health.live() {
         Ok(()) => (StatusCode::OK, "ok\n".to_string()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{why}\n{}", relist_error_line(s.health.as_ref())),
+        ),
     }
 }
 
@@ -118,12 +135,13 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
         sources.push_str(&line);
         sources.push('\n');
     }
+    let failed = relist_error_line(s.health.as_ref());
     if s.health.ready() {
-        (StatusCode::OK, format!("ready\n{sources}"))
+        (StatusCode::OK, format!("ready\n{failed}{sources}"))
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("waiting for the first global relist\n{sources}"),
+            format!("waiting for the first global relist\n{failed}{sources}"),
         )
     }
 }
@@ -366,6 +384,10 @@ mod tests {
 
     impl Running {
         fn start(limits: Option<Limits>) -> Running {
+            Running::start_with(limits, Arc::new(Healthy))
+        }
+
+        fn start_with(limits: Option<Limits>, health: Arc<dyn HealthSource>) -> Running {
             let (addr_tx, addr_rx) = std::sync::mpsc::channel();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let thread = std::thread::spawn(move || {
@@ -376,7 +398,7 @@ mod tests {
                 rt.block_on(async move {
                     let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
                     let mut server =
-                        MetricsServer::bind(any_port, Arc::new(Metrics::new()), Arc::new(Healthy))
+                        MetricsServer::bind(any_port, Arc::new(Metrics::new()), health)
                             .await
                             .unwrap();
                     if let Some(limits) = limits {
@@ -493,6 +515,43 @@ mod tests {
         assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
         assert!(metrics.contains("kubelet_pleg_relist_duration_seconds"));
         assert!(server.stop() < Duration::from_secs(1));
+    }
+
+    /// A runtime that cannot be read: both probes say the last global relist's error.
+    #[test]
+    fn the_probes_say_why_the_last_global_relist_failed() {
+        struct CannotList;
+        impl HealthSource for CannotList {
+            fn live(&self) -> Result<(), String> {
+                Err("pleg was last seen active 181.0s ago; threshold is 180.0s".into())
+            }
+            fn ready(&self) -> bool {
+                false
+            }
+            fn relist_error(&self) -> Option<String> {
+                Some("ListContainers: the runtime refused to send its response".into())
+            }
+        }
+        let server = Running::start_with(Some(short()), Arc::new(CannotList));
+        let failed = "last global relist failed: ListContainers: the runtime refused";
+        let health = server.get("/healthz");
+        assert!(health.starts_with("HTTP/1.1 503"), "{health}");
+        assert!(
+            health.contains("threshold is 180.0s") && health.contains(failed),
+            "{health}"
+        );
+        let ready = server.get("/readyz");
+        assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+        assert!(
+            ready.contains("waiting for the first global relist"),
+            "{ready}"
+        );
+        assert!(ready.contains(failed), "{ready}");
+        assert!(ready.contains("hint sources: "), "{ready}");
+        // A healthy endpoint's bodies carry no such line.
+        let fine = Running::start(Some(short()));
+        assert!(!fine.get("/readyz").contains("failed"));
+        assert!(!fine.get("/healthz").contains("failed"));
     }
 
     #[test]

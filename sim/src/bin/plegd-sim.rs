@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use plegd_sim::kubelet::{self, Kubelet};
-use plegd_sim::{serve_unix, FakeRuntime};
+use plegd_sim::{serve_unix, FakeRuntime, ListServing};
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +37,17 @@ struct Args {
     heavy_every: usize,
     #[arg(long, default_value_t = 2048)]
     heavy_bytes: usize,
+    /// Serve CRI's streaming list calls (StreamPodSandboxes, StreamContainers), as
+    /// containerd from 2.4 does; without it they answer UNIMPLEMENTED.
+    #[arg(long)]
+    list_streaming: bool,
+    /// Entries per streamed list message (containerd sends 5000).
+    #[arg(long, default_value_t = 5000)]
+    stream_batch: usize,
+    /// Refuse to send a list message larger than this many bytes, as a gRPC server's
+    /// send limit does (containerd's: 16777216). Default: no limit.
+    #[arg(long)]
+    max_send_message_size: Option<usize>,
 }
 
 /// A pod UID as Kubernetes makes them (36 characters), so that plegd's memory per pod
@@ -66,6 +77,11 @@ fn main() -> ExitCode {
                 heavy_bytes: args.heavy_bytes,
             })
         };
+        runtime.set_list_serving(ListServing {
+            send_limit: args.max_send_message_size,
+            streaming: args.list_streaming,
+            stream_batch: args.stream_batch,
+        });
         for i in 0..args.pods {
             let sandbox = if args.light {
                 runtime.run_pod(&uid(i), &format!("bench-{i}"), "bench")

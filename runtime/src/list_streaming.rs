@@ -1,0 +1,367 @@
+//! The global relist's lists through CRI's streaming list calls, StreamPodSandboxes
+//! and StreamContainers (KEP-5825, CRIListStreaming): the unary lists are one message
+//! each, and a runtime refuses to send one over its own gRPC send limit (containerd's
+//! default: 16 MiB, 10,000 to 20,000 pods with kubelet's metadata), so past that size
+//! only the streams can read the node.
+//!
+//! Used when the runtime offers them; a runtime that answers UNIMPLEMENTED does not,
+//! and from then on the global relist uses the unary lists (said once in the log, as
+//! kubelet remembers it until it restarts). `--runtime-list-streaming=false` keeps
+//! plegd on the unary lists.
+//!
+//! Each streamed message has the unary response's shape — its field 1 is the repeated
+//! entry, `PodSandbox` or `Container` — so the messages of one stream, appended in
+//! order, are one valid `ListPodSandboxResponse` or `ListContainersResponse`: the
+//! global relist reads them in place as it reads the unary responses
+//! ([`NodeLists::Wire`], [`crate::list_wire`]). Each message is first checked to be a
+//! whole sequence of fields, so that no field spans two messages and the appended
+//! bytes are read exactly as each message on its own would be (an entry the reader
+//! then refuses is reported under the unary call's name: the view does not know
+//! which path brought the bytes). The cost over the unary path is that one copy of
+//! the bytes.
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use prost::bytes::Bytes;
+use prost::encoding::{decode_key, skip_field, DecodeContext};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Channel;
+
+use crate::cri_client::{request, status_error};
+use crate::raw_codec::RawCodec;
+use crate::{NodeLists, RuntimeError};
+
+/// The streaming list calls' messages (generated from `proto/cri_list_streaming.proto`
+/// with the published names and field numbers), and the CRI messages they carry.
+#[allow(clippy::all, missing_docs, unreachable_pub, rust_2018_idioms)]
+pub mod proto {
+    pub use k8s_cri::v1::{Container, ContainerFilter, PodSandbox, PodSandboxFilter};
+    tonic::include_proto!("runtime.v1");
+}
+
+pub const STREAM_POD_SANDBOXES: &str = "/runtime.v1.RuntimeService/StreamPodSandboxes";
+pub const STREAM_CONTAINERS: &str = "/runtime.v1.RuntimeService/StreamContainers";
+
+/// Not asked yet.
+const UNKNOWN: u8 = 0;
+/// The runtime answered them.
+const OFFERED: u8 = 1;
+/// The runtime answered UNIMPLEMENTED.
+const NOT_OFFERED: u8 = 2;
+/// `--runtime-list-streaming=false`.
+const OFF: u8 = 3;
+
+/// Whether the global relist reads the node through the streams, as far as plegd
+/// knows; shared by the clones of one client.
+#[derive(Debug)]
+pub(crate) struct ListStreaming {
+    state: AtomicU8,
+    /// The last streamed lists' sizes (sandboxes, containers): the next ones' buffers
+    /// are that large at once, not grown by doubling.
+    last_len: [AtomicUsize; 2],
+}
+
+impl ListStreaming {
+    pub(crate) fn new(enabled: bool) -> Self {
+        ListStreaming {
+            state: AtomicU8::new(if enabled { UNKNOWN } else { OFF }),
+            last_len: Default::default(),
+        }
+    }
+
+    /// Whether the next global relist tries the streams.
+    pub(crate) fn should_try(&self) -> bool {
+        matches!(self.state.load(Ordering::Relaxed), UNKNOWN | OFFERED)
+    }
+
+    /// Whether the last global relist read the node through the streams.
+    pub(crate) fn in_use(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == OFFERED
+    }
+
+    fn offered(&self) {
+        if self.state.swap(OFFERED, Ordering::Relaxed) != OFFERED {
+            tracing::info!(
+                "the runtime offers the streaming list calls (StreamPodSandboxes, StreamContainers): global relists read the node through them, whatever its size"
+            );
+        }
+    }
+
+    fn not_offered(&self, answer: &RuntimeError) {
+        if self.state.swap(NOT_OFFERED, Ordering::Relaxed) != NOT_OFFERED {
+            tracing::info!(
+                answer = %answer,
+                "the runtime does not offer the streaming list calls (StreamPodSandboxes, StreamContainers): global relists use ListPodSandbox and ListContainers, each one message under the runtime's send limit, until plegd restarts"
+            );
+        }
+    }
+
+    /// What would read a unary list that was over the runtime's send limit.
+    pub(crate) fn unary_hint(&self) -> &'static str {
+        match self.state.load(Ordering::Relaxed) {
+            NOT_OFFERED => "; this runtime does not offer the streaming list calls (StreamPodSandboxes, StreamContainers; containerd from 2.4) that would carry it",
+            OFF => "; --runtime-list-streaming=false keeps plegd from the streaming list calls that would carry it",
+            _ => "",
+        }
+    }
+
+    /// The node's lists through the two streams, both in flight at once. `Ok(None)`:
+    /// the runtime does not offer them (remembered; the caller lists with the unary
+    /// calls).
+    pub(crate) async fn node_lists(
+        &self,
+        grpc: &tonic::client::Grpc<Channel>,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<Option<NodeLists>, RuntimeError> {
+        let sandboxes = streamed_list(
+            grpc.clone(),
+            "StreamPodSandboxes",
+            STREAM_POD_SANDBOXES,
+            proto::StreamPodSandboxesRequest::default(),
+            Reading {
+                timeout,
+                limit,
+                capacity: self.capacity(0),
+            },
+        );
+        let containers = streamed_list(
+            grpc.clone(),
+            "StreamContainers",
+            STREAM_CONTAINERS,
+            proto::StreamContainersRequest::default(),
+            Reading {
+                timeout,
+                limit,
+                capacity: self.capacity(1),
+            },
+        );
+        match futures::try_join!(sandboxes, containers) {
+            Ok((sandboxes, containers)) => {
+                self.last_len[0].store(sandboxes.len(), Ordering::Relaxed);
+                self.last_len[1].store(containers.len(), Ordering::Relaxed);
+                self.offered();
+                Ok(Some(NodeLists::Wire {
+                    sandboxes,
+                    containers,
+                }))
+            }
+            Err(e) if e.code() == tonic::Code::Unimplemented => {
+                self.not_offered(&e);
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The buffer for list `which`: the last one's size and an eighth more.
+    fn capacity(&self, which: usize) -> usize {
+        let last = self.last_len[which].load(Ordering::Relaxed);
+        last + last / 8
+    }
+}
+
+/// How one stream is read.
+struct Reading {
+    /// For the whole stream, from the call to its end.
+    timeout: Duration,
+    /// plegd's receive limit, for the error that names it.
+    limit: usize,
+    capacity: usize,
+}
+
+/// One stream's messages, appended (see the module's comment).
+async fn streamed_list<Req: prost::Message + Send + Sync + 'static>(
+    mut grpc: tonic::client::Grpc<Channel>,
+    op: &'static str,
+    path: &'static str,
+    req: Req,
+    how: Reading,
+) -> Result<Bytes, RuntimeError> {
+    let read = async {
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))
+            .map_err(|s| status_error(op, how.limit, s))?;
+        let mut stream = grpc
+            .server_streaming(
+                request(req, how.timeout),
+                PathAndQuery::from_static(path),
+                RawCodec::<Req>::default(),
+            )
+            .await
+            .map_err(|s| status_error(op, how.limit, s))?
+            .into_inner();
+        let mut out = Vec::with_capacity(how.capacity);
+        while let Some(message) = stream
+            .message()
+            .await
+            .map_err(|s| status_error(op, how.limit, s))?
+        {
+            append_whole(&mut out, &message)
+                .map_err(|reason| RuntimeError::Invalid { op, reason })?;
+        }
+        Ok(Bytes::from(out))
+    };
+    match tokio::time::timeout(how.timeout, read).await {
+        Ok(result) => result,
+        Err(_) => Err(RuntimeError::Timeout {
+            op,
+            timeout: how.timeout,
+        }),
+    }
+}
+
+/// Appends `message` to `out` once it is checked to be a sequence of whole fields
+/// (prost's checks of keys, lengths and groups at its top level; the entries are
+/// checked when the lists are read).
+fn append_whole(out: &mut Vec<u8>, message: &[u8]) -> Result<(), String> {
+    let mut rest = message;
+    while !rest.is_empty() {
+        let (tag, wire_type) = decode_key(&mut rest).map_err(|e| e.to_string())?;
+        skip_field(wire_type, tag, &mut rest, DecodeContext::default())
+            .map_err(|e| e.to_string())?;
+    }
+    out.extend_from_slice(message);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::{convert, cri, Container, ContainerState, PodRef, Sandbox, SandboxState};
+
+    fn sandbox(i: usize) -> Sandbox {
+        Sandbox {
+            id: format!("sb{i}"),
+            pod: PodRef {
+                uid: format!("u{i}"),
+                name: format!("web-{i}"),
+                namespace: "ns".into(),
+            },
+            attempt: 0,
+            state: SandboxState::Ready,
+            created_at: i as i64,
+            labels: [("app".to_string(), format!("web-{i}"))].into(),
+        }
+    }
+
+    fn container(i: usize) -> Container {
+        Container {
+            id: format!("c{i}"),
+            sandbox_id: format!("sb{i}"),
+            name: "app".into(),
+            attempt: 1,
+            state: ContainerState::Running,
+            created_at: i as i64,
+        }
+    }
+
+    /// The streamed messages of `n` sandboxes and containers, `per` entries each.
+    fn streamed(n: usize, per: usize) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let sandboxes: Vec<_> = (0..n).map(sandbox).collect();
+        let containers: Vec<_> = (0..n).map(container).collect();
+        let s = sandboxes
+            .chunks(per)
+            .map(|chunk| {
+                proto::StreamPodSandboxesResponse {
+                    pod_sandboxes: chunk.iter().map(convert::sandbox_to_wire).collect(),
+                }
+                .encode_to_vec()
+            })
+            .collect();
+        let c = containers
+            .chunks(per)
+            .map(|chunk| {
+                proto::StreamContainersResponse {
+                    containers: chunk.iter().map(convert::container_to_wire).collect(),
+                }
+                .encode_to_vec()
+            })
+            .collect();
+        (s, c)
+    }
+
+    fn appended(messages: &[Vec<u8>]) -> Result<Bytes, String> {
+        let mut out = Vec::new();
+        for m in messages {
+            append_whole(&mut out, m)?;
+        }
+        Ok(out.into())
+    }
+
+    #[test]
+    fn streamed_messages_appended_are_the_unary_lists() {
+        let (s, c) = streamed(10, 3);
+        assert_eq!(s.len(), 4);
+        let lists = NodeLists::Wire {
+            sandboxes: appended(&s).expect("whole messages"),
+            containers: appended(&c).expect("whole messages"),
+        };
+        let view = lists.view().expect("valid lists");
+        let ids: Vec<_> = view.sandboxes.iter().map(|s| s.id).collect();
+        let want: Vec<_> = (0..10).map(|i| format!("sb{i}")).collect();
+        assert_eq!(ids, want);
+        assert_eq!(view.sandboxes[7].to_sandbox().expect("labels"), sandbox(7));
+        let got: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
+        assert_eq!(got, (0..10).map(container).collect::<Vec<_>>());
+        // prost agrees: the appended bytes are a ListContainersResponse of every entry.
+        let decoded = cri::ListContainersResponse::decode(appended(&c).expect("whole"))
+            .expect("prost decodes");
+        assert_eq!(decoded.containers.len(), 10);
+    }
+
+    #[test]
+    fn a_message_that_ends_inside_a_field_is_refused() {
+        let (s, _) = streamed(4, 2);
+        for cut in [1, 2, s[0].len() - 1] {
+            // The first message cut short, then a whole one: appended, the second's
+            // bytes would complete the first's last field.
+            let messages = vec![s[0][..cut].to_vec(), s[1].clone()];
+            assert!(appended(&messages).is_err(), "cut at {cut} accepted");
+            assert!(
+                proto::StreamPodSandboxesResponse::decode(&s[0][..cut]).is_err(),
+                "prost accepts the cut at {cut}: the test is wrong"
+            );
+        }
+        // A group opened in one message and closed in the next.
+        let open_group = vec![0x13];
+        let close_group = vec![0x14];
+        assert!(appended(&[open_group, close_group]).is_err());
+    }
+
+    #[test]
+    fn unknown_fields_of_a_message_are_kept_and_skipped_when_read() {
+        let (s, _) = streamed(2, 1);
+        // Field 2, a varint: not in today's message, skipped by every reader.
+        let mut with_unknown = s[0].clone();
+        with_unknown.extend_from_slice(&[0x10, 0x05]);
+        let lists = NodeLists::Wire {
+            sandboxes: appended(&[with_unknown, s[1].clone()]).expect("whole"),
+            containers: Bytes::new(),
+        };
+        assert_eq!(lists.view().expect("valid").sandboxes.len(), 2);
+    }
+
+    #[test]
+    fn the_state_is_remembered_and_named_in_the_hint() {
+        let off = ListStreaming::new(false);
+        assert!(!off.should_try());
+        assert!(off.unary_hint().contains("--runtime-list-streaming=false"));
+        let on = ListStreaming::new(true);
+        assert!(on.should_try() && !on.in_use());
+        assert_eq!(on.unary_hint(), "");
+        on.offered();
+        assert!(on.should_try() && on.in_use());
+        on.not_offered(&RuntimeError::Rpc {
+            op: "StreamContainers",
+            code: tonic::Code::Unimplemented,
+            message: "unknown method".into(),
+        });
+        assert!(!on.should_try() && !on.in_use());
+        assert!(on.unary_hint().contains("does not offer"));
+    }
+}
