@@ -37,17 +37,13 @@ const CHILD: &str = "PLEGD_RELIST_INSTRUCTIONS_CHILD";
 
 fn node() -> FakeRuntime {
     let rt = FakeRuntime::with_kubelet(Kubelet::default());
-    for i in 0..PODS {
-        let (name, labels) = kubelet::deployment_pod(i);
-        let sb = rt.run_pod_with_labels(
-            &format!("{i:08x}-0000-4000-8000-{i:012x}"),
-            &name,
-            "bench",
-            labels,
-        );
-        rt.run_container(&sb, "app-0");
-        rt.run_container(&sb, "app-1");
-    }
+    kubelet::run_deployment_pods(
+        &rt,
+        PODS,
+        "bench",
+        |i| format!("{i:08x}-0000-4000-8000-{i:012x}"),
+        &["app-0", "app-1"],
+    );
     rt
 }
 

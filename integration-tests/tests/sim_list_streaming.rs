@@ -22,12 +22,7 @@ async fn kubelet_node() -> (FakeRuntime, usize, usize) {
         heavy_every: 0,
         heavy_bytes: 0,
     });
-    for i in 0..PODS {
-        let (name, labels) = kubelet::deployment_pod(i);
-        let sb = rt.run_pod_with_labels(&format!("uid-{i}"), &name, "ns", labels);
-        rt.run_container(&sb, "app");
-        rt.run_container(&sb, "sidecar");
-    }
+    kubelet::run_deployment_pods(&rt, PODS, "ns", |i| format!("uid-{i}"), &["app", "sidecar"]);
     let sandboxes = rt.list_sandboxes(None).await.expect("the fake's sandboxes");
     let containers = rt
         .list_containers(None)

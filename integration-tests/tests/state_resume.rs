@@ -1,10 +1,8 @@
 //! The state dir over the fake runtime, in one process: plegd stopped and started
 //! again on the same state goes on as the same instance, with the revisions, history
-//! and cache it had, and publishes what happened while it was down; a copy of the
-//! state file taken at any moment (what a killed process leaves) never misses a
-//! revision that was shown, nor holds one with other content.
+//! and cache it had, and publishes what happened while it was down. (Copies of the
+//! state taken at any moment, what a killed process leaves: `actors/src/state/tests.rs`.)
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,75 +154,6 @@ async fn a_clean_restart_goes_on_as_the_same_instance_and_publishes_the_downtime
         plegd_actors::PodLookup::Removed { .. }
     ));
     stop(&second).await;
-}
-
-/// A copy of the state file taken while plegd runs is what a process killed at that
-/// moment leaves (the page cache holds every write that returned). Each copy: loads
-/// (a cut last record is dropped), holds every revision shown before the copy began,
-/// and each stored event is the one published with its revision.
-#[actix_rt::test]
-async fn a_state_copied_at_any_moment_holds_every_revision_shown_and_only_those_published() {
-    let dir = tempfile::tempdir().unwrap();
-    let rt = FakeRuntime::new();
-    let p = start(&rt, open(dir.path()));
-    let sub = p.subscribe("t", 1 << 16).await.unwrap();
-    wait_until("the first state file", || dir.path().join("state").exists()).await;
-    let copies = tempfile::tempdir().unwrap();
-    let mut taken = Vec::new();
-    let mut sandboxes = Vec::new();
-    for round in 0..40i32 {
-        // Churn: pods come, containers start and exit, pods go.
-        let sb = rt.run_pod(&format!("u{round}"), "w", "ns");
-        let c = rt.run_container(&sb, "app");
-        sandboxes.push((sb, c));
-        if round % 3 == 1 {
-            // The previous round's container.
-            if let Some((_, c)) = sandboxes.iter().rev().nth(1) {
-                rt.exit_container(c, round);
-            }
-        }
-        if round % 5 == 4 {
-            let (sb, _) = sandboxes.remove(0);
-            rt.remove_pod(&sb);
-        }
-        let shown = p.latest_revision();
-        let copy = copies.path().join(format!("c{round}"));
-        std::fs::create_dir(&copy).unwrap();
-        std::fs::copy(dir.path().join("state"), copy.join("state")).unwrap();
-        taken.push((copy, shown));
-        tokio::time::sleep(Duration::from_millis(7)).await;
-    }
-    stop(&p).await;
-    let published: HashMap<u64, LifecycleEvent> = drain(&sub)
-        .into_iter()
-        .map(|d| (d.event.revision, (*d.event).clone()))
-        .collect();
-    assert!(published.len() > 100, "churn published {}", published.len());
-    for (copy, shown) in taken {
-        let opened = open(&copy);
-        let loaded = opened
-            .loaded
-            .unwrap_or_else(|| panic!("{}: {:?}", copy.display(), opened.discarded));
-        assert!(!loaded.clean());
-        assert!(
-            loaded.revision() >= shown,
-            "{}: stored {} < shown {shown}",
-            copy.display(),
-            loaded.revision()
-        );
-        let mut last = 0;
-        for ev in loaded.history() {
-            assert_eq!(
-                Some(ev),
-                published.get(&ev.revision),
-                "revision {}",
-                ev.revision
-            );
-            assert_eq!(ev.revision, last + 1, "the stored history has no gap");
-            last = ev.revision;
-        }
-        assert_eq!(last, loaded.revision());
-    }
 }
 
 #[actix_rt::test]

@@ -25,12 +25,7 @@ fn node_over_a_limit() -> (FakeRuntime, usize) {
         heavy_every: 0,
         heavy_bytes: 0,
     });
-    for i in 0..PODS {
-        let (name, labels) = kubelet::deployment_pod(i);
-        let sb = rt.run_pod_with_labels(&format!("uid-{i}"), &name, "ns", labels);
-        rt.run_container(&sb, "app");
-        rt.run_container(&sb, "sidecar");
-    }
+    kubelet::run_deployment_pods(&rt, PODS, "ns", |i| format!("uid-{i}"), &["app", "sidecar"]);
     let lens = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

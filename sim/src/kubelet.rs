@@ -116,6 +116,28 @@ fn rfc3339_nano(ns: i64) -> String {
     )
 }
 
+/// Runs the first `pods` pods of a node of Deployments ([`deployment_pod`]) on `rt`:
+/// pod `i` with UID `uid(i)` in `namespace`, each with `containers` running (by
+/// name). Returns their sandbox IDs.
+pub fn run_deployment_pods(
+    rt: &crate::FakeRuntime,
+    pods: usize,
+    namespace: &str,
+    uid: impl Fn(usize) -> String,
+    containers: &[&str],
+) -> Vec<String> {
+    (0..pods)
+        .map(|i| {
+            let (name, labels) = deployment_pod(i);
+            let sb = rt.run_pod_with_labels(&uid(i), &name, namespace, labels);
+            for c in containers {
+                rt.run_container(&sb, c);
+            }
+            sb
+        })
+        .collect()
+}
+
 /// Replicas of each Deployment [`deployment_pod`] names pods of.
 pub const REPLICAS: usize = 10;
 

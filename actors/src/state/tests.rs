@@ -101,9 +101,19 @@ async fn new_state_files_written_under_churn_keep_every_relist_and_copies_go_on_
             copy.display(),
             loaded.revision()
         );
+        assert!(!loaded.clean());
+        let mut last = 0;
         for ev in loaded.history() {
-            assert_eq!(Some(ev), published.get(&ev.revision));
+            assert_eq!(
+                Some(ev),
+                published.get(&ev.revision),
+                "revision {}",
+                ev.revision
+            );
+            assert_eq!(ev.revision, last + 1, "the stored history has no gap");
+            last = ev.revision;
         }
+        assert_eq!(last, loaded.revision());
     }
     // And the dir itself, after the clean stop: everything, once.
     let loaded = opened(dir.path()).loaded.unwrap();
