@@ -92,8 +92,10 @@ async fn two_watchers_and_plegd_run_show_the_same_death_with_the_same_revision()
     let mut run = command(env!("CARGO_BIN_EXE_plegd"))
         .args(["run", "--runtime-endpoint", &s.containerd.endpoint()])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        // No periodic relist during the test: the death comes by the event stream.
-        .args(["--relist-period", "30s", "--api-socket"])
+        // No periodic relist during the test, and one hint source: the death comes by
+        // the CRI event stream (containerd's event service would race it for the hint).
+        .args(["--relist-period", "30s", "--hint-sources", "cri-events"])
+        .arg("--api-socket")
         .arg(&socket)
         .stdout(Stdio::piped())
         .spawn()

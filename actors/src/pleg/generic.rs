@@ -6,7 +6,9 @@
 //! read fails gets its error cached, keeps its old record, emits nothing, and is
 //! reinspected next time; a reinspection that succeeds with no change emits PodSync.
 //! One pod's failure never blocks the others. The relist timestamp is taken before
-//! any read.
+//! any read. A pod whose read says another state than its lists (it changed between
+//! the two) is read again by the next global relist, with no PodSync: the lists
+//! may by then agree with its record again, and the cache would keep the read.
 //!
 //! A status read takes each sandbox from the list entry the pod's record was built
 //! from and reuses the last status of containers still running (`status`), so what
@@ -34,7 +36,9 @@ use super::output::{cri_time, non_empty};
 use super::output::{CacheUpdate, RelistOutput};
 use super::pod_read::{listed_of, PodPlan, PodRead, Reader, Work, WHOLE_NODE_LISTS};
 use super::record::{group, PlegState, PodRecord};
-use super::status::{index_containers, index_sandboxes, LastReads, PodStatus, EXIT_SETTLE};
+use super::status::{
+    index_containers, index_sandboxes, read_disagrees, LastReads, PodStatus, EXIT_SETTLE,
+};
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use crate::room::give_back_room;
 use plegd_runtime::{
@@ -109,6 +113,8 @@ pub struct GenericPleg {
     runtime: Arc<dyn RuntimeClient>,
     records: HashMap<String, PodRecord>,
     reinspect: HashSet<String>,
+    /// Pods whose last read disagreed with their record ([`read_disagrees`]).
+    reread: HashSet<String>,
     concurrency: usize,
     /// The global relist's change check's tables, reused.
     scratch: changes::Scratch,
@@ -140,6 +146,7 @@ impl GenericPleg {
             runtime,
             records: HashMap::new(),
             reinspect: HashSet::new(),
+            reread: HashSet::new(),
             concurrency: concurrency.max(1),
             scratch: changes::Scratch::default(),
             last_reads: None,
@@ -184,13 +191,25 @@ impl GenericPleg {
     }
 
     /// Goes on from stored records (a restart on a state dir): the next relist is
-    /// diffed against them, and pods whose last read failed are reinspected. Every
-    /// output from now on lists the records it changed ([`RelistOutput::records`]).
+    /// diffed against them, pods whose last read failed are reinspected and those
+    /// whose last read ([`Self::with_last_reads`], given first) disagreed with their
+    /// record are read again. Every output from now on lists the records it changed
+    /// ([`RelistOutput::records`]).
     pub(crate) fn restored(
         mut self,
         records: HashMap<String, PodRecord>,
         reinspect: HashSet<String>,
     ) -> Self {
+        if let Some(last) = &self.last_reads {
+            self.reread = records
+                .iter()
+                .filter(|(uid, r)| {
+                    last.last_read(uid)
+                        .is_some_and(|l| read_disagrees(r, &l.status))
+                })
+                .map(|(uid, _)| uid.clone())
+                .collect();
+        }
         self.records = records;
         self.reinspect = reinspect;
         self.keep_records = true;
@@ -217,6 +236,12 @@ impl GenericPleg {
     #[cfg(test)]
     pub(crate) fn needs_reinspection(&self, uid: &str) -> bool {
         self.reinspect.contains(uid)
+    }
+
+    /// Tests: whether a pod's last read disagreed with its record.
+    #[cfg(test)]
+    pub(crate) fn needs_reread(&self, uid: &str) -> bool {
+        self.reread.contains(uid)
     }
 
     /// One relist as one output (plegd's dispatcher runs [`Self::relist_global`] and
@@ -555,8 +580,10 @@ impl GenericPleg {
             // None), so the records are not needed to place it.
             Some(mut changed) => {
                 // A pod to reinspect is rebuilt too: its record was kept, unchanged or
-                // not, and it is diffed against what the lists say now.
+                // not, and it is diffed against what the lists say now. So is one to
+                // read again.
                 changed.extend(self.reinspect.iter().cloned());
+                changed.extend(self.reread.iter().cloned());
                 // Held pods are reported whether they changed or not.
                 let uids: Vec<Cow<'v, str>> = changed
                     .iter()
@@ -645,7 +672,7 @@ impl GenericPleg {
             };
             let changes = pod_events(self.records.get(&uid), new.as_ref());
             let reinspect = self.reinspect.contains(&uid);
-            if changes.is_empty() && !reinspect {
+            if changes.is_empty() && !reinspect && !self.reread.contains(&uid) {
                 continue;
             }
             let listed = listed_of(&uid, new.as_ref(), &sandbox_index, &container_index);
@@ -730,6 +757,7 @@ impl GenericPleg {
                     source: w.source,
                 });
                 self.reinspect.remove(&w.uid);
+                self.reread.remove(&w.uid);
                 return;
             }
         };
@@ -758,6 +786,7 @@ impl GenericPleg {
                     out.records.push((w.uid.clone(), None));
                 }
                 self.reinspect.remove(&w.uid);
+                self.reread.remove(&w.uid);
             }
             Some(Err(e)) => {
                 tracing::debug!(pod = %w.uid, error = %e, "status read failed; will reinspect");
@@ -768,10 +797,17 @@ impl GenericPleg {
                     read_at,
                     source: w.source,
                 });
+                self.reread.remove(&w.uid);
                 self.reinspect.insert(w.uid);
                 return;
             }
             Some(Ok(status)) => {
+                let record = w.new.as_ref().or_else(|| self.records.get(&w.uid));
+                if record.is_some_and(|r| read_disagrees(r, &status)) {
+                    self.reread.insert(w.uid.clone());
+                } else {
+                    self.reread.remove(&w.uid);
+                }
                 out.cache.push(CacheUpdate::Set {
                     uid: w.uid.clone(),
                     status: Ok(status),

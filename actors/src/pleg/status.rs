@@ -84,6 +84,26 @@ pub fn unsettled_exits(last: &LastRead, settle: Duration) -> impl Iterator<Item 
         .map(|st| st.id.as_str())
 }
 
+/// True if `status` says of a sandbox or container another state than `record` (the
+/// lists it was read after): it changed between the list and the read, and may have
+/// changed back before the next list, which would then see nothing to read again.
+pub fn read_disagrees(record: &PodRecord, status: &PodStatus) -> bool {
+    use super::record::PlegState;
+    let sandboxes = status.sandboxes.iter().any(|sb| {
+        record
+            .sandboxes
+            .get(&sb.id)
+            .is_some_and(|s| *s != PlegState::from(sb.state))
+    });
+    sandboxes
+        || status.containers.iter().any(|st| {
+            record
+                .containers
+                .get(&st.id)
+                .is_some_and(|(_, s)| *s != PlegState::from(st.state))
+        })
+}
+
 /// The list entries a pod's record was built from (the last one listed of an id wins,
 /// as in `record::group`).
 #[derive(Debug, Default)]

@@ -1,6 +1,6 @@
 //! Generic PLEG semantics against the fake runtime, relist by relist.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -626,4 +626,122 @@ async fn the_records_give_back_the_room_a_churn_doubled() {
         "room for {} pods after the churn, {before} before",
         p.records_capacity()
     );
+}
+
+/// ContainerStatus answers Unknown for the containers in `unknown` (the runtime lost
+/// track of them for a moment), whatever the lists say.
+#[derive(Clone)]
+struct Flicker {
+    inner: FakeRuntime,
+    unknown: Arc<Mutex<HashSet<String>>>,
+}
+
+#[async_trait::async_trait]
+impl Intercept for Flicker {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        let mut st = self.inner.container_status(id).await?;
+        if self.unknown.lock().unwrap().contains(id) {
+            st.state = ContainerState::Unknown;
+        }
+        Ok(st)
+    }
+}
+
+/// The state the last cache update of `uid` in `out` gives container `id`.
+fn cached_state(out: &RelistOutput, uid: &str, id: &str) -> Option<ContainerState> {
+    out.cache.iter().rev().find_map(|u| match u {
+        CacheUpdate::Set {
+            uid: u,
+            status: Ok(s),
+            ..
+        } if u == uid => s.containers.iter().find(|c| c.id == id).map(|c| c.state),
+        _ => None,
+    })
+}
+
+/// The list says running, the status read just after it says unknown, and by the
+/// next list the container runs again (its start's hint lost): the lists agree with
+/// the record all along, yet the cache held the unknown read until the pod changed.
+#[tokio::test]
+async fn a_read_that_disagrees_with_the_lists_is_read_again_without_pod_sync() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let flicker = Flicker {
+        inner: rt.clone(),
+        unknown: Arc::default(),
+    };
+    flicker.unknown.lock().unwrap().insert(c.clone());
+    let mut p = GenericPleg::new(Arc::new(Intercepted(flicker.clone())), 4);
+    let first = global(&mut p).await;
+    assert_eq!(
+        cached_state(&first, "u1", &c),
+        Some(ContainerState::Unknown)
+    );
+    assert!(p.needs_reread("u1"));
+
+    // Still unknown to ContainerStatus: read again by every global relist, quietly.
+    let again = global(&mut p).await;
+    assert_eq!(again.pods_inspected, 1);
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    assert_eq!(
+        cached_state(&again, "u1", &c),
+        Some(ContainerState::Unknown)
+    );
+
+    flicker.unknown.lock().unwrap().clear();
+    let back = global(&mut p).await;
+    assert!(back.events.is_empty(), "{:?}", back.events);
+    assert_eq!(cached_state(&back, "u1", &c), Some(ContainerState::Running));
+    assert!(!p.needs_reread("u1"));
+    let settled = global(&mut p).await;
+    assert_eq!(
+        settled.pods_inspected, 0,
+        "an agreeing read is not repeated"
+    );
+}
+
+/// The same after a restart on a state dir: the restored pleg finds the disagreeing
+/// read in the last reads (the restored cache) and reads the pod again.
+#[tokio::test]
+async fn a_restored_pleg_reads_again_a_pod_whose_last_read_disagreed() {
+    struct Reads(HashMap<String, LastRead>);
+    impl LastReads for Reads {
+        fn last_read(&self, uid: &str) -> Option<LastRead> {
+            self.0.get(uid).cloned()
+        }
+    }
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let flicker = Flicker {
+        inner: rt.clone(),
+        unknown: Arc::default(),
+    };
+    flicker.unknown.lock().unwrap().insert(c.clone());
+    let mut p = GenericPleg::new(Arc::new(Intercepted(flicker.clone())), 4);
+    let first = global(&mut p).await;
+    let Some(CacheUpdate::Set {
+        status: Ok(status),
+        read_at,
+        ..
+    }) = first.cache.into_iter().next()
+    else {
+        panic!("the first relist reads u1");
+    };
+    let reads = Reads(HashMap::from([(
+        "u1".to_string(),
+        LastRead { status, read_at },
+    )]));
+    flicker.unknown.lock().unwrap().clear();
+    let mut restored = GenericPleg::new(Arc::new(rt.clone()), 4)
+        .with_last_reads(Arc::new(reads))
+        .restored(p.records().clone(), HashSet::new());
+    assert!(restored.needs_reread("u1"));
+    let next = global(&mut restored).await;
+    assert!(next.events.is_empty(), "{:?}", next.events);
+    assert_eq!(cached_state(&next, "u1", &c), Some(ContainerState::Running));
 }
