@@ -27,6 +27,7 @@ mod cache;
 mod event;
 mod health;
 pub mod hints;
+mod history_file;
 mod id_map;
 #[cfg(test)]
 mod mock;

@@ -105,8 +105,19 @@ impl EventPublisher {
             for ev in events {
                 history.push(&ev);
             }
+            history.flush();
         }
         EventPublisher { published, ..self }
+    }
+
+    /// Keeps the history in a file at `path` (in the state dir) rather than in
+    /// memory (`history_file`).
+    pub fn with_history_file(self, path: &std::path::Path) -> Self {
+        self.history
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .spill_to(path);
+        self
     }
 
     /// Where a subscription from `after` starts replaying, or why it cannot.
@@ -216,12 +227,7 @@ impl Handler<TakeHistory> for EventPublisher {
     type Result = MessageResult<TakeHistory>;
 
     fn handle(&mut self, _: TakeHistory, _: &mut Self::Context) -> Self::Result {
-        MessageResult(
-            read(&self.history)
-                .packed()
-                .map(|e| e.as_bytes().to_vec())
-                .collect(),
-        )
+        MessageResult(read(&self.history).packed_bytes())
     }
 }
 
@@ -241,6 +247,7 @@ impl Handler<Publish> for EventPublisher {
             for ev in &events {
                 history.push(ev);
             }
+            history.flush();
             self.metrics.history_events.set(history.len() as i64);
             self.metrics.history_bytes.set(history.heap_bytes() as i64);
         }
@@ -821,5 +828,125 @@ mod tests {
         );
         assert!(matches!(&got[1], Received::Event(d) if d.event.revision == 5 && d.missed == 4));
         assert_eq!(got.len(), 11);
+    }
+
+    /// A publisher as [`publisher`], its history spilled to a file at `path`.
+    fn spilled(
+        history: usize,
+        path: &std::path::Path,
+    ) -> (Addr<EventPublisher>, Revisions, Arc<Metrics>) {
+        let metrics = Arc::new(Metrics::new());
+        let revisions = Revisions::default();
+        let p = EventPublisher::new(metrics.clone(), history, revisions.clone())
+            .with_history(Vec::new(), 0)
+            .with_history_file(path)
+            .start();
+        (p, revisions, metrics)
+    }
+
+    /// What subscribers from several revisions receive while `total` events are
+    /// published in runs, some outrun by the history (`history` events), with the
+    /// history's size at the end.
+    async fn replays(
+        (p, r, metrics): (Addr<EventPublisher>, Revisions, Arc<Metrics>),
+        history: usize,
+        total: usize,
+    ) -> (Vec<Vec<Received>>, i64) {
+        let mut subs = Vec::new();
+        let mut got = Vec::new();
+        let mut at = 0;
+        while at < total {
+            let to = (at + history / 3 + 7).min(total);
+            publish(&p, &r, at, to).await;
+            at = to;
+            // One resumes from just inside the history, one from its oldest event.
+            for after in [
+                at.saturating_sub(history / 2),
+                at.saturating_sub(history - 1),
+            ] {
+                subs.push(
+                    subscribe_after(&p, "t", 4, Some(after as u64))
+                        .await
+                        .unwrap(),
+                );
+            }
+            // Half read on at once, the others only at the end (outrun meanwhile).
+            for sub in subs.iter().skip(subs.len() - 2).step_by(2) {
+                got.push(items(sub));
+            }
+        }
+        got.extend(subs.iter().map(items));
+        (got, metrics.history_events.get())
+    }
+
+    fn strip_times(got: Vec<Vec<Received>>) -> Vec<Vec<String>> {
+        got.into_iter()
+            .map(|items| {
+                items
+                    .into_iter()
+                    .map(|r| match r {
+                        Received::Event(d) => {
+                            let mut ev = (*d.event).clone();
+                            ev.time = std::time::UNIX_EPOCH;
+                            format!("{} {} {:?}", d.seq, d.missed, ev)
+                        }
+                        Received::Loss(l) => format!("{l:?}"),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[actix_rt::test]
+    async fn a_history_in_a_file_replays_and_evicts_exactly_as_one_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history");
+        // 12,000 events of ≈ 100 bytes through 1,000 slots: the file's dead head
+        // passes the compaction threshold several times.
+        let (memory, _) = replays(publisher(1_000), 1_000, 12_000).await;
+        let (file, held) = replays(spilled(1_000, &path), 1_000, 12_000).await;
+        assert_eq!(held, 1_000);
+        assert!(memory
+            .iter()
+            .flatten()
+            .any(|r| matches!(r, Received::Loss(_))));
+        assert_eq!(strip_times(file), strip_times(memory));
+        let on_disk = std::fs::metadata(&path).unwrap().len();
+        assert!(
+            on_disk < 3 << 20,
+            "the file keeps its dead head: {on_disk} bytes"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn a_history_in_a_file_takes_a_fraction_of_the_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, r, in_memory) = publisher(10_000);
+        publish(&p, &r, 0, 10_000).await;
+        let (p, r, in_file) = spilled(10_000, &dir.path().join("history"));
+        publish(&p, &r, 0, 10_000).await;
+        let (memory, file) = (in_memory.history_bytes.get(), in_file.history_bytes.get());
+        // 16 bytes an event in the index (its room rounded up to a power of two),
+        // against the packed event itself in memory (≈ 70 bytes for these).
+        assert!(
+            file * 2 < memory,
+            "{file} bytes in a file's index vs {memory} in memory"
+        );
+        assert!(file <= 32 * 10_000, "{file} bytes for 10,000 events");
+    }
+
+    #[actix_rt::test]
+    async fn a_history_file_that_cannot_be_written_goes_back_to_memory_losing_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("history");
+        // Every write to /dev/full fails with ENOSPC (the link, not the device, is
+        // removed when the history leaves the file).
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        let (memory, _) = replays(publisher(100), 100, 1_000).await;
+        let (file, held) = replays(spilled(100, &path), 100, 1_000).await;
+        assert_eq!(held, 100);
+        assert_eq!(strip_times(file), strip_times(memory));
+        assert!(std::fs::symlink_metadata(&path).is_err());
+        assert!(std::path::Path::new("/dev/full").exists());
     }
 }

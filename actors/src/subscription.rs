@@ -22,6 +22,7 @@ use crossbeam_channel::{Receiver, RecvError, RecvTimeoutError, TryRecvError};
 use tokio::sync::Notify;
 
 use crate::event::LifecycleEvent;
+use crate::history_file::HistoryFile;
 use crate::packed::PackedEvent;
 
 /// One event as a subscriber receives it.
@@ -36,9 +37,12 @@ pub struct Delivery {
 }
 
 /// The last published events, oldest first, packed (see `packed`: a seventh of the
-/// memory of the events themselves); written by the publisher only.
+/// memory of the events themselves), in memory or, with a state dir, in a file of it
+/// (`history_file`); written by the publisher only.
 pub(crate) struct History {
     ring: VecDeque<PackedEvent>,
+    /// Where the events are instead of `ring` once spilled ([`Self::spill_to`]).
+    file: Option<HistoryFile>,
     /// Events evicted since the start: the position of `ring[0]` among every event
     /// ever published (positions, not revisions, so nothing assumes revisions are
     /// contiguous).
@@ -58,6 +62,7 @@ impl History {
     pub(crate) fn shared(capacity: usize) -> SharedHistory {
         Arc::new(RwLock::new(History {
             ring: VecDeque::new(),
+            file: None,
             evicted: 0,
             last_evicted: 0,
             capacity,
@@ -72,54 +77,148 @@ impl History {
             self.last_evicted = ev.revision;
             return;
         }
-        if self.ring.len() >= self.capacity {
-            if let Some(old) = self.ring.pop_front() {
-                self.bytes -= old.heap_bytes();
-                self.last_evicted = old.revision();
+        if self.len() >= self.capacity {
+            let old = match &mut self.file {
+                Some(file) => file.pop_front(),
+                None => self.ring.pop_front().map(|old| {
+                    self.bytes -= old.heap_bytes();
+                    old.revision()
+                }),
+            };
+            if let Some(revision) = old {
+                self.last_evicted = revision;
             }
             self.evicted += 1;
         }
         let packed = PackedEvent::pack(ev, &mut self.buf);
-        self.bytes += packed.heap_bytes();
-        self.ring.push_back(packed);
+        match &mut self.file {
+            Some(file) => file.push(&packed),
+            None => {
+                self.bytes += packed.heap_bytes();
+                self.ring.push_back(packed);
+            }
+        }
     }
 
-    /// The events held, packed, oldest first.
-    pub(crate) fn packed(&self) -> impl Iterator<Item = &PackedEvent> {
-        self.ring.iter()
+    /// Writes the events pushed since the last call to the file, if spilled. If that
+    /// fails, the history goes back to memory for the rest of the process's life,
+    /// with every event the file still gives (the oldest it cannot are evicted: a
+    /// replay tells them as lost).
+    pub(crate) fn flush(&mut self) {
+        let Some(file) = &mut self.file else {
+            return;
+        };
+        let Err(e) = file.flush() else {
+            return;
+        };
+        tracing::warn!(error = %e, "cannot write the history file in the state dir: the history is kept in memory from now on");
+        self.unspill();
+    }
+
+    fn unspill(&mut self) {
+        let Some(file) = self.file.take() else {
+            return;
+        };
+        let back = file.into_memory();
+        if let Some(&last) = back.lost.last() {
+            tracing::warn!(
+                events = back.lost.len(),
+                "history events could not be read back from the state dir: resumes from before revision {} are refused",
+                last + 1
+            );
+            self.evicted += back.lost.len() as u64;
+            self.last_evicted = last;
+        }
+        self.bytes = back.events.iter().map(PackedEvent::heap_bytes).sum();
+        self.ring = back.events;
+    }
+
+    /// Moves the events to a new file at `path` and keeps them there from now on; if
+    /// the file cannot be made or written, they stay in memory (said in the log).
+    pub(crate) fn spill_to(&mut self, path: &std::path::Path) {
+        let mut file = match HistoryFile::create(path) {
+            Ok(file) => file,
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "cannot make the history file: the history is kept in memory");
+                return;
+            }
+        };
+        for ev in &self.ring {
+            file.push(ev);
+        }
+        self.file = Some(file);
+        self.ring = VecDeque::new();
+        self.bytes = 0;
+        self.flush();
+    }
+
+    /// The events held as packed bytes, oldest first (a new state file's). With a
+    /// file that cannot be read, the newest that can be read in a row.
+    pub(crate) fn packed_bytes(&self) -> Vec<Vec<u8>> {
+        let Some(file) = &self.file else {
+            return self.ring.iter().map(|e| e.as_bytes().to_vec()).collect();
+        };
+        let mut out = Vec::with_capacity(file.len());
+        for i in 0..file.len() {
+            match file.get(i) {
+                Ok(Some(ev)) => out.push(ev.as_bytes().to_vec()),
+                _ => out.clear(),
+            }
+        }
+        out
     }
 
     /// Events held.
     pub(crate) fn len(&self) -> usize {
-        self.ring.len()
+        self.file.as_ref().map_or(self.ring.len(), HistoryFile::len)
     }
 
-    /// Heap bytes the history takes: the packed events and the ring's slots.
+    /// Heap bytes the history takes: the packed events and the ring's slots, or the
+    /// file's index.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.bytes + self.ring.capacity() * std::mem::size_of::<PackedEvent>()
+        self.bytes
+            + self.ring.capacity() * std::mem::size_of::<PackedEvent>()
+            + self.file.as_ref().map_or(0, HistoryFile::heap_bytes)
     }
 
     /// The oldest revision still held.
     pub(crate) fn oldest(&self) -> Option<u64> {
-        self.ring.front().map(PackedEvent::revision)
+        match &self.file {
+            Some(file) => file.revision(0),
+            None => self.ring.front().map(PackedEvent::revision),
+        }
     }
 
     /// The position after the newest event.
     pub(crate) fn end(&self) -> u64 {
-        self.evicted + self.ring.len() as u64
+        self.evicted + self.len() as u64
     }
 
     /// The position of the first event with a revision above `after`.
     pub(crate) fn position_after(&self, after: u64) -> u64 {
-        self.evicted + self.ring.partition_point(|e| e.revision() <= after) as u64
+        self.evicted
+            + match &self.file {
+                Some(file) => file.count_through(after),
+                None => self.ring.partition_point(|e| e.revision() <= after),
+            } as u64
     }
 
-    /// The event at `position`, unpacked (a replay's copy of its own).
-    fn get(&self, position: u64) -> Option<LifecycleEvent> {
+    /// The event at `position`, unpacked (a replay's copy of its own); Err with its
+    /// revision if it cannot be read back from the file.
+    fn get(&self, position: u64) -> Option<Result<LifecycleEvent, u64>> {
         let i = usize::try_from(position.checked_sub(self.evicted)?).ok()?;
-        let event = self.ring.get(i)?.unpack();
+        let event = match &self.file {
+            Some(file) => match file.get(i) {
+                Ok(packed) => packed?.unpack(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read an event back from the history file");
+                    return file.revision(i).map(Err);
+                }
+            },
+            None => self.ring.get(i)?.unpack(),
+        };
         debug_assert!(event.is_some(), "a packed event that does not unpack");
-        event
+        event.map(Ok)
     }
 }
 
@@ -172,7 +271,20 @@ impl Replay {
             self.reached = through;
             return Some(Replayed::Lost(loss));
         }
-        let event = Arc::new(history.get(self.next)?);
+        let event = match history.get(self.next)? {
+            Ok(event) => Arc::new(event),
+            Err(revision) => {
+                let loss = Loss {
+                    after: self.reached,
+                    through: revision,
+                    dropped: 1,
+                };
+                self.next += 1;
+                self.next_seq += 1;
+                self.reached = revision;
+                return Some(Replayed::Lost(loss));
+            }
+        };
         self.reached = event.revision;
         let d = Delivery {
             seq: self.next_seq,

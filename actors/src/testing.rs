@@ -97,3 +97,25 @@ pub(crate) mod capture {
         }
     }
 }
+
+/// A ContainerStarted of pod `uid`'s container `c-<uid>`, with `revision`.
+pub(crate) fn started_event(revision: u64, uid: &str) -> crate::event::LifecycleEvent {
+    use crate::event::{EventKind, LifecycleEvent, RelistSource};
+    LifecycleEvent {
+        revision,
+        time: std::time::SystemTime::now(),
+        pod: plegd_runtime::PodRef {
+            uid: uid.into(),
+            name: "n".into(),
+            namespace: "ns".into(),
+        },
+        kind: EventKind::ContainerStarted,
+        container_id: format!("c-{uid}"),
+        relist_source: RelistSource::Global,
+        container_name: "app".into(),
+        sandbox: false,
+        attempt: None,
+        image: None,
+        exit: None,
+    }
+}

@@ -249,9 +249,13 @@ impl Pleg {
             (store, header)
         });
         let cache_addr = owner.start();
-        let publisher = EventPublisher::new(metrics.clone(), cfg.history_events, revisions.clone())
-            .with_history(history, revision)
-            .start();
+        let mut publisher =
+            EventPublisher::new(metrics.clone(), cfg.history_events, revisions.clone())
+                .with_history(history, revision);
+        if let Some((store, _)) = &persistence {
+            publisher = publisher.with_history_file(&store.history_path());
+        }
+        let publisher = publisher.start();
         let health = Health::new(cfg.health_threshold);
         let held = HeldPods::default();
         let state = persistence.map(|(store, header)| Persistence {

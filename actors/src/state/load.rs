@@ -259,6 +259,7 @@ mod tests {
     use crate::pleg::PodStatus;
     use crate::state::codec::{CommitRef, FORMAT};
     use crate::state::snapshot::Snapshot;
+    use crate::testing::started_event as event;
 
     const TTL: Duration = Duration::from_secs(300);
 
@@ -290,22 +291,6 @@ mod tests {
             uid: uid.into(),
             name: "n".into(),
             namespace: "ns".into(),
-        }
-    }
-
-    fn event(revision: u64, uid: &str) -> LifecycleEvent {
-        LifecycleEvent {
-            revision,
-            time: SystemTime::now(),
-            pod: pod(uid),
-            kind: EventKind::ContainerStarted,
-            container_id: format!("c-{uid}"),
-            relist_source: RelistSource::Global,
-            container_name: "app".into(),
-            sandbox: false,
-            attempt: None,
-            image: None,
-            exit: None,
         }
     }
 

@@ -6,8 +6,9 @@
 //! Files in the dir: `lock` (held for the process's life, with its pid), `state`
 //! (header, snapshot, commits, and a stop record after a clean stop), `behind` (one
 //! byte, `1` while the file misses something plegd served: a restart then starts
-//! fresh), and `state.new` while a new state file is written (renamed over `state`
-//! once synced).
+//! fresh), `state.new` while a new state file is written (renamed over `state`
+//! once synced), and `history`, the publisher's history (made anew at each start
+//! from `state`, see `history_file`).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -160,6 +161,7 @@ struct Shared {
 pub struct StateStore {
     tx: Sender<Job>,
     shared: Arc<Shared>,
+    dir: Arc<Path>,
 }
 
 impl std::fmt::Debug for StateStore {
@@ -183,7 +185,7 @@ impl StateStore {
             rewrites: AtomicU64::new(0),
         });
         let writer = Writer {
-            dir,
+            dir: dir.clone(),
             _lock: lock,
             behind,
             file: None,
@@ -192,7 +194,11 @@ impl StateStore {
         std::thread::Builder::new()
             .name("plegd-state".into())
             .spawn(move || writer.run(rx))?;
-        Ok(StateStore { tx, shared })
+        Ok(StateStore {
+            tx,
+            shared,
+            dir: dir.into(),
+        })
     }
 
     /// Appends one relist's commit; true once it is written (a killed process keeps
@@ -230,6 +236,11 @@ impl StateStore {
     }
 
     /// True while the state file misses something plegd served.
+    /// Where the publisher keeps its history (`history_file`).
+    pub(crate) fn history_path(&self) -> PathBuf {
+        self.dir.join("history")
+    }
+
     pub fn failing(&self) -> bool {
         self.shared.failing.load(Ordering::SeqCst)
     }
