@@ -24,6 +24,7 @@ use plegd_telemetry::Metrics;
 use tokio::sync::Notify;
 
 use crate::event::LifecycleEvent;
+use crate::packed::PackedEvent;
 use crate::revision::Revisions;
 use crate::stop::Stop;
 use crate::subscription::{
@@ -95,15 +96,15 @@ impl EventPublisher {
 
     /// Goes on from a restart's stored history (oldest first) and the last revision
     /// stored (`state`): resumes replay from it as if plegd had never stopped.
-    pub fn with_history(
+    pub(crate) fn with_history(
         self,
-        events: impl IntoIterator<Item = LifecycleEvent>,
+        events: impl IntoIterator<Item = PackedEvent>,
         published: u64,
     ) -> Self {
         {
             let mut history = self.history.write().unwrap_or_else(|e| e.into_inner());
             for ev in events {
-                history.push(&ev);
+                history.push_packed(ev);
             }
             history.flush();
         }

@@ -72,9 +72,14 @@ impl History {
     }
 
     pub(crate) fn push(&mut self, ev: &LifecycleEvent) {
+        let packed = PackedEvent::pack(ev, &mut self.buf);
+        self.push_packed(packed);
+    }
+
+    pub(crate) fn push_packed(&mut self, packed: PackedEvent) {
         if self.capacity == 0 {
             self.evicted += 1;
-            self.last_evicted = ev.revision;
+            self.last_evicted = packed.revision();
             return;
         }
         if self.len() >= self.capacity {
@@ -90,7 +95,6 @@ impl History {
             }
             self.evicted += 1;
         }
-        let packed = PackedEvent::pack(ev, &mut self.buf);
         match &mut self.file {
             Some(file) => file.push(&packed),
             None => {

@@ -22,7 +22,6 @@ use crate::hints::resolve::Resolver;
 use crate::hints::select::{start_source, RunningSource};
 use crate::hints::watcher::{WatcherDeps, WatcherState};
 use crate::hints::HintSourceName;
-use crate::packed::PackedEvent;
 use crate::pleg::GenericPleg;
 use crate::publisher::{EventPublisher, Subscribe, SubscribeError};
 use crate::queue::{ApiRelistOutcome, RelistQueue};
@@ -229,15 +228,11 @@ impl Pleg {
             });
             // The first state file, before any relist: the identity and everything
             // gone on from, with this boot's id.
-            let mut buf = Vec::new();
             let first = StateSnapshot {
                 header: &header,
                 records: core.records(),
                 cache: &owner.image(),
-                history: history
-                    .iter()
-                    .map(|e| PackedEvent::pack(e, &mut buf).as_bytes().to_vec())
-                    .collect(),
+                history: history.iter().map(|e| e.as_bytes().to_vec()).collect(),
             }
             .bytes();
             // Awaited before anything can show the identity (a Hello): killed before

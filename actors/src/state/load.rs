@@ -7,6 +7,7 @@ use super::codec::{self, Commit, Header};
 use super::frame::{self, End};
 use crate::cache::{ApplyRelist, CacheOwner, PodCache};
 use crate::event::LifecycleEvent;
+use crate::packed::PackedEvent;
 use crate::pleg::{CacheUpdate, PodRecord};
 
 /// What a state file held, rebuilt: plegd goes on as the instance that wrote it.
@@ -18,8 +19,9 @@ pub struct Loaded {
     /// Pods whose last status read failed (their cache entry holds the error).
     pub(crate) reinspect: HashSet<String>,
     pub(crate) cache: (CacheOwner, PodCache),
-    /// The last events, oldest first, at most the history's size.
-    pub(crate) history: VecDeque<LifecycleEvent>,
+    /// The last events, oldest first, at most the history's size (packed: a
+    /// history of 65,536 events as structs would take ≈ 44 MiB at start).
+    pub(crate) history: VecDeque<PackedEvent>,
     /// The file ended with a clean stop.
     pub(crate) clean: bool,
 }
@@ -36,8 +38,8 @@ impl Loaded {
     }
 
     /// The stored history, oldest first.
-    pub fn history(&self) -> impl Iterator<Item = &LifecycleEvent> {
-        self.history.iter()
+    pub fn history(&self) -> impl Iterator<Item = LifecycleEvent> + '_ {
+        self.history.iter().filter_map(PackedEvent::unpack)
     }
 
     /// Pods with a record.
@@ -175,8 +177,9 @@ struct Rebuild {
     revision: u64,
     records: HashMap<String, PodRecord>,
     cache: (CacheOwner, PodCache),
-    history: VecDeque<LifecycleEvent>,
+    history: VecDeque<PackedEvent>,
     history_size: usize,
+    buf: Vec<u8>,
 }
 
 impl Rebuild {
@@ -187,6 +190,7 @@ impl Rebuild {
             cache: CacheOwner::new(tombstone_ttl),
             history: VecDeque::new(),
             history_size,
+            buf: Vec::new(),
         }
     }
 
@@ -197,7 +201,8 @@ impl Rebuild {
         if self.history.len() >= self.history_size {
             self.history.pop_front();
         }
-        self.history.push_back(ev);
+        self.history
+            .push_back(PackedEvent::pack(&ev, &mut self.buf));
     }
 
     /// One stored relist, applied as it was the first time.
@@ -255,7 +260,7 @@ mod tests {
 
     use super::*;
     use crate::cache::{CacheImage, PodLookup};
-    use crate::event::{EventKind, RelistSource};
+    use crate::event::RelistSource;
     use crate::pleg::PodStatus;
     use crate::state::codec::{CommitRef, FORMAT};
     use crate::state::snapshot::Snapshot;
@@ -331,7 +336,7 @@ mod tests {
         let loaded = load(&three_commits("b1"), "b1", 100, TTL).unwrap();
         assert!(!loaded.clean);
         assert_eq!(loaded.revision, 5);
-        let history: Vec<u64> = loaded.history.iter().map(|e| e.revision).collect();
+        let history: Vec<u64> = loaded.history.iter().map(|e| e.revision()).collect();
         assert_eq!(history, [1, 2, 3, 4, 5]);
         assert_eq!(loaded.instance_id, "abc");
     }
@@ -396,7 +401,7 @@ mod tests {
     #[test]
     fn the_history_keeps_its_size() {
         let loaded = load(&three_commits("b1"), "b1", 2, TTL).unwrap();
-        let history: Vec<u64> = loaded.history.iter().map(|e| e.revision).collect();
+        let history: Vec<u64> = loaded.history.iter().map(|e| e.revision()).collect();
         assert_eq!(history, [4, 5]);
     }
 

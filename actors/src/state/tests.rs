@@ -105,7 +105,7 @@ async fn new_state_files_written_under_churn_keep_every_relist_and_copies_go_on_
         let mut last = 0;
         for ev in loaded.history() {
             assert_eq!(
-                Some(ev),
+                Some(&ev),
                 published.get(&ev.revision),
                 "revision {}",
                 ev.revision
