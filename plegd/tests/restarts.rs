@@ -529,6 +529,17 @@ fn a_full_disk_keeps_plegd_serving_and_a_crash_then_costs_a_new_identity_never_a
     let (_, ready) = http_get(port, "/readyz").unwrap();
     assert!(ready.contains("state dir: FAILING"), "{ready}");
     assert!(node.log_text(1).contains("the state dir is failing"));
+    // The history's file could not be written either: the history went back to
+    // memory, whole, and a replay from the start still gets every revision.
+    wait_until("the history back in memory", || {
+        node.log_text(1).contains("the history is kept in memory")
+    });
+    let (_, mut replay) = rt.block_on(watch(&node.api(), Some(0), ""));
+    let got = rt.block_on(events_until(&mut replay, "the replay's end", |e| {
+        e.revision == last
+    }));
+    assert_follow(0, &got);
+    drop(replay);
     // Killed while behind: the next start must not be the same instance (the state
     // on disk is older than what clients saw).
     drop(stream);
