@@ -650,6 +650,19 @@ impl Intercept for Flicker {
     }
 }
 
+/// Pod u1 with container `c` running, behind a [`Flicker`] that says `c` is unknown.
+fn flickering_pod() -> (FakeRuntime, Flicker, String) {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let flicker = Flicker {
+        inner: rt.clone(),
+        unknown: Arc::default(),
+    };
+    flicker.unknown.lock().unwrap().insert(c.clone());
+    (rt, flicker, c)
+}
+
 /// The state the last cache update of `uid` in `out` gives container `id`.
 fn cached_state(out: &RelistOutput, uid: &str, id: &str) -> Option<ContainerState> {
     out.cache.iter().rev().find_map(|u| match u {
@@ -667,14 +680,7 @@ fn cached_state(out: &RelistOutput, uid: &str, id: &str) -> Option<ContainerStat
 /// the record all along, yet the cache held the unknown read until the pod changed.
 #[tokio::test]
 async fn a_read_that_disagrees_with_the_lists_is_read_again_without_pod_sync() {
-    let rt = FakeRuntime::new();
-    let sb = rt.run_pod("u1", "web", "ns");
-    let c = rt.run_container(&sb, "app");
-    let flicker = Flicker {
-        inner: rt.clone(),
-        unknown: Arc::default(),
-    };
-    flicker.unknown.lock().unwrap().insert(c.clone());
+    let (_rt, flicker, c) = flickering_pod();
     let mut p = GenericPleg::new(Arc::new(Intercepted(flicker.clone())), 4);
     let first = global(&mut p).await;
     assert_eq!(
@@ -714,14 +720,7 @@ async fn a_restored_pleg_reads_again_a_pod_whose_last_read_disagreed() {
             self.0.get(uid).cloned()
         }
     }
-    let rt = FakeRuntime::new();
-    let sb = rt.run_pod("u1", "web", "ns");
-    let c = rt.run_container(&sb, "app");
-    let flicker = Flicker {
-        inner: rt.clone(),
-        unknown: Arc::default(),
-    };
-    flicker.unknown.lock().unwrap().insert(c.clone());
+    let (rt, flicker, c) = flickering_pod();
     let mut p = GenericPleg::new(Arc::new(Intercepted(flicker.clone())), 4);
     let first = global(&mut p).await;
     let Some(CacheUpdate::Set {
