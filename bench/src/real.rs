@@ -12,7 +12,9 @@
 //!   GetContainerEvents subscriber in this process received the same container's
 //!   CONTAINER_STOPPED_EVENT (the runtime's own speed), so plegd − raw is what plegd
 //!   adds; and when that subscriber's own check of the event (the reads of plegd's
-//!   targeted relist, sent on arrival) was answered, side by side with plegd's;
+//!   targeted relist, sent on arrival) was answered, side by side with plegd's; and
+//!   when a second such subscriber, a status poller (the container's ContainerStatus
+//!   alone, sent on arrival and again until it says EXITED), had its EXITED answer;
 //! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
 //!   subscriber would take events from plegd's stream): no raw CRI subscriber;
 //! - on both: when a raw subscriber of containerd's own event service (which publishes
@@ -37,7 +39,7 @@ use futures::StreamExt as _;
 
 use crate::fanout_row::percentile;
 use crate::procs::{epoch_ns, Plegd, Seen};
-use crate::real_cri::{kill, Pod, RawExits, RealCri};
+use crate::real_cri::{kill, Check, Pod, RawExits, RealCri};
 use crate::workloads;
 
 const BURST: usize = 20;
@@ -51,11 +53,10 @@ struct Sample {
     /// The container's finished_at, ns since the epoch.
     finished_ns: i64,
     plegd: Option<Seen>,
-    /// The raw CRI CONTAINER_STOPPED_EVENT's arrival (containerd 2.x only).
-    raw_cri: Option<Instant>,
-    /// When the raw subscriber's check of that event (the reads of plegd's targeted
-    /// relist, sent on arrival) was answered, beside plegd's own (containerd 2.x only).
-    checked: Option<Instant>,
+    /// What the checking raw CRI subscribers saw, in the order of [`CHECKS`]
+    /// (containerd 2.x only); the first one's event arrival is the raw CRI
+    /// CONTAINER_STOPPED_EVENT's.
+    checked: [Checked; CHECKS.len()],
     /// The raw /tasks/exit's arrival (containerd's event service).
     raw_task: Option<Instant>,
     /// The reads of a targeted relist of the pod, made by the harness after plegd
@@ -63,10 +64,57 @@ struct Sample {
     reads: Option<(Duration, Duration)>,
 }
 
+/// A checking raw CRI subscriber's view of one exit.
+#[derive(Clone, Copy, Default)]
+struct Checked {
+    /// Its CONTAINER_STOPPED_EVENT's arrival.
+    arrived: Option<Instant>,
+    /// The answer of its reads that said EXITED.
+    answered: Option<Instant>,
+}
+
+/// The checking raw CRI subscribers beside plegd (containerd 2.x only): one that
+/// checks each event with the reads of plegd's targeted relist (the event's arrival
+/// in the rows is its), and a status poller.
+const CHECKS: [Check; 2] = [Check::PodReads, Check::Status];
+
+/// How the rows name a checking subscriber: (its answer, beside plegd; its answer,
+/// after "plegd's ContainerDied −").
+fn check_names(check: Check) -> (&'static str, &'static str) {
+    match check {
+        Check::PodReads => (
+            "the raw subscriber's own check of the event answered",
+            "the raw subscriber's check answered",
+        ),
+        Check::Status => (
+            "the status poller's EXITED answer (ContainerStatus alone, sent on arrival and again until EXITED)",
+            "the status poller's EXITED answer",
+        ),
+    }
+}
+
 /// The raw subscribers.
 struct Raws {
-    cri: Option<RawExits>,
+    /// The checking CRI subscribers, in the order of [`CHECKS`] (containerd 2.x only).
+    cri: Option<[RawExits; CHECKS.len()]>,
     task: RawExits,
+}
+
+impl Raws {
+    /// What the checking CRI subscribers saw of `ids` (waiting up to `patience` for
+    /// each), in the order of `ids`.
+    fn checked(&self, ids: &[String], patience: Duration) -> Result<Vec<[Checked; CHECKS.len()]>> {
+        let mut out = vec![[Checked::default(); CHECKS.len()]; ids.len()];
+        for (k, r) in self.cri.iter().flatten().enumerate() {
+            for ((row, id), answered) in out.iter_mut().zip(ids).zip(r.wait(ids, patience)?) {
+                row[k] = Checked {
+                    arrived: r.arrived(id),
+                    answered,
+                };
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn ms_between(a: Instant, b: Instant) -> f64 {
@@ -131,7 +179,7 @@ pub fn run(
         }
     };
     let raws = Raws {
-        cri: broadcast.then(|| cri.verified_stopped_events(watch_rt)),
+        cri: broadcast.then(|| CHECKS.map(|c| cri.checked_stopped_events(watch_rt, c))),
         task: cri.raw_task_exits(watch_rt),
     };
     let out =
@@ -188,7 +236,7 @@ struct Floor {
 /// containerd 2.x with no plegd running: how soon after a CONTAINER_STOPPED_EVENT
 /// arrives a client can have checked it against the runtime's status, with plegd's
 /// reads (both filtered lists and the container's ContainerStatus in flight together,
-/// sent on arrival: `RealCri::verified_stopped_events`), for --singles single exits and
+/// sent on arrival: `RealCri::checked_stopped_events`), for --singles single exits and
 /// --bursts bursts of 20. plegd reports an exit only after such reads (the event is
 /// a hint), so this is the least plegd's ContainerDied − raw event can be here.
 fn verified_floor(
@@ -202,7 +250,7 @@ fn verified_floor(
         "plegd-bench: containerd's floor for a reader that checks each event, no plegd: {} single exits, {} bursts of {BURST}",
         o.singles, o.bursts
     );
-    let raw = cri.verified_stopped_events(watch_rt);
+    let raw = cri.checked_stopped_events(watch_rt, Check::PodReads);
     let (singles, bursts) = containers_to_kill(o, rt, cri, pods, "vfloor-")?;
     let verified = |ids: &[String]| -> Result<Vec<f64>> {
         let pids: Vec<u32> = rt
@@ -291,7 +339,8 @@ fn measure(
         warmup += 1;
         let s = exits(rt, cri, plegd, raws, std::slice::from_ref(id))?;
         let hinted = s[0].plegd.as_ref().is_some_and(|p| p.source != "global");
-        if hinted && (raws.cri.is_none() || s[0].raw_cri.is_some()) && s[0].raw_task.is_some() {
+        let raw_cri = raws.cri.is_none() || s[0].checked.iter().all(|c| c.arrived.is_some());
+        if hinted && raw_cri && s[0].raw_task.is_some() {
             break;
         }
     }
@@ -377,14 +426,10 @@ fn exits(
         .collect::<Result<_>>()?;
     let killed = kill(&pids)?;
     let seen = plegd.events.wait_died(ids, PATIENCE);
-    let checked = match &raws.cri {
-        Some(r) => r.wait(ids, PATIENCE)?,
-        None => vec![None; ids.len()],
-    };
+    let checked = raws.checked(ids, PATIENCE)?;
     let raw_task = raws.task.wait(ids, PATIENCE)?;
     let mut out = Vec::with_capacity(ids.len());
     for (((id, seen), checked), raw_task) in ids.iter().zip(seen).zip(checked).zip(raw_task) {
-        let raw_cri = raws.cri.as_ref().and_then(|r| r.arrived(id));
         let finished_ns = rt.block_on(cri.finished_at(id))?;
         if finished_ns == 0 {
             bail!("{id} was killed but has no finished_at");
@@ -398,7 +443,6 @@ fn exits(
             killed,
             finished_ns,
             plegd: seen.into_iter().next(),
-            raw_cri,
             checked,
             raw_task,
             reads,
@@ -482,20 +526,27 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor
         if broadcast {
             println!(
                 "| {what}: plegd's ContainerDied − the raw CRI CONTAINER_STOPPED_EVENT (arrival) | {} |",
-                cell(&minus(|s| s.raw_cri))
+                cell(&minus(|s| s.checked[0].arrived))
             );
-            let checked: Vec<f64> = set
-                .iter()
-                .filter_map(|s| Some(ms_between(s.checked?, s.raw_cri?)))
-                .collect();
-            println!(
-                "| {what}: beside plegd, the raw subscriber's own check of the event answered − its arrival | {} |",
-                cell(&checked)
-            );
-            println!(
-                "| {what}: plegd's ContainerDied − the raw subscriber's check answered | {} |",
-                cell(&minus(|s| s.checked))
-            );
+            for (k, check) in CHECKS.into_iter().enumerate() {
+                let (client, answer) = check_names(check);
+                let answered: Vec<f64> = set
+                    .iter()
+                    .filter_map(|s| Some(ms_between(s.checked[k].answered?, s.checked[k].arrived?)))
+                    .collect();
+                println!(
+                    "| {what}: beside plegd, {client} − its arrival | {} |",
+                    cell(&answered)
+                );
+                let died: Vec<f64> = set
+                    .iter()
+                    .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.checked[k].answered?)))
+                    .collect();
+                println!(
+                    "| {what}: plegd's ContainerDied − {answer} | {} |",
+                    cell(&died)
+                );
+            }
         }
         println!(
             "| {what}: plegd's ContainerDied − the raw /tasks/exit of containerd's event service (arrival) | {} |",
@@ -504,7 +555,7 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor
         if broadcast {
             println!(
                 "| {what}: exit (finished_at) → raw CRI CONTAINER_STOPPED_EVENT | {} |",
-                cell(&from_exit(|s| s.raw_cri))
+                cell(&from_exit(|s| s.checked[0].arrived))
             );
         }
         println!(
@@ -555,8 +606,12 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor
         });
         let (cri_head, cri_cell) = if broadcast {
             (
-                "; last raw CRI event → last ContainerDied",
-                format!("; {}", last(|s| s.raw_cri)),
+                "; last raw CRI event → last ContainerDied; last status poller's EXITED answer → last ContainerDied",
+                format!(
+                    "; {}; {}",
+                    last(|s| s.checked[0].arrived),
+                    last(|s| s.checked[1].answered)
+                ),
             )
         } else {
             ("", String::new())

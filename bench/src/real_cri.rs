@@ -25,8 +25,20 @@ const OWNER: Owner = Owner {
     namespace: "plegd-bench",
     uid_prefix: "plegd-bench",
 };
-/// Reads of a stopped container's pod until its status says EXITED.
+/// A checking subscriber's reads of a stopped container until its status says EXITED.
 const VERIFY_TRIES: usize = 5;
+
+/// What a checking subscriber reads the moment a CONTAINER_STOPPED_EVENT arrives (and
+/// again while the container's status does not say EXITED yet).
+#[derive(Clone, Copy, Debug)]
+pub enum Check {
+    /// A targeted relist's reads, as plegd makes them: both filtered lists of the pod
+    /// and the container's ContainerStatus, in flight together (a client that checks
+    /// an event before it reports it).
+    PodReads,
+    /// The container's ContainerStatus alone (a client that only polls the status).
+    Status,
+}
 /// Runs until killed: the container's process is the sleep itself, so a SIGKILL of
 /// it is the container's exit (nothing left behind in the pod's PID namespace).
 const SLEEP_SCRIPT: &str = "exec sleep 3600";
@@ -86,8 +98,12 @@ impl RealCri {
 
     /// The container's `finished_at` (ns since the epoch; 0 while it runs).
     pub async fn finished_at(&self, id: &str) -> Result<i64> {
-        let st = self
-            .c()
+        Ok(self.status(id).await?.finished_at)
+    }
+
+    /// The container's ContainerStatus.
+    async fn status(&self, id: &str) -> Result<cri::ContainerStatus> {
+        self.c()
             .container_status(req(cri::ContainerStatusRequest {
                 container_id: id.to_string(),
                 verbose: false,
@@ -96,8 +112,7 @@ impl RealCri {
             .with_context(|| format!("ContainerStatus {id}"))?
             .into_inner()
             .status
-            .with_context(|| format!("ContainerStatus {id}: no status"))?;
-        Ok(st.finished_at)
+            .with_context(|| format!("ContainerStatus {id}: no status"))
     }
 
     /// Times the reads of a targeted relist of this container's pod, as plegd makes
@@ -184,13 +199,11 @@ impl RealCri {
         })
     }
 
-    /// Opens a raw GetContainerEvents stream on `rt` that reads each stopped
-    /// container's pod the moment its CONTAINER_STOPPED_EVENT arrives, as a client that
-    /// checks an event before it reports it must, with plegd's reads: both filtered
-    /// lists and the container's ContainerStatus, in flight together (again if the
-    /// status does not say EXITED yet). [`RawExits::wait`] gives when those answers
-    /// were all in, [`RawExits::arrived`] when the event came.
-    pub fn verified_stopped_events(&self, rt: &tokio::runtime::Runtime) -> RawExits {
+    /// Opens a raw GetContainerEvents stream on `rt` that checks each stopped container
+    /// the moment its CONTAINER_STOPPED_EVENT arrives, with `check`'s reads, sent again
+    /// until the container's status says EXITED. [`RawExits::wait`] gives when the
+    /// answers that said so were all in, [`RawExits::arrived`] when the event came.
+    pub fn checked_stopped_events(&self, rt: &tokio::runtime::Runtime, check: Check) -> RawExits {
         let mut client = self.c();
         let reader = self.clone();
         RawExits::spawn(rt, move |sink| async move {
@@ -209,36 +222,30 @@ impl RealCri {
                 let (reader, sink) = (reader.clone(), sink.clone());
                 tokio::spawn(async move {
                     for _ in 0..VERIFY_TRIES {
-                        match reader.read_pod_of(&sandbox, &ev.container_id).await {
-                            Ok(true) => break,
+                        match reader.check(check, &sandbox, &ev.container_id).await {
+                            Ok(true) => {
+                                sink.record(ev.container_id, Instant::now());
+                                return;
+                            }
                             Ok(false) => continue,
-                            // Counted as never verified: the row shows fewer samples.
+                            // Counted as never checked: the row shows fewer samples.
                             Err(_) => return,
                         }
                     }
-                    sink.record(ev.container_id, Instant::now());
                 });
             }
             Ok(())
         })
     }
 
-    /// A targeted relist's reads of `sandbox`'s pod and `id`, all in flight together;
-    /// true if ContainerStatus said EXITED.
-    async fn read_pod_of(&self, sandbox: &str, id: &str) -> Result<bool> {
-        let mut c = self.c();
-        let (_, st) = futures::try_join!(self.pod_lists(sandbox), async {
-            c.container_status(req(cri::ContainerStatusRequest {
-                container_id: id.to_string(),
-                verbose: false,
-            }))
-            .await
-            .with_context(|| format!("ContainerStatus {id}"))
-        })?;
-        Ok(st
-            .into_inner()
-            .status
-            .is_some_and(|s| s.state == cri::ContainerState::ContainerExited as i32))
+    /// `check`'s reads of `sandbox`'s pod and `id`, all in flight together; true if
+    /// ContainerStatus said EXITED.
+    async fn check(&self, check: Check, sandbox: &str, id: &str) -> Result<bool> {
+        let status = match check {
+            Check::PodReads => futures::try_join!(self.pod_lists(sandbox), self.status(id))?.1,
+            Check::Status => self.status(id).await?,
+        };
+        Ok(status.state == cri::ContainerState::ContainerExited as i32)
     }
 
     /// Subscribes on `rt` to containerd's own event service (the task exit, OOM and
