@@ -173,7 +173,9 @@ async fn a_container_exit_is_published_by_the_evented_relist() {
             .iter()
             .filter(|d| d.event.relist_source == RelistSource::EventedPleg)
             .count() as u64;
-        got.into_iter().last().expect("recv_until returns the match last")
+        got.into_iter()
+            .last()
+            .expect("recv_until returns the match last")
     };
     for code in [0, 1, 137] {
         let sb = e.sim.sandboxes_of("u1").pop().unwrap();
