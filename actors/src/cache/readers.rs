@@ -121,7 +121,7 @@ impl PodCache {
         let id = IdKey::new(id);
         self.shared.pods.iter().find_map(|e| {
             let state = e.value().status.as_ref()?.find_id(&id)?;
-            Some((e.key().clone(), state))
+            Some((e.key().to_string(), state))
         })
     }
 
