@@ -6,13 +6,68 @@
 //!
 //! The format is private to this process and written only by [`PackedEvent::pack`]:
 //! fixed-width revision first (so the history can binary-search it without decoding),
-//! then LEB128 integers and length-prefixed UTF-8 strings.
+//! then LEB128 integers and strings as [`Writer::compact`] writes them (a runtime's
+//! 64-hex IDs and a pod's UID as the bytes they spell). The pod cache packs its
+//! entries with the same pieces (`packed_status`).
 
 use std::time::{Duration, SystemTime};
 
 use plegd_runtime::PodRef;
 
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
+
+/// [`Writer::compact`]'s kinds of string (the header's two low bits).
+const PLAIN: u64 = 0;
+const HEX_TAIL: u64 = 1;
+const UUID: u64 = 2;
+/// Hex tails shorter than this are left as they are (a few bytes would not pay for
+/// the second length).
+const MIN_HEX_TAIL: usize = 16;
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn is_hex(b: u8) -> bool {
+    b.is_ascii_digit() || (b'a'..=b'f').contains(&b)
+}
+
+fn nibble(b: u8) -> u8 {
+    if b.is_ascii_digit() {
+        b - b'0'
+    } else {
+        b - b'a' + 10
+    }
+}
+
+/// The length of the longest tail of `s` made of lowercase hex digits, cut to an even
+/// number of them.
+fn hex_tail(s: &str) -> usize {
+    let n = s.bytes().rev().take_while(|&b| is_hex(b)).count();
+    n & !1
+}
+
+/// The 16 bytes of a UUID in its canonical lowercase form (8-4-4-4-12), or None.
+fn uuid_bytes(s: &str) -> Option<[u8; 16]> {
+    let b = s.as_bytes();
+    if b.len() != 36 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    let mut digits = b
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !matches!(i, 8 | 13 | 18 | 23))
+        .map(|(_, &c)| c);
+    if [8, 13, 18, 23].iter().any(|&i| b[i] != b'-') {
+        return None;
+    }
+    for byte in &mut out {
+        let (hi, lo) = (digits.next()?, digits.next()?);
+        if !is_hex(hi) || !is_hex(lo) {
+            return None;
+        }
+        *byte = nibble(hi) << 4 | nibble(lo);
+    }
+    Some(out)
+}
 
 /// Appends values to a byte buffer.
 pub(crate) struct Writer<'a>(pub(crate) &'a mut Vec<u8>);
@@ -46,6 +101,34 @@ impl Writer<'_> {
     pub(crate) fn bytes(&mut self, b: &[u8]) {
         self.u64(b.len() as u64);
         self.0.extend_from_slice(b);
+    }
+
+    /// A string in as few bytes as its usual shapes allow: a tail of lowercase hex
+    /// digits (a runtime's 64-hex ID, an image's `sha256:` digest) as the bytes they
+    /// spell, a canonical lowercase UUID (a pod's UID) as its 16 bytes, anything else
+    /// as [`Self::str`] would. [`Reader::compact`] gives back exactly the same string.
+    /// The header's two low bits say which: [`PLAIN`], [`HEX_TAIL`] or [`UUID`].
+    pub(crate) fn compact(&mut self, s: &str) {
+        if let Some(bytes) = uuid_bytes(s) {
+            self.u64(UUID);
+            self.0.extend_from_slice(&bytes);
+            return;
+        }
+        let tail = hex_tail(s);
+        if tail < MIN_HEX_TAIL {
+            self.u64((s.len() as u64) << 2 | PLAIN);
+            self.0.extend_from_slice(s.as_bytes());
+            return;
+        }
+        let (prefix, hex) = s.split_at(s.len() - tail);
+        self.u64((prefix.len() as u64) << 2 | HEX_TAIL);
+        self.0.extend_from_slice(prefix.as_bytes());
+        self.u64((tail / 2) as u64);
+        self.0.extend(
+            hex.as_bytes()
+                .chunks_exact(2)
+                .map(|p| nibble(p[0]) << 4 | nibble(p[1])),
+        );
     }
 
     pub(crate) fn time(&mut self, t: SystemTime) {
@@ -107,6 +190,78 @@ impl<'a> Reader<'a> {
 
     pub(crate) fn string(&mut self) -> Option<String> {
         self.str().map(str::to_owned)
+    }
+
+    /// A string written by [`Writer::compact`], appended to `out` (cleared first).
+    pub(crate) fn compact_into(&mut self, out: &mut String) -> Option<()> {
+        out.clear();
+        let head = self.u64()?;
+        let len = usize::try_from(head >> 2).ok()?;
+        match head & 3 {
+            PLAIN => out.push_str(self.fixed_str(len)?),
+            HEX_TAIL => {
+                out.push_str(self.fixed_str(len)?);
+                let n = usize::try_from(self.u64()?).ok()?;
+                for &b in self.fixed(n)? {
+                    out.push(HEX[usize::from(b >> 4)] as char);
+                    out.push(HEX[usize::from(b & 15)] as char);
+                }
+            }
+            UUID if len == 0 => {
+                for (i, &b) in self.fixed(16)?.iter().enumerate() {
+                    if matches!(i, 4 | 6 | 8 | 10) {
+                        out.push('-');
+                    }
+                    out.push(HEX[usize::from(b >> 4)] as char);
+                    out.push(HEX[usize::from(b & 15)] as char);
+                }
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    /// The bytes of a string written by [`Writer::compact`], as written: two strings
+    /// are equal exactly when these are (the encoding depends on the string alone).
+    pub(crate) fn compact_raw(&mut self) -> Option<&'a [u8]> {
+        let start = self.0;
+        let head = self.u64()?;
+        let len = usize::try_from(head >> 2).ok()?;
+        match head & 3 {
+            PLAIN => {
+                self.fixed(len)?;
+            }
+            HEX_TAIL => {
+                self.fixed(len)?;
+                let n = usize::try_from(self.u64()?).ok()?;
+                self.fixed(n)?;
+            }
+            UUID if len == 0 => {
+                self.fixed(16)?;
+            }
+            _ => return None,
+        }
+        Some(&start[..start.len() - self.0.len()])
+    }
+
+    /// A string written by [`Writer::compact`].
+    pub(crate) fn compact(&mut self) -> Option<String> {
+        let mut s = String::new();
+        self.compact_into(&mut s)?;
+        Some(s)
+    }
+
+    fn fixed(&mut self, len: usize) -> Option<&'a [u8]> {
+        if len > self.0.len() {
+            return None;
+        }
+        let (b, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Some(b)
+    }
+
+    fn fixed_str(&mut self, len: usize) -> Option<&'a str> {
+        std::str::from_utf8(self.fixed(len)?).ok()
     }
 
     pub(crate) fn time(&mut self) -> Option<SystemTime> {
@@ -203,13 +358,13 @@ impl PackedEvent {
         if let Some(a) = ev.attempt {
             w.u64(u64::from(a));
         }
-        w.str(&ev.pod.uid);
-        w.str(&ev.pod.name);
-        w.str(&ev.pod.namespace);
-        w.str(&ev.container_id);
-        w.str(&ev.container_name);
+        w.compact(&ev.pod.uid);
+        w.compact(&ev.pod.name);
+        w.compact(&ev.pod.namespace);
+        w.compact(&ev.container_id);
+        w.compact(&ev.container_name);
         if let Some(image) = &ev.image {
-            w.str(image);
+            w.compact(image);
         }
         if let Some(exit) = &ev.exit {
             let mut flags = 0;
@@ -226,7 +381,7 @@ impl PackedEvent {
             w.u8(flags);
             w.i64(i64::from(exit.code));
             for s in [&exit.reason, &exit.message].into_iter().flatten() {
-                w.str(s);
+                w.compact(s);
             }
             for t in [exit.started_at, exit.finished_at].into_iter().flatten() {
                 w.time(t);
@@ -275,14 +430,14 @@ impl PackedEvent {
             None
         };
         let pod = PodRef {
-            uid: r.string()?,
-            name: r.string()?,
-            namespace: r.string()?,
+            uid: r.compact()?,
+            name: r.compact()?,
+            namespace: r.compact()?,
         };
-        let container_id = r.string()?;
-        let container_name = r.string()?;
+        let container_id = r.compact()?;
+        let container_name = r.compact()?;
         let image = if flags & IMAGE != 0 {
-            Some(r.string()?)
+            Some(r.compact()?)
         } else {
             None
         };
@@ -290,12 +445,12 @@ impl PackedEvent {
             let xf = r.u8()?;
             let code = i32::try_from(r.i64()?).ok()?;
             let reason = if xf & REASON != 0 {
-                Some(r.string()?)
+                Some(r.compact()?)
             } else {
                 None
             };
             let message = if xf & MESSAGE != 0 {
-                Some(r.string()?)
+                Some(r.compact()?)
             } else {
                 None
             };
@@ -341,6 +496,59 @@ impl PackedEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every string comes back exactly as written, whatever its shape, and the usual
+    /// shapes take the bytes they spell.
+    #[test]
+    fn a_compact_string_comes_back_exactly() {
+        let id = "0123456789abcdef".repeat(4);
+        let strings = [
+            String::new(),
+            "a".into(),
+            "ünïcødé".into(),
+            id.clone(),
+            format!("sha256:{id}"),
+            // An odd hex tail: one digit stays in the prefix.
+            format!("x{}", &id[..63]),
+            id[..63].to_string(),
+            // Uppercase hex is not this shape: kept as it is.
+            id.to_uppercase(),
+            format!("{}A", &id[..62]),
+            // Short hex tails are kept as they are.
+            "deadbeef".into(),
+            "app-7f9c6d5b8d".into(),
+            "0000002a-0000-4000-8000-00000000002a".into(),
+            "0000002A-0000-4000-8000-00000000002a".into(),
+            "0000002a-0000-4000-8000_00000000002a".into(),
+            "0000002a-0000-4000-8000-00000000002g".into(),
+            "0000002a00000-4000-8000-00000000002a".into(),
+            "x".repeat(300),
+        ];
+        let mut buf = Vec::new();
+        for s in &strings {
+            Writer(&mut buf).compact(s);
+        }
+        let mut r = Reader(&buf);
+        for s in &strings {
+            assert_eq!(r.compact().as_deref(), Some(s.as_str()));
+        }
+        assert!(r.0.is_empty());
+        let size = |s: &str| {
+            let mut b = Vec::new();
+            Writer(&mut b).compact(s);
+            b.len()
+        };
+        assert_eq!(size(&id), 2 + 32);
+        assert_eq!(size(&format!("sha256:{id}")), 2 + 7 + 32);
+        assert_eq!(size("0000002a-0000-4000-8000-00000000002a"), 1 + 16);
+        assert_eq!(size("app"), 1 + 3);
+        // Truncated bytes read as None, never a panic.
+        let mut b = Vec::new();
+        Writer(&mut b).compact(&format!("sha256:{id}"));
+        for len in 0..b.len() {
+            assert_eq!(Reader(&b[..len]).compact(), None, "{len}");
+        }
+    }
 
     fn event() -> LifecycleEvent {
         LifecycleEvent {

@@ -28,7 +28,7 @@ pub struct CachedPod {
 }
 
 /// A [`CachedPod`] as the cache holds it: the status packed into one block (see
-/// `packed_status`: ≈ 250 bytes instead of ≈ 1.3 KB at a sandbox and two
+/// `packed_status`: ≈ 350 bytes instead of ≈ 1.3 KB at a sandbox and two
 /// containers). Unpacked for readers.
 #[derive(Clone, Debug)]
 pub(super) struct StoredPod {

@@ -52,7 +52,8 @@ use tombstones::Tombstone;
 pub use updates::ApplyRelist;
 
 struct Shared {
-    pods: DashMap<String, StoredPod>,
+    /// Keyed by UID as a `Box<str>`: 8 bytes a slot less than a `String`.
+    pods: DashMap<Box<str>, StoredPod>,
     /// Pods the last global relist left alone (a sync held them) → the last global
     /// timestamp that did cover them: a waiter on such a pod is not released by a
     /// relist that never looked at it.

@@ -81,7 +81,7 @@ impl CacheOwner {
             .shared
             .pods
             .iter()
-            .map(|e| (e.key().clone(), e.value().unpack()))
+            .map(|e| (e.key().to_string(), e.value().unpack()))
             .collect();
         pods.sort_by(|a, b| a.0.cmp(&b.0));
         CacheSnapshot {

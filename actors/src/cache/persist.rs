@@ -81,7 +81,7 @@ impl CacheOwner {
             .map(|e| {
                 let mut b = Vec::new();
                 write_entry(&mut Writer(&mut b), e.value());
-                (e.key().clone(), b)
+                (e.key().to_string(), b)
             })
             .collect();
         let tombstones = self
@@ -95,7 +95,7 @@ impl CacheOwner {
                 write_entry(&mut w, &t.last);
                 w.time(t.removed_at);
                 w.u8(source_code(t.removed_by));
-                (e.key().clone(), b)
+                (e.key().to_string(), b)
             })
             .collect();
         CacheImage {
@@ -120,7 +120,7 @@ impl CacheOwner {
         let mut r = Reader(bytes);
         match read_entry(&mut r) {
             Some(pod) if r.0.is_empty() => {
-                self.shared.pods.insert(uid, pod);
+                self.shared.pods.insert(uid.into(), pod);
                 true
             }
             _ => false,
@@ -186,7 +186,7 @@ impl super::PodCache {
             .pods
             .iter()
             .filter(|e| e.value().error.is_some())
-            .map(|e| e.key().clone())
+            .map(|e| e.key().to_string())
             .collect()
     }
 }

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::{CachedPod, Cover, Shared, Tombstone};
 use crate::event::RelistSource;
+use crate::packed_status::IdKey;
 use crate::pleg::{LastRead, LastReads};
 
 /// A pod as the cache knows it (see [`crate::Pleg::pod_status`]).
@@ -117,17 +118,19 @@ impl PodCache {
     /// container's state (None: a sandbox). One scan of the cache, as
     /// [`Self::pod_of_container`]'s (≈ 0.4 ms at 10,000 pods, release build).
     pub fn owner_of(&self, id: &str) -> Option<(String, Option<plegd_runtime::ContainerState>)> {
+        let id = IdKey::new(id);
         self.shared.pods.iter().find_map(|e| {
-            let state = e.value().status.as_ref()?.find_id(id)?;
-            Some((e.key().clone(), state))
+            let state = e.value().status.as_ref()?.find_id(&id)?;
+            Some((e.key().to_string(), state))
         })
     }
 
     /// True when the cache has this container as exited (sandboxes: never).
     pub fn container_exited(&self, id: &str) -> bool {
+        let id = IdKey::new(id);
         self.shared.pods.iter().any(|e| {
             e.value().status.as_ref().is_some_and(|s| {
-                s.container_state(id) == Some(plegd_runtime::ContainerState::Exited)
+                s.container_state(&id) == Some(plegd_runtime::ContainerState::Exited)
             })
         })
     }

@@ -18,8 +18,8 @@ impl CacheOwner {
                 read_at,
                 source,
             } => {
-                if let Some((uid, last)) = self.shared.pods.remove(&uid) {
-                    self.bury(uid, last, read_at, source);
+                if let Some((uid, last)) = self.shared.pods.remove(uid.as_str()) {
+                    self.bury(uid.into(), last, read_at, source);
                 }
             }
             CacheUpdate::Set {
@@ -30,12 +30,16 @@ impl CacheOwner {
             } => {
                 // Back (same UID): alive again.
                 self.shared.tombstones.remove(&uid);
-                let mut entry = self.shared.pods.entry(uid).or_insert_with(|| StoredPod {
-                    status: None,
-                    error: None,
-                    read: ReadStamp::NEVER,
-                    reported: PackedReported::default(),
-                });
+                let mut entry = self
+                    .shared
+                    .pods
+                    .entry(uid.into())
+                    .or_insert_with(|| StoredPod {
+                        status: None,
+                        error: None,
+                        read: ReadStamp::NEVER,
+                        reported: PackedReported::default(),
+                    });
                 let read = ReadStamp::new(read_at, source);
                 // Never let an older read overwrite a newer one.
                 if read.at < entry.read.at {
@@ -55,7 +59,7 @@ impl CacheOwner {
                 status,
                 read_at,
             } => {
-                let Some(mut entry) = self.shared.pods.get_mut(&uid) else {
+                let Some(mut entry) = self.shared.pods.get_mut(uid.as_str()) else {
                     return;
                 };
                 // A read of the whole pod that began later has it already.
@@ -123,7 +127,7 @@ impl CacheOwner {
             while let Some((_, id, kind)) = events.next_if(|(u, ..)| *u == uid) {
                 run.push((id, kind));
             }
-            let Some(mut pod) = self.shared.pods.get_mut(&uid) else {
+            let Some(mut pod) = self.shared.pods.get_mut(uid.as_str()) else {
                 continue;
             };
             let mut reported = pod.reported.unpack();

@@ -35,8 +35,9 @@ pub struct Scratch {
     /// Listed pods by UID: an index into `pods`.
     slots: HashTable<u32>,
     /// Per listed pod: one of its sandboxes (index into the sandbox list), and its
-    /// sandboxes and containers found unchanged.
-    pods: Vec<(u32, usize, usize)>,
+    /// sandboxes and containers found unchanged (list indices and counts of entries
+    /// are u32: 12 bytes a pod, kept at the node's size).
+    pods: Vec<(u32, u32, u32)>,
     /// Per listed sandbox: its pod (index into `pods`).
     pod_of: Vec<u32>,
 }
@@ -140,12 +141,12 @@ pub fn changed_pods<'a>(
             .find(hash(uid), |&s| uid_at(pods[s as usize].0) == uid)
             .map_or((0, 0), |&s| {
                 let p = pods[s as usize];
-                (p.1, p.2)
+                (p.1 as usize, p.2 as usize)
             })
     };
     let size = |rec: &PodRecord| rec.sandboxes.len() + rec.containers.len();
     let mut held_by_records: usize = records.values().map(size).sum();
-    let mut unchanged: usize = pods.iter().map(|p| p.1 + p.2).sum();
+    let mut unchanged: usize = pods.iter().map(|p| p.1 as usize + p.2 as usize).sum();
     for uid in &changed {
         let (s, c) = counts_of(uid);
         unchanged -= s + c;
