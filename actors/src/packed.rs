@@ -10,6 +10,7 @@
 //! 64-hex IDs and a pod's UID as the bytes they spell). The pod cache packs its
 //! entries with the same pieces (`packed_status`).
 
+use std::cell::Cell;
 use std::time::{Duration, SystemTime};
 
 use plegd_runtime::PodRef;
@@ -142,6 +143,51 @@ impl Writer<'_> {
     }
 }
 
+thread_local! {
+    /// Set while a state file of format 1 is read ([`reading_format`]).
+    static FORMAT_1: Cell<bool> = const { Cell::new(false) };
+    /// Set while bytes of format 1 are decoded ([`format_1_strings`]).
+    static FORMAT_1_STRINGS: Cell<bool> = const { Cell::new(false) };
+}
+
+fn with_flag<T>(
+    flag: &'static std::thread::LocalKey<Cell<bool>>,
+    on: bool,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore(&'static std::thread::LocalKey<Cell<bool>>, bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(flag, flag.with(|c| c.replace(on)));
+    f()
+}
+
+/// Runs `f` reading a state file of format `format`. Format 1 wrote every string of
+/// a packed status, reported states and event as [`Writer::str`] does, with no key
+/// table and no references: their `from_bytes` decode such bytes that way
+/// ([`format_1_strings`]) and pack them anew, so memory only ever holds this build's.
+pub(crate) fn reading_format<T>(format: u64, f: impl FnOnce() -> T) -> T {
+    with_flag(&FORMAT_1, format == 1, f)
+}
+
+/// True inside [`reading_format`] of format 1.
+pub(crate) fn format_1() -> bool {
+    FORMAT_1.with(Cell::get)
+}
+
+/// Runs `f` decoding strings as format 1 wrote them.
+pub(crate) fn format_1_strings<T>(f: impl FnOnce() -> T) -> T {
+    with_flag(&FORMAT_1_STRINGS, true, f)
+}
+
+/// True inside [`format_1_strings`].
+pub(crate) fn in_format_1_strings() -> bool {
+    FORMAT_1_STRINGS.with(Cell::get)
+}
+
 /// Reads values back; every read is None past the end or on a malformed value (only
 /// a bug could produce one: nothing but [`Writer`] writes these bytes).
 pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
@@ -195,6 +241,10 @@ impl<'a> Reader<'a> {
     /// A string written by [`Writer::compact`], appended to `out` (cleared first).
     pub(crate) fn compact_into(&mut self, out: &mut String) -> Option<()> {
         out.clear();
+        if in_format_1_strings() {
+            out.push_str(self.str()?);
+            return Some(());
+        }
         let head = self.u64()?;
         let len = usize::try_from(head >> 2).ok()?;
         match head & 3 {
@@ -225,6 +275,10 @@ impl<'a> Reader<'a> {
     /// are equal exactly when these are (the encoding depends on the string alone).
     pub(crate) fn compact_raw(&mut self) -> Option<&'a [u8]> {
         let start = self.0;
+        if in_format_1_strings() {
+            self.str()?;
+            return Some(&start[..start.len() - self.0.len()]);
+        }
         let head = self.u64()?;
         let len = usize::try_from(head >> 2).ok()?;
         match head & 3 {
@@ -412,6 +466,10 @@ impl PackedEvent {
     /// Bytes read back from the state dir: None unless they unpack.
     pub(crate) fn from_bytes(b: &[u8]) -> Option<Self> {
         let packed = PackedEvent(Box::from(b));
+        if format_1() {
+            let event = format_1_strings(|| packed.unpack())?;
+            return Some(PackedEvent::pack(&event, &mut Vec::new()));
+        }
         packed.unpack().map(|_| packed)
     }
 

@@ -131,6 +131,13 @@ fn write_labels(w: &mut Writer<'_>, labels: &BTreeMap<String, String>, pod: &Pod
 fn read_labels(r: &mut Reader<'_>, pod: &PodRef) -> Option<BTreeMap<String, String>> {
     let n = r.u64()?;
     let mut labels = BTreeMap::new();
+    if crate::packed::in_format_1_strings() {
+        for _ in 0..n {
+            let key = r.string()?;
+            labels.insert(key, r.string()?);
+        }
+        return Some(labels);
+    }
     for _ in 0..n {
         let key = match usize::try_from(r.u64()?).ok()? {
             0 => r.compact()?,
@@ -259,6 +266,10 @@ impl PackedStatus {
     /// Bytes read back from the state dir: None unless they unpack.
     pub(crate) fn from_bytes(b: &[u8]) -> Option<Self> {
         let packed = PackedStatus(Box::from(b));
+        if crate::packed::format_1() {
+            let status = crate::packed::format_1_strings(|| packed.unpack())?;
+            return Some(PackedStatus::pack(&status, &mut Vec::new()));
+        }
         packed.unpack().map(|_| packed)
     }
 
@@ -363,9 +374,13 @@ impl PackedStatus {
         }
         let mut containers = Vec::with_capacity(n_containers);
         for (id, state) in c_ids {
-            let sandbox_id = match usize::try_from(r.u64()?).ok()? {
-                0 => r.compact()?,
-                i => sandboxes.get(i - 1)?.id.clone(),
+            let sandbox_id = if crate::packed::in_format_1_strings() {
+                r.string()?
+            } else {
+                match usize::try_from(r.u64()?).ok()? {
+                    0 => r.compact()?,
+                    i => sandboxes.get(i - 1)?.id.clone(),
+                }
             };
             containers.push(ContainerStatus {
                 id,
@@ -417,12 +432,20 @@ impl PackedReported {
 
     /// Bytes read back from the state dir: None unless every entry reads.
     pub(crate) fn from_bytes(b: &[u8]) -> Option<Self> {
-        let mut r = Reader(b);
-        while !r.0.is_empty() {
-            r.compact()?;
-            r.u8().and_then(kind_of)?;
+        let read = || {
+            let mut r = Reader(b);
+            let mut reported = IdMap::new();
+            while !r.0.is_empty() {
+                let id = r.compact()?;
+                reported.insert(id, r.u8().and_then(kind_of)?);
+            }
+            Some(reported)
+        };
+        if crate::packed::format_1() {
+            let reported = crate::packed::format_1_strings(read)?;
+            return Some(PackedReported::pack(&reported, &mut Vec::new()));
         }
-        Some(PackedReported(Box::from(b)))
+        read().map(|_| PackedReported(Box::from(b)))
     }
 
     /// The map as it was packed; what cannot be read (only a bug could write it) is

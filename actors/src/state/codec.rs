@@ -24,8 +24,10 @@ pub(crate) const SNAPSHOT_END: u8 = 7;
 pub(crate) const COMMIT: u8 = 8;
 pub(crate) const STOP: u8 = 9;
 
-/// The format this build writes; it reads this one and every older one.
-pub(crate) const FORMAT: u64 = 1;
+/// The format this build writes; it reads this one and every older one. Format 1
+/// packed every string of a status, a pod's reported states and an event as its
+/// length and bytes (`packed::reading_format`); format 2 packs them compactly.
+pub(crate) const FORMAT: u64 = 2;
 const MAGIC: &str = "plegd-state";
 
 /// Who wrote the file: the format, the instance whose revisions it holds, and the

@@ -84,6 +84,20 @@ pub(crate) fn load(
     if let End::Corrupt(at) = end {
         return Err(format!("the state file is damaged at byte {at}"));
     }
+    // An older format's packed statuses, reported states and events are read as it
+    // wrote them and packed anew.
+    crate::packed::reading_format(header.format, || {
+        rebuild(header, records, boot_id, history, tombstone_ttl)
+    })
+}
+
+fn rebuild<'a>(
+    header: Header,
+    mut records: impl Iterator<Item = (u8, &'a [u8])>,
+    boot_id: &str,
+    history: usize,
+    tombstone_ttl: std::time::Duration,
+) -> Result<Loaded, String> {
     let mut state = Rebuild::new(&header, history, tombstone_ttl);
     let damaged = |what: &str| format!("a damaged {what} record in the state file");
     // The snapshot: complete, or the file is not one plegd wrote whole.
@@ -442,6 +456,87 @@ mod tests {
                 assert_eq!(removed_at, now - Duration::from_secs(10));
             }
             other => panic!("recent: {other:?}"),
+        }
+    }
+
+    /// State files written by the plegd of format 1, and the events it printed: this
+    /// build reads them, packs them anew, and serves them as that plegd would have.
+    /// `demo`: `plegd demo --seed 7`, stopped, then `--seed 8` on the same dir (exits
+    /// with codes and reasons); `kubelet`: `plegd run` on plegd-sim's realistic node of
+    /// 4, then 2, then 3 pods (64-hex IDs, UUIDs, kubelet's labels). Each file holds a
+    /// snapshot (the cache, tombstones, history of the runs before) and commits.
+    #[test]
+    fn a_state_of_format_1_is_read_and_packed_anew() {
+        for (bytes, printed, instance) in [
+            (
+                &include_bytes!("testdata/format1-demo.state")[..],
+                include_str!("testdata/format1-demo.events.tsv"),
+                "549d3f5c0b7cc6c91d60e9a2a9870ca2",
+            ),
+            (
+                &include_bytes!("testdata/format1-kubelet.state")[..],
+                include_str!("testdata/format1-kubelet.events.tsv"),
+                "be9bad2c7bbff8eb885619da4ae310a6",
+            ),
+        ] {
+            format_1_state(bytes, printed, instance);
+        }
+    }
+
+    fn format_1_state(bytes: &[u8], printed: &str, instance: &str) {
+        use std::collections::HashSet;
+        let (frames, _) = frame::read(bytes);
+        assert_eq!(codec::read_header(frames[0].1).map(|h| h.format), Ok(1));
+        let ttl = Duration::from_secs(10 * 365 * 86_400);
+        let loaded = load(bytes, "another boot", 65_536, ttl).unwrap();
+        assert!(loaded.clean());
+        assert_eq!(loaded.instance_id(), instance);
+        // The history: every event that plegd printed, as it printed it.
+        let row = |e: &LifecycleEvent| {
+            let exit = e.exit.as_ref();
+            [
+                e.revision.to_string(),
+                e.pod.uid.clone(),
+                e.kind.to_string(),
+                e.container_id.clone(),
+                e.container_name.clone(),
+                e.image.clone().unwrap_or_default(),
+                exit.map(|x| x.code.to_string()).unwrap_or_default(),
+                exit.and_then(|x| x.reason.clone()).unwrap_or_default(),
+            ]
+            .join("\t")
+        };
+        let history: Vec<String> = loaded.history().map(|e| row(&e)).collect();
+        let printed: Vec<&str> = printed.lines().collect();
+        assert_eq!(history, printed);
+        // The cache: every pod's status unpacks, and its sandboxes and containers are
+        // found by ID (a lookup compares packed bytes: this build's packing).
+        let cache = &loaded.cache.1;
+        assert_eq!(cache.len(), loaded.records.len());
+        for uid in loaded.records.keys() {
+            let pod = cache.get(uid).expect("a cached pod");
+            let status = pod.status.expect("a status");
+            let ids = status.sandboxes.iter().map(|s| &s.id);
+            for id in ids.chain(status.containers.iter().map(|c| &c.id)) {
+                assert_eq!(cache.pod_of_container(id).as_deref(), Some(uid.as_str()));
+            }
+            assert!(!pod.reported.is_empty(), "{uid}");
+        }
+        // The pods the first run had and the second did not: their tombstones.
+        let gone: HashSet<&str> = printed
+            .iter()
+            .filter_map(|l| l.split('\t').nth(1))
+            .filter(|uid| !loaded.records.contains_key(*uid))
+            .collect();
+        assert!(!gone.is_empty());
+        for uid in gone {
+            let PodLookup::Removed { last, .. } = cache.lookup(uid) else {
+                panic!("no tombstone of {uid}");
+            };
+            assert!(
+                last.status.is_some_and(|s| !s.containers.is_empty()),
+                "{uid}"
+            );
         }
     }
 }
