@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use integration_tests::chaos::schedule::Step;
-use integration_tests::chaos::{generate, run_seeds, Outcome, Transport};
+use integration_tests::chaos::{assert_all_passed, generate, run_seeds, Outcome, Transport};
 
 /// Between them, both transports and every kind of step occur (checked below); more
 /// seeds belong in the runner, not in CI.
@@ -34,16 +34,5 @@ fn the_seed_list_covers_every_transport_and_step() {
 fn seeded_chaos() {
     let print = |o: &Outcome| println!("{}", o.report());
     let (outcomes, leak) = run_seeds(SEEDS, 2, &print);
-    let failed: Vec<String> = outcomes
-        .iter()
-        .filter(|o| !o.passed())
-        .map(Outcome::report)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} seeds failed:\n{}",
-        failed.len(),
-        failed.join("\n")
-    );
-    assert!(leak.is_none(), "{leak:?}");
+    assert_all_passed(&outcomes, &leak);
 }

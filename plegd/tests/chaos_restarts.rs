@@ -11,7 +11,9 @@
 //! plegd --bin chaos`); a failing seed replays with `--seed N`.
 
 use integration_tests::chaos::schedule::Step;
-use integration_tests::chaos::{generate_in, run_seeds_in, Mode, Outcome, Suite};
+use integration_tests::chaos::{
+    assert_all_passed, generate_in, run_seeds_in, Mode, Outcome, Suite,
+};
 
 /// Between them: clean stops, kills and starts, a stop and a start while the runtime
 /// is down (checked below). More seeds belong in the runner.
@@ -48,18 +50,7 @@ fn seeded_chaos_with_plegd_restarts() {
     };
     let print = |o: &Outcome| println!("{}", o.report());
     let (outcomes, leak) = run_seeds_in(&mode, SEEDS, 2, &print);
-    let failed: Vec<String> = outcomes
-        .iter()
-        .filter(|o| !o.passed())
-        .map(Outcome::report)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} seeds failed:\n{}",
-        failed.len(),
-        failed.join("\n")
-    );
-    assert!(leak.is_none(), "{leak:?}");
+    assert_all_passed(&outcomes, &leak);
     // The seeds restarted plegd both ways.
     let kills: u64 = outcomes.iter().map(|o| o.stats.kills).sum();
     let clean: u64 = outcomes.iter().map(|o| o.stats.clean_stops).sum();

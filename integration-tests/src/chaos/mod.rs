@@ -189,6 +189,23 @@ fn back_to(baseline: (usize, usize)) -> Option<String> {
     }
 }
 
+/// Panics with every failed seed's report, or the batch's leak, if any (the CI seed
+/// lists' check).
+pub fn assert_all_passed(outcomes: &[Outcome], leak: &Option<String>) {
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|o| !o.passed())
+        .map(Outcome::report)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} seeds failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    assert!(leak.is_none(), "{leak:?}");
+}
+
 /// Runs `seeds` of the actors suite on `jobs` threads (see [`run_seeds_in`]).
 pub fn run_seeds(
     seeds: &[u64],
