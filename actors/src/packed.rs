@@ -38,6 +38,41 @@ fn nibble(b: u8) -> u8 {
     }
 }
 
+/// The 32 bytes a runtime's ID of 64 lowercase hex digits spells, or None for any
+/// other string.
+pub(crate) fn hex_32(s: &str) -> Option<[u8; 32]> {
+    let b: &[u8; 64] = s.as_bytes().try_into().ok()?;
+    let mut out = [0u8; 32];
+    // Every digit looked up, misses OR-ed together and checked once: the global
+    // relist packs every listed ID.
+    let mut bad = 0u8;
+    for (byte, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
+        let (hi, lo) = (NIBBLE[usize::from(pair[0])], NIBBLE[usize::from(pair[1])]);
+        bad |= hi | lo;
+        *byte = hi << 4 | (lo & 15);
+    }
+    (bad & 0x80 == 0).then_some(out)
+}
+
+/// Each byte's value as a lowercase hex digit, or 0x80 for a byte that is none.
+const NIBBLE: [u8; 256] = {
+    let mut t = [0x80u8; 256];
+    let mut i = 0;
+    while i < 16 {
+        t[HEX[i] as usize] = i as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The lowercase hex digits that spell `bytes`, into `out` (twice as long).
+pub(crate) fn spell_hex(bytes: &[u8], out: &mut [u8]) {
+    for (pair, &byte) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 15)];
+    }
+}
+
 /// The length of the longest tail of `s` made of lowercase hex digits, cut to an even
 /// number of them.
 fn hex_tail(s: &str) -> usize {
@@ -557,6 +592,28 @@ mod tests {
 
     /// Every string comes back exactly as written, whatever its shape, and the usual
     /// shapes take the bytes they spell.
+    #[test]
+    fn hex_32_packs_exactly_the_ids_of_64_lowercase_hex_digits() {
+        for b in 0..=255u8 {
+            for at in [0, 31, 63] {
+                let mut id = vec![b'7'; 64];
+                id[at] = b;
+                let Ok(id) = String::from_utf8(id) else {
+                    continue;
+                };
+                let packed = hex_32(&id);
+                assert_eq!(packed.is_some(), is_hex(b), "{b:#x} at {at}");
+                if let Some(bytes) = packed {
+                    let mut spelled = [0u8; 64];
+                    spell_hex(&bytes, &mut spelled);
+                    assert_eq!(&spelled[..], id.as_bytes());
+                }
+            }
+        }
+        assert_eq!(hex_32(&"a".repeat(63)), None);
+        assert_eq!(hex_32(&"a".repeat(65)), None);
+    }
+
     #[test]
     fn a_compact_string_comes_back_exactly() {
         let id = "0123456789abcdef".repeat(4);

@@ -419,7 +419,7 @@ impl PackedReported {
         buf.clear();
         let mut w = Writer(buf);
         for (id, kind) in reported {
-            w.compact(id);
+            id.with_str(|id| w.compact(id));
             w.u8(kind_code(*kind));
         }
         PackedReported(Box::from(&buf[..]))

@@ -1,7 +1,7 @@
 //! Starts the Generic PLEG's actors on the current arbiter and wires them together.
 //! The binary and the component tests both start plegd through this one function.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -205,7 +205,7 @@ impl Pleg {
             None => (
                 new_instance_id(),
                 0,
-                HashMap::new(),
+                Default::default(),
                 HashSet::new(),
                 CacheOwner::new(cfg.tombstone_ttl),
                 VecDeque::new(),

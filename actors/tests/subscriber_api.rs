@@ -127,7 +127,7 @@ fn apply(model: &mut BTreeMap<String, Seen>, d: &Delivery) {
 /// What the snapshot says the events reported, over all its pods.
 fn reported_of(pods: &[(String, CachedPod)]) -> BTreeMap<String, EventKind> {
     pods.iter()
-        .flat_map(|(_, p)| p.reported.iter().map(|(id, k)| (id.clone(), *k)))
+        .flat_map(|(_, p)| p.reported.iter().map(|(id, k)| (id.to_string(), *k)))
         .collect()
 }
 

@@ -242,7 +242,7 @@ pub fn snapshot_events(pod: &CachedPod, revision: u64) -> Vec<v1::Event> {
             pod_name: status.pod.name.clone(),
             pod_namespace: status.pod.namespace.clone(),
             r#type: event_type.into(),
-            container_id: id.clone(),
+            container_id: id.to_string(),
             snapshot: true,
             ..v1::Event::default()
         };
@@ -306,7 +306,7 @@ pub fn pod(uid: &str, cached: &CachedPod) -> v1::Pod {
                     || s.containers.iter().any(|c| c.id == *id);
                 if let (false, Some(state)) = (read, reported_state(*kind)) {
                     containers.push(v1::Container {
-                        container_id: id.clone(),
+                        container_id: id.to_string(),
                         state: state.into(),
                         ..v1::Container::default()
                     });

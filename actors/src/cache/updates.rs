@@ -242,7 +242,14 @@ mod tests {
         let (owner, cache) = CacheOwner::new(TTL);
         let owner = owner.start();
         let ev = |uid: &str, id: &str, kind| (uid.to_string(), id.to_string(), kind);
-        let reported = |uid: &str| cache.get(uid).map(|p| p.reported.into_iter().collect());
+        let reported = |uid: &str| {
+            cache.get(uid).map(|p| {
+                p.reported
+                    .into_iter()
+                    .map(|(id, kind)| (id.to_string(), kind))
+                    .collect()
+            })
+        };
         owner
             .send(ApplyRelist {
                 events: vec![

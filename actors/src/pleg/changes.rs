@@ -18,7 +18,7 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
-use super::record::{PlegState, PodRecord};
+use super::record::{IdKey, PlegState, PodRecord};
 use plegd_runtime::{ContainerRef, SandboxRef};
 
 /// The change check's tables, kept from one relist to the next (cleared, never
@@ -51,10 +51,10 @@ pub struct Scratch {
 /// many as their records hold (each is a different entry of its record, as IDs are
 /// listed once, so no pod can make up for another); only when that fails is every
 /// record checked on its own.
-pub fn changed_pods<'a>(
+pub fn changed_pods<'a, S: BuildHasher>(
     sandboxes: &[SandboxRef<'a>],
     containers: &[ContainerRef<'a>],
-    records: &'a HashMap<String, PodRecord>,
+    records: &'a HashMap<String, PodRecord, S>,
     scratch: &mut Scratch,
 ) -> Option<BTreeSet<&'a str>> {
     let Scratch {
@@ -99,7 +99,8 @@ pub fn changed_pods<'a>(
         };
         pod_of.push(slot);
         let same = recs[slot as usize].is_some_and(|rec| {
-            rec.sandboxes.get(sb.id) == Some(&PlegState::from(sb.state)) && sb.is_pod(&rec.pod)
+            rec.sandboxes.get_key(&IdKey::of(sb.id)) == Some(&PlegState::from(sb.state))
+                && sb.is_pod(&rec.pod)
         });
         if same {
             pods[slot as usize].1 += 1;
@@ -125,8 +126,10 @@ pub fn changed_pods<'a>(
         let slot = pod_of[sb as usize] as usize;
         let same = recs[slot].is_some_and(|rec| {
             rec.containers
-                .get(c.id)
-                .is_some_and(|(sb, state)| *state == PlegState::from(c.state) && sb == c.sandbox_id)
+                .get_key(&IdKey::of(c.id))
+                .is_some_and(|(sb, state)| {
+                    *state == PlegState::from(c.state) && sb.is_key(&IdKey::of(c.sandbox_id))
+                })
         });
         if same {
             pods[slot].2 += 1;

@@ -29,7 +29,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 
-use super::record::{IdMap, PodRecord};
+use super::record::{Id, IdMap, PodRecord, Records};
 use plegd_runtime::{ContainerRef, PodRef, SandboxRef};
 
 /// Pods of a global relist read and applied at once (plegd's default). 256 pods: a
@@ -182,11 +182,8 @@ impl<'v> Plan<'v> {
 
 /// The records `record::group` makes of these lists with no earlier record, built
 /// from the lists in place (no owned entry on the way), in list order.
-pub fn group_all(
-    sandboxes: &[SandboxRef<'_>],
-    containers: &[ContainerRef<'_>],
-) -> HashMap<String, PodRecord> {
-    let mut pods: HashMap<String, PodRecord> = HashMap::with_capacity(sandboxes.len());
+pub fn group_all(sandboxes: &[SandboxRef<'_>], containers: &[ContainerRef<'_>]) -> Records {
+    let mut pods = Records::with_capacity_and_hasher(sandboxes.len(), Default::default());
     let mut owner: HashMap<&str, &str> = HashMap::with_capacity(sandboxes.len());
     for sb in sandboxes {
         owner.insert(sb.id, sb.uid);
@@ -209,12 +206,12 @@ pub fn group_all(
                 containers: IdMap::new(),
             }),
         };
-        rec.sandboxes.insert(sb.id.to_string(), sb.state.into());
+        rec.sandboxes.insert(sb.id, sb.state.into());
     }
     for c in containers {
         if let Some(rec) = owner.get(c.sandbox_id).and_then(|uid| pods.get_mut(*uid)) {
             rec.containers
-                .insert(c.id.to_string(), (c.sandbox_id.to_string(), c.state.into()));
+                .insert(c.id, (Id::new(c.sandbox_id), c.state.into()));
         }
     }
     pods

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use super::record::{PlegState, PodRecord};
+use super::record::{Id, PlegState, PodRecord};
 use crate::event::EventKind;
 
 /// Events for one ID going from `old` to `new` (kubelet's generateEvents).
@@ -28,20 +28,20 @@ pub fn pod_events(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<(Stri
     let mut sandbox_ids = BTreeSet::new();
     let mut container_ids = BTreeSet::new();
     for rec in [old, new].into_iter().flatten() {
-        sandbox_ids.extend(rec.sandboxes.keys().cloned());
-        container_ids.extend(rec.containers.keys().cloned());
+        sandbox_ids.extend(rec.sandboxes.keys());
+        container_ids.extend(rec.containers.keys());
     }
     // One ID space, as kubelet's set of IDs: an ID that is both a sandbox and a
     // container is diffed once, or its events would be published twice (fuzzing).
     container_ids.retain(|id| !sandbox_ids.contains(id));
-    let state = |rec: Option<&PodRecord>, id: &str| {
-        rec.map(|r| r.state_of(id))
+    let state = |rec: Option<&PodRecord>, id: &Id| {
+        rec.map(|r| r.state_of_id(id))
             .unwrap_or(PlegState::NonExistent)
     };
     let mut out = Vec::new();
     for id in sandbox_ids.into_iter().chain(container_ids) {
-        for kind in events_for(state(old, &id), state(new, &id)) {
-            out.push((id.clone(), *kind));
+        for kind in events_for(state(old, id), state(new, id)) {
+            out.push((id.to_string(), *kind));
         }
     }
     out
@@ -89,7 +89,7 @@ mod tests {
                 namespace: "ns".into(),
             },
             sandboxes: IdMap::from([("id0".to_string(), state)]),
-            containers: IdMap::from([("id0".to_string(), ("id0".to_string(), state))]),
+            containers: IdMap::from([("id0", ("id0".into(), state))]),
         };
         let id0 = |kinds: &[EventKind]| -> Vec<(String, EventKind)> {
             kinds.iter().map(|k| ("id0".to_string(), *k)).collect()

@@ -35,7 +35,7 @@ use super::early::{self, EarlyExits};
 use super::output::{cri_time, non_empty};
 use super::output::{CacheUpdate, RelistOutput};
 use super::pod_read::{listed_of, PodPlan, PodRead, Reader, Work, WHOLE_NODE_LISTS};
-use super::record::{group, PlegState, PodRecord};
+use super::record::{group, Id, PlegState, Records};
 use super::status::{
     index_containers, index_sandboxes, read_disagrees, LastReads, PodStatus, EXIT_SETTLE,
 };
@@ -111,7 +111,7 @@ const RECORDS_MIN_ROOM: usize = 256;
 /// to reinspect. Owned by exactly one RelistDispatcher.
 pub struct GenericPleg {
     runtime: Arc<dyn RuntimeClient>,
-    records: HashMap<String, PodRecord>,
+    records: Records,
     reinspect: HashSet<String>,
     /// Pods whose last read disagreed with their record ([`read_disagrees`]).
     reread: HashSet<String>,
@@ -144,7 +144,7 @@ impl GenericPleg {
     pub fn new(runtime: Arc<dyn RuntimeClient>, concurrency: usize) -> Self {
         GenericPleg {
             runtime,
-            records: HashMap::new(),
+            records: Records::default(),
             reinspect: HashSet::new(),
             reread: HashSet::new(),
             concurrency: concurrency.max(1),
@@ -195,11 +195,7 @@ impl GenericPleg {
     /// whose last read ([`Self::with_last_reads`], given first) disagreed with their
     /// record are read again. Every output from now on lists the records it changed
     /// ([`RelistOutput::records`]).
-    pub(crate) fn restored(
-        mut self,
-        records: HashMap<String, PodRecord>,
-        reinspect: HashSet<String>,
-    ) -> Self {
+    pub(crate) fn restored(mut self, records: Records, reinspect: HashSet<String>) -> Self {
         if let Some(last) = &self.last_reads {
             self.reread = records
                 .iter()
@@ -217,13 +213,13 @@ impl GenericPleg {
     }
 
     /// Every pod's record (a new state file's snapshot).
-    pub(crate) fn records(&self) -> &HashMap<String, PodRecord> {
+    pub(crate) fn records(&self) -> &Records {
         &self.records
     }
 
     /// Tests: the last reconciled record of a pod.
     #[cfg(test)]
-    pub(crate) fn record(&self, uid: &str) -> Option<&PodRecord> {
+    pub(crate) fn record(&self, uid: &str) -> Option<&super::PodRecord> {
         self.records.get(uid)
     }
 
@@ -609,7 +605,7 @@ impl GenericPleg {
         view: &ListView<'_>,
         plan: &Plan<'_>,
         range: Range<usize>,
-        mut built: Option<&mut HashMap<String, PodRecord>>,
+        mut built: Option<&mut Records>,
         held: &dyn Fn(&str) -> bool,
         left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
@@ -766,10 +762,10 @@ impl GenericPleg {
         let mut sandbox_ids: HashSet<String> = self
             .records
             .get(&w.uid)
-            .map(|r| r.sandboxes.keys().cloned().collect())
+            .map(|r| r.sandboxes.keys().map(Id::to_string).collect())
             .unwrap_or_default();
         if let Some(rec) = &w.new {
-            sandbox_ids.extend(rec.sandboxes.keys().cloned());
+            sandbox_ids.extend(rec.sandboxes.keys().map(Id::to_string));
         }
         let details = match &status {
             Some(Ok(st)) => details_of(st),

@@ -20,7 +20,7 @@ mod status;
 pub use generic::{GenericPleg, PodAsk, PodStep, RelistScope};
 pub use output::{CacheUpdate, RelistOutput};
 #[cfg(not(feature = "fuzzing"))]
-pub(crate) use record::{PlegState, PodRecord};
+pub(crate) use record::{PlegState, PodRecord, Records};
 pub use status::{LastRead, LastReads, PodStatus, PrefetchCounts};
 
 /// For fuzzing only (`crate::fuzzing`).

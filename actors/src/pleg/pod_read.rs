@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 
 use super::diff::pod_events;
 use super::early::{deaths_in, EarlyExits};
-use super::record::{group, PodRecord};
+use super::record::{group, Id, PodRecord};
 use super::status::{
     index_containers, index_sandboxes, read_pod_status, reusable, take_prefetched, unsettled_exits,
     LastRead, LastReads, Listed, PodStatus, PrefetchCounts,
@@ -68,7 +68,7 @@ impl PodPlan {
                 r.sandbox_ids()
                     .collect::<BTreeSet<_>>()
                     .into_iter()
-                    .map(String::from)
+                    .map(Id::to_string)
                     .collect()
             })
             .unwrap_or_default();

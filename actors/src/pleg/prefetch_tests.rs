@@ -250,7 +250,7 @@ async fn a_prefetch_of_a_container_not_read_goes_unused() {
             .keys()
             .next()
             .unwrap()
-            .clone();
+            .to_string();
         rt.remove_pod(&sb);
         let out = relist(&mut p, path, &[&c, &other]).await.unwrap();
         assert!(

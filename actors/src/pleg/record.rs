@@ -3,8 +3,13 @@
 
 use std::collections::HashMap;
 
-pub use crate::id_map::IdMap;
+pub use crate::id_map::{Id, IdKey, IdMap};
 use plegd_runtime::{Container, ContainerState, PodRef, Sandbox, SandboxState};
+
+/// Every pod's record by pod UID: the Generic PLEG's table, looked up once per
+/// listed pod in every global relist. Hashed with a randomly keyed fast hash (pod
+/// UIDs come from outside; SipHash was a tenth of a no-change relist).
+pub type Records = HashMap<String, PodRecord, foldhash::fast::RandomState>;
 
 /// The state Generic PLEG compares (kubelet's plegContainerState).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -43,25 +48,29 @@ pub struct PodRecord {
     /// Sandbox ID → state.
     pub sandboxes: IdMap<PlegState>,
     /// Container ID → (sandbox ID, state).
-    pub containers: IdMap<(String, PlegState)>,
+    pub containers: IdMap<(Id, PlegState)>,
 }
 
 impl PodRecord {
     /// Every sandbox id of the pod: its listed sandboxes and those its containers
     /// belong to (a sandbox missing from a list is still known through them).
-    pub fn sandbox_ids(&self) -> impl Iterator<Item = &str> {
+    pub fn sandbox_ids(&self) -> impl Iterator<Item = &Id> {
         self.sandboxes
             .keys()
-            .map(String::as_str)
-            .chain(self.containers.values().map(|(sb, _)| sb.as_str()))
+            .chain(self.containers.values().map(|(sb, _)| sb))
     }
 
     /// The state of a sandbox or container ID in this record.
     pub fn state_of(&self, id: &str) -> PlegState {
+        self.state_of_id(&Id::new(id))
+    }
+
+    /// [`state_of`](Self::state_of) an ID already packed.
+    pub fn state_of_id(&self, id: &Id) -> PlegState {
         self.sandboxes
-            .get(id)
+            .get_id(id)
             .copied()
-            .or_else(|| self.containers.get(id).map(|(_, s)| *s))
+            .or_else(|| self.containers.get_id(id).map(|(_, s)| *s))
             .unwrap_or(PlegState::NonExistent)
     }
 }
@@ -73,23 +82,23 @@ impl PodRecord {
 /// records knew it, the container keeps that pod — only the sandbox changes, as
 /// kubelet reports it. A container whose sandbox was never known cannot be attributed
 /// and is left out (the next relist sees it once its sandbox is listed).
-pub fn group(
+pub fn group<S: std::hash::BuildHasher>(
     sandboxes: &[Sandbox],
     containers: &[Container],
-    previous: &HashMap<String, PodRecord>,
+    previous: &HashMap<String, PodRecord, S>,
 ) -> HashMap<String, PodRecord> {
     let mut pods: HashMap<String, PodRecord> = HashMap::new();
-    let mut owner: HashMap<&str, &str> = HashMap::new();
+    let mut owner: HashMap<Id, &str> = HashMap::new();
     for (uid, rec) in previous {
         for id in rec.sandbox_ids() {
             // A sandbox ID known in two pods (a runtime listed it under two UIDs) goes
             // to the same one whatever the map's order: the smallest UID (fuzzing).
-            let known = owner.entry(id).or_insert(uid);
+            let known = owner.entry(id.clone()).or_insert(uid);
             *known = (*known).min(uid.as_str());
         }
     }
     for sb in sandboxes {
-        owner.insert(&sb.id, &sb.pod.uid);
+        owner.insert(Id::new(&sb.id), &sb.pod.uid);
         let rec = pods.entry(sb.pod.uid.clone()).or_insert_with(|| PodRecord {
             pod: sb.pod.clone(),
             sandboxes: IdMap::new(),
@@ -97,10 +106,10 @@ pub fn group(
         });
         // The newest sandbox names the pod (a recreated pod keeps its UID).
         rec.pod = sb.pod.clone();
-        rec.sandboxes.insert(sb.id.clone(), sb.state.into());
+        rec.sandboxes.insert(sb.id.as_str(), sb.state.into());
     }
     for c in containers {
-        let Some(uid) = owner.get(c.sandbox_id.as_str()) else {
+        let Some(uid) = owner.get(&Id::new(&c.sandbox_id)) else {
             continue;
         };
         let rec = match pods.get_mut(*uid) {
@@ -116,7 +125,7 @@ pub fn group(
             },
         };
         rec.containers
-            .insert(c.id.clone(), (c.sandbox_id.clone(), c.state.into()));
+            .insert(c.id.as_str(), (Id::new(&c.sandbox_id), c.state.into()));
     }
     pods
 }

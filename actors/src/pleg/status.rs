@@ -126,7 +126,7 @@ impl Listed {
             sandboxes: record
                 .sandboxes
                 .keys()
-                .filter_map(|id| sandboxes.get(id.as_str()))
+                .filter_map(|id| id.with_str(|id| sandboxes.get(id).copied()))
                 .filter(|s| s.pod.uid == uid)
                 .map(|s| (s.id.clone(), (*s).clone()))
                 .collect(),
@@ -134,7 +134,8 @@ impl Listed {
                 .containers
                 .iter()
                 .filter_map(|(id, (sb, _))| {
-                    containers.get(id.as_str()).filter(|c| &c.sandbox_id == sb)
+                    id.with_str(|id| containers.get(id).copied())
+                        .filter(|c| *sb == c.sandbox_id.as_str())
                 })
                 .map(|c| (c.id.clone(), (*c).clone()))
                 .collect(),
@@ -260,30 +261,32 @@ pub async fn read_pod_status(
     calls: &Semaphore,
 ) -> Result<PodStatus, RuntimeError> {
     let sandboxes = try_join_all(record.sandboxes.keys().map(|id| {
-        let entry = listed.sandboxes.get(id).cloned();
+        let id = id.to_string();
+        let entry = listed.sandboxes.get(&id).cloned();
         async move {
             match entry {
                 Some(sb) => Ok(sb),
                 None => {
                     let _permit = calls.acquire().await;
-                    runtime.sandbox_status(id).await
+                    runtime.sandbox_status(&id).await
                 }
             }
         }
     }));
     let containers = try_join_all(record.containers.iter().map(|(id, (sb, _))| {
-        let kept = reuse.get(id).cloned();
+        let id = id.to_string();
+        let kept = reuse.get(&id).cloned();
         async move {
             let read = match kept {
                 Some(st) => Ok(st),
                 None => {
                     let _permit = calls.acquire().await;
-                    runtime.container_status(id).await
+                    runtime.container_status(&id).await
                 }
             };
             match read {
                 Ok(mut st) => {
-                    st.sandbox_id = sb.clone();
+                    st.sandbox_id = sb.to_string();
                     Ok(Some(st))
                 }
                 Err(e) if e.is_not_found() => Ok(None),

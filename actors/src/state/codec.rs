@@ -153,13 +153,13 @@ pub(crate) fn record(w: &mut Writer<'_>, rec: &PodRecord) {
     pod_ref(w, &rec.pod);
     w.u64(rec.sandboxes.len() as u64);
     for (id, state) in &rec.sandboxes {
-        w.str(id);
+        id.with_str(|id| w.str(id));
         w.u8(state_code(*state));
     }
     w.u64(rec.containers.len() as u64);
     for (id, (sandbox, state)) in &rec.containers {
-        w.str(id);
-        w.str(sandbox);
+        id.with_str(|id| w.str(id));
+        sandbox.with_str(|sandbox| w.str(sandbox));
         w.u8(state_code(*state));
     }
 }
@@ -174,7 +174,8 @@ pub(crate) fn read_record(r: &mut Reader<'_>) -> Option<PodRecord> {
     let n = r.u64()?;
     let mut containers = crate::id_map::IdMap::new();
     for _ in 0..n {
-        containers.insert(r.string()?, (r.string()?, state_of(r.u8()?)?));
+        let id = r.string()?;
+        containers.insert(id, (r.string()?.into(), state_of(r.u8()?)?));
     }
     Some(PodRecord {
         pod,
@@ -475,7 +476,7 @@ mod tests {
         let rec = PodRecord {
             pod: pod(),
             sandboxes: [("s".repeat(64), PlegState::Running)].into(),
-            containers: [("c".repeat(64), ("s".repeat(64), PlegState::Exited))].into(),
+            containers: [("c".repeat(64), ("s".repeat(64).into(), PlegState::Exited))].into(),
         };
         Commit {
             revision: 42,

@@ -1,21 +1,21 @@
 //! Reading a state file back: what plegd goes on from, or why it starts fresh. Pure:
 //! bytes and the current boot in, a decision out (`dir` does the files).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 
 use super::codec::{self, Commit, Header};
 use super::frame::{self, End};
 use crate::cache::{ApplyRelist, CacheOwner, PodCache};
 use crate::event::LifecycleEvent;
 use crate::packed::PackedEvent;
-use crate::pleg::{CacheUpdate, PodRecord};
+use crate::pleg::CacheUpdate;
 
 /// What a state file held, rebuilt: plegd goes on as the instance that wrote it.
 pub struct Loaded {
     pub(crate) instance_id: String,
     /// The last revision stored: the next event's is the one after.
     pub(crate) revision: u64,
-    pub(crate) records: HashMap<String, PodRecord>,
+    pub(crate) records: crate::pleg::Records,
     /// Pods whose last status read failed (their cache entry holds the error).
     pub(crate) reinspect: HashSet<String>,
     pub(crate) cache: (CacheOwner, PodCache),
@@ -189,7 +189,7 @@ fn split_uid(body: &[u8]) -> Option<(String, &[u8])> {
 
 struct Rebuild {
     revision: u64,
-    records: HashMap<String, PodRecord>,
+    records: crate::pleg::Records,
     cache: (CacheOwner, PodCache),
     history: VecDeque<PackedEvent>,
     history_size: usize,
@@ -200,7 +200,7 @@ impl Rebuild {
     fn new(_header: &Header, history_size: usize, tombstone_ttl: std::time::Duration) -> Self {
         Rebuild {
             revision: 0,
-            records: HashMap::new(),
+            records: Default::default(),
             cache: CacheOwner::new(tombstone_ttl),
             history: VecDeque::new(),
             history_size,
@@ -293,7 +293,7 @@ mod tests {
     fn empty_snapshot(boot: &str) -> Vec<u8> {
         Snapshot {
             header: &header(boot),
-            records: &HashMap::new(),
+            records: &Default::default(),
             cache: &CacheImage {
                 revision: 0,
                 global: None,

@@ -2,19 +2,16 @@
 //! on from (the revision, each pod's record and cache entry, the tombstones, the
 //! history), then its end. Commits are appended after it.
 
-use std::collections::HashMap;
-
 use super::codec::{self, Base, Header};
 use super::frame;
 use crate::cache::CacheImage;
 use crate::packed::Writer;
-use crate::pleg::PodRecord;
 
 /// The snapshot's parts, taken between two units of the dispatcher's work (so they
 /// agree with one revision).
 pub(crate) struct Snapshot<'a> {
     pub(crate) header: &'a Header,
-    pub(crate) records: &'a HashMap<String, PodRecord>,
+    pub(crate) records: &'a crate::pleg::Records,
     pub(crate) cache: &'a CacheImage,
     /// The history's events, packed, oldest first.
     pub(crate) history: Vec<Vec<u8>>,

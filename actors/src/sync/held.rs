@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
+/// Looked up for every pod in every global relist: hashed with a randomly keyed fast
+/// hash, not SipHash.
 #[derive(Clone, Default)]
-pub struct HeldPods(Arc<DashMap<String, Arc<AtomicBool>>>);
+pub struct HeldPods(Arc<DashMap<String, Arc<AtomicBool>, foldhash::fast::RandomState>>);
 
 impl HeldPods {
     pub fn contains(&self, uid: &str) -> bool {
