@@ -73,7 +73,8 @@ impl Default for PlegConfig {
             relist_period: Duration::from_secs(1),
             health_threshold: Duration::from_secs(180),
             queue_capacity: 1024,
-            // plegd's --status-concurrency default (BENCHMARKS.md: 8, 16, 32, 64 measured).
+            // plegd's --status-concurrency default (8, 16, 32, 64 measured: docs/architecture.md,
+            // "Performance decisions").
             status_concurrency: 32,
             hint_sources: vec![HintSourceName::CriEvents],
             nri_socket: PathBuf::from(plegd_nri::DEFAULT_SOCKET),

@@ -58,7 +58,8 @@ pub struct Settings {
     /// Status calls (PodSandboxStatus, ContainerStatus) in flight at once during a
     /// relist, over all its pods; also how many pods a batch of targeted relists lists
     /// at once. 32: at 10,000 pods the first relist takes ≈ 0.7 s instead of ≈ 0.9 s
-    /// at 8, and a storm of 5,000 stops stays on the event path (BENCHMARKS.md).
+    /// at 8, and a storm of 5,000 stops stays on the event path (docs/architecture.md,
+    /// "Performance decisions").
     #[arg(long, env = "PLEGD_STATUS_CONCURRENCY", default_value = "32")]
     pub status_concurrency: Count<256>,
     /// Watch the CRI event stream (GetContainerEvents) to notice container exits in
@@ -187,7 +188,8 @@ pub struct Settings {
     pub tombstone_ttl: PositiveDuration<DAY>,
     /// How often plegd gives the memory it freed back to the kernel (glibc's
     /// malloc_trim, ≈ 0.2 ms at 10,000 pods), or off. Without it, what short-lived pods
-    /// freed stays in plegd's RSS (BENCHMARKS.md, "Memory"). At most 1h.
+    /// freed stays in plegd's RSS (docs/architecture.md, "Performance decisions"). At
+    /// most 1h.
     #[arg(
         long,
         env = "PLEGD_MEMORY_TRIM_PERIOD",

@@ -5,18 +5,18 @@
 //! freed (up to 32 MiB). Every global relist decodes the runtime's two full lists
 //! into vectors of several MiB at 10,000 pods and frees them: after the first one,
 //! blocks that large come from the heap instead, and the heap grows and fragments
-//! around the long-lived pod records (BENCHMARKS.md, "Memory"). Fixing both
-//! thresholds turns that adjustment off: large blocks keep their own mappings and
-//! go back to the kernel when freed.
+//! around the long-lived pod records (docs/architecture.md, "Performance
+//! decisions"). Fixing both thresholds turns that adjustment off: large blocks keep
+//! their own mappings and go back to the kernel when freed.
 //!
 //! Small blocks are another matter: glibc gives back only the free memory at the top
 //! of a heap. A churn of short-lived pods frees their records, events and strings
 //! between blocks that live on (the event history, the id maps, live pods' records),
 //! and those free pages stay in plegd's RSS: 2–8 MiB after 10,000 pods, run to run
-//! (BENCHMARKS.md, "Memory"). `malloc_trim` gives back every whole free page of every
-//! heap (`madvise`); [`start_trimming`] calls it on its own thread every
-//! `--memory-trim-period`. It takes ≈ 0.2 ms at 10,000 pods, holding each heap's lock
-//! in turn, so an allocation on another thread may wait that long.
+//! (docs/architecture.md, "Performance decisions"). `malloc_trim` gives back every
+//! whole free page of every heap (`madvise`); [`start_trimming`] calls it on its own
+//! thread every `--memory-trim-period`. It takes ≈ 0.2 ms at 10,000 pods, holding
+//! each heap's lock in turn, so an allocation on another thread may wait that long.
 
 use std::time::Duration;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
