@@ -40,6 +40,9 @@ pub struct Scratch {
     pods: Vec<(u32, u32, u32)>,
     /// Per listed sandbox: its pod (index into `pods`).
     pod_of: Vec<u32>,
+    /// Per listed sandbox: its ID packed (what its containers' sandbox IDs are
+    /// compared with), so each ID is packed once.
+    keys: Vec<Option<[u8; 32]>>,
 }
 
 /// The pods whose lists differ from their records (new, changed or gone), or `None`
@@ -64,12 +67,14 @@ pub fn changed_pods<'a, S: BuildHasher>(
         slots,
         pods,
         pod_of,
+        keys,
     } = scratch;
     owner.clear();
     listed.clear();
     slots.clear();
     pods.clear();
     pod_of.clear();
+    keys.clear();
     let hash = |s: &str| state.hash_one(s);
     let uid_at = |i: u32| sandboxes[i as usize].uid;
     // The record of each listed pod (by slot), looked up once.
@@ -98,9 +103,13 @@ pub fn changed_pods<'a, S: BuildHasher>(
             }
         };
         pod_of.push(slot);
+        let key = IdKey::of(sb.id);
+        keys.push(match key {
+            IdKey::Hex(bytes) => Some(bytes),
+            IdKey::Text(_) => None,
+        });
         let same = recs[slot as usize].is_some_and(|rec| {
-            rec.sandboxes.get_key(&IdKey::of(sb.id)) == Some(&PlegState::from(sb.state))
-                && sb.is_pod(&rec.pod)
+            rec.sandboxes.get_key(&key) == Some(&PlegState::from(sb.state)) && sb.is_pod(&rec.pod)
         });
         if same {
             pods[slot as usize].1 += 1;
@@ -124,11 +133,16 @@ pub fn changed_pods<'a, S: BuildHasher>(
             sandboxes[j as usize].id == c.sandbox_id
         })?;
         let slot = pod_of[sb as usize] as usize;
+        // The sandbox's ID is the container's sandbox ID (the table compared them).
+        let sandbox_key = match keys[sb as usize] {
+            Some(bytes) => IdKey::Hex(bytes),
+            None => IdKey::Text(c.sandbox_id),
+        };
         let same = recs[slot].is_some_and(|rec| {
             rec.containers
                 .get_key(&IdKey::of(c.id))
                 .is_some_and(|(sb, state)| {
-                    *state == PlegState::from(c.state) && sb.is_key(&IdKey::of(c.sandbox_id))
+                    *state == PlegState::from(c.state) && sb.is_key(&sandbox_key)
                 })
         });
         if same {
