@@ -109,7 +109,8 @@ pub fn changed_pods<'a, S: BuildHasher>(
             IdKey::Text(_) => None,
         });
         let same = recs[slot as usize].is_some_and(|rec| {
-            rec.sandboxes.get_key(&key) == Some(&PlegState::from(sb.state)) && sb.is_pod(&rec.pod)
+            rec.sandboxes.get_key(&key) == Some(&PlegState::from(sb.state))
+                && rec.pod.is(sb.uid, sb.name, sb.namespace)
         });
         if same {
             pods[slot as usize].1 += 1;

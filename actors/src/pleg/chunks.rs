@@ -29,8 +29,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 
-use super::record::{Id, IdMap, PodRecord, Records};
-use plegd_runtime::{ContainerRef, PodRef, SandboxRef};
+use super::record::{Id, IdMap, PodName, PodRecord, Records};
+use plegd_runtime::{ContainerRef, SandboxRef};
 
 /// Pods of a global relist read and applied at once (plegd's default). 256 pods: a
 /// chunk's transients are a few hundred KB, and each chunk still has many more status
@@ -187,15 +187,11 @@ pub fn group_all(sandboxes: &[SandboxRef<'_>], containers: &[ContainerRef<'_>]) 
     let mut owner: HashMap<&str, &str> = HashMap::with_capacity(sandboxes.len());
     for sb in sandboxes {
         owner.insert(sb.id, sb.uid);
-        let pod = || PodRef {
-            uid: sb.uid.to_string(),
-            name: sb.name.to_string(),
-            namespace: sb.namespace.to_string(),
-        };
+        let pod = || PodName::new(sb.uid, sb.name, sb.namespace);
         let rec = match pods.get_mut(sb.uid) {
             Some(rec) => {
                 // The newest sandbox names the pod.
-                if !sb.is_pod(&rec.pod) {
+                if !rec.pod.is(sb.uid, sb.name, sb.namespace) {
                     rec.pod = pod();
                 }
                 rec

@@ -83,11 +83,7 @@ mod tests {
     fn an_id_that_is_a_sandbox_and_a_container_is_diffed_once() {
         use crate::pleg::record::IdMap;
         let record = |state: PlegState| PodRecord {
-            pod: plegd_runtime::PodRef {
-                uid: "uid0".into(),
-                name: "name0".into(),
-                namespace: "ns".into(),
-            },
+            pod: super::super::record::PodName::new("uid0", "name0", "ns"),
             sandboxes: IdMap::from([("id0".to_string(), state)]),
             containers: IdMap::from([("id0", ("id0".into(), state))]),
         };

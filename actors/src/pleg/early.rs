@@ -72,7 +72,7 @@ pub(super) fn apply(record: &mut PodRecord, early: EarlyExits) -> RelistOutput {
         out.events.push(LifecycleEvent {
             revision: 0,
             time: early.read_at,
-            pod: record.pod.clone(),
+            pod: record.pod.to_pod_ref(),
             kind: EventKind::ContainerDied,
             container_id: st.id.clone(),
             relist_source: early.source,

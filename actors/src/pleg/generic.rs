@@ -744,7 +744,7 @@ impl GenericPleg {
         }
         out.pods_inspected += 1;
         let pod = match (&w.new, self.records.get(&w.uid)) {
-            (Some(rec), _) | (None, Some(rec)) => rec.pod.clone(),
+            (Some(rec), _) | (None, Some(rec)) => rec.pod.to_pod_ref(),
             (None, None) => {
                 // Known only from a failed first read, and now gone.
                 out.cache.push(CacheUpdate::Delete {

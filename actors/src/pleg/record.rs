@@ -40,11 +40,86 @@ impl From<SandboxState> for PlegState {
     }
 }
 
+/// A pod's UID, namespace and name in one block: every record keeps one (three
+/// strings took three blocks and 72 bytes inline), and every global relist compares
+/// it with the listed sandbox's.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PodName {
+    /// `uid`, `namespace` and `name` one after the other.
+    text: Box<str>,
+    /// Where the namespace and the name start in `text`.
+    namespace_at: u32,
+    name_at: u32,
+}
+
+impl PodName {
+    pub fn new(uid: &str, name: &str, namespace: &str) -> Self {
+        let text: Box<str> = [uid, namespace, name].concat().into();
+        // A string too long for u32 offsets cannot come from a CRI runtime (its
+        // messages are capped far below 4 GiB); kept whole as the UID, it still
+        // compares unequal to any listed pod.
+        let at = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        PodName {
+            namespace_at: at(uid.len()),
+            name_at: at(uid.len() + namespace.len()),
+            text,
+        }
+    }
+
+    fn part(&self, from: u32, to: usize) -> &str {
+        self.text.get(from as usize..to).unwrap_or_default()
+    }
+
+    pub fn uid(&self) -> &str {
+        self.part(0, self.namespace_at as usize)
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.part(self.namespace_at, self.name_at as usize)
+    }
+
+    pub fn name(&self) -> &str {
+        self.part(self.name_at, self.text.len())
+    }
+
+    /// Whether this is the pod with this UID, name and namespace.
+    pub fn is(&self, uid: &str, name: &str, namespace: &str) -> bool {
+        self.text.len() == uid.len() + name.len() + namespace.len()
+            && self.uid() == uid
+            && self.namespace() == namespace
+            && self.name() == name
+    }
+
+    pub fn to_pod_ref(&self) -> PodRef {
+        PodRef {
+            uid: self.uid().to_string(),
+            name: self.name().to_string(),
+            namespace: self.namespace().to_string(),
+        }
+    }
+}
+
+impl From<&PodRef> for PodName {
+    fn from(pod: &PodRef) -> Self {
+        PodName::new(&pod.uid, &pod.name, &pod.namespace)
+    }
+}
+
+impl std::fmt::Debug for PodName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodName")
+            .field("uid", &self.uid())
+            .field("name", &self.name())
+            .field("namespace", &self.namespace())
+            .finish()
+    }
+}
+
 /// One pod as the lists saw it. Sandboxes and containers share one ID space: a
 /// sandbox is treated like a container (kubelet does the same).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRecord {
-    pub pod: PodRef,
+    pub pod: PodName,
     /// Sandbox ID → state.
     pub sandboxes: IdMap<PlegState>,
     /// Container ID → (sandbox ID, state).
@@ -100,12 +175,12 @@ pub fn group<S: std::hash::BuildHasher>(
     for sb in sandboxes {
         owner.insert(Id::new(&sb.id), &sb.pod.uid);
         let rec = pods.entry(sb.pod.uid.clone()).or_insert_with(|| PodRecord {
-            pod: sb.pod.clone(),
+            pod: (&sb.pod).into(),
             sandboxes: IdMap::new(),
             containers: IdMap::new(),
         });
         // The newest sandbox names the pod (a recreated pod keeps its UID).
-        rec.pod = sb.pod.clone();
+        rec.pod = (&sb.pod).into();
         rec.sandboxes.insert(sb.id.as_str(), sb.state.into());
     }
     for c in containers {
@@ -155,6 +230,31 @@ pub(super) mod tests {
     /// sandbox's container to whichever pod the hash map visited last, so the same
     /// lists grouped differently from one run to the next.
     #[test]
+    fn a_pod_name_gives_back_its_parts_and_is_only_its_own_pod() {
+        let pod = PodName::new("3f2c-uid", "web-7d4b9-x2x", "default");
+        assert_eq!(
+            (pod.uid(), pod.name(), pod.namespace()),
+            ("3f2c-uid", "web-7d4b9-x2x", "default")
+        );
+        assert_eq!(
+            pod.to_pod_ref(),
+            PodRef {
+                uid: "3f2c-uid".into(),
+                name: "web-7d4b9-x2x".into(),
+                namespace: "default".into(),
+            }
+        );
+        assert!(pod.is("3f2c-uid", "web-7d4b9-x2x", "default"));
+        // The same characters cut elsewhere are another pod.
+        assert!(!pod.is("3f2c-ui", "web-7d4b9-x2x", "ddefault"));
+        assert!(!pod.is("3f2c-uid", "tweb-7d4b9-x2x", "defaul"));
+        assert!(!pod.is("3f2c-uid", "web-7d4b9-x2x", "default2"));
+        let empty = PodName::new("", "", "");
+        assert!(empty.is("", "", "") && !empty.is("", "a", ""));
+        assert_eq!(PodName::from(&pod.to_pod_ref()), pod);
+    }
+
+    #[test]
     fn a_sandbox_known_in_two_pods_keeps_its_containers_in_one_of_them() {
         let first = [sandbox("id0", "uid3"), sandbox("id0", "uid2")];
         let previous = group(&first, &[], &HashMap::new());
@@ -175,7 +275,7 @@ pub(super) mod tests {
                 .collect();
             let now = group(&[], std::slice::from_ref(&container), &previous);
             assert_eq!(now.keys().collect::<Vec<_>>(), ["uid2"]);
-            assert_eq!(now["uid2"].pod.name, "name-uid2");
+            assert_eq!(now["uid2"].pod.name(), "name-uid2");
             assert!(now["uid2"].containers.contains_key("c0"));
         }
     }

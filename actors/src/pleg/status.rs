@@ -296,7 +296,7 @@ pub async fn read_pod_status(
     }));
     let (sandboxes, containers) = futures::try_join!(sandboxes, containers)?;
     Ok(PodStatus {
-        pod: record.pod.clone(),
+        pod: record.pod.to_pod_ref(),
         sandboxes,
         containers: containers.into_iter().flatten().collect(),
     })

@@ -150,7 +150,7 @@ fn read_pod_ref(r: &mut Reader<'_>) -> Option<PodRef> {
 
 /// A pod's record (what the next relist is diffed against).
 pub(crate) fn record(w: &mut Writer<'_>, rec: &PodRecord) {
-    pod_ref(w, &rec.pod);
+    pod_ref(w, &rec.pod.to_pod_ref());
     w.u64(rec.sandboxes.len() as u64);
     for (id, state) in &rec.sandboxes {
         id.with_str(|id| w.str(id));
@@ -165,7 +165,7 @@ pub(crate) fn record(w: &mut Writer<'_>, rec: &PodRecord) {
 }
 
 pub(crate) fn read_record(r: &mut Reader<'_>) -> Option<PodRecord> {
-    let pod = read_pod_ref(r)?;
+    let pod = (&read_pod_ref(r)?).into();
     let n = r.u64()?;
     let mut sandboxes = crate::id_map::IdMap::new();
     for _ in 0..n {
@@ -474,7 +474,7 @@ mod tests {
 
     fn a_commit() -> Commit {
         let rec = PodRecord {
-            pod: pod(),
+            pod: (&pod()).into(),
             sandboxes: [("s".repeat(64), PlegState::Running)].into(),
             containers: [("c".repeat(64), ("s".repeat(64).into(), PlegState::Exited))].into(),
         };
