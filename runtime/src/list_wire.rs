@@ -11,10 +11,19 @@
 //! type, unknown fields (groups included) are skipped, and prost's recursion limit
 //! holds. The tests check it against prost on generated and
 //! mangled messages.
+//!
+//! With a [`ListMemo`] (the global relist's), an entry whose bytes are those of an
+//! entry fully checked in the last good read is read lightly instead: the fields
+//! plegd uses are read as above, the others skipped by their length unchecked. So
+//! for entries seen before, "accepts exactly what prost accepts" becomes "reads
+//! exactly what prost reads, and accepts what prost accepted before": see
+//! [`crate::list_memo`] for why a hash collision can never hide a change.
 
 use std::collections::BTreeMap;
 
 use prost::encoding::{decode_key, decode_varint, WireType};
+
+use crate::list_memo::{EntryMemo, ListMemo};
 
 /// Why bytes are not a valid message (what prost would have refused).
 pub type WireError = String;
@@ -205,6 +214,17 @@ fn entries<'a>(mut buf: &'a [u8], mut each: impl FnMut(&'a [u8], u32) -> Res<()>
 /// Reads `cri::PodSandbox` bytes (with the budget `depth`); its labels into `labels`
 /// when given.
 pub fn sandbox_fields<'a>(
+    buf: &'a [u8],
+    depth: u32,
+    labels: Option<&mut BTreeMap<String, String>>,
+) -> Res<SandboxFields<'a>> {
+    sandbox_read::<true>(buf, depth, labels)
+}
+
+/// Reads `cri::PodSandbox` bytes: checked fully (`FULL`), or only the fields it
+/// returns, the others skipped by length (an entry a [`ListMemo`] vouches for).
+#[inline(always)]
+fn sandbox_read<'a, const FULL: bool>(
     mut buf: &'a [u8],
     depth: u32,
     mut labels: Option<&mut BTreeMap<String, String>>,
@@ -228,9 +248,9 @@ pub fn sandbox_fields<'a>(
             }
             (3, wt) => f.state = int(wt, &mut buf)? as i32,
             (4, wt) => f.created_at = int(wt, &mut buf)? as i64,
-            (5, wt) => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
-            (6, wt) => string_map(wt, &mut buf, depth, None)?,
-            (7, wt) => {
+            (5, wt) if FULL => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
+            (6, wt) if FULL => string_map(wt, &mut buf, depth, None)?,
+            (7, wt) if FULL => {
                 string(wt, &mut buf)?;
             }
             (tag, wt) => skip(wt, tag, &mut buf, depth)?,
@@ -254,7 +274,14 @@ fn image_spec(mut buf: &[u8], depth: u32) -> Res<()> {
 }
 
 /// Reads `cri::Container` bytes (with the budget `depth`).
-pub fn container_fields(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
+pub fn container_fields(buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
+    container_read::<true>(buf, depth)
+}
+
+/// Reads `cri::Container` bytes: checked fully (`FULL`), or only the fields it
+/// returns, the others skipped by length (an entry a [`ListMemo`] vouches for).
+#[inline(always)]
+fn container_read<const FULL: bool>(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
     let mut f = ContainerFields::default();
     while !buf.is_empty() {
         match key(&mut buf)? {
@@ -270,33 +297,96 @@ pub fn container_fields(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> 
                     }
                 }
             }
-            (4, wt) => image_spec(message(wt, &mut buf, depth)?, depth - 1)?,
-            (5 | 10, wt) => {
+            (4, wt) if FULL => image_spec(message(wt, &mut buf, depth)?, depth - 1)?,
+            (5 | 10, wt) if FULL => {
                 string(wt, &mut buf)?;
             }
             (6, wt) => f.state = int(wt, &mut buf)? as i32,
             (7, wt) => f.created_at = int(wt, &mut buf)? as i64,
-            (8 | 9, wt) => string_map(wt, &mut buf, depth, None)?,
+            (8 | 9, wt) if FULL => string_map(wt, &mut buf, depth, None)?,
             (tag, wt) => skip(wt, tag, &mut buf, depth)?,
         }
     }
     Ok(f)
 }
 
+/// An entry read with `memo`: lightly (`read(false)`) if the memo vouches for its
+/// bytes, else fully (`read(true)`), and then remembered. A light read
+/// that fails (only bytes that collide with a remembered entry's can) is done again
+/// fully, so its error is prost's.
+#[inline(always)]
+fn memoized<T>(
+    memo: Option<&mut EntryMemo>,
+    entry: &[u8],
+    read: impl Fn(bool) -> Res<T>,
+) -> Res<T> {
+    let Some(memo) = memo else {
+        return read(true);
+    };
+    let key = memo.key(entry);
+    let vouched = memo.vouches(key);
+    if vouched {
+        if let Ok(fields) = read(false) {
+            return Ok(fields);
+        }
+    }
+    let fields = read(true)?;
+    if !vouched {
+        memo.add(key);
+    }
+    Ok(fields)
+}
+
 /// Every sandbox of a `ListPodSandboxResponse`, with its entry's bytes (to read its
 /// labels later), in order — or why prost would refuse the response.
-pub fn sandboxes<'a>(buf: &'a [u8], mut each: impl FnMut(SandboxFields<'a>, &'a [u8])) -> Res<()> {
+pub fn sandboxes<'a>(buf: &'a [u8], each: impl FnMut(SandboxFields<'a>, &'a [u8])) -> Res<()> {
+    sandboxes_memo(buf, None, each)
+}
+
+/// [`sandboxes`], the entries a memo vouches for read lightly (the memo's
+/// `sandboxes`; the caller ends the read with [`ListMemo::finish`]).
+pub(crate) fn sandboxes_memo<'a>(
+    buf: &'a [u8],
+    mut memo: Option<&mut ListMemo>,
+    mut each: impl FnMut(SandboxFields<'a>, &'a [u8]),
+) -> Res<()> {
     entries(buf, |entry, depth| {
-        each(sandbox_fields(entry, depth, None)?, entry);
+        let read = |full: bool| {
+            if full {
+                sandbox_read::<true>(entry, depth, None)
+            } else {
+                sandbox_read::<false>(entry, depth, None)
+            }
+        };
+        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.sandboxes), entry, read)?;
+        each(fields, entry);
         Ok(())
     })
 }
 
 /// Every container of a `ListContainersResponse`, in order — or why prost would
 /// refuse it.
-pub fn containers<'a>(buf: &'a [u8], mut each: impl FnMut(ContainerFields<'a>)) -> Res<()> {
+pub fn containers<'a>(buf: &'a [u8], each: impl FnMut(ContainerFields<'a>)) -> Res<()> {
+    containers_memo(buf, None, each)
+}
+
+/// [`containers`], the entries a memo vouches for read lightly (as
+/// [`sandboxes_memo`]).
+pub(crate) fn containers_memo<'a>(
+    buf: &'a [u8],
+    mut memo: Option<&mut ListMemo>,
+    mut each: impl FnMut(ContainerFields<'a>),
+) -> Res<()> {
     entries(buf, |entry, depth| {
-        each(container_fields(entry, depth)?);
+        let read = |full: bool| {
+            if full {
+                container_read::<true>(entry, depth)
+            } else {
+                container_read::<false>(entry, depth)
+            }
+        };
+        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.containers), entry, read)?;
+        each(fields);
         Ok(())
     })
 }
@@ -738,5 +828,303 @@ mod tests {
         assert!(s.is_empty());
         assert_eq!(c.len(), 50);
         assert_eq!(Ok(c), via_prost_containers(&bytes));
+    }
+
+    fn via_view_memo(
+        sandboxes: &[u8],
+        containers: &[u8],
+        memo: &mut ListMemo,
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+        let lists = NodeLists::Wire {
+            sandboxes: prost::bytes::Bytes::copy_from_slice(sandboxes),
+            containers: prost::bytes::Bytes::copy_from_slice(containers),
+        };
+        let view = lists.view_memo(memo)?;
+        let s = view
+            .sandboxes
+            .iter()
+            .map(|s| s.to_sandbox())
+            .collect::<Result<Vec<_>, _>>()?;
+        let c = view.containers.iter().map(|c| c.to_container()).collect();
+        Ok((s, c))
+    }
+
+    /// A varint field, encoded even when it is 0 (prost leaves a 0 out).
+    fn varint_field(tag: u32, value: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_key(tag, WireType::Varint, &mut out);
+        prost::encoding::encode_varint(value, &mut out);
+        out
+    }
+
+    fn distinct(entries: &[Vec<u8>]) -> usize {
+        entries
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    }
+
+    /// Reads with one memo over rounds of a changing node — the same bytes, entries
+    /// changed (another state appended: the last one wins), reordered (containerd
+    /// lists in its maps' order), added and removed, and now and then broken — give
+    /// what reads without it give, and what prost decodes; after each good read the
+    /// memo holds exactly that read's entries, after a failed one what it held.
+    #[test]
+    fn a_memo_reads_what_a_read_without_it_reads() {
+        let mut rng = Rng::seeded(0x9e37_79b9_7f4a_7c15);
+        let (mut light, mut failed) = (0, 0);
+        for _ in 0..400 {
+            let mut memo = ListMemo::default();
+            let mut sandboxes: Vec<Vec<u8>> = (0..rng.below(6))
+                .map(|_| {
+                    let f = sandbox_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            let mut containers: Vec<Vec<u8>> = (0..rng.below(6))
+                .map(|_| {
+                    let f = container_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            for _ in 0..8 {
+                match rng.below(6) {
+                    0 => {}
+                    1 => {
+                        for (list, tag) in [(&mut sandboxes, 3), (&mut containers, 6)] {
+                            if !list.is_empty() {
+                                let at = rng.below(list.len() as u64) as usize;
+                                list[at].extend(varint_field(tag, rng.varint_value()));
+                            }
+                        }
+                    }
+                    2 => {
+                        for list in [&mut sandboxes, &mut containers] {
+                            for i in (1..list.len()).rev() {
+                                list.swap(i, rng.below(i as u64 + 1) as usize);
+                            }
+                        }
+                    }
+                    3 => {
+                        let f = sandbox_fields_encoded(&mut rng);
+                        sandboxes.push(entry(&mut rng, f));
+                        let f = container_fields_encoded(&mut rng);
+                        containers.insert(0, entry(&mut rng, f));
+                    }
+                    4 => {
+                        for list in [&mut sandboxes, &mut containers] {
+                            if !list.is_empty() {
+                                list.remove(rng.below(list.len() as u64) as usize);
+                            }
+                        }
+                    }
+                    _ => {
+                        // Broken bytes, read in place of this round's lists.
+                        let before = memo.len();
+                        let s = list(&mut rng, &sandboxes);
+                        let c = list(&mut rng, &containers);
+                        let c = mangle(&mut rng, c);
+                        let want = via_view(&s, &c);
+                        let got = via_view_memo(&s, &c, &mut memo);
+                        match (want, got) {
+                            (Ok(want), Ok(got)) => assert_eq!(got, want),
+                            (Err(_), Err(RuntimeError::Invalid { .. })) => {
+                                assert_eq!(memo.len(), before, "a failed read changed the memo");
+                                failed += 1;
+                            }
+                            (want, got) => panic!("without: {want:?}, with: {got:?}\n{c:?}"),
+                        }
+                    }
+                }
+                let (s, c) = (list(&mut rng, &sandboxes), list(&mut rng, &containers));
+                let remembered = sandboxes
+                    .iter()
+                    .filter(|e| memo.sandboxes.remembers(e))
+                    .count()
+                    + containers
+                        .iter()
+                        .filter(|e| memo.containers.remembers(e))
+                        .count();
+                light += remembered;
+                let want = via_view(&s, &c).expect("valid lists");
+                assert_eq!(want.0, via_prost_sandboxes(&s).expect("prost decodes"));
+                assert_eq!(want.1, via_prost_containers(&c).expect("prost decodes"));
+                let got = via_view_memo(&s, &c, &mut memo).expect("valid lists");
+                assert_eq!(got, want, "{s:?} {c:?}");
+                assert_eq!(memo.len(), (distinct(&sandboxes), distinct(&containers)));
+            }
+        }
+        // Most entries were read lightly; broken rounds were refused.
+        assert!(
+            light > 10_000 && failed > 50,
+            "{light} light, {failed} failed"
+        );
+    }
+
+    /// `cri::Container` bytes: an ID, a sandbox, a state and an annotation (its value's
+    /// bytes as given), each field encoded on its own.
+    fn container_entry(id: &str, state: u64, annotation: &[u8]) -> Vec<u8> {
+        let mut out = cri::Container {
+            id: id.into(),
+            pod_sandbox_id: "s1".into(),
+            metadata: Some(cri::ContainerMetadata {
+                name: "app".into(),
+                attempt: 1,
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        out.extend(varint_field(6, state));
+        // Field 9 (annotations), one entry: key "k", value `annotation`.
+        let mut kv = vec![0x0a, 1, b'k', 0x12, annotation.len() as u8];
+        kv.extend(annotation);
+        encode_key(9, WireType::LengthDelimited, &mut out);
+        prost::encoding::encode_varint(kv.len() as u64, &mut out);
+        out.extend(kv);
+        out
+    }
+
+    fn containers_list(entries: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in entries {
+            encode_key(1, WireType::LengthDelimited, &mut out);
+            prost::encoding::encode_varint(e.len() as u64, &mut out);
+            out.extend(*e);
+        }
+        out
+    }
+
+    /// An entry remembered under its ID whose bytes change into ones prost refuses
+    /// (an annotation's value not UTF-8; a labels field of the wrong wire type) fails
+    /// the read; the memo is left as it was (neither the refused entry nor a new one
+    /// checked before it is remembered), and the next good read still finds the
+    /// remembered entries.
+    #[test]
+    fn a_changed_entry_prost_refuses_fails_the_read_though_its_id_is_remembered() {
+        let good = container_entry("c1", 1, b"v");
+        let other = container_entry("c2", 1, b"w");
+        let new = container_entry("c3", 1, b"w");
+        let not_utf8 = container_entry("c1", 1, &[0xc3]);
+        let mut wrong_wire_type = good.clone();
+        wrong_wire_type.extend(varint_field(8, 1));
+        let mut memo = ListMemo::default();
+        let both = containers_list(&[&good, &other]);
+        let (_, c) = via_view_memo(&[], &both, &mut memo).expect("valid");
+        assert_eq!(c.len(), 2);
+        for bad in [&not_utf8, &wrong_wire_type] {
+            assert!(cri::ListContainersResponse::decode(&*containers_list(&[bad])).is_err());
+            // A new entry checked before the refused one is not remembered either.
+            let got = via_view_memo(&[], &containers_list(&[&other, &new, bad]), &mut memo);
+            assert!(
+                matches!(
+                    got,
+                    Err(RuntimeError::Invalid {
+                        op: "ListContainers",
+                        ..
+                    })
+                ),
+                "{got:?}"
+            );
+            assert_eq!(memo.len(), (0, 2));
+            assert!(memo.containers.remembers(&good) && memo.containers.remembers(&other));
+            assert!(!memo.containers.remembers(bad) && !memo.containers.remembers(&new));
+        }
+        // A failed sandbox list leaves the containers' memo alone too.
+        let got = via_view_memo(&[0x0a, 0x05], &both, &mut memo);
+        assert!(matches!(
+            got,
+            Err(RuntimeError::Invalid {
+                op: "ListPodSandbox",
+                ..
+            })
+        ));
+        assert_eq!(memo.len(), (0, 2));
+        // The next good read: `other` still remembered, `good` gone from the node.
+        let (_, c) = via_view_memo(&[], &containers_list(&[&other]), &mut memo).expect("valid");
+        assert_eq!(c.len(), 1);
+        assert_eq!(memo.len(), (0, 1));
+        assert!(!memo.containers.remembers(&good));
+    }
+
+    /// The memo never supplies a field: an entry remembered with one state, listed
+    /// again with another (its other bytes the same), is read with the new one; and
+    /// even bytes the memo vouches for by a collision (here: put there by hand) are
+    /// read for what they say — only what plegd does not read goes unchecked, and a
+    /// field plegd reads of the wrong type is refused as prost refuses it.
+    #[test]
+    fn the_memo_vouches_for_bytes_and_never_supplies_a_field() {
+        let mut memo = ListMemo::default();
+        let running = container_entry("c1", 1, b"v");
+        via_view_memo(&[], &containers_list(&[&running]), &mut memo).expect("valid");
+        let exited = container_entry("c1", 2, b"v");
+        let (_, c) = via_view_memo(&[], &containers_list(&[&exited]), &mut memo).expect("valid");
+        assert_eq!(c[0].state, crate::ContainerState::Exited);
+        // Back to the first bytes: remembered no more (the last read did not list
+        // them), read fully, and running again.
+        assert!(!memo.containers.remembers(&running));
+        let (_, c) = via_view_memo(&[], &containers_list(&[&running]), &mut memo).expect("valid");
+        assert_eq!(c[0].state, crate::ContainerState::Running);
+
+        // A collision: the memo vouches for bytes never checked.
+        let collide = |memo: &mut ListMemo, entry: &[u8]| {
+            let key = memo.containers.key(entry);
+            memo.containers.add(key);
+            memo.finish(true);
+        };
+        let invalid_annotation = container_entry("c9", 2, &[0xc3]);
+        collide(&mut memo, &invalid_annotation);
+        let (_, c) = via_view_memo(&[], &containers_list(&[&invalid_annotation]), &mut memo)
+            .expect("what plegd does not read goes unchecked");
+        assert_eq!(
+            (c[0].id.as_str(), c[0].state),
+            ("c9", crate::ContainerState::Exited)
+        );
+        let mut state_not_a_varint = container_entry("c9", 2, b"v");
+        encode_key(6, WireType::LengthDelimited, &mut state_not_a_varint);
+        state_not_a_varint.push(0);
+        collide(&mut memo, &state_not_a_varint);
+        let got = via_view_memo(&[], &containers_list(&[&state_not_a_varint]), &mut memo);
+        assert!(matches!(got, Err(RuntimeError::Invalid { .. })), "{got:?}");
+        let mut id_not_utf8 = container_entry("c9", 2, b"v");
+        id_not_utf8.extend([0x0a, 1, 0xff]);
+        collide(&mut memo, &id_not_utf8);
+        let got = via_view_memo(&[], &containers_list(&[&id_not_utf8]), &mut memo);
+        assert!(matches!(got, Err(RuntimeError::Invalid { .. })), "{got:?}");
+    }
+
+    /// Over many rounds of churn (pods coming and going, each a new entry) the memo
+    /// holds the last read's entries and its room stays what the node's size needs;
+    /// when the node shrinks, it gives room back.
+    #[test]
+    fn the_memo_holds_the_last_reads_entries_and_does_not_grow() {
+        let mut memo = ListMemo::default();
+        let entry = |i: usize| container_entry(&format!("c{i}"), 1, b"v");
+        let mut live: Vec<usize> = (0..2_000).collect();
+        let mut next = live.len();
+        let mut room = 0;
+        for round in 0..50 {
+            // A tenth of the pods replaced.
+            for _ in 0..200 {
+                live.remove(0);
+                live.push(next);
+                next += 1;
+            }
+            let entries: Vec<_> = live.iter().map(|&i| entry(i)).collect();
+            let refs: Vec<&[u8]> = entries.iter().map(|e| e.as_slice()).collect();
+            via_view_memo(&[], &containers_list(&refs), &mut memo).expect("valid");
+            assert_eq!(memo.len(), (0, 2_000));
+            if round == 1 {
+                room = memo.heap_bytes();
+            } else if round > 1 {
+                assert_eq!(memo.heap_bytes(), room, "round {round}");
+            }
+        }
+        // ≈ 8–16 bytes an entry (a power of two of slots, 9 bytes each).
+        assert!(room <= 2_000 * 19, "{room} bytes");
+        let few: Vec<_> = (0..10).map(entry).collect();
+        let refs: Vec<&[u8]> = few.iter().map(|e| e.as_slice()).collect();
+        via_view_memo(&[], &containers_list(&refs), &mut memo).expect("valid");
+        assert_eq!(memo.len(), (0, 10));
+        assert!(memo.heap_bytes() < room / 4, "{} bytes", memo.heap_bytes());
     }
 }
