@@ -1,20 +1,32 @@
-//! What the global relist remembers of the last lists it read: a keyed 64-bit hash of
+//! What the global relist remembers of the last lists it read: a keyed fingerprint of
 //! each entry (each `PodSandbox` of ListPodSandbox, each `Container` of
 //! ListContainers) that was fully checked, so that the next read skips checking the
-//! bulk of an entry whose bytes did not change — its labels, annotations and image
-//! spec, most of the 17.5 MB of a 10,000-pod node's lists.
+//! bulk of an entry that did not change — its labels, annotations and image spec,
+//! most of the 17.5 MB of a 10,000-pod node's lists.
 //!
-//! The contract ([`crate::list_wire`] applies it): an entry whose hash is remembered
-//! is read lightly — its fields are walked, the ones plegd reads (IDs, the pod's
-//! identity, state, attempt, creation time) are read from the bytes exactly as a full
-//! read reads them (UTF-8 checked), the others are skipped by their length without
-//! being checked. Every other entry is fully checked, as prost checks it. So the
-//! memo never supplies a value: a hash only vouches that bytes were checked before.
-//! A collision (an entry's new bytes hashing like some remembered entry's) could at
-//! worst let through a field plegd does not read in this path (an invalid label or
-//! annotation) that prost would have refused; it can never hide a change of what
-//! plegd reads. The hash is keyed with a per-process random seed, so a pod's author,
-//! who controls its labels and annotations, cannot aim at a collision.
+//! An entry's fingerprint is the sum of a keyed 64-bit hash of each of its top-level
+//! fields' bytes (key included): it does not depend on the fields' order. A runtime
+//! does not send an unchanged entry as the same bytes: containerd's Go protobuf
+//! marshals a map (labels, annotations: one top-level field per pair) in Go's random
+//! map order on every list, and plegd-sim builds a sandbox's labels anew for each list
+//! too — a hash of the entry's bytes whole would miss nearly every entry. Whether a
+//! message is valid does not depend on its fields' order either: prost checks each
+//! field on its own (its key's wire type, its strings' UTF-8, its embedded messages
+//! and map entries, all at the entry's recursion depth), so any order of fields each
+//! checked before is valid.
+//!
+//! The contract ([`crate::list_wire`] applies it): every entry is walked field by
+//! field, and the fields plegd reads (IDs, the pod's identity, state, attempt,
+//! creation time) are read from the bytes exactly as a full read reads them (UTF-8
+//! checked, the last value winning); the others are skipped by their length, and
+//! hashed. If the memo holds the entry's fingerprint, that is all; otherwise the entry
+//! is fully checked, as prost checks it, and remembered. So the memo never supplies a
+//! value: a fingerprint only vouches that fields were checked before. A collision
+//! (an entry's new fields summing like some remembered entry's) could at worst let
+//! through a field plegd does not read in this path (an invalid label or annotation)
+//! that prost would have refused; it can never hide a change of what plegd reads. The
+//! hash is keyed with a per-process random seed, so a pod's author, who controls its
+//! labels and annotations, cannot aim at a collision.
 //!
 //! The memo holds exactly the entries of the last read that succeeded: a read builds
 //! the next set in place (marking remembered entries it meets, adding the entries it
@@ -26,7 +38,7 @@ use std::hash::BuildHasher as _;
 
 use hashbrown::HashTable;
 
-/// An entry's hash, less the two flag bits.
+/// An entry's fingerprint, less the two flag bits.
 const KEY: u64 = u64::MAX >> 2;
 /// Met in the read under way (a remembered entry).
 const SEEN: u64 = 1 << 63;
@@ -39,22 +51,22 @@ const MIN_ROOM: usize = 256;
 /// good read.
 #[derive(Debug)]
 pub(crate) struct EntryMemo {
-    /// foldhash's fast hasher, seeded at random per process (and per memo): keyed,
-    /// unlike a plain hash of the bytes. On the realistic node's entries (733 bytes
-    /// on average) it hashes about 21 GB/s — under 1 ms for a 10,000-pod node's
-    /// 17.5 MB — against 20 GB/s for foldhash's quality variant, which has the same
-    /// seeds and byte loop and only mixes the result once more ([`slot`] already
-    /// spreads the bits the table uses, and a further mix avoids no collision).
-    state: foldhash::fast::RandomState,
-    /// Entries' hashes (the [`KEY`] bits) with the read's flags ([`SEEN`], [`FRESH`]);
-    /// hashed by [`slot`] (the hashes are already random), ≈ 9–18 bytes an entry.
+    /// foldhash's quality hasher, seeded at random per process (and per memo):
+    /// keyed, unlike a plain hash of the bytes. Its fast variant has the same seeds
+    /// and byte loop (21 GB/s on whole entries of the realistic node, against 20 for
+    /// quality) and leaves out the final mix; fingerprints add the fields' hashes up,
+    /// which wants each one fully mixed, for one multiply a field.
+    state: foldhash::quality::RandomState,
+    /// Entries' fingerprints (the [`KEY`] bits) with the read's flags ([`SEEN`],
+    /// [`FRESH`]); hashed by [`slot`] (fingerprints are already random), ≈ 9–18
+    /// bytes an entry.
     table: HashTable<u64>,
 }
 
 impl Default for EntryMemo {
     fn default() -> Self {
         EntryMemo {
-            state: foldhash::fast::RandomState::default(),
+            state: foldhash::quality::RandomState::default(),
             table: HashTable::new(),
         }
     }
@@ -68,10 +80,13 @@ fn slot(value: &u64) -> u64 {
 }
 
 impl EntryMemo {
-    /// The entry's key (its hash) for [`EntryMemo::vouches`] and [`EntryMemo::add`].
+    /// A fingerprint to add an entry's fields to.
     #[inline(always)]
-    pub(crate) fn key(&self, entry: &[u8]) -> u64 {
-        self.state.hash_one(entry) & KEY
+    pub(crate) fn fingerprint(&self) -> Fingerprint<'_> {
+        Fingerprint {
+            state: &self.state,
+            sum: 0,
+        }
     }
 
     /// Whether an entry with this key was checked before (in the last good read, or
@@ -115,15 +130,34 @@ impl EntryMemo {
         });
     }
 
-    /// Whether these bytes are remembered (without marking them met).
+    /// Whether this fingerprint is remembered (without marking it met).
     #[cfg(test)]
-    pub(crate) fn remembers(&self, entry: &[u8]) -> bool {
-        let key = self.key(entry);
+    pub(crate) fn holds(&self, key: u64) -> bool {
         self.table.find(slot(&key), |v| v & KEY == key).is_some()
     }
 
     pub(crate) fn len(&self) -> usize {
         self.table.len()
+    }
+}
+
+/// An entry's fingerprint, being summed up.
+pub(crate) struct Fingerprint<'m> {
+    state: &'m foldhash::quality::RandomState,
+    sum: u64,
+}
+
+impl Fingerprint<'_> {
+    /// Adds a top-level field (its key and its value's bytes).
+    #[inline(always)]
+    pub(crate) fn field(&mut self, bytes: &[u8]) {
+        self.sum = self.sum.wrapping_add(self.state.hash_one(bytes));
+    }
+
+    /// The entry's key for [`EntryMemo::vouches`] and [`EntryMemo::add`].
+    #[inline(always)]
+    pub(crate) fn key(&self) -> u64 {
+        self.sum & KEY
     }
 }
 

@@ -12,18 +12,19 @@
 //! holds. The tests check it against prost on generated and
 //! mangled messages.
 //!
-//! With a [`ListMemo`] (the global relist's), an entry whose bytes are those of an
-//! entry fully checked in the last good read is read lightly instead: the fields
-//! plegd uses are read as above, the others skipped by their length unchecked. So
-//! for entries seen before, "accepts exactly what prost accepts" becomes "reads
-//! exactly what prost reads, and accepts what prost accepted before": see
+//! With a [`ListMemo`] (the global relist's), every entry is first read lightly: the
+//! fields plegd uses are read as above, the others skipped by their length unchecked
+//! and hashed; an entry whose fields (in any order) are those of an entry fully
+//! checked in the last good read is not checked further, any other is then fully
+//! checked. So for entries seen before, "accepts exactly what prost accepts" becomes
+//! "reads exactly what prost reads, and accepts what prost accepted before": see
 //! [`crate::list_memo`] for why a hash collision can never hide a change.
 
 use std::collections::BTreeMap;
 
 use prost::encoding::{decode_key, decode_varint, WireType};
 
-use crate::list_memo::{EntryMemo, ListMemo};
+use crate::list_memo::{EntryMemo, Fingerprint, ListMemo};
 
 /// Why bytes are not a valid message (what prost would have refused).
 pub type WireError = String;
@@ -218,19 +219,21 @@ pub fn sandbox_fields<'a>(
     depth: u32,
     labels: Option<&mut BTreeMap<String, String>>,
 ) -> Res<SandboxFields<'a>> {
-    sandbox_read::<true>(buf, depth, labels)
+    sandbox_read::<true>(buf, depth, labels, None)
 }
 
 /// Reads `cri::PodSandbox` bytes: checked fully (`FULL`), or only the fields it
-/// returns, the others skipped by length (an entry a [`ListMemo`] vouches for).
+/// returns, the others skipped by length; each top-level field added to `fp`.
 #[inline(always)]
 fn sandbox_read<'a, const FULL: bool>(
     mut buf: &'a [u8],
     depth: u32,
     mut labels: Option<&mut BTreeMap<String, String>>,
+    mut fp: Option<&mut Fingerprint<'_>>,
 ) -> Res<SandboxFields<'a>> {
     let mut f = SandboxFields::default();
     while !buf.is_empty() {
+        let field = buf;
         match key(&mut buf)? {
             (1, wt) => f.id = string(wt, &mut buf)?,
             (2, wt) => {
@@ -255,6 +258,9 @@ fn sandbox_read<'a, const FULL: bool>(
             }
             (tag, wt) => skip(wt, tag, &mut buf, depth)?,
         }
+        if let Some(fp) = fp.as_deref_mut() {
+            fp.field(&field[..field.len() - buf.len()]);
+        }
     }
     Ok(f)
 }
@@ -275,15 +281,20 @@ fn image_spec(mut buf: &[u8], depth: u32) -> Res<()> {
 
 /// Reads `cri::Container` bytes (with the budget `depth`).
 pub fn container_fields(buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
-    container_read::<true>(buf, depth)
+    container_read::<true>(buf, depth, None)
 }
 
 /// Reads `cri::Container` bytes: checked fully (`FULL`), or only the fields it
-/// returns, the others skipped by length (an entry a [`ListMemo`] vouches for).
+/// returns, the others skipped by length; each top-level field added to `fp`.
 #[inline(always)]
-fn container_read<const FULL: bool>(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
+fn container_read<'a, const FULL: bool>(
+    mut buf: &'a [u8],
+    depth: u32,
+    mut fp: Option<&mut Fingerprint<'_>>,
+) -> Res<ContainerFields<'a>> {
     let mut f = ContainerFields::default();
     while !buf.is_empty() {
+        let field = buf;
         match key(&mut buf)? {
             (1, wt) => f.id = string(wt, &mut buf)?,
             (2, wt) => f.sandbox_id = string(wt, &mut buf)?,
@@ -306,35 +317,37 @@ fn container_read<const FULL: bool>(mut buf: &[u8], depth: u32) -> Res<Container
             (8 | 9, wt) if FULL => string_map(wt, &mut buf, depth, None)?,
             (tag, wt) => skip(wt, tag, &mut buf, depth)?,
         }
+        if let Some(fp) = fp.as_deref_mut() {
+            fp.field(&field[..field.len() - buf.len()]);
+        }
     }
     Ok(f)
 }
 
-/// An entry read with `memo`: lightly (`read(false)`) if the memo vouches for its
-/// bytes, else fully (`read(true)`), and then remembered. A light read
-/// that fails (only bytes that collide with a remembered entry's can) is done again
-/// fully, so its error is prost's.
+/// An entry read with `memo`: lightly (`read(Some(fingerprint))`), and if the memo
+/// does not hold its fingerprint, then fully (`read(None)`) and remembered. (A light
+/// read checks a part of what a full one checks: when it fails, so would the full
+/// one, which is done to fail with prost's error.)
 #[inline(always)]
 fn memoized<T>(
     memo: Option<&mut EntryMemo>,
-    entry: &[u8],
-    read: impl Fn(bool) -> Res<T>,
+    read: impl Fn(Option<&mut Fingerprint<'_>>) -> Res<T>,
 ) -> Res<T> {
     let Some(memo) = memo else {
-        return read(true);
+        return read(None);
     };
-    let key = memo.key(entry);
-    let vouched = memo.vouches(key);
-    if vouched {
-        if let Ok(fields) = read(false) {
+    let mut fp = memo.fingerprint();
+    let light = read(Some(&mut fp));
+    let key = fp.key();
+    if let Ok(fields) = light {
+        if memo.vouches(key) {
             return Ok(fields);
         }
-    }
-    let fields = read(true)?;
-    if !vouched {
+        let fields = read(None)?;
         memo.add(key);
+        return Ok(fields);
     }
-    Ok(fields)
+    read(None)
 }
 
 /// Every sandbox of a `ListPodSandboxResponse`, with its entry's bytes (to read its
@@ -351,14 +364,11 @@ pub(crate) fn sandboxes_memo<'a>(
     mut each: impl FnMut(SandboxFields<'a>, &'a [u8]),
 ) -> Res<()> {
     entries(buf, |entry, depth| {
-        let read = |full: bool| {
-            if full {
-                sandbox_read::<true>(entry, depth, None)
-            } else {
-                sandbox_read::<false>(entry, depth, None)
-            }
+        let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
+            None => sandbox_read::<true>(entry, depth, None, None),
+            fp => sandbox_read::<false>(entry, depth, None, fp),
         };
-        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.sandboxes), entry, read)?;
+        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.sandboxes), read)?;
         each(fields, entry);
         Ok(())
     })
@@ -378,14 +388,11 @@ pub(crate) fn containers_memo<'a>(
     mut each: impl FnMut(ContainerFields<'a>),
 ) -> Res<()> {
     entries(buf, |entry, depth| {
-        let read = |full: bool| {
-            if full {
-                container_read::<true>(entry, depth)
-            } else {
-                container_read::<false>(entry, depth)
-            }
+        let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
+            None => container_read::<true>(entry, depth, None),
+            fp => container_read::<false>(entry, depth, fp),
         };
-        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.containers), entry, read)?;
+        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.containers), read)?;
         each(fields);
         Ok(())
     })
@@ -857,18 +864,50 @@ mod tests {
         out
     }
 
+    /// An entry's top-level fields' bytes.
+    fn fields_of(mut entry: &[u8]) -> Vec<&[u8]> {
+        let mut out = Vec::new();
+        while !entry.is_empty() {
+            let field = entry;
+            let (tag, wt) = key(&mut entry).expect("a key");
+            skip(wt, tag, &mut entry, RECURSION_LIMIT).expect("a whole field");
+            out.push(&field[..field.len() - entry.len()]);
+        }
+        out
+    }
+
+    /// The fingerprint a memo keeps of an entry.
+    fn fingerprint(memo: &EntryMemo, entry: &[u8]) -> u64 {
+        let mut fp = memo.fingerprint();
+        for field in fields_of(entry) {
+            fp.field(field);
+        }
+        fp.key()
+    }
+
+    fn remembers(memo: &EntryMemo, entry: &[u8]) -> bool {
+        memo.holds(fingerprint(memo, entry))
+    }
+
     fn distinct(entries: &[Vec<u8>]) -> usize {
         entries
             .iter()
+            .map(|e| {
+                let mut fields = fields_of(e);
+                fields.sort();
+                fields
+            })
             .collect::<std::collections::HashSet<_>>()
             .len()
     }
 
     /// Reads with one memo over rounds of a changing node — the same bytes, entries
-    /// changed (another state appended: the last one wins), reordered (containerd
-    /// lists in its maps' order), added and removed, and now and then broken — give
+    /// changed (another state appended: the last one wins), reordered, their fields
+    /// reordered (containerd sends maps in Go's random order), added and removed, and
+    /// now and then broken — give
     /// what reads without it give, and what prost decodes; after each good read the
-    /// memo holds exactly that read's entries, after a failed one what it held.
+    /// memo holds exactly that read's entries (an entry being its fields, in any
+    /// order), after a failed one what it held.
     #[test]
     fn a_memo_reads_what_a_read_without_it_reads() {
         let mut rng = Rng::seeded(0x9e37_79b9_7f4a_7c15);
@@ -888,7 +927,7 @@ mod tests {
                 })
                 .collect();
             for _ in 0..8 {
-                match rng.below(6) {
+                match rng.below(7) {
                     0 => {}
                     1 => {
                         for (list, tag) in [(&mut sandboxes, 3), (&mut containers, 6)] {
@@ -905,6 +944,19 @@ mod tests {
                             }
                         }
                     }
+                    6 => {
+                        // Each entry's fields in another order (as containerd sends
+                        // its maps).
+                        for list in [&mut sandboxes, &mut containers] {
+                            for e in list.iter_mut() {
+                                let mut fields = fields_of(e);
+                                for i in (1..fields.len()).rev() {
+                                    fields.swap(i, rng.below(i as u64 + 1) as usize);
+                                }
+                                *e = fields.concat();
+                            }
+                        }
+                    }
                     3 => {
                         let f = sandbox_fields_encoded(&mut rng);
                         sandboxes.push(entry(&mut rng, f));
@@ -918,7 +970,7 @@ mod tests {
                             }
                         }
                     }
-                    _ => {
+                    5 => {
                         // Broken bytes, read in place of this round's lists.
                         let before = memo.len();
                         let s = list(&mut rng, &sandboxes);
@@ -935,15 +987,16 @@ mod tests {
                             (want, got) => panic!("without: {want:?}, with: {got:?}\n{c:?}"),
                         }
                     }
+                    _ => {}
                 }
                 let (s, c) = (list(&mut rng, &sandboxes), list(&mut rng, &containers));
                 let remembered = sandboxes
                     .iter()
-                    .filter(|e| memo.sandboxes.remembers(e))
+                    .filter(|e| remembers(&memo.sandboxes, e))
                     .count()
                     + containers
                         .iter()
-                        .filter(|e| memo.containers.remembers(e))
+                        .filter(|e| remembers(&memo.containers, e))
                         .count();
                 light += remembered;
                 let want = via_view(&s, &c).expect("valid lists");
@@ -1026,8 +1079,8 @@ mod tests {
                 "{got:?}"
             );
             assert_eq!(memo.len(), (0, 2));
-            assert!(memo.containers.remembers(&good) && memo.containers.remembers(&other));
-            assert!(!memo.containers.remembers(bad) && !memo.containers.remembers(&new));
+            assert!(remembers(&memo.containers, &good) && remembers(&memo.containers, &other));
+            assert!(!remembers(&memo.containers, bad) && !remembers(&memo.containers, &new));
         }
         // A failed sandbox list leaves the containers' memo alone too.
         let got = via_view_memo(&[0x0a, 0x05], &both, &mut memo);
@@ -1043,7 +1096,7 @@ mod tests {
         let (_, c) = via_view_memo(&[], &containers_list(&[&other]), &mut memo).expect("valid");
         assert_eq!(c.len(), 1);
         assert_eq!(memo.len(), (0, 1));
-        assert!(!memo.containers.remembers(&good));
+        assert!(!remembers(&memo.containers, &good));
     }
 
     /// The memo never supplies a field: an entry remembered with one state, listed
@@ -1061,13 +1114,13 @@ mod tests {
         assert_eq!(c[0].state, crate::ContainerState::Exited);
         // Back to the first bytes: remembered no more (the last read did not list
         // them), read fully, and running again.
-        assert!(!memo.containers.remembers(&running));
+        assert!(!remembers(&memo.containers, &running));
         let (_, c) = via_view_memo(&[], &containers_list(&[&running]), &mut memo).expect("valid");
         assert_eq!(c[0].state, crate::ContainerState::Running);
 
         // A collision: the memo vouches for bytes never checked.
         let collide = |memo: &mut ListMemo, entry: &[u8]| {
-            let key = memo.containers.key(entry);
+            let key = fingerprint(&memo.containers, entry);
             memo.containers.add(key);
             memo.finish(true);
         };
@@ -1090,6 +1143,32 @@ mod tests {
         collide(&mut memo, &id_not_utf8);
         let got = via_view_memo(&[], &containers_list(&[&id_not_utf8]), &mut memo);
         assert!(matches!(got, Err(RuntimeError::Invalid { .. })), "{got:?}");
+    }
+
+    /// An entry listed again with its fields in another order (containerd marshals
+    /// labels and annotations in Go's random map order on every list) is still the
+    /// entry remembered, and read as without the memo; a changed annotation is not.
+    #[test]
+    fn an_entry_is_its_fields_in_any_order() {
+        let mut two = container_entry("c1", 1, b"v");
+        two.extend(&container_entry("c1", 1, b"w")[fields_of(&two)[..4].concat().len()..]);
+        assert_eq!(fields_of(&two).len(), 6);
+        let mut memo = ListMemo::default();
+        via_view_memo(&[], &containers_list(&[&two]), &mut memo).expect("valid");
+        let mut reordered = fields_of(&two);
+        reordered.reverse();
+        let reordered = reordered.concat();
+        assert_ne!(reordered, two);
+        assert!(remembers(&memo.containers, &reordered));
+        let list = containers_list(&[&reordered]);
+        assert_eq!(
+            via_view_memo(&[], &list, &mut memo).expect("valid"),
+            via_view(&[], &list).expect("valid")
+        );
+        assert!(!remembers(
+            &memo.containers,
+            &container_entry("c1", 1, b"x")
+        ));
     }
 
     /// Over many rounds of churn (pods coming and going, each a new entry) the memo
