@@ -4,33 +4,35 @@
 //! bulk of an entry that did not change — its labels, annotations and image spec,
 //! most of the 17.5 MB of a 10,000-pod node's lists.
 //!
-//! An entry's fingerprint is the sum of a keyed 64-bit hash of each of its top-level
-//! fields' bytes (key included): it does not depend on the fields' order. A runtime
-//! does not send an unchanged entry as the same bytes: containerd's Go protobuf
-//! marshals a map (labels, annotations: one top-level field per pair) in Go's random
-//! map order on every list, and plegd-sim builds a sandbox's labels anew for each list
-//! too — a hash of the entry's bytes whole would miss nearly every entry. Whether a
-//! message is valid does not depend on its fields' order either: prost checks each
-//! field on its own (its key's wire type, its strings' UTF-8, its embedded messages
-//! and map entries, all at the entry's recursion depth), so any order of fields each
-//! checked before is valid.
+//! An entry's fingerprint is the sum of a keyed 64-bit hash of each top-level field
+//! (key and value's bytes) that the light read below skips: it does not depend on
+//! the fields' order. A runtime does not send an unchanged entry as the same bytes:
+//! containerd's Go protobuf marshals a map (labels, annotations: one top-level field
+//! per pair) in Go's random map order on every list, and plegd-sim builds a sandbox's
+//! labels anew for each list too — a hash of the entry's bytes whole would miss
+//! nearly every entry. Whether a message is valid does not depend on its fields'
+//! order either: prost checks each field on its own (its key's wire type, its
+//! strings' UTF-8, its embedded messages and map entries, all at the entry's
+//! recursion depth), so any order of fields each checked before is valid.
 //!
 //! The contract ([`crate::list_wire`] applies it): every entry is walked field by
-//! field, and the fields plegd reads (IDs, the pod's identity, state, attempt,
-//! creation time) are read from the bytes exactly as a full read reads them (UTF-8
-//! checked, the last value winning); the others are skipped by their length, and
-//! hashed. If the memo holds the entry's fingerprint, that is all; otherwise the entry
-//! is fully checked, as prost checks it, and remembered. So the memo never supplies a
-//! value: a fingerprint only vouches that fields were checked before. A collision
-//! (an entry's new fields summing like some remembered entry's) could at worst let
-//! through a field plegd does not read in this path (an invalid label or annotation)
-//! that prost would have refused; it can never hide a change of what plegd reads. The
-//! hash is keyed with a per-process random seed, so a pod's author, who controls its
-//! labels and annotations, cannot aim at a collision.
+//! field; the fields plegd reads (IDs, the pod's identity, state, attempt, creation
+//! time) are read from the bytes and checked exactly as a full read reads and checks
+//! them (UTF-8, wire types, the last value winning; their fields unknown to plegd
+//! skipped as prost skips them), every other field is skipped by its length
+//! unchecked, and hashed. If the memo holds the sum of those hashes, that is all;
+//! otherwise the entry is fully checked, as prost checks it, and its sum remembered.
+//! So the memo never supplies a value: a fingerprint only vouches that the skipped
+//! fields were checked before (two entries that differ only in fields plegd reads
+//! share it). A collision (an entry's skipped fields summing like some remembered
+//! entry's) could at worst let through a field plegd does not read in this path (an
+//! invalid label or annotation) that prost would have refused; it can never hide a
+//! change of what plegd reads. The hash is keyed with a per-process random seed, so a
+//! pod's author, who controls its labels and annotations, cannot aim at a collision.
 //!
-//! The memo holds exactly the entries of the last read that succeeded: a read builds
-//! the next set in place (marking remembered entries it meets, adding the entries it
-//! checked); only when the whole read succeeds does that set replace the last one, a
+//! The memo holds exactly the fingerprints of the last read that succeeded: a read
+//! builds the next set in place (marking remembered ones it meets, adding those of
+//! the entries it checked); only when the whole read succeeds does that set replace the last one, a
 //! failed read leaves the memo as it was. Its tables keep their room from read to
 //! read (they give it back when the node shrinks to a third).
 
@@ -148,7 +150,7 @@ pub(crate) struct Fingerprint<'m> {
 }
 
 impl Fingerprint<'_> {
-    /// Adds a top-level field (its key and its value's bytes).
+    /// Adds a top-level field the light read skipped (its key and its value's bytes).
     #[inline(always)]
     pub(crate) fn field(&mut self, bytes: &[u8]) {
         self.sum = self.sum.wrapping_add(self.state.hash_one(bytes));
@@ -170,7 +172,8 @@ pub struct ListMemo {
 }
 
 impl ListMemo {
-    /// The entries remembered: (sandboxes, containers).
+    /// The fingerprints remembered: (sandboxes', containers'), one per entry of the
+    /// last good read (entries that differ only in fields plegd reads share one).
     pub fn len(&self) -> (usize, usize) {
         (self.sandboxes.len(), self.containers.len())
     }

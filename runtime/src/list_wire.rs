@@ -13,10 +13,10 @@
 //! mangled messages.
 //!
 //! With a [`ListMemo`] (the global relist's), every entry is first read lightly: the
-//! fields plegd uses are read as above, the others skipped by their length unchecked
-//! and hashed; an entry whose fields (in any order) are those of an entry fully
-//! checked in the last good read is not checked further, any other is then fully
-//! checked. So for entries seen before, "accepts exactly what prost accepts" becomes
+//! fields plegd uses are read and checked as above, the others skipped by their
+//! length unchecked and hashed; an entry whose skipped fields (in any order) are
+//! those of an entry fully checked in the last good read is not checked further, any
+//! other is then fully checked. So for entries seen before, "accepts exactly what prost accepts" becomes
 //! "reads exactly what prost reads, and accepts what prost accepted before": see
 //! [`crate::list_memo`] for why a hash collision can never hide a change.
 
@@ -223,7 +223,7 @@ pub fn sandbox_fields<'a>(
 }
 
 /// Reads `cri::PodSandbox` bytes: checked fully (`FULL`), or only the fields it
-/// returns, the others skipped by length; each top-level field added to `fp`.
+/// returns, the others skipped by length and added to `fp`.
 #[inline(always)]
 fn sandbox_read<'a, const FULL: bool>(
     mut buf: &'a [u8],
@@ -256,10 +256,12 @@ fn sandbox_read<'a, const FULL: bool>(
             (7, wt) if FULL => {
                 string(wt, &mut buf)?;
             }
-            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
-        }
-        if let Some(fp) = fp.as_deref_mut() {
-            fp.field(&field[..field.len() - buf.len()]);
+            (tag, wt) => {
+                skip(wt, tag, &mut buf, depth)?;
+                if let Some(fp) = fp.as_deref_mut() {
+                    fp.field(&field[..field.len() - buf.len()]);
+                }
+            }
         }
     }
     Ok(f)
@@ -285,7 +287,7 @@ pub fn container_fields(buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
 }
 
 /// Reads `cri::Container` bytes: checked fully (`FULL`), or only the fields it
-/// returns, the others skipped by length; each top-level field added to `fp`.
+/// returns, the others skipped by length and added to `fp`.
 #[inline(always)]
 fn container_read<'a, const FULL: bool>(
     mut buf: &'a [u8],
@@ -315,10 +317,12 @@ fn container_read<'a, const FULL: bool>(
             (6, wt) => f.state = int(wt, &mut buf)? as i32,
             (7, wt) => f.created_at = int(wt, &mut buf)? as i64,
             (8 | 9, wt) if FULL => string_map(wt, &mut buf, depth, None)?,
-            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
-        }
-        if let Some(fp) = fp.as_deref_mut() {
-            fp.field(&field[..field.len() - buf.len()]);
+            (tag, wt) => {
+                skip(wt, tag, &mut buf, depth)?;
+                if let Some(fp) = fp.as_deref_mut() {
+                    fp.field(&field[..field.len() - buf.len()]);
+                }
+            }
         }
     }
     Ok(f)
@@ -876,24 +880,43 @@ mod tests {
         out
     }
 
+    /// The fields plegd reads of a sandbox and of a container entry (by tag).
+    const SANDBOX_READS: &[u32] = &[1, 2, 3, 4];
+    const CONTAINER_READS: &[u32] = &[1, 2, 3, 6, 7];
+
+    /// The fields of an entry a light read skips (and hashes).
+    fn skipped<'e>(entry: &'e [u8], reads: &[u32]) -> Vec<&'e [u8]> {
+        fields_of(entry)
+            .into_iter()
+            .filter(|f| !reads.contains(&key(&mut &f[..]).expect("a key").0))
+            .collect()
+    }
+
     /// The fingerprint a memo keeps of an entry.
-    fn fingerprint(memo: &EntryMemo, entry: &[u8]) -> u64 {
+    fn fingerprint(memo: &EntryMemo, reads: &[u32], entry: &[u8]) -> u64 {
         let mut fp = memo.fingerprint();
-        for field in fields_of(entry) {
+        for field in skipped(entry, reads) {
             fp.field(field);
         }
         fp.key()
     }
 
-    fn remembers(memo: &EntryMemo, entry: &[u8]) -> bool {
-        memo.holds(fingerprint(memo, entry))
+    fn remembers(memo: &ListMemo, entry: &[u8], container: bool) -> bool {
+        if container {
+            memo.containers
+                .holds(fingerprint(&memo.containers, CONTAINER_READS, entry))
+        } else {
+            memo.sandboxes
+                .holds(fingerprint(&memo.sandboxes, SANDBOX_READS, entry))
+        }
     }
 
-    fn distinct(entries: &[Vec<u8>]) -> usize {
+    /// How many fingerprints entries have: multisets of skipped fields.
+    fn distinct(entries: &[Vec<u8>], reads: &[u32]) -> usize {
         entries
             .iter()
             .map(|e| {
-                let mut fields = fields_of(e);
+                let mut fields = skipped(e, reads);
                 fields.sort();
                 fields
             })
@@ -992,11 +1015,11 @@ mod tests {
                 let (s, c) = (list(&mut rng, &sandboxes), list(&mut rng, &containers));
                 let remembered = sandboxes
                     .iter()
-                    .filter(|e| remembers(&memo.sandboxes, e))
+                    .filter(|e| remembers(&memo, e, false))
                     .count()
                     + containers
                         .iter()
-                        .filter(|e| remembers(&memo.containers, e))
+                        .filter(|e| remembers(&memo, e, true))
                         .count();
                 light += remembered;
                 let want = via_view(&s, &c).expect("valid lists");
@@ -1004,7 +1027,13 @@ mod tests {
                 assert_eq!(want.1, via_prost_containers(&c).expect("prost decodes"));
                 let got = via_view_memo(&s, &c, &mut memo).expect("valid lists");
                 assert_eq!(got, want, "{s:?} {c:?}");
-                assert_eq!(memo.len(), (distinct(&sandboxes), distinct(&containers)));
+                assert_eq!(
+                    memo.len(),
+                    (
+                        distinct(&sandboxes, SANDBOX_READS),
+                        distinct(&containers, CONTAINER_READS)
+                    )
+                );
             }
         }
         // Most entries were read lightly; broken rounds were refused.
@@ -1056,7 +1085,7 @@ mod tests {
     fn a_changed_entry_prost_refuses_fails_the_read_though_its_id_is_remembered() {
         let good = container_entry("c1", 1, b"v");
         let other = container_entry("c2", 1, b"w");
-        let new = container_entry("c3", 1, b"w");
+        let new = container_entry("c3", 1, b"x");
         let not_utf8 = container_entry("c1", 1, &[0xc3]);
         let mut wrong_wire_type = good.clone();
         wrong_wire_type.extend(varint_field(8, 1));
@@ -1079,8 +1108,8 @@ mod tests {
                 "{got:?}"
             );
             assert_eq!(memo.len(), (0, 2));
-            assert!(remembers(&memo.containers, &good) && remembers(&memo.containers, &other));
-            assert!(!remembers(&memo.containers, bad) && !remembers(&memo.containers, &new));
+            assert!(remembers(&memo, &good, true) && remembers(&memo, &other, true));
+            assert!(!remembers(&memo, bad, true) && !remembers(&memo, &new, true));
         }
         // A failed sandbox list leaves the containers' memo alone too.
         let got = via_view_memo(&[0x0a, 0x05], &both, &mut memo);
@@ -1096,11 +1125,12 @@ mod tests {
         let (_, c) = via_view_memo(&[], &containers_list(&[&other]), &mut memo).expect("valid");
         assert_eq!(c.len(), 1);
         assert_eq!(memo.len(), (0, 1));
-        assert!(!remembers(&memo.containers, &good));
+        assert!(!remembers(&memo, &good, true));
     }
 
     /// The memo never supplies a field: an entry remembered with one state, listed
-    /// again with another (its other bytes the same), is read with the new one; and
+    /// again with another (its other bytes the same: the memo vouches for them), is
+    /// read with the new one, and another ID is read as that ID; and
     /// even bytes the memo vouches for by a collision (here: put there by hand) are
     /// read for what they say — only what plegd does not read goes unchecked, and a
     /// field plegd reads of the wrong type is refused as prost refuses it.
@@ -1110,17 +1140,20 @@ mod tests {
         let running = container_entry("c1", 1, b"v");
         via_view_memo(&[], &containers_list(&[&running]), &mut memo).expect("valid");
         let exited = container_entry("c1", 2, b"v");
+        assert!(remembers(&memo, &exited, true));
         let (_, c) = via_view_memo(&[], &containers_list(&[&exited]), &mut memo).expect("valid");
         assert_eq!(c[0].state, crate::ContainerState::Exited);
-        // Back to the first bytes: remembered no more (the last read did not list
-        // them), read fully, and running again.
-        assert!(!remembers(&memo.containers, &running));
         let (_, c) = via_view_memo(&[], &containers_list(&[&running]), &mut memo).expect("valid");
         assert_eq!(c[0].state, crate::ContainerState::Running);
+        let other_id = container_entry("c2", 1, b"v");
+        assert!(remembers(&memo, &other_id, true));
+        let (_, c) = via_view_memo(&[], &containers_list(&[&other_id]), &mut memo).expect("valid");
+        assert_eq!(c[0].id, "c2");
+        assert_eq!(memo.len(), (0, 1));
 
         // A collision: the memo vouches for bytes never checked.
         let collide = |memo: &mut ListMemo, entry: &[u8]| {
-            let key = fingerprint(&memo.containers, entry);
+            let key = fingerprint(&memo.containers, CONTAINER_READS, entry);
             memo.containers.add(key);
             memo.finish(true);
         };
@@ -1159,16 +1192,13 @@ mod tests {
         reordered.reverse();
         let reordered = reordered.concat();
         assert_ne!(reordered, two);
-        assert!(remembers(&memo.containers, &reordered));
+        assert!(remembers(&memo, &reordered, true));
         let list = containers_list(&[&reordered]);
         assert_eq!(
             via_view_memo(&[], &list, &mut memo).expect("valid"),
             via_view(&[], &list).expect("valid")
         );
-        assert!(!remembers(
-            &memo.containers,
-            &container_entry("c1", 1, b"x")
-        ));
+        assert!(!remembers(&memo, &container_entry("c1", 1, b"x"), true));
     }
 
     /// Over many rounds of churn (pods coming and going, each a new entry) the memo
@@ -1177,7 +1207,7 @@ mod tests {
     #[test]
     fn the_memo_holds_the_last_reads_entries_and_does_not_grow() {
         let mut memo = ListMemo::default();
-        let entry = |i: usize| container_entry(&format!("c{i}"), 1, b"v");
+        let entry = |i: usize| container_entry(&format!("c{i}"), 1, format!("v{i}").as_bytes());
         let mut live: Vec<usize> = (0..2_000).collect();
         let mut next = live.len();
         let mut room = 0;
