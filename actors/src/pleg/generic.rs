@@ -118,8 +118,8 @@ pub struct GenericPleg {
     concurrency: usize,
     /// The global relist's change check's tables, reused.
     scratch: changes::Scratch,
-    /// The entries of the last global relist's lists, checked: not checked again
-    /// while their bytes stay the same.
+    /// What the last global relist's lists held, checked: an entry whose fields
+    /// other than those plegd reads are the same is not checked again.
     memo: plegd_runtime::ListMemo,
     /// The last status reads (the cache), for running containers' statuses; None:
     /// every container is read.
