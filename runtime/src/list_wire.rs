@@ -11,10 +11,20 @@
 //! type, unknown fields (groups included) are skipped, and prost's recursion limit
 //! holds. The tests check it against prost on generated and
 //! mangled messages.
+//!
+//! With a [`ListMemo`] (the global relist's), every entry is first read lightly: the
+//! fields plegd uses are read and checked as above, the others skipped by their
+//! length unchecked and hashed; an entry whose skipped fields (in any order) are
+//! those of an entry fully checked in the last good read is not checked further, any
+//! other is then fully checked. So for entries seen before, "accepts exactly what prost accepts" becomes
+//! "reads exactly what prost reads, and accepts what prost accepted before": see
+//! [`crate::list_memo`] for why a hash collision can never hide a change.
 
 use std::collections::BTreeMap;
 
 use prost::encoding::{decode_key, decode_varint, WireType};
+
+use crate::list_memo::{EntryMemo, Fingerprint, ListMemo};
 
 /// Why bytes are not a valid message (what prost would have refused).
 pub type WireError = String;
@@ -205,12 +215,25 @@ fn entries<'a>(mut buf: &'a [u8], mut each: impl FnMut(&'a [u8], u32) -> Res<()>
 /// Reads `cri::PodSandbox` bytes (with the budget `depth`); its labels into `labels`
 /// when given.
 pub fn sandbox_fields<'a>(
+    buf: &'a [u8],
+    depth: u32,
+    labels: Option<&mut BTreeMap<String, String>>,
+) -> Res<SandboxFields<'a>> {
+    sandbox_read::<true>(buf, depth, labels, None)
+}
+
+/// Reads `cri::PodSandbox` bytes: checked fully (`FULL`), or only the fields it
+/// returns, the others skipped by length and added to `fp`.
+#[inline(always)]
+fn sandbox_read<'a, const FULL: bool>(
     mut buf: &'a [u8],
     depth: u32,
     mut labels: Option<&mut BTreeMap<String, String>>,
+    mut fp: Option<&mut Fingerprint<'_>>,
 ) -> Res<SandboxFields<'a>> {
     let mut f = SandboxFields::default();
     while !buf.is_empty() {
+        let field = buf;
         match key(&mut buf)? {
             (1, wt) => f.id = string(wt, &mut buf)?,
             (2, wt) => {
@@ -228,12 +251,17 @@ pub fn sandbox_fields<'a>(
             }
             (3, wt) => f.state = int(wt, &mut buf)? as i32,
             (4, wt) => f.created_at = int(wt, &mut buf)? as i64,
-            (5, wt) => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
-            (6, wt) => string_map(wt, &mut buf, depth, None)?,
-            (7, wt) => {
+            (5, wt) if FULL => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
+            (6, wt) if FULL => string_map(wt, &mut buf, depth, None)?,
+            (7, wt) if FULL => {
                 string(wt, &mut buf)?;
             }
-            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
+            (tag, wt) => {
+                skip(wt, tag, &mut buf, depth)?;
+                if let Some(fp) = fp.as_deref_mut() {
+                    fp.field(&field[..field.len() - buf.len()]);
+                }
+            }
         }
     }
     Ok(f)
@@ -254,9 +282,21 @@ fn image_spec(mut buf: &[u8], depth: u32) -> Res<()> {
 }
 
 /// Reads `cri::Container` bytes (with the budget `depth`).
-pub fn container_fields(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
+pub fn container_fields(buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
+    container_read::<true>(buf, depth, None)
+}
+
+/// Reads `cri::Container` bytes: checked fully (`FULL`), or only the fields it
+/// returns, the others skipped by length and added to `fp`.
+#[inline(always)]
+fn container_read<'a, const FULL: bool>(
+    mut buf: &'a [u8],
+    depth: u32,
+    mut fp: Option<&mut Fingerprint<'_>>,
+) -> Res<ContainerFields<'a>> {
     let mut f = ContainerFields::default();
     while !buf.is_empty() {
+        let field = buf;
         match key(&mut buf)? {
             (1, wt) => f.id = string(wt, &mut buf)?,
             (2, wt) => f.sandbox_id = string(wt, &mut buf)?,
@@ -270,33 +310,94 @@ pub fn container_fields(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> 
                     }
                 }
             }
-            (4, wt) => image_spec(message(wt, &mut buf, depth)?, depth - 1)?,
-            (5 | 10, wt) => {
+            (4, wt) if FULL => image_spec(message(wt, &mut buf, depth)?, depth - 1)?,
+            (5 | 10, wt) if FULL => {
                 string(wt, &mut buf)?;
             }
             (6, wt) => f.state = int(wt, &mut buf)? as i32,
             (7, wt) => f.created_at = int(wt, &mut buf)? as i64,
-            (8 | 9, wt) => string_map(wt, &mut buf, depth, None)?,
-            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
+            (8 | 9, wt) if FULL => string_map(wt, &mut buf, depth, None)?,
+            (tag, wt) => {
+                skip(wt, tag, &mut buf, depth)?;
+                if let Some(fp) = fp.as_deref_mut() {
+                    fp.field(&field[..field.len() - buf.len()]);
+                }
+            }
         }
     }
     Ok(f)
 }
 
+/// An entry read with `memo`: lightly (`read(Some(fingerprint))`), and if the memo
+/// does not hold its fingerprint, then fully (`read(None)`) and remembered. (A light
+/// read checks a part of what a full one checks: when it fails, so would the full
+/// one, which is done to fail with prost's error.)
+#[inline(always)]
+fn memoized<T>(
+    memo: Option<&mut EntryMemo>,
+    read: impl Fn(Option<&mut Fingerprint<'_>>) -> Res<T>,
+) -> Res<T> {
+    let Some(memo) = memo else {
+        return read(None);
+    };
+    let mut fp = memo.fingerprint();
+    let light = read(Some(&mut fp));
+    let key = fp.key();
+    if let Ok(fields) = light {
+        if memo.vouches(key) {
+            return Ok(fields);
+        }
+        let fields = read(None)?;
+        memo.add(key);
+        return Ok(fields);
+    }
+    read(None)
+}
+
 /// Every sandbox of a `ListPodSandboxResponse`, with its entry's bytes (to read its
 /// labels later), in order — or why prost would refuse the response.
-pub fn sandboxes<'a>(buf: &'a [u8], mut each: impl FnMut(SandboxFields<'a>, &'a [u8])) -> Res<()> {
+pub fn sandboxes<'a>(buf: &'a [u8], each: impl FnMut(SandboxFields<'a>, &'a [u8])) -> Res<()> {
+    sandboxes_memo(buf, None, each)
+}
+
+/// [`sandboxes`], the entries a memo vouches for read lightly (the memo's
+/// `sandboxes`; the caller ends the read with [`ListMemo::finish`]).
+pub(crate) fn sandboxes_memo<'a>(
+    buf: &'a [u8],
+    mut memo: Option<&mut ListMemo>,
+    mut each: impl FnMut(SandboxFields<'a>, &'a [u8]),
+) -> Res<()> {
     entries(buf, |entry, depth| {
-        each(sandbox_fields(entry, depth, None)?, entry);
+        let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
+            None => sandbox_read::<true>(entry, depth, None, None),
+            fp => sandbox_read::<false>(entry, depth, None, fp),
+        };
+        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.sandboxes), read)?;
+        each(fields, entry);
         Ok(())
     })
 }
 
 /// Every container of a `ListContainersResponse`, in order — or why prost would
 /// refuse it.
-pub fn containers<'a>(buf: &'a [u8], mut each: impl FnMut(ContainerFields<'a>)) -> Res<()> {
+pub fn containers<'a>(buf: &'a [u8], each: impl FnMut(ContainerFields<'a>)) -> Res<()> {
+    containers_memo(buf, None, each)
+}
+
+/// [`containers`], the entries a memo vouches for read lightly (as
+/// [`sandboxes_memo`]).
+pub(crate) fn containers_memo<'a>(
+    buf: &'a [u8],
+    mut memo: Option<&mut ListMemo>,
+    mut each: impl FnMut(ContainerFields<'a>),
+) -> Res<()> {
     entries(buf, |entry, depth| {
-        each(container_fields(entry, depth)?);
+        let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
+            None => container_read::<true>(entry, depth, None),
+            fp => container_read::<false>(entry, depth, fp),
+        };
+        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.containers), read)?;
+        each(fields);
         Ok(())
     })
 }
@@ -738,5 +839,401 @@ mod tests {
         assert!(s.is_empty());
         assert_eq!(c.len(), 50);
         assert_eq!(Ok(c), via_prost_containers(&bytes));
+    }
+
+    fn via_view_memo(
+        sandboxes: &[u8],
+        containers: &[u8],
+        memo: &mut ListMemo,
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+        let lists = NodeLists::Wire {
+            sandboxes: prost::bytes::Bytes::copy_from_slice(sandboxes),
+            containers: prost::bytes::Bytes::copy_from_slice(containers),
+        };
+        let view = lists.view_memo(memo)?;
+        let s = view
+            .sandboxes
+            .iter()
+            .map(|s| s.to_sandbox())
+            .collect::<Result<Vec<_>, _>>()?;
+        let c = view.containers.iter().map(|c| c.to_container()).collect();
+        Ok((s, c))
+    }
+
+    /// A varint field, encoded even when it is 0 (prost leaves a 0 out).
+    fn varint_field(tag: u32, value: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_key(tag, WireType::Varint, &mut out);
+        prost::encoding::encode_varint(value, &mut out);
+        out
+    }
+
+    /// An entry's top-level fields' bytes.
+    fn fields_of(mut entry: &[u8]) -> Vec<&[u8]> {
+        let mut out = Vec::new();
+        while !entry.is_empty() {
+            let field = entry;
+            let (tag, wt) = key(&mut entry).expect("a key");
+            skip(wt, tag, &mut entry, RECURSION_LIMIT).expect("a whole field");
+            out.push(&field[..field.len() - entry.len()]);
+        }
+        out
+    }
+
+    /// The fields plegd reads of a sandbox and of a container entry (by tag).
+    const SANDBOX_READS: &[u32] = &[1, 2, 3, 4];
+    const CONTAINER_READS: &[u32] = &[1, 2, 3, 6, 7];
+
+    /// The fields of an entry a light read skips (and hashes).
+    fn skipped<'e>(entry: &'e [u8], reads: &[u32]) -> Vec<&'e [u8]> {
+        fields_of(entry)
+            .into_iter()
+            .filter(|f| !reads.contains(&key(&mut &f[..]).expect("a key").0))
+            .collect()
+    }
+
+    /// The fingerprint a memo keeps of an entry.
+    fn fingerprint(memo: &EntryMemo, reads: &[u32], entry: &[u8]) -> u64 {
+        let mut fp = memo.fingerprint();
+        for field in skipped(entry, reads) {
+            fp.field(field);
+        }
+        fp.key()
+    }
+
+    fn remembers(memo: &ListMemo, entry: &[u8], container: bool) -> bool {
+        if container {
+            memo.containers
+                .holds(fingerprint(&memo.containers, CONTAINER_READS, entry))
+        } else {
+            memo.sandboxes
+                .holds(fingerprint(&memo.sandboxes, SANDBOX_READS, entry))
+        }
+    }
+
+    /// How many fingerprints entries have: multisets of skipped fields.
+    fn distinct(entries: &[Vec<u8>], reads: &[u32]) -> usize {
+        entries
+            .iter()
+            .map(|e| {
+                let mut fields = skipped(e, reads);
+                fields.sort();
+                fields
+            })
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    }
+
+    /// Reads with one memo over rounds of a changing node — the same bytes, entries
+    /// changed (another state appended: the last one wins), reordered, their fields
+    /// reordered (containerd sends maps in Go's random order), added and removed, and
+    /// now and then broken — give
+    /// what reads without it give, and what prost decodes; after each good read the
+    /// memo holds exactly that read's entries (an entry being its fields, in any
+    /// order), after a failed one what it held.
+    #[test]
+    fn a_memo_reads_what_a_read_without_it_reads() {
+        let mut rng = Rng::seeded(0x9e37_79b9_7f4a_7c15);
+        let (mut light, mut failed) = (0, 0);
+        for _ in 0..400 {
+            let mut memo = ListMemo::default();
+            let mut sandboxes: Vec<Vec<u8>> = (0..rng.below(6))
+                .map(|_| {
+                    let f = sandbox_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            let mut containers: Vec<Vec<u8>> = (0..rng.below(6))
+                .map(|_| {
+                    let f = container_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            for _ in 0..8 {
+                match rng.below(7) {
+                    0 => {}
+                    1 => {
+                        for (list, tag) in [(&mut sandboxes, 3), (&mut containers, 6)] {
+                            if !list.is_empty() {
+                                let at = rng.below(list.len() as u64) as usize;
+                                list[at].extend(varint_field(tag, rng.varint_value()));
+                            }
+                        }
+                    }
+                    2 => {
+                        for list in [&mut sandboxes, &mut containers] {
+                            for i in (1..list.len()).rev() {
+                                list.swap(i, rng.below(i as u64 + 1) as usize);
+                            }
+                        }
+                    }
+                    6 => {
+                        // Each entry's fields in another order (as containerd sends
+                        // its maps).
+                        for list in [&mut sandboxes, &mut containers] {
+                            for e in list.iter_mut() {
+                                let mut fields = fields_of(e);
+                                for i in (1..fields.len()).rev() {
+                                    fields.swap(i, rng.below(i as u64 + 1) as usize);
+                                }
+                                *e = fields.concat();
+                            }
+                        }
+                    }
+                    3 => {
+                        let f = sandbox_fields_encoded(&mut rng);
+                        sandboxes.push(entry(&mut rng, f));
+                        let f = container_fields_encoded(&mut rng);
+                        containers.insert(0, entry(&mut rng, f));
+                    }
+                    4 => {
+                        for list in [&mut sandboxes, &mut containers] {
+                            if !list.is_empty() {
+                                list.remove(rng.below(list.len() as u64) as usize);
+                            }
+                        }
+                    }
+                    5 => {
+                        // Broken bytes, read in place of this round's lists.
+                        let before = memo.len();
+                        let s = list(&mut rng, &sandboxes);
+                        let c = list(&mut rng, &containers);
+                        let c = mangle(&mut rng, c);
+                        let want = via_view(&s, &c);
+                        let got = via_view_memo(&s, &c, &mut memo);
+                        match (want, got) {
+                            (Ok(want), Ok(got)) => assert_eq!(got, want),
+                            (Err(_), Err(RuntimeError::Invalid { .. })) => {
+                                assert_eq!(memo.len(), before, "a failed read changed the memo");
+                                failed += 1;
+                            }
+                            (want, got) => panic!("without: {want:?}, with: {got:?}\n{c:?}"),
+                        }
+                    }
+                    _ => {}
+                }
+                let (s, c) = (list(&mut rng, &sandboxes), list(&mut rng, &containers));
+                let remembered = sandboxes
+                    .iter()
+                    .filter(|e| remembers(&memo, e, false))
+                    .count()
+                    + containers
+                        .iter()
+                        .filter(|e| remembers(&memo, e, true))
+                        .count();
+                light += remembered;
+                let want = via_view(&s, &c).expect("valid lists");
+                assert_eq!(want.0, via_prost_sandboxes(&s).expect("prost decodes"));
+                assert_eq!(want.1, via_prost_containers(&c).expect("prost decodes"));
+                let got = via_view_memo(&s, &c, &mut memo).expect("valid lists");
+                assert_eq!(got, want, "{s:?} {c:?}");
+                assert_eq!(
+                    memo.len(),
+                    (
+                        distinct(&sandboxes, SANDBOX_READS),
+                        distinct(&containers, CONTAINER_READS)
+                    )
+                );
+            }
+        }
+        // Most entries were read lightly; broken rounds were refused.
+        assert!(
+            light > 10_000 && failed > 50,
+            "{light} light, {failed} failed"
+        );
+    }
+
+    /// `cri::Container` bytes: an ID, a sandbox, a state and an annotation (its value's
+    /// bytes as given), each field encoded on its own.
+    fn container_entry(id: &str, state: u64, annotation: &[u8]) -> Vec<u8> {
+        let mut out = cri::Container {
+            id: id.into(),
+            pod_sandbox_id: "s1".into(),
+            metadata: Some(cri::ContainerMetadata {
+                name: "app".into(),
+                attempt: 1,
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        out.extend(varint_field(6, state));
+        // Field 9 (annotations), one entry: key "k", value `annotation`.
+        let mut kv = vec![0x0a, 1, b'k', 0x12, annotation.len() as u8];
+        kv.extend(annotation);
+        encode_key(9, WireType::LengthDelimited, &mut out);
+        prost::encoding::encode_varint(kv.len() as u64, &mut out);
+        out.extend(kv);
+        out
+    }
+
+    fn containers_list(entries: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in entries {
+            encode_key(1, WireType::LengthDelimited, &mut out);
+            prost::encoding::encode_varint(e.len() as u64, &mut out);
+            out.extend(*e);
+        }
+        out
+    }
+
+    /// An entry remembered under its ID whose bytes change into ones prost refuses
+    /// (an annotation's value not UTF-8; a labels field of the wrong wire type) fails
+    /// the read; the memo is left as it was (neither the refused entry nor a new one
+    /// checked before it is remembered), and the next good read still finds the
+    /// remembered entries.
+    #[test]
+    fn a_changed_entry_prost_refuses_fails_the_read_though_its_id_is_remembered() {
+        let good = container_entry("c1", 1, b"v");
+        let other = container_entry("c2", 1, b"w");
+        let new = container_entry("c3", 1, b"x");
+        let not_utf8 = container_entry("c1", 1, &[0xc3]);
+        let mut wrong_wire_type = good.clone();
+        wrong_wire_type.extend(varint_field(8, 1));
+        let mut memo = ListMemo::default();
+        let both = containers_list(&[&good, &other]);
+        let (_, c) = via_view_memo(&[], &both, &mut memo).expect("valid");
+        assert_eq!(c.len(), 2);
+        for bad in [&not_utf8, &wrong_wire_type] {
+            assert!(cri::ListContainersResponse::decode(&*containers_list(&[bad])).is_err());
+            // A new entry checked before the refused one is not remembered either.
+            let got = via_view_memo(&[], &containers_list(&[&other, &new, bad]), &mut memo);
+            assert!(
+                matches!(
+                    got,
+                    Err(RuntimeError::Invalid {
+                        op: "ListContainers",
+                        ..
+                    })
+                ),
+                "{got:?}"
+            );
+            assert_eq!(memo.len(), (0, 2));
+            assert!(remembers(&memo, &good, true) && remembers(&memo, &other, true));
+            assert!(!remembers(&memo, bad, true) && !remembers(&memo, &new, true));
+        }
+        // A failed sandbox list leaves the containers' memo alone too.
+        let got = via_view_memo(&[0x0a, 0x05], &both, &mut memo);
+        assert!(matches!(
+            got,
+            Err(RuntimeError::Invalid {
+                op: "ListPodSandbox",
+                ..
+            })
+        ));
+        assert_eq!(memo.len(), (0, 2));
+        // The next good read: `other` still remembered, `good` gone from the node.
+        let (_, c) = via_view_memo(&[], &containers_list(&[&other]), &mut memo).expect("valid");
+        assert_eq!(c.len(), 1);
+        assert_eq!(memo.len(), (0, 1));
+        assert!(!remembers(&memo, &good, true));
+    }
+
+    /// The memo never supplies a field: an entry remembered with one state, listed
+    /// again with another (its other bytes the same: the memo vouches for them), is
+    /// read with the new one, and another ID is read as that ID; and
+    /// even bytes the memo vouches for by a collision (here: put there by hand) are
+    /// read for what they say — only what plegd does not read goes unchecked, and a
+    /// field plegd reads of the wrong type is refused as prost refuses it.
+    #[test]
+    fn the_memo_vouches_for_bytes_and_never_supplies_a_field() {
+        let mut memo = ListMemo::default();
+        let running = container_entry("c1", 1, b"v");
+        via_view_memo(&[], &containers_list(&[&running]), &mut memo).expect("valid");
+        let exited = container_entry("c1", 2, b"v");
+        assert!(remembers(&memo, &exited, true));
+        let (_, c) = via_view_memo(&[], &containers_list(&[&exited]), &mut memo).expect("valid");
+        assert_eq!(c[0].state, crate::ContainerState::Exited);
+        let (_, c) = via_view_memo(&[], &containers_list(&[&running]), &mut memo).expect("valid");
+        assert_eq!(c[0].state, crate::ContainerState::Running);
+        let other_id = container_entry("c2", 1, b"v");
+        assert!(remembers(&memo, &other_id, true));
+        let (_, c) = via_view_memo(&[], &containers_list(&[&other_id]), &mut memo).expect("valid");
+        assert_eq!(c[0].id, "c2");
+        assert_eq!(memo.len(), (0, 1));
+
+        // A collision: the memo vouches for bytes never checked.
+        let collide = |memo: &mut ListMemo, entry: &[u8]| {
+            let key = fingerprint(&memo.containers, CONTAINER_READS, entry);
+            memo.containers.add(key);
+            memo.finish(true);
+        };
+        let invalid_annotation = container_entry("c9", 2, &[0xc3]);
+        collide(&mut memo, &invalid_annotation);
+        let (_, c) = via_view_memo(&[], &containers_list(&[&invalid_annotation]), &mut memo)
+            .expect("what plegd does not read goes unchecked");
+        assert_eq!(
+            (c[0].id.as_str(), c[0].state),
+            ("c9", crate::ContainerState::Exited)
+        );
+        let mut state_not_a_varint = container_entry("c9", 2, b"v");
+        encode_key(6, WireType::LengthDelimited, &mut state_not_a_varint);
+        state_not_a_varint.push(0);
+        collide(&mut memo, &state_not_a_varint);
+        let got = via_view_memo(&[], &containers_list(&[&state_not_a_varint]), &mut memo);
+        assert!(matches!(got, Err(RuntimeError::Invalid { .. })), "{got:?}");
+        let mut id_not_utf8 = container_entry("c9", 2, b"v");
+        id_not_utf8.extend([0x0a, 1, 0xff]);
+        collide(&mut memo, &id_not_utf8);
+        let got = via_view_memo(&[], &containers_list(&[&id_not_utf8]), &mut memo);
+        assert!(matches!(got, Err(RuntimeError::Invalid { .. })), "{got:?}");
+    }
+
+    /// An entry listed again with its fields in another order (containerd marshals
+    /// labels and annotations in Go's random map order on every list) is still the
+    /// entry remembered, and read as without the memo; a changed annotation is not.
+    #[test]
+    fn an_entry_is_its_fields_in_any_order() {
+        let mut two = container_entry("c1", 1, b"v");
+        two.extend(&container_entry("c1", 1, b"w")[fields_of(&two)[..4].concat().len()..]);
+        assert_eq!(fields_of(&two).len(), 6);
+        let mut memo = ListMemo::default();
+        via_view_memo(&[], &containers_list(&[&two]), &mut memo).expect("valid");
+        let mut reordered = fields_of(&two);
+        reordered.reverse();
+        let reordered = reordered.concat();
+        assert_ne!(reordered, two);
+        assert!(remembers(&memo, &reordered, true));
+        let list = containers_list(&[&reordered]);
+        assert_eq!(
+            via_view_memo(&[], &list, &mut memo).expect("valid"),
+            via_view(&[], &list).expect("valid")
+        );
+        assert!(!remembers(&memo, &container_entry("c1", 1, b"x"), true));
+    }
+
+    /// Over many rounds of churn (pods coming and going, each a new entry) the memo
+    /// holds the last read's entries and its room stays what the node's size needs;
+    /// when the node shrinks, it gives room back.
+    #[test]
+    fn the_memo_holds_the_last_reads_entries_and_does_not_grow() {
+        let mut memo = ListMemo::default();
+        let entry = |i: usize| container_entry(&format!("c{i}"), 1, format!("v{i}").as_bytes());
+        let mut live: Vec<usize> = (0..2_000).collect();
+        let mut next = live.len();
+        let mut room = 0;
+        for round in 0..50 {
+            // A tenth of the pods replaced.
+            for _ in 0..200 {
+                live.remove(0);
+                live.push(next);
+                next += 1;
+            }
+            let entries: Vec<_> = live.iter().map(|&i| entry(i)).collect();
+            let refs: Vec<&[u8]> = entries.iter().map(|e| e.as_slice()).collect();
+            via_view_memo(&[], &containers_list(&refs), &mut memo).expect("valid");
+            assert_eq!(memo.len(), (0, 2_000));
+            if round == 1 {
+                room = memo.heap_bytes();
+            } else if round > 1 {
+                assert_eq!(memo.heap_bytes(), room, "round {round}");
+            }
+        }
+        // ≈ 8–16 bytes an entry (a power of two of slots, 9 bytes each).
+        assert!(room <= 2_000 * 19, "{room} bytes");
+        let few: Vec<_> = (0..10).map(entry).collect();
+        let refs: Vec<&[u8]> = few.iter().map(|e| e.as_slice()).collect();
+        via_view_memo(&[], &containers_list(&refs), &mut memo).expect("valid");
+        assert_eq!(memo.len(), (0, 10));
+        assert!(memo.heap_bytes() < room / 4, "{} bytes", memo.heap_bytes());
     }
 }

@@ -10,6 +10,7 @@
 use prost::bytes::Bytes;
 
 use crate::convert::{container_state_from_wire, sandbox_state_from_wire};
+use crate::list_memo::ListMemo;
 use crate::list_wire;
 use crate::{Container, ContainerState, PodRef, RuntimeError, Sandbox, SandboxState};
 
@@ -160,6 +161,19 @@ impl NodeLists {
     /// plegd cannot attribute (a sandbox without metadata or pod UID, a container
     /// without its sandbox's ID) is left out, as the list calls leave it out.
     pub fn view(&self) -> Result<ListView<'_>, RuntimeError> {
+        self.read(None)
+    }
+
+    /// [`NodeLists::view`] for the global relist: the entries whose bytes `memo`
+    /// vouches for (fully checked in its last good read) are read without checking
+    /// the fields plegd does not read ([`crate::list_memo`]); the same view otherwise.
+    /// The memo then holds this read's entries if it succeeded, and is left as it was
+    /// if it failed.
+    pub fn view_memo(&self, memo: &mut ListMemo) -> Result<ListView<'_>, RuntimeError> {
+        self.read(Some(memo))
+    }
+
+    fn read(&self, mut memo: Option<&mut ListMemo>) -> Result<ListView<'_>, RuntimeError> {
         match self {
             NodeLists::Decoded {
                 sandboxes,
@@ -169,46 +183,59 @@ impl NodeLists {
                 sandboxes,
                 containers,
             } => {
-                let invalid = |op| move |reason| RuntimeError::Invalid { op, reason };
-                let mut view = ListView::default();
-                list_wire::sandboxes(sandboxes, |f, entry| {
-                    if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
-                        tracing::debug!(
-                            id = f.id,
-                            "ignoring a listed sandbox without id, metadata or pod UID"
-                        );
-                        return;
-                    }
-                    view.sandboxes.push(SandboxRef {
-                        id: f.id,
-                        uid: f.uid,
-                        name: f.name,
-                        namespace: f.namespace,
-                        state: sandbox_state_from_wire(f.state),
-                        from: SandboxSource::Wire(entry, f.attempt, f.created_at),
-                    });
-                })
-                .map_err(invalid("ListPodSandbox"))?;
-                list_wire::containers(containers, |f| {
-                    if f.id.is_empty() || f.sandbox_id.is_empty() {
-                        tracing::debug!(
-                            id = f.id,
-                            "ignoring a listed container without id or sandbox id"
-                        );
-                        return;
-                    }
-                    view.containers.push(ContainerRef {
-                        id: f.id,
-                        sandbox_id: f.sandbox_id,
-                        name: f.name,
-                        attempt: f.attempt,
-                        state: container_state_from_wire(f.state),
-                        created_at: f.created_at,
-                    });
-                })
-                .map_err(invalid("ListContainers"))?;
-                Ok(view)
+                let read = wire_view(sandboxes, containers, memo.as_deref_mut());
+                if let Some(memo) = memo {
+                    memo.finish(read.is_ok());
+                }
+                read
             }
         }
     }
+}
+
+/// The view of [`NodeLists::Wire`] (its read not yet finished in `memo`).
+fn wire_view<'a>(
+    sandboxes: &'a [u8],
+    containers: &'a [u8],
+    mut memo: Option<&mut ListMemo>,
+) -> Result<ListView<'a>, RuntimeError> {
+    let invalid = |op| move |reason| RuntimeError::Invalid { op, reason };
+    let mut view = ListView::default();
+    list_wire::sandboxes_memo(sandboxes, memo.as_deref_mut(), |f, entry| {
+        if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
+            tracing::debug!(
+                id = f.id,
+                "ignoring a listed sandbox without id, metadata or pod UID"
+            );
+            return;
+        }
+        view.sandboxes.push(SandboxRef {
+            id: f.id,
+            uid: f.uid,
+            name: f.name,
+            namespace: f.namespace,
+            state: sandbox_state_from_wire(f.state),
+            from: SandboxSource::Wire(entry, f.attempt, f.created_at),
+        });
+    })
+    .map_err(invalid("ListPodSandbox"))?;
+    list_wire::containers_memo(containers, memo, |f| {
+        if f.id.is_empty() || f.sandbox_id.is_empty() {
+            tracing::debug!(
+                id = f.id,
+                "ignoring a listed container without id or sandbox id"
+            );
+            return;
+        }
+        view.containers.push(ContainerRef {
+            id: f.id,
+            sandbox_id: f.sandbox_id,
+            name: f.name,
+            attempt: f.attempt,
+            state: container_state_from_wire(f.state),
+            created_at: f.created_at,
+        });
+    })
+    .map_err(invalid("ListContainers"))?;
+    Ok(view)
 }

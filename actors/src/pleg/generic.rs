@@ -118,6 +118,9 @@ pub struct GenericPleg {
     concurrency: usize,
     /// The global relist's change check's tables, reused.
     scratch: changes::Scratch,
+    /// What the last global relist's lists held, checked: an entry whose fields
+    /// other than those plegd reads are the same is not checked again.
+    memo: plegd_runtime::ListMemo,
     /// The last status reads (the cache), for running containers' statuses; None:
     /// every container is read.
     last_reads: Option<Arc<dyn LastReads>>,
@@ -149,6 +152,7 @@ impl GenericPleg {
             reread: HashSet::new(),
             concurrency: concurrency.max(1),
             scratch: changes::Scratch::default(),
+            memo: plegd_runtime::ListMemo::default(),
             last_reads: None,
             chunk_pods: CHUNK_PODS,
             exit_settle: EXIT_SETTLE,
@@ -489,7 +493,7 @@ impl GenericPleg {
         Fut: Future<Output = ()>,
     {
         let lists = self.runtime.list_node().await?;
-        let view = lists.view()?;
+        let view = lists.view_memo(&mut self.memo)?;
         let plan = self.global_plan(&view, held);
         // The first relist builds every pod's record first, from the lists in place
         // and in their order: the records are what every later relist compares the

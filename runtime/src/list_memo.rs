@@ -1,0 +1,204 @@
+//! What the global relist remembers of the last lists it read: a keyed fingerprint of
+//! each entry (each `PodSandbox` of ListPodSandbox, each `Container` of
+//! ListContainers) that was fully checked, so that the next read skips checking the
+//! bulk of an entry that did not change — its labels, annotations and image spec,
+//! most of the 17.5 MB of a 10,000-pod node's lists.
+//!
+//! An entry's fingerprint is the sum of a keyed 64-bit hash of each top-level field
+//! (key and value's bytes) that the light read below skips: it does not depend on
+//! the fields' order. A runtime does not send an unchanged entry as the same bytes:
+//! containerd's Go protobuf marshals a map (labels, annotations: one top-level field
+//! per pair) in Go's random map order on every list, and plegd-sim builds a sandbox's
+//! labels anew for each list too — a hash of the entry's bytes whole would miss
+//! nearly every entry. Whether a message is valid does not depend on its fields'
+//! order either: prost checks each field on its own (its key's wire type, its
+//! strings' UTF-8, its embedded messages and map entries, all at the entry's
+//! recursion depth), so any order of fields each checked before is valid.
+//!
+//! The contract ([`crate::list_wire`] applies it): every entry is walked field by
+//! field; the fields plegd reads (IDs, the pod's identity, state, attempt, creation
+//! time) are read from the bytes and checked exactly as a full read reads and checks
+//! them (UTF-8, wire types, the last value winning; their fields unknown to plegd
+//! skipped as prost skips them), every other field is skipped by its length
+//! unchecked, and hashed. If the memo holds the sum of those hashes, that is all;
+//! otherwise the entry is fully checked, as prost checks it, and its sum remembered.
+//! So the memo never supplies a value: a fingerprint only vouches that the skipped
+//! fields were checked before (two entries that differ only in fields plegd reads
+//! share it). A collision (an entry's skipped fields summing like some remembered
+//! entry's) could at worst let through a field plegd does not read in this path (an
+//! invalid label or annotation) that prost would have refused; it can never hide a
+//! change of what plegd reads. The hash is keyed with a per-process random seed, so a
+//! pod's author, who controls its labels and annotations, cannot aim at a collision.
+//!
+//! The memo holds exactly the fingerprints of the last read that succeeded: a read
+//! builds the next set in place (marking remembered ones it meets, adding those of
+//! the entries it checked); only when the whole read succeeds does that set replace the last one, a
+//! failed read leaves the memo as it was. Its tables keep their room from read to
+//! read (they give it back when the node shrinks to a third).
+
+use std::hash::BuildHasher as _;
+
+use hashbrown::HashTable;
+
+/// An entry's fingerprint, less the two flag bits.
+const KEY: u64 = u64::MAX >> 2;
+/// Met in the read under way (a remembered entry).
+const SEEN: u64 = 1 << 63;
+/// Added by the read under way (not remembered before it).
+const FRESH: u64 = 1 << 62;
+/// A table keeps room for at least this many entries (a small node's is left alone).
+const MIN_ROOM: usize = 256;
+
+/// The entries of one list (the sandboxes' or the containers') checked in the last
+/// good read.
+#[derive(Debug)]
+pub(crate) struct EntryMemo {
+    /// foldhash's quality hasher, seeded at random per process (and per memo):
+    /// keyed, unlike a plain hash of the bytes. Its fast variant has the same seeds
+    /// and byte loop (21 GB/s on whole entries of the realistic node, against 20 for
+    /// quality) and leaves out the final mix; fingerprints add the fields' hashes up,
+    /// which wants each one fully mixed, for one multiply a field.
+    state: foldhash::quality::RandomState,
+    /// Entries' fingerprints (the [`KEY`] bits) with the read's flags ([`SEEN`],
+    /// [`FRESH`]); hashed by [`slot`] (fingerprints are already random), ≈ 9–18
+    /// bytes an entry.
+    table: HashTable<u64>,
+}
+
+impl Default for EntryMemo {
+    fn default() -> Self {
+        EntryMemo {
+            state: foldhash::quality::RandomState::default(),
+            table: HashTable::new(),
+        }
+    }
+}
+
+/// The table's hash of a stored value: its key bits, mixed (so that the table's slot
+/// and its control byte, which come from the low and the high bits, both vary).
+#[inline(always)]
+fn slot(value: &u64) -> u64 {
+    (value & KEY).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+impl EntryMemo {
+    /// A fingerprint to add an entry's fields to.
+    #[inline(always)]
+    pub(crate) fn fingerprint(&self) -> Fingerprint<'_> {
+        Fingerprint {
+            state: &self.state,
+            sum: 0,
+        }
+    }
+
+    /// Whether an entry with this key was checked before (in the last good read, or
+    /// already in this one); the read under way is marked as meeting it.
+    #[inline(always)]
+    pub(crate) fn vouches(&mut self, key: u64) -> bool {
+        match self.table.find_mut(slot(&key), |v| v & KEY == key) {
+            Some(v) => {
+                *v |= SEEN;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Remembers an entry this read checked fully (one [`EntryMemo::vouches`] did not
+    /// vouch for).
+    #[inline(always)]
+    pub(crate) fn add(&mut self, key: u64) {
+        self.table.insert_unique(slot(&key), key | FRESH, slot);
+    }
+
+    /// The read succeeded: its entries (met or added) are the memo.
+    fn commit(&mut self) {
+        self.table.retain(|v| {
+            let keep = *v & (SEEN | FRESH) != 0;
+            *v &= KEY;
+            keep
+        });
+        if self.table.capacity() > 3 * self.table.len().max(MIN_ROOM) {
+            self.table.shrink_to_fit(slot);
+        }
+    }
+
+    /// The read failed: the memo is what it was before it.
+    fn abandon(&mut self) {
+        self.table.retain(|v| {
+            let keep = *v & FRESH == 0;
+            *v &= KEY;
+            keep
+        });
+    }
+
+    /// Whether this fingerprint is remembered (without marking it met).
+    #[cfg(test)]
+    pub(crate) fn holds(&self, key: u64) -> bool {
+        self.table.find(slot(&key), |v| v & KEY == key).is_some()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+}
+
+/// An entry's fingerprint, being summed up.
+pub(crate) struct Fingerprint<'m> {
+    state: &'m foldhash::quality::RandomState,
+    sum: u64,
+}
+
+impl Fingerprint<'_> {
+    /// Adds a top-level field the light read skipped (its key and its value's bytes).
+    #[inline(always)]
+    pub(crate) fn field(&mut self, bytes: &[u8]) {
+        self.sum = self.sum.wrapping_add(self.state.hash_one(bytes));
+    }
+
+    /// The entry's key for [`EntryMemo::vouches`] and [`EntryMemo::add`].
+    #[inline(always)]
+    pub(crate) fn key(&self) -> u64 {
+        self.sum & KEY
+    }
+}
+
+/// The entries of the last global relist's lists that were fully checked, for the
+/// next one ([`crate::NodeLists::view_memo`]); see the module's comment.
+#[derive(Debug, Default)]
+pub struct ListMemo {
+    pub(crate) sandboxes: EntryMemo,
+    pub(crate) containers: EntryMemo,
+}
+
+impl ListMemo {
+    /// The fingerprints remembered: (sandboxes', containers'), one per entry of the
+    /// last good read (entries that differ only in fields plegd reads share one).
+    pub fn len(&self) -> (usize, usize) {
+        (self.sandboxes.len(), self.containers.len())
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == (0, 0)
+    }
+
+    /// The bytes its tables hold (their room included).
+    pub fn heap_bytes(&self) -> usize {
+        [&self.sandboxes, &self.containers]
+            .iter()
+            .map(|m| m.table.allocation_size())
+            .sum()
+    }
+
+    /// Ends a read: its entries replace the memo if it succeeded, are forgotten if not.
+    pub(crate) fn finish(&mut self, succeeded: bool) {
+        for m in [&mut self.sandboxes, &mut self.containers] {
+            if succeeded {
+                m.commit();
+            } else {
+                m.abandon();
+            }
+        }
+    }
+}
