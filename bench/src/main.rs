@@ -226,6 +226,9 @@ struct SizeRun {
     /// A bare client's reads of the same two lists (the no-change relist's floor).
     floor: Option<floor::Floor>,
     rss_kib: u64,
+    /// plegd_event_history_bytes then: the subscriber API's history, counted apart
+    /// from the memory per pod.
+    history_bytes: f64,
     singles: Option<Exits>,
     targeted: Option<Duration>,
     bursts: Vec<Duration>,
@@ -268,6 +271,10 @@ fn run_size(
     };
     run.steady = Some(workloads::steady(&plegd, args.steady_window, PERIOD)?);
     run.rss_kib = plegd.rss_kib()?;
+    run.history_bytes = plegd
+        .metrics()?
+        .find("plegd_event_history_bytes", &[])
+        .unwrap_or(0.0);
     if pods == 0 {
         return Ok(run);
     }
@@ -549,10 +556,15 @@ fn print_table(
             );
         }
         let per_pod = match (empty, p) {
-            (Some(e), p) if p > 0 => format!(
-                "; {:.2} KiB/pod over empty",
-                (r.rss_kib as f64 - e as f64) / p as f64
-            ),
+            (Some(e), p) if p > 0 => {
+                let over = (r.rss_kib as f64 - e as f64) * 1024.0;
+                format!(
+                    "; {:.0} B/pod over empty; without the event history ({:.1} MB): {:.0} B/pod",
+                    over / p as f64,
+                    r.history_bytes / 1e6,
+                    (over - r.history_bytes) / p as f64
+                )
+            }
             _ => String::new(),
         };
         println!("| resident memory | {p} | {}{per_pod} |", mib(r.rss_kib));

@@ -183,6 +183,11 @@ impl ListMemo {
         self.len() == (0, 0)
     }
 
+    /// Forgets every entry: the next read checks every entry in full.
+    pub fn clear(&mut self) {
+        *self = ListMemo::default();
+    }
+
     /// The bytes its tables hold (their room included).
     pub fn heap_bytes(&self) -> usize {
         [&self.sandboxes, &self.containers]

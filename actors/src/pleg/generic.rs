@@ -480,9 +480,10 @@ impl GenericPleg {
     /// before the next chunk's statuses are read (the dispatcher applies and publishes
     /// it meanwhile: the next chunk's reads may reuse what the cache says). There is
     /// always a last chunk, even with no pod. Err before the first chunk: the lists
-    /// failed, nothing changed. Err after some (cannot happen once the lists were read:
-    /// a sandbox's labels are read again from bytes already checked): the chunks handed
-    /// over are applied, the rest of the relist is not.
+    /// failed, nothing changed. Err after some (only when a sandbox's labels do not
+    /// decode although the list memo vouched for the entry: a keyed-hash collision):
+    /// the chunks handed over are applied, the rest of the relist is not, and the memo
+    /// is forgotten, so the next relist checks every entry and refuses the lists.
     pub async fn relist_global<F, Fut>(
         &mut self,
         held: &dyn Fn(&str) -> bool,
@@ -510,8 +511,20 @@ impl GenericPleg {
         let last = chunks.len() - 1;
         for (i, range) in chunks.into_iter().enumerate() {
             let mut left_held = Vec::new();
-            let work =
-                self.chunk_work(&view, &plan, range, records.as_mut(), held, &mut left_held)?;
+            let work = match self.chunk_work(
+                &view,
+                &plan,
+                range,
+                records.as_mut(),
+                held,
+                &mut left_held,
+            ) {
+                Ok(work) => work,
+                Err(e) => {
+                    self.memo.clear();
+                    return Err(e);
+                }
+            };
             let mut out = self.process(work, held).await;
             out.held.extend(left_held);
             each(out, i == last).await;
