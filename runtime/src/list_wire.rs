@@ -678,11 +678,31 @@ mod tests {
         sandboxes: &[u8],
         containers: &[u8],
     ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+        via_view_of(sandboxes, containers, None)
+    }
+
+    fn via_view_memo(
+        sandboxes: &[u8],
+        containers: &[u8],
+        memo: &mut ListMemo,
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
+        via_view_of(sandboxes, containers, Some(memo))
+    }
+
+    /// The lists' bytes through [`NodeLists::view`] (or `view_memo`), owned.
+    fn via_view_of(
+        sandboxes: &[u8],
+        containers: &[u8],
+        memo: Option<&mut ListMemo>,
+    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
         let lists = NodeLists::Wire {
             sandboxes: prost::bytes::Bytes::copy_from_slice(sandboxes),
             containers: prost::bytes::Bytes::copy_from_slice(containers),
         };
-        let view = lists.view()?;
+        let view = match memo {
+            Some(memo) => lists.view_memo(memo)?,
+            None => lists.view()?,
+        };
         let s = view
             .sandboxes
             .iter()
@@ -839,25 +859,6 @@ mod tests {
         assert!(s.is_empty());
         assert_eq!(c.len(), 50);
         assert_eq!(Ok(c), via_prost_containers(&bytes));
-    }
-
-    fn via_view_memo(
-        sandboxes: &[u8],
-        containers: &[u8],
-        memo: &mut ListMemo,
-    ) -> Result<(Vec<Sandbox>, Vec<Container>), RuntimeError> {
-        let lists = NodeLists::Wire {
-            sandboxes: prost::bytes::Bytes::copy_from_slice(sandboxes),
-            containers: prost::bytes::Bytes::copy_from_slice(containers),
-        };
-        let view = lists.view_memo(memo)?;
-        let s = view
-            .sandboxes
-            .iter()
-            .map(|s| s.to_sandbox())
-            .collect::<Result<Vec<_>, _>>()?;
-        let c = view.containers.iter().map(|c| c.to_container()).collect();
-        Ok((s, c))
     }
 
     /// A varint field, encoded even when it is 0 (prost leaves a 0 out).
