@@ -149,9 +149,17 @@ fn check_group(
         assert_eq!(rec.sandboxes.get(*sb), Some(state), "sandbox {sb} of {uid}");
     }
     for (uid, rec) in new {
-        assert_eq!(rec.pod.uid, *uid, "record of {uid} names another pod");
+        assert_eq!(
+            rec.pod.uid(),
+            uid.as_str(),
+            "record of {uid} names another pod"
+        );
         match named.get(uid.as_str()) {
-            Some(pod) => assert_eq!(&rec.pod, *pod, "{uid} not named by its newest sandbox"),
+            Some(pod) => assert_eq!(
+                &rec.pod.to_pod_ref(),
+                *pod,
+                "{uid} not named by its newest sandbox"
+            ),
             None => {
                 let prev = previous.get(uid).expect("a record from nowhere");
                 assert_eq!(rec.pod, prev.pod, "{uid} renamed without a sandbox");
@@ -159,7 +167,7 @@ fn check_group(
         }
         for sb in rec.sandboxes.keys() {
             assert!(
-                listed.contains_key(&(uid.as_str(), sb.as_str())),
+                listed.contains_key(&(uid.as_str(), sb.to_string().as_str())),
                 "sandbox {sb} in {uid} was not listed for it"
             );
         }
@@ -167,10 +175,10 @@ fn check_group(
             let listing = containers
                 .iter()
                 .rev()
-                .find(|c| &c.id == cid && &c.sandbox_id == sb)
+                .find(|c| *cid == c.id && *sb == c.sandbox_id)
                 .unwrap_or_else(|| panic!("container {cid} in {uid} was not listed in {sb}"));
             assert_eq!(*state, PlegState::from(listing.state));
-            let owned_now = listed.contains_key(&(uid.as_str(), sb.as_str()));
+            let owned_now = listed.contains_key(&(uid.as_str(), sb.to_string().as_str()));
             let owned_before = previous
                 .get(uid)
                 .is_some_and(|p| p.sandbox_ids().any(|id| id == sb));
@@ -215,8 +223,8 @@ fn expected_events(old: Option<&PodRecord>, new: Option<&PodRecord>) -> Vec<(Str
     let mut sandbox_ids = BTreeSet::new();
     let mut container_ids = BTreeSet::new();
     for rec in [old, new].into_iter().flatten() {
-        sandbox_ids.extend(rec.sandboxes.keys().cloned());
-        container_ids.extend(rec.containers.keys().cloned());
+        sandbox_ids.extend(rec.sandboxes.keys().map(|id| id.to_string()));
+        container_ids.extend(rec.containers.keys().map(|id| id.to_string()));
     }
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();

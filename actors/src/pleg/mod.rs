@@ -19,8 +19,9 @@ mod status;
 
 pub use generic::{GenericPleg, PodAsk, PodStep, RelistScope};
 pub use output::{CacheUpdate, RelistOutput};
+pub(crate) use record::Records;
 #[cfg(not(feature = "fuzzing"))]
-pub(crate) use record::{PlegState, PodRecord, Records};
+pub(crate) use record::{PlegState, PodRecord};
 pub use status::{LastRead, LastReads, PodStatus, PrefetchCounts};
 
 /// For fuzzing only (`crate::fuzzing`).
