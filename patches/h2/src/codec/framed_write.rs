@@ -290,11 +290,9 @@ where
                 tracing::trace!(rem = self.buf.remaining(), "encoded window_update");
             }
 
-            Frame::Priority(_) => {
-                // h2 never builds a PRIORITY frame to send (its API has no way to);
-                // should one get here, it is dropped rather than panicking the
-                // connection's task (upstream: unimplemented!()).
-                tracing::debug!("dropping an outgoing PRIORITY frame: encoding it is not supported");
+            Frame::Priority(v) => {
+                v.encode(self.buf.get_mut());
+                tracing::trace!(rem = self.buf.remaining(), "encoded priority");
             }
             Frame::Reset(v) => {
                 v.encode(self.buf.get_mut());

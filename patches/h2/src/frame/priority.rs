@@ -1,5 +1,7 @@
 use crate::frame::*;
 
+use bytes::BufMut;
+
 #[derive(Debug, Eq, PartialEq)]
 pub struct Priority {
     stream_id: StreamId,
@@ -32,6 +34,17 @@ impl Priority {
             stream_id: head.stream_id(),
             dependency,
         })
+    }
+}
+
+impl Priority {
+    /// Writes the frame: its head, then the 5 bytes of its stream dependency
+    /// (RFC 9113, section 6.3).
+    pub fn encode<B: BufMut>(&self, dst: &mut B) {
+        tracing::trace!("encoding PRIORITY; id={:?}", self.stream_id);
+        let head = Head::new(Kind::Priority, 0, self.stream_id);
+        head.encode(5, dst);
+        self.dependency.encode(dst);
     }
 }
 
@@ -68,5 +81,36 @@ impl StreamDependency {
 
     pub fn dependency_id(&self) -> StreamId {
         self.dependency_id
+    }
+
+    /// The 5 bytes `load` reads: the exclusive flag and the dependency's stream ID in
+    /// 4 bytes, then the weight.
+    pub fn encode<B: BufMut>(&self, dst: &mut B) {
+        let exclusive = if self.is_exclusive { 1 << 31 } else { 0 };
+        dst.put_u32(u32::from(self.dependency_id) | exclusive);
+        dst.put_u8(self.weight);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_encoded_priority_frame_loads_back_as_it_was() {
+        for (dependency, weight, exclusive) in [(0, 15, false), (3, 255, true), (0x7fff_fffd, 0, true)] {
+            let frame = Priority {
+                stream_id: StreamId::from(7),
+                dependency: StreamDependency::new(StreamId::from(dependency), weight, exclusive),
+            };
+            let mut buf = Vec::new();
+            frame.encode(&mut buf);
+            assert_eq!(buf.len(), 9 + 5);
+            let head = Head::parse(&buf);
+            assert_eq!(head.kind(), Kind::Priority);
+            assert_eq!(head.stream_id(), StreamId::from(7));
+            assert_eq!(u32::from_be_bytes([0, buf[0], buf[1], buf[2]]), 5);
+            assert_eq!(Priority::load(head, &buf[9..]).unwrap(), frame);
+        }
     }
 }
