@@ -5,16 +5,19 @@
 //! - A connection is accepted at once, always, and must send the HTTP/2 client
 //!   preface within [`Limits::handshake_deadline`], else it is closed.
 //! - At most [`Limits::max_handshaking`] connections wait for their preface; one more
-//!   closes the *oldest* of them. Closing the newest instead would let a flood that
-//!   holds that many silent connections (or reconnects as fast as they are closed)
-//!   refuse every new client; closing the oldest, a real client (which sends its
-//!   preface with its connect, within microseconds) is always let in, and a flood
-//!   must outpace a client's own first write to push it out.
+//!   closes the *oldest* of those of the process that holds the most of them (the
+//!   peer's PID, from the socket's credentials: [`evictee`]). Closing the newest
+//!   instead would let a flood that holds that many silent connections (or reconnects
+//!   as fast as they are closed) refuse every new client; closing the oldest of all
+//!   would let a flood that reconnects faster than a client's first write (a client
+//!   descheduled between its connect and its preface, on a loaded node) push that
+//!   client out. A flood from one process now closes only its own connections.
 //! - At most [`Limits::max_served`] handshaken connections are served; one more is
 //!   closed at once (never left hanging).
 //! - A served connection with no stream open for [`Limits::idle_timeout`] is closed
 //!   (a client's channel reconnects on its next call).
-//! - Out of file descriptors, the oldest handshaking connection is closed to make room;
+//! - Out of file descriptors, a handshaking connection is closed to make room (the same
+//!   one);
 //!   with none, a spare descriptor kept for this is given up to accept and close the
 //!   next connection (so neither the kernel's backlog nor the accept loop is stuck).
 //!
@@ -98,6 +101,41 @@ enum Handshake {
 
 type Handshaking = Pin<Box<dyn Stream<Item = Handshake> + Send>>;
 
+/// The process at the other end of a connection: its PID from the socket's
+/// credentials (`SO_PEERCRED`, as it was at connect), `None` when the kernel gave
+/// none.
+type Peer = Option<i32>;
+
+/// A handshaking connection: its arrival (the smaller, the older) and its peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Place {
+    arrival: u64,
+    peer: Peer,
+}
+
+/// Which handshaking connection to close to make room: the oldest of the peer that
+/// holds the most places (of peers holding as many, the one whose oldest is
+/// oldest); `None` if there is none.
+fn evictee(places: impl IntoIterator<Item = Place>) -> Option<Place> {
+    // Per peer: places held, and its oldest.
+    let mut peers: Vec<(Peer, usize, Place)> = Vec::new();
+    for place in places {
+        match peers.iter_mut().find(|(peer, _, _)| *peer == place.peer) {
+            Some((_, held, oldest)) => {
+                *held += 1;
+                if place.arrival < oldest.arrival {
+                    *oldest = place;
+                }
+            }
+            None => peers.push((place.peer, 1, place)),
+        }
+    }
+    peers
+        .into_iter()
+        .min_by_key(|&(_, held, oldest)| (std::cmp::Reverse(held), oldest.arrival))
+        .map(|(_, _, oldest)| oldest)
+}
+
 async fn handshake(mut stream: UnixStream, deadline: Duration) -> Handshake {
     let mut got = [0u8; PREFACE.len()];
     match tokio::time::timeout(deadline, stream.read_exact(&mut got)).await {
@@ -116,16 +154,11 @@ async fn accept_loop(
     tx: mpsc::UnboundedSender<Served>,
 ) {
     let served = Arc::new(Semaphore::new(limits.max_served.max(1)));
-    // Keyed by arrival: the smallest key is the oldest. Removing one drops (closes) it
-    // at once.
-    let mut handshaking: StreamMap<u64, Handshaking> = StreamMap::new();
+    // Removing one drops (closes) it at once.
+    let mut handshaking: StreamMap<Place, Handshaking> = StreamMap::new();
     let mut next_key = 0u64;
     let spare = SpareFd::open();
     let mut told = false;
-    let close_oldest = |handshaking: &mut StreamMap<u64, Handshaking>| {
-        let oldest = handshaking.keys().min().copied()?;
-        handshaking.remove(&oldest)
-    };
     loop {
         tokio::select! {
             biased;
@@ -170,7 +203,7 @@ async fn accept_loop(
                         }
                     }
                 }
-                Err(e) if out_of_fds(&e) && close_oldest(&mut handshaking).is_some() => {
+                Err(e) if out_of_fds(&e) && make_room(&mut handshaking).is_some() => {
                     metrics.count_api_connection_closed(ApiConnectionClose::HandshakeEvicted);
                 }
                 Err(e) => {
@@ -198,23 +231,30 @@ async fn accept_loop(
     }
 }
 
-/// A new connection's handshake, in place of the oldest if every place is taken.
+/// Closes the handshaking connection [`evictee`] picks, if any.
+fn make_room(handshaking: &mut StreamMap<Place, Handshaking>) -> Option<Handshaking> {
+    let place = evictee(handshaking.keys().copied())?;
+    handshaking.remove(&place)
+}
+
+/// A new connection's handshake, in place of another if every place is taken.
 fn admit(
-    handshaking: &mut StreamMap<u64, Handshaking>,
+    handshaking: &mut StreamMap<Place, Handshaking>,
     next_key: &mut u64,
     stream: UnixStream,
     limits: &Limits,
     metrics: &Metrics,
 ) {
-    if handshaking.len() >= limits.max_handshaking.max(1) {
-        if let Some(oldest) = handshaking.keys().min().copied() {
-            handshaking.remove(&oldest);
-            metrics.count_api_connection_closed(ApiConnectionClose::HandshakeEvicted);
-        }
+    if handshaking.len() >= limits.max_handshaking.max(1) && make_room(handshaking).is_some() {
+        metrics.count_api_connection_closed(ApiConnectionClose::HandshakeEvicted);
     }
+    let place = Place {
+        arrival: *next_key,
+        peer: stream.peer_cred().ok().and_then(|cred| cred.pid()),
+    };
     let deadline = limits.handshake_deadline;
     handshaking.insert(
-        *next_key,
+        place,
         Box::pin(futures::stream::once(handshake(stream, deadline))),
     );
     *next_key += 1;
@@ -583,6 +623,41 @@ mod tests {
             got,
             [&PREFACE[..], b"more"].concat(),
             "the preface is read again"
+        );
+    }
+
+    fn place(arrival: u64, peer: i32) -> Place {
+        Place {
+            arrival,
+            peer: Some(peer),
+        }
+    }
+
+    #[test]
+    fn the_oldest_place_of_the_peer_holding_most_makes_room() {
+        assert_eq!(evictee([]), None);
+        // One peer: its oldest, whatever the order.
+        assert_eq!(
+            evictee([place(7, 1), place(3, 1), place(9, 1)]),
+            Some(place(3, 1))
+        );
+        // A client's one place, older than all of a flood's: the flood's oldest.
+        let mut places = vec![place(0, 42)];
+        places.extend((1..64).map(|a| place(a, 7)));
+        assert_eq!(evictee(places), Some(place(1, 7)));
+        // Peers holding as many: the one whose oldest is oldest.
+        assert_eq!(
+            evictee([place(5, 1), place(2, 2), place(6, 1), place(8, 2)]),
+            Some(place(2, 2))
+        );
+        // Peers the kernel named no PID for are one peer.
+        let unknown = |arrival| Place {
+            arrival,
+            peer: None,
+        };
+        assert_eq!(
+            evictee([place(0, 1), unknown(4), unknown(3)]),
+            Some(unknown(3))
         );
     }
 

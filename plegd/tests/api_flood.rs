@@ -1,14 +1,15 @@
 //! No local client keeps another out of the subscriber API, with the real binary: a
 //! flood of silent connections (a thousand held, and reconnected as fast as plegd
 //! closes them) leaves a new client served within the handshake deadline and `plegd
-//! pods` answering; with plegd out of file descriptors, `/healthz` still answers.
+//! pods` answering; a client slow to send its preface keeps its place against another
+//! process's flood; with plegd out of file descriptors, `/healthz` still answers.
 
 use std::io::Write as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,19 @@ use integration_tests::process::{
     self, command, command_with_fd_limit, free_port, http_get, wait_until, Reaped, TIMEOUT,
 };
 use plegd_testkit::metrics::Scrape;
+
+/// Each test here exhausts something on purpose (the CPU with a flood that connects
+/// as fast as it can, plegd's descriptors): run side by side on two cores, one
+/// test's flood starves the other's clients, which then measure the machine and not
+/// plegd. They take turns.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn take_turn() -> MutexGuard<'static, ()> {
+    // A test that failed holding the turn poisons it; the next may still run.
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// plegd's handshake deadline (README, "Subscriber API").
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -179,6 +193,7 @@ fn temp_socket() -> (tempfile::TempDir, PathBuf) {
 
 #[test]
 fn a_thousand_silent_connections_keep_no_client_out() {
+    let _turn = take_turn();
     ensure_fd_limit(4096);
     let (_dir, socket) = temp_socket();
     let port = free_port();
@@ -230,10 +245,65 @@ fn a_thousand_silent_connections_keep_no_client_out() {
     drop(held);
 }
 
+/// Silent connections to `socket` from another process (python3's standard library:
+/// a flood is any program), opened one after another as fast as they connect, each
+/// kept until 100 more have been; until killed.
+fn flood_from_another_process(socket: &Path) -> Reaped {
+    const FLOOD: &str = r#"
+import collections, socket, sys
+ring = collections.deque()
+while True:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        s.close()
+        continue
+    ring.append(s)
+    if len(ring) > 100:
+        ring.popleft().close()
+"#;
+    let child = std::process::Command::new("python3")
+        .args(["-c", FLOOD])
+        .arg(socket)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("python3 runs (scripts/conformance-tools.sh needs it too)");
+    Reaped(child)
+}
+
+/// A client that connects and then, descheduled or slow, sends nothing for a while
+/// keeps its handshake place against a flood from another process that reconnects
+/// far faster: the flood's own connections make room for the flood.
+#[test]
+fn a_client_slow_to_send_its_preface_keeps_its_place_against_another_process_flood() {
+    let _turn = take_turn();
+    let (_dir, socket) = temp_socket();
+    let port = free_port();
+    let _plegd = demo(command(plegd_bin()), &socket, port);
+    let mut client = UnixStream::connect(&socket).unwrap();
+    let evicted = closed(port, "handshake_evicted");
+    let _flood = flood_from_another_process(&socket);
+    // Far more than the 64 handshake places have been taken from the flood since the
+    // client connected (each closing was one of the flood's made room).
+    wait_until("the flood to take 2,000 places", || {
+        closed(port, "handshake_evicted") >= evicted + 2000
+    });
+    client.write_all(PREFACE).unwrap();
+    // Served: plegd's first frame is its SETTINGS (RFC 9113 §3.4), not the end of the
+    // connection.
+    client.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut head = [0u8; 9];
+    std::io::Read::read_exact(&mut client, &mut head)
+        .unwrap_or_else(|e| panic!("the client's connection was closed: {e}"));
+    assert_eq!(head[3], 0x4, "a SETTINGS frame: {head:?}");
+}
+
 /// plegd's descriptors are counted, and its soft limit set a few above them: the
 /// silent connections alone take all that is left.
 #[test]
 fn healthz_answers_while_plegd_is_out_of_file_descriptors() {
+    let _turn = take_turn();
     let (_dir, socket) = temp_socket();
     let port = free_port();
     // What plegd demo opens of itself, with a margin: a first run counts them.
@@ -271,6 +341,7 @@ fn healthz_answers_while_plegd_is_out_of_file_descriptors() {
 /// with its own.
 #[test]
 fn healthz_answers_while_served_connections_take_every_descriptor() {
+    let _turn = take_turn();
     let (_dir, socket) = temp_socket();
     let port = free_port();
     let base = steady_fds(port);
