@@ -4,11 +4,16 @@
 //! bytes), on a thread of its own with a single-threaded tokio runtime, so the
 //! thread's CPU time is all of the client's work: tonic, h2, the socket. A second
 //! figure decodes the lists into prost's messages, as a client of the generated
-//! types would, and drops them.
+//! types would, and drops them. A third reads them as the first, in a child process
+//! with glibc's mmap and trim thresholds fixed as plegd fixes them
+//! (`plegd_telemetry::malloc`): each list's buffer is then mapped, faulted in and
+//! cleared anew on every read, as plegd's are, where the bench's own process (glibc's
+//! default, dynamic thresholds) keeps reusing freed heap for them.
 
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, bail, Context as _, Result};
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
 use plegd_runtime::{cri, CriRuntime, NodeLists, RuntimeClient as _};
 
@@ -26,6 +31,8 @@ pub struct Floor {
     pub reads: u32,
     /// Received as bytes, nothing else (plegd's transport).
     pub raw: Duration,
+    /// The same, with plegd's glibc thresholds (in a child process).
+    pub raw_fixed: Duration,
     /// Decoded into prost's messages and dropped.
     pub decoded: Duration,
     /// Bytes of the ListPodSandbox and ListContainers responses.
@@ -35,36 +42,96 @@ pub struct Floor {
 /// `reads` reads of both lists (after 2 unmeasured ones) each way, `pace` apart.
 pub fn measure(endpoint: &str, reads: u32, pace: Duration) -> Result<Floor> {
     let endpoint = endpoint.to_string();
+    let (e, reads) = (endpoint.clone(), reads.max(1));
+    let mut floor = on_floor_thread(move || run(&e, reads, pace))?;
+    floor.raw_fixed = measure_fixed(&endpoint, reads, pace)?;
+    Ok(floor)
+}
+
+/// `f` on the floor's thread.
+fn on_floor_thread<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     std::thread::Builder::new()
         .name(THREAD.into())
-        .spawn(move || run(&endpoint, reads.max(1), pace))
+        .spawn(f)
         .context("the floor's thread")?
         .join()
         .map_err(|_| anyhow!("the floor's thread panicked"))?
 }
 
-fn run(endpoint: &str, reads: u32, pace: Duration) -> Result<Floor> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// The raw reads' CPU per read, in a child (`plegd-bench --floor-child`): the glibc
+/// setting is the process's, and fixed for good once made.
+fn measure_fixed(endpoint: &str, reads: u32, pace: Duration) -> Result<Duration> {
+    let out = Command::new(std::env::current_exe().context("the bench's own path")?)
+        .args(["--floor-child", endpoint])
+        .arg(format!("--floor-reads={reads}"))
+        .arg(format!("--floor-pace={}ms", pace.as_millis()))
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("the floor's child")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("the floor's child failed ({}): {text}", out.status);
+    }
+    let nanos: u64 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("the floor's child printed {text:?}, not nanoseconds"))?;
+    Ok(Duration::from_nanos(nanos))
+}
+
+/// `--floor-child`: glibc's thresholds fixed as plegd's, then the raw reads; prints
+/// their CPU per read in nanoseconds.
+pub fn child(endpoint: &str, reads: u32, pace: Duration) -> Result<()> {
+    if !plegd_telemetry::malloc::fix_thresholds() {
+        bail!("glibc refused plegd's mmap and trim thresholds");
+    }
+    let endpoint = endpoint.to_string();
+    let raw = on_floor_thread(move || {
+        let rt = runtime()?;
+        rt.block_on(async {
+            let client = client(&endpoint)?;
+            let (raw, _) = per_read(reads.max(1), pace, || raw_read(&client)).await?;
+            Ok(raw)
+        })
+    })?;
+    println!("{}", raw.as_nanos());
+    Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("the floor's async runtime")?;
+        .context("the floor's async runtime")
+}
+
+/// plegd's own CRI client, accepting any list the bench makes.
+fn client(endpoint: &str) -> Result<CriRuntime> {
+    Ok(CriRuntime::new(endpoint, Duration::from_secs(60))
+        .context("the floor's CRI client")?
+        .with_max_message_size(MAX_MESSAGE))
+}
+
+/// Both lists as bytes; their sizes.
+async fn raw_read(client: &CriRuntime) -> Result<(usize, usize)> {
+    match client.list_node().await.context("the floor's lists")? {
+        NodeLists::Wire {
+            sandboxes,
+            containers,
+        } => Ok((sandboxes.len(), containers.len())),
+        NodeLists::Decoded { .. } => Ok((0, 0)),
+    }
+}
+
+fn run(endpoint: &str, reads: u32, pace: Duration) -> Result<Floor> {
+    let rt = runtime()?;
     rt.block_on(async {
-        let client = CriRuntime::new(endpoint, Duration::from_secs(60))
-            .context("the floor's CRI client")?
-            .with_max_message_size(MAX_MESSAGE);
+        let client = client(endpoint)?;
         let socket = plegd_runtime::parse_unix_endpoint(endpoint)?;
         let generated = RuntimeServiceClient::new(plegd_runtime::unix_channel(&socket))
             .max_decoding_message_size(MAX_MESSAGE);
-        let (raw, bytes) = per_read(reads, pace, || async {
-            match client.list_node().await.context("the floor's lists")? {
-                NodeLists::Wire {
-                    sandboxes,
-                    containers,
-                } => Ok((sandboxes.len(), containers.len())),
-                NodeLists::Decoded { .. } => Ok((0, 0)),
-            }
-        })
-        .await?;
+        let (raw, bytes) = per_read(reads, pace, || raw_read(&client)).await?;
         let (decoded, _) = per_read(reads, pace, || async {
             let (mut a, mut b) = (generated.clone(), generated.clone());
             let (s, c) = futures::try_join!(
@@ -79,6 +146,7 @@ fn run(endpoint: &str, reads: u32, pace: Duration) -> Result<Floor> {
         Ok(Floor {
             reads,
             raw,
+            raw_fixed: Duration::ZERO,
             decoded,
             bytes,
         })

@@ -77,6 +77,10 @@ struct Args {
     floor_reads: u32,
     #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
     floor_pace: Duration,
+    /// Internal: be the floor's child at this CRI endpoint (glibc's thresholds fixed
+    /// as plegd's; --floor-reads raw reads; prints their CPU per read in ns).
+    #[arg(long, hide = true)]
+    floor_child: Option<String>,
     /// Node sizes (pods, 2 containers each); 0 measures the empty node's memory.
     #[arg(long, value_delimiter = ',', default_value = "0,100,1000,5000,10000")]
     sizes: Vec<usize>,
@@ -208,6 +212,8 @@ const SIM_MAX_MESSAGE: &str = "64MiB";
 /// plegd's default `--relist-period`, which the steady window is cut to (do not
 /// change it with --plegd-arg).
 const PERIOD: Duration = Duration::from_secs(1);
+/// How often the memory row samples plegd's RSS over two periods.
+const RSS_SAMPLE: Duration = Duration::from_millis(10);
 const BURST: usize = 20;
 /// ContainerStatus calls in flight of the bare reads: plegd's default `--status-concurrency`.
 const STATUS_IN_FLIGHT: usize = 32;
@@ -227,7 +233,10 @@ struct SizeRun {
     steady: Option<workloads::Steady>,
     /// A bare client's reads of the same two lists (the no-change relist's floor).
     floor: Option<floor::Floor>,
+    /// Resident memory between global relists (the least sampled over two periods).
     rss_kib: u64,
+    /// The most sampled then (a relist's lists held).
+    rss_peak_kib: u64,
     /// plegd_event_history_bytes then: the subscriber API's history, counted apart
     /// from the memory per pod.
     history_bytes: f64,
@@ -272,7 +281,7 @@ fn run_size(
         ..SizeRun::default()
     };
     run.steady = Some(workloads::steady(&plegd, args.steady_window, PERIOD)?);
-    run.rss_kib = plegd.rss_kib()?;
+    (run.rss_kib, run.rss_peak_kib) = plegd.rss_range_kib(2 * PERIOD, RSS_SAMPLE)?;
     run.history_bytes = plegd
         .metrics()?
         .find("plegd_event_history_bytes", &[])
@@ -377,7 +386,7 @@ fn run_churn(
 }
 
 /// How long plegd's memory takes to settle: plegd gives its heap's free pages back
-/// every `--memory-trim-period` (plegd/src/malloc.rs), and what a churn freed shows in
+/// every `--memory-trim-period` (plegd_telemetry::malloc), and what a churn freed shows in
 /// its RSS until then. One and a half periods contain a whole period, so a trim that
 /// began after the wait did; read from the effective configuration (`--print-config`:
 /// the defaults, the environment and the given flags), not assumed. Zero with the trim
@@ -516,6 +525,7 @@ fn print_table(
     fanouts: &[fanout_row::FanoutRun],
 ) {
     let empty = runs.iter().find(|r| r.pods == 0).map(|r| r.rss_kib);
+    let empty_peak = runs.iter().find(|r| r.pods == 0).map(|r| r.rss_peak_kib);
     println!("| measure | pods | figure |");
     println!("|---|---|---|");
     for r in runs {
@@ -556,6 +566,17 @@ fn print_table(
                 f.bytes.0 as f64 / 1024.0,
                 f.bytes.1 as f64 / 1024.0,
             );
+            let ratio_fixed = r
+                .steady
+                .as_ref()
+                .filter(|_| !f.raw_fixed.is_zero())
+                .map_or("–".to_string(), |s| {
+                    format!("{:.1}×", s.cpu.as_secs_f64() / f.raw_fixed.as_secs_f64())
+                });
+            println!(
+                "| the same floor with plegd's glibc thresholds (its buffers mapped and cleared anew each read, as plegd's): CPU per read; plegd's no-change relist CPU ÷ it | {p} | {}; {ratio_fixed} |",
+                ms(f.raw_fixed),
+            );
         }
         let per_pod = match (empty, p) {
             (Some(e), p) if p > 0 => {
@@ -569,7 +590,21 @@ fn print_table(
             }
             _ => String::new(),
         };
-        println!("| resident memory | {p} | {}{per_pod} |", mib(r.rss_kib));
+        println!(
+            "| resident memory between global relists (the least of 2 s of samples) | {p} | {}{per_pod} |",
+            mib(r.rss_kib)
+        );
+        let peak_per_pod = match (empty_peak, p) {
+            (Some(e), p) if p > 0 => format!(
+                "; {:.0} B/pod over the empty node's most",
+                (r.rss_peak_kib as f64 - e as f64) * 1024.0 / p as f64
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "| resident memory at its most (2 s of samples: a relist holds the runtime's two lists) | {p} | {}{peak_per_pod} |",
+            mib(r.rss_peak_kib)
+        );
         if let Some(e) = &r.singles {
             println!("| single exit → ContainerDied | {p} | {} |", exits_cell(e));
             println!(
@@ -686,6 +721,9 @@ fn print_fanout(f: &fanout_row::FanoutRun) {
 
 fn main() -> Result<()> {
     let mut args = Args::parse();
+    if let Some(endpoint) = &args.floor_child {
+        return floor::child(endpoint, args.floor_reads, args.floor_pace);
+    }
     if args.smoke {
         args = args.smoke();
     }

@@ -270,6 +270,22 @@ impl Plegd {
         rss_kib_of(self.pid())
     }
 
+    /// Resident memory sampled every `every` over `window`, KiB: the least (between
+    /// global relists) and the most (while a relist holds the runtime's lists: one
+    /// sample taken at a random moment lands in either).
+    pub fn rss_range_kib(&self, window: Duration, every: Duration) -> Result<(u64, u64)> {
+        let end = Instant::now() + window;
+        let first = self.rss_kib()?;
+        let (mut least, mut most) = (first, first);
+        while Instant::now() < end {
+            std::thread::sleep(every);
+            let kib = self.rss_kib()?;
+            least = least.min(kib);
+            most = most.max(kib);
+        }
+        Ok((least, most))
+    }
+
     /// Its anonymous resident memory (heap, stacks: RSS without the pages of files it
     /// mapped, its own binary's code among them), KiB.
     pub fn anon_kib(&self) -> Result<u64> {

@@ -7,7 +7,6 @@ mod config;
 mod cursor;
 mod demo;
 mod exit;
-mod malloc;
 mod output;
 mod serve;
 mod service_config;
@@ -141,8 +140,8 @@ fn fail(e: ExitError) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    // First, while plegd has one thread (see malloc.rs).
-    let malloc_fixed = malloc::fix_thresholds();
+    // First, while plegd has one thread (see plegd_telemetry::malloc).
+    let malloc_fixed = plegd_telemetry::malloc::fix_thresholds();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Client(command) = cli.command {
@@ -163,7 +162,7 @@ fn main() -> ExitCode {
         );
     }
     if let Some(period) = checked.memory_trim {
-        if let Err(e) = malloc::start_trimming(period) {
+        if let Err(e) = plegd_telemetry::malloc::start_trimming(period) {
             tracing::warn!(error = %e, "could not start the memory trim thread; freed memory stays in RSS");
         }
     }

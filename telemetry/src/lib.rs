@@ -5,6 +5,7 @@
 pub mod http;
 pub mod labels;
 pub mod logging;
+pub mod malloc;
 pub mod metrics;
 pub mod runtime_thread;
 pub mod spare_fd;

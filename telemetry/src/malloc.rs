@@ -1,4 +1,5 @@
-//! glibc's allocator settings, fixed before plegd starts any thread.
+//! glibc's allocator settings, fixed before plegd starts any thread (and by
+//! `plegd-bench`'s floor, to measure a bare client under plegd's settings).
 //!
 //! glibc serves blocks of at least `M_MMAP_THRESHOLD` (128 KiB) with their own
 //! mapping, but by default it raises that threshold to the size of any such block
