@@ -120,7 +120,7 @@ async fn raw_read(client: &CriRuntime) -> Result<(usize, usize)> {
             sandboxes,
             containers,
         } => Ok((sandboxes.len(), containers.len())),
-        NodeLists::Decoded { .. } => Ok((0, 0)),
+        NodeLists::Decoded { .. } | NodeLists::Sunk { .. } => Ok((0, 0)),
     }
 }
 

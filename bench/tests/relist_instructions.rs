@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use plegd_actors::{GenericPleg, RelistScope};
 use plegd_runtime::{
-    cri, Container, ContainerStatus, EventStream, NodeLists, RuntimeClient, RuntimeError,
+    cri, Container, ContainerStatus, EventStream, ListMemo, NodeLists, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox,
 };
 use plegd_sim::kubelet::{self, Kubelet};
@@ -84,6 +84,17 @@ impl RuntimeClient for WireListed {
         };
         *self.lists.lock().expect("not poisoned") = Some(lists.clone());
         Ok(lists)
+    }
+    /// As `CriRuntime` reads them: ListContainers's message given to the global
+    /// relist's reader in HTTP/2's default 16 KiB frames.
+    async fn list_node_memo(&self, memo: &mut ListMemo) -> Result<NodeLists, RuntimeError> {
+        match self.list_node().await? {
+            NodeLists::Wire {
+                sandboxes,
+                containers,
+            } => NodeLists::sunk(sandboxes, &containers, 16 * 1024, memo),
+            lists => Ok(lists),
+        }
     }
     async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
         self.fake.sandbox_status(id).await

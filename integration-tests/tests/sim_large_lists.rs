@@ -7,7 +7,10 @@
 //! the relist (counted, retried), and plegd recovers once they shrink.
 
 use integration_tests::sim::serve;
-use plegd_runtime::{CriRuntime, NodeLists, RuntimeClient, RuntimeError, DEFAULT_MAX_MESSAGE_SIZE};
+use plegd_runtime::{
+    Container, CriRuntime, ListMemo, NodeLists, RuntimeClient, RuntimeError, Sandbox,
+    DEFAULT_MAX_MESSAGE_SIZE,
+};
 use plegd_sim::FakeRuntime;
 
 const MIB: usize = 1 << 20;
@@ -129,4 +132,92 @@ async fn the_node_lists_read_as_bytes_are_the_list_calls_entries_under_the_same_
         .with_max_message_size(4 * MIB);
     let lists = large.list_node().await.expect("within the raised limit");
     assert_eq!(lists.view().expect("valid lists").sandboxes.len(), 3);
+}
+
+/// The view's entries, owned and sorted by ID.
+fn owned(lists: &NodeLists, memo: Option<&mut ListMemo>) -> (Vec<Sandbox>, Vec<Container>) {
+    let view = match memo {
+        Some(memo) => lists.view_memo(memo),
+        None => lists.view(),
+    }
+    .expect("valid lists");
+    let mut sandboxes = view
+        .sandboxes
+        .iter()
+        .map(|s| s.to_sandbox())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("owned sandboxes");
+    let mut containers: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
+    sandboxes.sort_by(|a, b| a.id.cmp(&b.id));
+    containers.sort_by(|a, b| a.id.cmp(&b.id));
+    (sandboxes, containers)
+}
+
+/// The global relist's lists with its memo (`list_node_memo`): ListContainers read as
+/// it arrives over HTTP/2 — a 2 MiB entry over many frames among the others — gives
+/// the list calls' entries, with a fresh memo and with the memo of that read; a
+/// ListContainers over plegd's limit is refused as before, naming the call, and
+/// leaves the memo as it was.
+#[tokio::test]
+async fn the_containers_read_as_they_arrive_are_the_list_calls_entries_under_the_same_limit() {
+    let rt = FakeRuntime::new();
+    let (_dir, server, client) = serve(&rt).await;
+    for i in 0..40 {
+        let sb = rt.run_pod(&format!("uid-{i}"), &format!("web-{i}"), "ns");
+        for c in 0..25 {
+            rt.run_container(&sb, &format!("container-with-a-long-name-{c}"));
+        }
+    }
+    rt.set_list_padding(2 * MIB);
+    let want = {
+        let mut s = client.list_sandboxes(None).await.unwrap();
+        let mut c = client.list_containers(None).await.unwrap();
+        s.sort_by(|a, b| a.id.cmp(&b.id));
+        c.sort_by(|a, b| a.id.cmp(&b.id));
+        (s, c)
+    };
+    assert_eq!(want.1.len(), 1000);
+    let mut memo = ListMemo::default();
+    for round in 0..2 {
+        let lists = client
+            .list_node_memo(&mut memo)
+            .await
+            .expect("the node's lists");
+        assert!(matches!(lists, NodeLists::Sunk { .. }), "{lists:?}");
+        assert_eq!(owned(&lists, Some(&mut memo)), want, "round {round}");
+        assert!(memo.len().1 > 0, "the read's entries remembered");
+    }
+
+    // A limit the sandboxes' response is under and the containers' over.
+    rt.set_list_padding(0);
+    let NodeLists::Wire {
+        sandboxes,
+        containers,
+    } = client.list_node().await.expect("the node's lists")
+    else {
+        panic!("bytes from a CRI client");
+    };
+    assert!(sandboxes.len() < containers.len());
+    let limit = (sandboxes.len() + containers.len()) / 2;
+    let small = CriRuntime::new(&server.endpoint(), std::time::Duration::from_secs(10))
+        .unwrap()
+        .with_max_message_size(limit);
+    let before = memo.len();
+    let err = small.list_node_memo(&mut memo).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RuntimeError::TooLarge {
+                op: "ListContainers",
+                limit: l,
+                ..
+            } if l == limit
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        memo.len(),
+        before,
+        "a failed read leaves the memo as it was"
+    );
 }

@@ -23,10 +23,11 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::containerd_events::{self, EventsClient, SubscribeRequest, TaskEventStream};
 use crate::convert;
+use crate::list_sink::{Sink, SinkChannel};
 use crate::list_streaming::ListStreaming;
 use crate::raw_codec::RawCodec;
 use crate::{
-    Container, ContainerStatus, EventStream, NodeLists, RuntimeClient, RuntimeError,
+    Container, ContainerStatus, EventStream, ListMemo, NodeLists, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox,
 };
 
@@ -66,6 +67,9 @@ pub struct CriRuntime {
     /// The unary channel for calls whose response is read undecoded (the global
     /// relist's lists).
     raw: tonic::client::Grpc<Channel>,
+    /// The same channel, for a call whose response's message goes to a [`Sink`] (the
+    /// global relist's ListContainers, read as it arrives).
+    sunk: tonic::client::Grpc<SinkChannel<Channel>>,
     stream: RuntimeServiceClient<Channel>,
     /// containerd's event service, on the streams' channel.
     events: EventsClient<Channel>,
@@ -131,6 +135,8 @@ impl CriRuntime {
             endpoint: endpoint.to_string(),
             raw: tonic::client::Grpc::new(unary.clone())
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
+            sunk: tonic::client::Grpc::new(SinkChannel(unary.clone()))
+                .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
             unary: RuntimeServiceClient::new(unary)
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
             stream: RuntimeServiceClient::new(streams.clone())
@@ -159,6 +165,7 @@ impl CriRuntime {
     pub fn with_max_message_size(mut self, bytes: usize) -> Self {
         self.unary = self.unary.max_decoding_message_size(bytes);
         self.raw = self.raw.max_decoding_message_size(bytes);
+        self.sunk = self.sunk.max_decoding_message_size(bytes);
         self.stream = self.stream.max_decoding_message_size(bytes);
         self.events = self.events.clone().max_decoding_message_size(bytes);
         self.max_message_size = bytes;
@@ -257,6 +264,49 @@ impl CriRuntime {
             .await
         })
         .await
+    }
+}
+
+impl CriRuntime {
+    /// ListContainers of the whole node, its message read as it arrives into `sink`:
+    /// the bytes tonic hands back are empty when the sink took it.
+    async fn sunk_list_containers(&self, sink: Sink) -> Result<prost::bytes::Bytes, RuntimeError> {
+        let mut grpc = self.sunk.clone();
+        let timeout = self.timeout;
+        self.timed("ListContainers", async move {
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+            let mut req = request(cri::ListContainersRequest::default(), timeout);
+            req.extensions_mut().insert(sink);
+            grpc.unary(
+                req,
+                PathAndQuery::from_static("/runtime.v1.RuntimeService/ListContainers"),
+                RawCodec::<cri::ListContainersRequest>::default(),
+            )
+            .await
+        })
+        .await
+    }
+
+    /// A too-large list's error with what would read it instead.
+    fn hinted(&self, e: RuntimeError) -> RuntimeError {
+        match e {
+            RuntimeError::RuntimeTooLarge {
+                op,
+                size,
+                limit,
+                message,
+                ..
+            } => RuntimeError::RuntimeTooLarge {
+                op,
+                size,
+                limit,
+                hint: self.streaming.unary_hint(),
+                message,
+            },
+            e => e,
+        }
     }
 }
 
@@ -407,21 +457,57 @@ impl RuntimeClient for CriRuntime {
                 sandboxes,
                 containers,
             }),
-            Err(RuntimeError::RuntimeTooLarge {
-                op,
-                size,
-                limit,
-                message,
-                ..
-            }) => Err(RuntimeError::RuntimeTooLarge {
-                op,
-                size,
-                limit,
-                hint: self.streaming.unary_hint(),
-                message,
-            }),
-            Err(e) => Err(e),
+            Err(e) => Err(self.hinted(e)),
         }
+    }
+
+    /// [`RuntimeClient::list_node`], ListContainers read as it arrives, with `memo`
+    /// ([`crate::list_sink`]): never the whole response in memory at once.
+    async fn list_node_memo(&self, memo: &mut ListMemo) -> Result<NodeLists, RuntimeError> {
+        if self.streaming.should_try() {
+            let streamed = self
+                .streaming
+                .node_lists(&self.raw, self.timeout, self.max_message_size)
+                .await?;
+            if let Some(lists) = streamed {
+                return Ok(lists);
+            }
+        }
+        let sink = Sink::new(self.max_message_size, memo);
+        let sandboxes = self.raw_unary(
+            "ListPodSandbox",
+            "/runtime.v1.RuntimeService/ListPodSandbox",
+            cri::ListPodSandboxRequest::default(),
+        );
+        let called = futures::join!(sandboxes, self.sunk_list_containers(sink.clone()));
+        let sunk = sink.into_outcome(memo);
+        let lists = match (called, sunk) {
+            ((Ok(sandboxes), Ok(bytes)), Some(Ok(containers))) if bytes.is_empty() => {
+                Ok(NodeLists::Sunk {
+                    sandboxes,
+                    containers,
+                })
+            }
+            // The sink took no message: tonic's bytes are the response's.
+            ((Ok(sandboxes), Ok(containers)), None) => Ok(NodeLists::Wire {
+                sandboxes,
+                containers,
+            }),
+            ((Ok(_), Ok(_)), Some(Err(reason))) => Err(RuntimeError::Invalid {
+                op: "ListContainers",
+                reason,
+            }),
+            ((Ok(_), Ok(_)), Some(Ok(_))) => Err(RuntimeError::Invalid {
+                op: "ListContainers",
+                reason: "more than one message in a unary response".into(),
+            }),
+            ((Err(e), _) | (_, Err(e)), _) => Err(self.hinted(e)),
+        };
+        if lists.is_err() {
+            // What the sink's read marked in the memo is forgotten.
+            memo.finish(false);
+        }
+        lists
     }
 
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError> {

@@ -391,15 +391,37 @@ pub(crate) fn containers_memo<'a>(
     mut memo: Option<&mut ListMemo>,
     mut each: impl FnMut(ContainerFields<'a>),
 ) -> Res<()> {
-    entries(buf, |entry, depth| {
-        let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
-            None => container_read::<true>(entry, depth, None),
-            fp => container_read::<false>(entry, depth, fp),
-        };
-        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.containers), read)?;
-        each(fields);
+    entries(buf, |entry, _| {
+        each(container_entry(
+            entry,
+            memo.as_deref_mut().map(|m| &mut m.containers),
+        )?);
         Ok(())
     })
+}
+
+/// The entries of a `ListContainersResponse` (or of its rest, from a top-level field
+/// on: fields are read in order, and entries only append), each as its bytes, in
+/// order — or why prost would refuse it (an error of `each` ends the read).
+pub(crate) fn container_entries<'a>(
+    buf: &'a [u8],
+    mut each: impl FnMut(&'a [u8]) -> Res<()>,
+) -> Res<()> {
+    entries(buf, |entry, _| each(entry))
+}
+
+/// One entry of [`container_entries`], read as [`containers_memo`] reads it (the
+/// memo: its containers part).
+pub(crate) fn container_entry<'a>(
+    entry: &'a [u8],
+    memo: Option<&mut EntryMemo>,
+) -> Res<ContainerFields<'a>> {
+    let depth = RECURSION_LIMIT - 1;
+    let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
+        None => container_read::<true>(entry, depth, None),
+        fp => container_read::<false>(entry, depth, fp),
+    };
+    memoized(memo, read)
 }
 
 /// The labels of a sandbox entry returned by [`sandboxes`] (read again: only the
@@ -923,6 +945,69 @@ mod tests {
             })
             .collect::<std::collections::HashSet<_>>()
             .len()
+    }
+
+    /// A `ListContainersResponse` given in pieces, as HTTP/2 frames give it (cut
+    /// anywhere: inside a key, a length, an entry; many cuts or none), reads as the
+    /// whole bytes read — the same entries, or the same error — with a fresh memo and
+    /// with one that vouches for the entries of the read before.
+    #[test]
+    fn a_list_read_in_pieces_reads_as_the_whole_bytes() {
+        let mut rng = Rng::seeded(0x5851_f42d_4c95_7f2d);
+        let (mut ok, mut refused, mut vouched) = (0, 0, 0);
+        for _ in 0..3_000 {
+            let containers: Vec<_> = (0..rng.below(6))
+                .map(|_| {
+                    let f = container_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            let mut bytes = list(&mut rng, &containers);
+            if rng.chance(40) {
+                bytes = mangle(&mut rng, bytes);
+            }
+            let mut whole = Vec::new();
+            let want = containers_memo(&bytes, None, |f| whole.push(f)).map(|()| whole);
+            let mut memo = ListMemo::default();
+            for round in 0..2 {
+                let mut cuts: Vec<usize> = match rng.below(3) {
+                    0 => (1..bytes.len()).collect(),
+                    1 => Vec::new(),
+                    _ => (0..rng.below(8))
+                        .map(|_| rng.below(bytes.len() as u64 + 1) as usize)
+                        .collect(),
+                };
+                cuts.sort_unstable();
+                let before = memo.len();
+                let got = crate::list_sink::sunk_in_pieces(&bytes, &cuts, &mut memo);
+                match (&want, &got) {
+                    (Ok(want), Ok(got)) => {
+                        assert_eq!(
+                            &got.iter().collect::<Vec<_>>(),
+                            want,
+                            "{bytes:?} cut at {cuts:?}"
+                        );
+                        ok += 1;
+                        if round == 1 && !want.is_empty() {
+                            assert_eq!(memo.len(), before, "nothing new: every entry vouched for");
+                            vouched += 1;
+                        }
+                    }
+                    (Err(want), Err(got)) => {
+                        assert_eq!(got, want, "{bytes:?} cut at {cuts:?}");
+                        refused += 1;
+                    }
+                    (want, got) => {
+                        panic!("whole: {want:?}\nin pieces: {got:?}\n{bytes:?} cut at {cuts:?}")
+                    }
+                }
+                memo.finish(got.is_ok());
+            }
+        }
+        assert!(
+            ok > 2_000 && refused > 500 && vouched > 500,
+            "{ok} read, {refused} refused, {vouched} vouched"
+        );
     }
 
     /// Reads with one memo over rounds of a changing node — the same bytes, entries

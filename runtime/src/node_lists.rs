@@ -11,6 +11,7 @@ use prost::bytes::Bytes;
 
 use crate::convert::{container_state_from_wire, sandbox_state_from_wire};
 use crate::list_memo::ListMemo;
+use crate::list_sink::ContainerList;
 use crate::list_wire;
 use crate::{Container, ContainerState, PodRef, RuntimeError, Sandbox, SandboxState};
 
@@ -24,6 +25,12 @@ pub enum NodeLists {
     /// The bytes of a `ListPodSandboxResponse` and of a `ListContainersResponse`,
     /// not yet checked.
     Wire { sandboxes: Bytes, containers: Bytes },
+    /// The bytes of a `ListPodSandboxResponse`, not yet checked, and the containers
+    /// of a `ListContainersResponse` read as it arrived ([`crate::list_sink`]).
+    Sunk {
+        sandboxes: Bytes,
+        containers: ContainerList,
+    },
 }
 
 /// A listed sandbox, borrowed.
@@ -189,6 +196,19 @@ impl NodeLists {
                 }
                 read
             }
+            NodeLists::Sunk {
+                sandboxes,
+                containers,
+            } => {
+                let read = sandboxes_view(sandboxes, memo.as_deref_mut()).map(|mut view| {
+                    view.containers = containers.iter().filter_map(container_ref).collect();
+                    view
+                });
+                if let Some(memo) = memo {
+                    memo.finish(read.is_ok());
+                }
+                read
+            }
         }
     }
 }
@@ -199,9 +219,24 @@ fn wire_view<'a>(
     containers: &'a [u8],
     mut memo: Option<&mut ListMemo>,
 ) -> Result<ListView<'a>, RuntimeError> {
-    let invalid = |op| move |reason| RuntimeError::Invalid { op, reason };
+    let mut view = sandboxes_view(sandboxes, memo.as_deref_mut())?;
+    list_wire::containers_memo(containers, memo, |f| {
+        view.containers.extend(container_ref(f));
+    })
+    .map_err(|reason| RuntimeError::Invalid {
+        op: "ListContainers",
+        reason,
+    })?;
+    Ok(view)
+}
+
+/// A view of a `ListPodSandboxResponse`'s bytes (no containers yet).
+fn sandboxes_view<'a>(
+    sandboxes: &'a [u8],
+    memo: Option<&mut ListMemo>,
+) -> Result<ListView<'a>, RuntimeError> {
     let mut view = ListView::default();
-    list_wire::sandboxes_memo(sandboxes, memo.as_deref_mut(), |f, entry| {
+    list_wire::sandboxes_memo(sandboxes, memo, |f, entry| {
         if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
             tracing::debug!(
                 id = f.id,
@@ -218,24 +253,29 @@ fn wire_view<'a>(
             from: SandboxSource::Wire(entry, f.attempt, f.created_at),
         });
     })
-    .map_err(invalid("ListPodSandbox"))?;
-    list_wire::containers_memo(containers, memo, |f| {
-        if f.id.is_empty() || f.sandbox_id.is_empty() {
-            tracing::debug!(
-                id = f.id,
-                "ignoring a listed container without id or sandbox id"
-            );
-            return;
-        }
-        view.containers.push(ContainerRef {
-            id: f.id,
-            sandbox_id: f.sandbox_id,
-            name: f.name,
-            attempt: f.attempt,
-            state: container_state_from_wire(f.state),
-            created_at: f.created_at,
-        });
-    })
-    .map_err(invalid("ListContainers"))?;
+    .map_err(|reason| RuntimeError::Invalid {
+        op: "ListPodSandbox",
+        reason,
+    })?;
     Ok(view)
+}
+
+/// A listed container as the view holds it; None (logged) for one plegd cannot
+/// attribute.
+fn container_ref(f: list_wire::ContainerFields<'_>) -> Option<ContainerRef<'_>> {
+    if f.id.is_empty() || f.sandbox_id.is_empty() {
+        tracing::debug!(
+            id = f.id,
+            "ignoring a listed container without id or sandbox id"
+        );
+        return None;
+    }
+    Some(ContainerRef {
+        id: f.id,
+        sandbox_id: f.sandbox_id,
+        name: f.name,
+        attempt: f.attempt,
+        state: container_state_from_wire(f.state),
+        created_at: f.created_at,
+    })
 }

@@ -493,7 +493,7 @@ impl GenericPleg {
         F: FnMut(RelistOutput, bool) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let lists = self.runtime.list_node().await?;
+        let lists = self.runtime.list_node_memo(&mut self.memo).await?;
         let view = lists.view_memo(&mut self.memo)?;
         let plan = self.global_plan(&view, held);
         // The first relist builds every pod's record first, from the lists in place
