@@ -91,26 +91,10 @@ async fn the_node_lists_read_as_bytes_are_the_list_calls_entries_under_the_same_
     rt.set_list_padding(2 * MIB);
     let lists = client.list_node().await.expect("the node's lists");
     assert!(matches!(lists, NodeLists::Wire { .. }), "{lists:?}");
-    let view = lists.view().expect("valid lists");
-    let mut sandboxes = view
-        .sandboxes
-        .iter()
-        .map(|s| s.to_sandbox())
-        .collect::<Result<Vec<_>, _>>()
-        .expect("owned sandboxes");
-    let mut containers: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
-    let mut want_sandboxes = client.list_sandboxes(None).await.unwrap();
-    let mut want_containers = client.list_containers(None).await.unwrap();
-    for v in [&mut sandboxes, &mut want_sandboxes] {
-        v.sort_by(|a, b| a.id.cmp(&b.id));
-    }
-    for v in [&mut containers, &mut want_containers] {
-        v.sort_by(|a, b| a.id.cmp(&b.id));
-    }
+    let (sandboxes, containers) = owned(&lists, None);
     assert_eq!(sandboxes.len(), 3);
     assert_eq!(containers.len(), 6);
-    assert_eq!(sandboxes, want_sandboxes);
-    assert_eq!(containers, want_containers);
+    assert_eq!((sandboxes, containers), list_calls(&client).await);
 
     let small = CriRuntime::new(&server.endpoint(), std::time::Duration::from_secs(10))
         .unwrap()
@@ -132,6 +116,15 @@ async fn the_node_lists_read_as_bytes_are_the_list_calls_entries_under_the_same_
         .with_max_message_size(4 * MIB);
     let lists = large.list_node().await.expect("within the raised limit");
     assert_eq!(lists.view().expect("valid lists").sandboxes.len(), 3);
+}
+
+/// What the decoded list calls return, sorted by ID.
+async fn list_calls(client: &CriRuntime) -> (Vec<Sandbox>, Vec<Container>) {
+    let mut sandboxes = client.list_sandboxes(None).await.unwrap();
+    let mut containers = client.list_containers(None).await.unwrap();
+    sandboxes.sort_by(|a, b| a.id.cmp(&b.id));
+    containers.sort_by(|a, b| a.id.cmp(&b.id));
+    (sandboxes, containers)
 }
 
 /// The view's entries, owned and sorted by ID.
@@ -169,13 +162,7 @@ async fn the_containers_read_as_they_arrive_are_the_list_calls_entries_under_the
         }
     }
     rt.set_list_padding(2 * MIB);
-    let want = {
-        let mut s = client.list_sandboxes(None).await.unwrap();
-        let mut c = client.list_containers(None).await.unwrap();
-        s.sort_by(|a, b| a.id.cmp(&b.id));
-        c.sort_by(|a, b| a.id.cmp(&b.id));
-        (s, c)
-    };
+    let want = list_calls(&client).await;
     assert_eq!(want.1.len(), 1000);
     let mut memo = ListMemo::default();
     for round in 0..2 {

@@ -289,6 +289,17 @@ impl CriRuntime {
         .await
     }
 
+    /// The node's lists through the streaming list calls, if the runtime offers them
+    /// and they are not turned off (None: read the unary lists).
+    async fn streamed_lists(&self) -> Result<Option<NodeLists>, RuntimeError> {
+        if !self.streaming.should_try() {
+            return Ok(None);
+        }
+        self.streaming
+            .node_lists(&self.raw, self.timeout, self.max_message_size)
+            .await
+    }
+
     /// A too-large list's error with what would read it instead.
     fn hinted(&self, e: RuntimeError) -> RuntimeError {
         match e {
@@ -433,14 +444,8 @@ impl RuntimeClient for CriRuntime {
     /// failing fails both. Through the streaming list calls when the runtime offers
     /// them ([`crate::list_streaming`]), else the unary ones.
     async fn list_node(&self) -> Result<NodeLists, RuntimeError> {
-        if self.streaming.should_try() {
-            let streamed = self
-                .streaming
-                .node_lists(&self.raw, self.timeout, self.max_message_size)
-                .await?;
-            if let Some(lists) = streamed {
-                return Ok(lists);
-            }
+        if let Some(lists) = self.streamed_lists().await? {
+            return Ok(lists);
         }
         let sandboxes = self.raw_unary(
             "ListPodSandbox",
@@ -464,14 +469,8 @@ impl RuntimeClient for CriRuntime {
     /// [`RuntimeClient::list_node`], ListContainers read as it arrives, with `memo`
     /// ([`crate::list_sink`]): never the whole response in memory at once.
     async fn list_node_memo(&self, memo: &mut ListMemo) -> Result<NodeLists, RuntimeError> {
-        if self.streaming.should_try() {
-            let streamed = self
-                .streaming
-                .node_lists(&self.raw, self.timeout, self.max_message_size)
-                .await?;
-            if let Some(lists) = streamed {
-                return Ok(lists);
-            }
+        if let Some(lists) = self.streamed_lists().await? {
+            return Ok(lists);
         }
         let sink = Sink::new(self.max_message_size, memo);
         let sandboxes = self.raw_unary(
