@@ -50,10 +50,17 @@ impl HistoryFile {
     }
 
     /// Adds an event; written by the next [`Self::flush`].
+    #[cfg(test)]
     pub(crate) fn push(&mut self, event: &PackedEvent) {
+        self.push_bytes(event.as_bytes());
+    }
+
+    /// Adds an event's packed bytes ([`PackedEvent::pack_into`]'s).
+    pub(crate) fn push_bytes(&mut self, event: &[u8]) {
         let offset = self.end + self.pending.len() as u64;
-        self.index.push_back((event.revision(), offset));
-        self.pending.extend_from_slice(event.as_bytes());
+        self.index
+            .push_back((crate::packed::revision_of(event), offset));
+        self.pending.extend_from_slice(event);
     }
 
     /// Writes what was pushed since the last flush (one `write(2)`).

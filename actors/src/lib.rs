@@ -32,6 +32,7 @@ mod id_map;
 #[cfg(test)]
 mod mock;
 mod packed;
+mod packed_ring;
 mod packed_status;
 mod pleg;
 mod publisher;

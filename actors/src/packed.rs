@@ -440,6 +440,12 @@ impl PackedEvent {
     /// Packs `ev`, using `buf` as scratch (kept by the caller between events, so the
     /// only allocation is the packed block itself).
     pub(crate) fn pack(ev: &LifecycleEvent, buf: &mut Vec<u8>) -> Self {
+        Self::pack_into(ev, buf);
+        PackedEvent(Box::from(&buf[..]))
+    }
+
+    /// Packs `ev` into `buf` (cleared first): the bytes [`Self::pack`] would hold.
+    pub(crate) fn pack_into(ev: &LifecycleEvent, buf: &mut Vec<u8>) {
         buf.clear();
         buf.extend_from_slice(&ev.revision.to_le_bytes());
         let mut w = Writer(buf);
@@ -490,16 +496,11 @@ impl PackedEvent {
                 w.time(t);
             }
         }
-        PackedEvent(Box::from(&buf[..]))
     }
 
     /// The event's revision, read without unpacking.
     pub(crate) fn revision(&self) -> u64 {
-        let mut head = [0u8; 8];
-        if let Some(bytes) = self.0.get(..8) {
-            head.copy_from_slice(bytes);
-        }
-        u64::from_le_bytes(head)
+        revision_of(&self.0)
     }
 
     /// Bytes of heap this event takes (its block).
@@ -525,79 +526,94 @@ impl PackedEvent {
     /// The event as it was packed; None only if the bytes were not written by
     /// [`Self::pack`] (a bug).
     pub(crate) fn unpack(&self) -> Option<LifecycleEvent> {
-        let revision = self.revision();
-        let mut r = Reader(self.0.get(8..)?);
-        let time = r.time()?;
-        let kind = kind_of(r.u8()?)?;
-        let relist_source = source_of(r.u8()?)?;
-        let flags = r.u8()?;
-        let attempt = if flags & ATTEMPT != 0 {
-            Some(r.u32()?)
-        } else {
-            None
-        };
-        let pod = PodRef {
-            uid: r.compact()?,
-            name: r.compact()?,
-            namespace: r.compact()?,
-        };
-        let container_id = r.compact()?;
-        let container_name = r.compact()?;
-        let image = if flags & IMAGE != 0 {
+        unpack(&self.0)
+    }
+}
+
+/// The revision of an event's packed bytes ([`PackedEvent::pack_into`]'s), read
+/// without unpacking.
+pub(crate) fn revision_of(packed: &[u8]) -> u64 {
+    let mut head = [0u8; 8];
+    if let Some(bytes) = packed.get(..8) {
+        head.copy_from_slice(bytes);
+    }
+    u64::from_le_bytes(head)
+}
+
+/// An event's packed bytes unpacked: see [`PackedEvent::unpack`].
+pub(crate) fn unpack(packed: &[u8]) -> Option<LifecycleEvent> {
+    let revision = revision_of(packed);
+    let mut r = Reader(packed.get(8..)?);
+    let time = r.time()?;
+    let kind = kind_of(r.u8()?)?;
+    let relist_source = source_of(r.u8()?)?;
+    let flags = r.u8()?;
+    let attempt = if flags & ATTEMPT != 0 {
+        Some(r.u32()?)
+    } else {
+        None
+    };
+    let pod = PodRef {
+        uid: r.compact()?,
+        name: r.compact()?,
+        namespace: r.compact()?,
+    };
+    let container_id = r.compact()?;
+    let container_name = r.compact()?;
+    let image = if flags & IMAGE != 0 {
+        Some(r.compact()?)
+    } else {
+        None
+    };
+    let exit = if flags & EXIT != 0 {
+        let xf = r.u8()?;
+        let code = i32::try_from(r.i64()?).ok()?;
+        let reason = if xf & REASON != 0 {
             Some(r.compact()?)
         } else {
             None
         };
-        let exit = if flags & EXIT != 0 {
-            let xf = r.u8()?;
-            let code = i32::try_from(r.i64()?).ok()?;
-            let reason = if xf & REASON != 0 {
-                Some(r.compact()?)
-            } else {
-                None
-            };
-            let message = if xf & MESSAGE != 0 {
-                Some(r.compact()?)
-            } else {
-                None
-            };
-            let started_at = if xf & STARTED != 0 {
-                Some(r.time()?)
-            } else {
-                None
-            };
-            let finished_at = if xf & FINISHED != 0 {
-                Some(r.time()?)
-            } else {
-                None
-            };
-            Some(Exit {
-                code,
-                reason,
-                message,
-                started_at,
-                finished_at,
-            })
+        let message = if xf & MESSAGE != 0 {
+            Some(r.compact()?)
         } else {
             None
         };
-        if !r.0.is_empty() {
-            return None;
-        }
-        Some(LifecycleEvent {
-            revision,
-            time,
-            pod,
-            kind,
-            container_id,
-            relist_source,
-            container_name,
-            sandbox: flags & SANDBOX != 0,
-            attempt,
-            image,
-            exit,
+        let started_at = if xf & STARTED != 0 {
+            Some(r.time()?)
+        } else {
+            None
+        };
+        let finished_at = if xf & FINISHED != 0 {
+            Some(r.time()?)
+        } else {
+            None
+        };
+        Some(Exit {
+            code,
+            reason,
+            message,
+            started_at,
+            finished_at,
         })
+    } else {
+        None
+    };
+    if !r.0.is_empty() {
+        return None;
     }
+    Some(LifecycleEvent {
+        revision,
+        time,
+        pod,
+        kind,
+        container_id,
+        relist_source,
+        container_name,
+        sandbox: flags & SANDBOX != 0,
+        attempt,
+        image,
+        exit,
+    })
 }
 
 #[cfg(test)]

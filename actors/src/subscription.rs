@@ -13,7 +13,6 @@
 //! dropped, in its place among the deliveries, also when nothing is published after
 //! it (see [`Subscription::next_async`]).
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -23,7 +22,8 @@ use tokio::sync::Notify;
 
 use crate::event::LifecycleEvent;
 use crate::history_file::HistoryFile;
-use crate::packed::PackedEvent;
+use crate::packed::{self, PackedEvent};
+use crate::packed_ring::PackedRing;
 
 /// One event as a subscriber receives it.
 #[derive(Clone, Debug)]
@@ -37,10 +37,11 @@ pub struct Delivery {
 }
 
 /// The last published events, oldest first, packed (see `packed`: a seventh of the
-/// memory of the events themselves), in memory or, with a state dir, in a file of it
-/// (`history_file`); written by the publisher only.
+/// memory of the events themselves), in memory (one after another in a few chunks,
+/// `packed_ring`) or, with a state dir, in a file of it (`history_file`); written by
+/// the publisher only.
 pub(crate) struct History {
-    ring: VecDeque<PackedEvent>,
+    ring: PackedRing,
     /// Where the events are instead of `ring` once spilled ([`Self::spill_to`]).
     file: Option<HistoryFile>,
     /// Events evicted since the start: the position of `ring[0]` among every event
@@ -61,7 +62,7 @@ pub(crate) type SharedHistory = Arc<RwLock<History>>;
 impl History {
     pub(crate) fn shared(capacity: usize) -> SharedHistory {
         Arc::new(RwLock::new(History {
-            ring: VecDeque::new(),
+            ring: PackedRing::new(capacity),
             file: None,
             evicted: 0,
             last_evicted: 0,
@@ -72,23 +73,33 @@ impl History {
     }
 
     pub(crate) fn push(&mut self, ev: &LifecycleEvent) {
-        let packed = PackedEvent::pack(ev, &mut self.buf);
-        self.push_packed(packed);
+        let mut buf = std::mem::take(&mut self.buf);
+        PackedEvent::pack_into(ev, &mut buf);
+        self.push_bytes(&buf);
+        self.buf = buf;
     }
 
     pub(crate) fn push_packed(&mut self, packed: PackedEvent) {
+        self.push_bytes(packed.as_bytes());
+    }
+
+    /// Adds an event's packed bytes ([`PackedEvent::pack_into`]'s).
+    fn push_bytes(&mut self, packed: &[u8]) {
         if self.capacity == 0 {
             self.evicted += 1;
-            self.last_evicted = packed.revision();
+            self.last_evicted = packed::revision_of(packed);
             return;
         }
         if self.len() >= self.capacity {
             let old = match &mut self.file {
                 Some(file) => file.pop_front(),
-                None => self.ring.pop_front().map(|old| {
-                    self.bytes -= old.heap_bytes();
-                    old.revision()
-                }),
+                None => {
+                    let revision = self.ring.get(0).map(packed::revision_of);
+                    if let Some(len) = self.ring.pop_front() {
+                        self.bytes -= len;
+                    }
+                    revision
+                }
             };
             if let Some(revision) = old {
                 self.last_evicted = revision;
@@ -96,9 +107,9 @@ impl History {
             self.evicted += 1;
         }
         match &mut self.file {
-            Some(file) => file.push(&packed),
+            Some(file) => file.push_bytes(packed),
             None => {
-                self.bytes += packed.heap_bytes();
+                self.bytes += packed.len();
                 self.ring.push_back(packed);
             }
         }
@@ -133,8 +144,12 @@ impl History {
             self.evicted += back.lost.len() as u64;
             self.last_evicted = last;
         }
-        self.bytes = back.events.iter().map(PackedEvent::heap_bytes).sum();
-        self.ring = back.events;
+        self.ring = PackedRing::new(self.capacity);
+        self.bytes = 0;
+        for ev in &back.events {
+            self.bytes += ev.heap_bytes();
+            self.ring.push_back(ev.as_bytes());
+        }
     }
 
     /// Moves the events to a new file at `path` and keeps them there from now on; if
@@ -147,11 +162,11 @@ impl History {
                 return;
             }
         };
-        for ev in &self.ring {
-            file.push(ev);
+        for ev in self.ring.iter() {
+            file.push_bytes(ev);
         }
         self.file = Some(file);
-        self.ring = VecDeque::new();
+        self.ring = PackedRing::new(0);
         self.bytes = 0;
         self.flush();
     }
@@ -160,7 +175,7 @@ impl History {
     /// file that cannot be read, the newest that can be read in a row.
     pub(crate) fn packed_bytes(&self) -> Vec<Vec<u8>> {
         let Some(file) = &self.file else {
-            return self.ring.iter().map(|e| e.as_bytes().to_vec()).collect();
+            return self.ring.iter().map(<[u8]>::to_vec).collect();
         };
         let mut out = Vec::with_capacity(file.len());
         for i in 0..file.len() {
@@ -177,19 +192,21 @@ impl History {
         self.file.as_ref().map_or(self.ring.len(), HistoryFile::len)
     }
 
-    /// Heap bytes the history takes: the packed events and the ring's slots, or the
-    /// file's index.
+    /// Heap bytes the history takes: the packed events and their places in the ring
+    /// (not the free ends of its first and last chunks, `packed_ring`), or the file's
+    /// index.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.bytes
-            + self.ring.capacity() * std::mem::size_of::<PackedEvent>()
-            + self.file.as_ref().map_or(0, HistoryFile::heap_bytes)
+        match &self.file {
+            Some(file) => file.heap_bytes(),
+            None => self.bytes + self.ring.places_bytes(),
+        }
     }
 
     /// The oldest revision still held.
     pub(crate) fn oldest(&self) -> Option<u64> {
         match &self.file {
             Some(file) => file.revision(0),
-            None => self.ring.front().map(PackedEvent::revision),
+            None => self.ring.get(0).map(packed::revision_of),
         }
     }
 
@@ -203,7 +220,9 @@ impl History {
         self.evicted
             + match &self.file {
                 Some(file) => file.count_through(after),
-                None => self.ring.partition_point(|e| e.revision() <= after),
+                None => self
+                    .ring
+                    .partition_point(|e| packed::revision_of(e) <= after),
             } as u64
     }
 
@@ -219,7 +238,7 @@ impl History {
                     return file.revision(i).map(Err);
                 }
             },
-            None => self.ring.get(i)?.unpack(),
+            None => packed::unpack(self.ring.get(i)?),
         };
         debug_assert!(event.is_some(), "a packed event that does not unpack");
         event.map(Ok)
@@ -667,5 +686,53 @@ pub(crate) struct WakeOnDrop(pub(crate) Arc<Notify>);
 impl Drop for WakeOnDrop {
     fn drop(&mut self) {
         self.0.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use plegd_runtime::PodRef;
+
+    use super::*;
+    use crate::event::{EventKind, RelistSource};
+
+    fn event(revision: u64) -> LifecycleEvent {
+        LifecycleEvent {
+            revision,
+            time: SystemTime::UNIX_EPOCH + Duration::from_secs(revision),
+            pod: PodRef {
+                uid: format!("0b1e4bd2-6a4e-4f4b-9d7e-{revision:012}"),
+                name: format!("churn-{revision}"),
+                namespace: "churn".into(),
+            },
+            kind: EventKind::ContainerDied,
+            container_id: format!("{revision:064x}"),
+            relist_source: RelistSource::EventedPleg,
+            container_name: "app".into(),
+            sandbox: false,
+            attempt: Some(0),
+            image: None,
+            exit: None,
+        }
+    }
+
+    /// The in-memory history held each event in a heap block of its own: after a
+    /// churn, its 1,024 events lay scattered among the churn's freed memory and kept
+    /// pages of it in RSS. They are in a few chunks, and read back intact.
+    #[test]
+    fn the_history_keeps_its_events_in_a_few_chunks_after_a_churn() {
+        let history = History::shared(1024);
+        let mut h = history.write().unwrap();
+        for r in 1..=20_000 {
+            h.push(&event(r));
+        }
+        assert_eq!(h.len(), 1024);
+        assert!(h.ring.chunks() <= 12, "{} chunks", h.ring.chunks());
+        assert_eq!(h.oldest(), Some(20_000 - 1023));
+        let at = h.position_after(19_000);
+        assert_eq!(h.get(at), Some(Ok(event(19_001))));
+        assert_eq!(h.get(h.end()), None);
     }
 }

@@ -114,7 +114,8 @@ pub struct Pleg {
 }
 
 /// Judges each published container death against the hint sources that were up
-/// (`hints/coverage.rs`), and counts and logs what they missed.
+/// (`hints/coverage.rs`), and counts and logs what they missed; a sandbox's death
+/// only makes them forget its stop.
 async fn judge_coverage(pleg: Pleg) {
     let subscribe = pleg.publisher.send(Subscribe {
         name: "hint-coverage".into(),
@@ -134,7 +135,9 @@ async fn judge_coverage(pleg: Pleg) {
             received = sub.next_async() => match received {
                 Some(Received::Event(d)) => {
                     let e = &d.event;
-                    if e.kind == EventKind::ContainerDied && !e.sandbox {
+                    if e.kind == EventKind::ContainerDied && e.sandbox {
+                        pleg.coverage.sandbox_died(&e.container_id, Instant::now());
+                    } else if e.kind == EventKind::ContainerDied {
                         let finished = e.exit.as_ref().and_then(|x| x.finished_at);
                         pleg.coverage
                             .died(&e.container_id, finished, Instant::now(), SystemTime::now());

@@ -356,6 +356,7 @@ fn run_churn(
     settled(&plegd, settle)?;
     let before_kib = plegd.rss_kib()?;
     let before_anon_kib = plegd.anon_kib()?;
+    churn_hook(&plegd, "before");
     let cri = Cri::new(sim.socket()).playing_kubelet(args.kubelet());
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (took, peak_kib) = std::thread::scope(|s| {
@@ -373,6 +374,7 @@ fn run_churn(
     });
     let took = took?;
     settled(&plegd, settle)?;
+    churn_hook(&plegd, "after");
     Ok(Churn {
         settings: settings.join(" "),
         live: args.churn_live,
@@ -383,6 +385,21 @@ fn run_churn(
         after_kib: plegd.rss_kib()?,
         anon_kib: (before_anon_kib, plegd.anon_kib()?),
     })
+}
+
+/// Runs `$PLEGD_BENCH_CHURN_HOOK` (a shell command; none if unset) with plegd's pid and
+/// the moment (`before`, `after`) as `$1` and `$2`, right after the churn's reading of
+/// RSS then: e.g. a look at glibc's heaps with gdb (`call malloc_stats()`).
+fn churn_hook(plegd: &Plegd, moment: &str) {
+    let Ok(hook) = std::env::var("PLEGD_BENCH_CHURN_HOOK") else {
+        return;
+    };
+    let status = std::process::Command::new("sh")
+        .args(["-c", &hook, "hook", &plegd.pid().to_string(), moment])
+        .status();
+    if let Err(e) = status {
+        eprintln!("plegd-bench: PLEGD_BENCH_CHURN_HOOK: {e}");
+    }
 }
 
 /// How long plegd's memory takes to settle: plegd gives its heap's free pages back
