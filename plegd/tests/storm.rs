@@ -77,7 +77,7 @@ fn a_storm_of_stop_events_leaves_the_global_relist_on_its_period() {
         .args(["--otlp-events", "--otlp-events-endpoint", &otlp])
         .args(["--memory-trim-period", "200ms", "--api-socket"])
         .arg(&api)
-        .env("RUST_LOG", "plegd::malloc=debug")
+        .env("RUST_LOG", "plegd_telemetry::malloc=debug")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
