@@ -568,13 +568,16 @@ fn print_table(
             );
         }
         if let Some(f) = &r.floor {
-            let ratio = r
-                .steady
-                .as_ref()
-                .filter(|_| !f.raw.is_zero())
-                .map_or("–".to_string(), |s| {
-                    format!("{:.1}×", s.cpu.as_secs_f64() / f.raw.as_secs_f64())
-                });
+            // plegd's no-change relist CPU ÷ a floor.
+            let over = |floor: Duration| {
+                r.steady
+                    .as_ref()
+                    .filter(|_| !floor.is_zero())
+                    .map_or("–".to_string(), |s| {
+                        format!("{:.1}×", s.cpu.as_secs_f64() / floor.as_secs_f64())
+                    })
+            };
+            let ratio = over(f.raw);
             println!(
                 "| floor: a bare client on plegd's tonic stack reading both lists, nothing done with them: CPU per read ({} reads); decoded by prost and dropped; plegd's no-change relist CPU ÷ floor; list bytes (sandboxes, containers) | {p} | {}; {}; {ratio}; {:.0} KiB, {:.0} KiB |",
                 f.reads,
@@ -583,13 +586,7 @@ fn print_table(
                 f.bytes.0 as f64 / 1024.0,
                 f.bytes.1 as f64 / 1024.0,
             );
-            let ratio_fixed = r
-                .steady
-                .as_ref()
-                .filter(|_| !f.raw_fixed.is_zero())
-                .map_or("–".to_string(), |s| {
-                    format!("{:.1}×", s.cpu.as_secs_f64() / f.raw_fixed.as_secs_f64())
-                });
+            let ratio_fixed = over(f.raw_fixed);
             println!(
                 "| the same floor with plegd's glibc thresholds (its buffers mapped and cleared anew each read, as plegd's): CPU per read; plegd's no-change relist CPU ÷ it | {p} | {}; {ratio_fixed} |",
                 ms(f.raw_fixed),
