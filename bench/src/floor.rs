@@ -5,10 +5,11 @@
 //! thread's CPU time is all of the client's work: tonic, h2, the socket. A second
 //! figure decodes the lists into prost's messages, as a client of the generated
 //! types would, and drops them. A third reads them as the first, in a child process
-//! with glibc's mmap and trim thresholds fixed as plegd fixes them
-//! (`plegd_telemetry::malloc`): each list's buffer is then mapped, faulted in and
-//! cleared anew on every read, as plegd's are, where the bench's own process (glibc's
-//! default, dynamic thresholds) keeps reusing freed heap for them.
+//! with glibc's allocator set as plegd sets it (`plegd_telemetry::malloc`: fixed mmap
+//! threshold, the heap trimmed after each read as plegd trims it after each global
+//! relist): each list's buffer is then mapped, faulted in and cleared anew on every
+//! read, as plegd's are, where the bench's own process (glibc's default, dynamic
+//! thresholds) keeps reusing freed heap for them.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -83,7 +84,8 @@ fn measure_fixed(endpoint: &str, reads: u32, pace: Duration) -> Result<Duration>
 /// `--floor-child`: glibc's thresholds fixed as plegd's, then the raw reads; prints
 /// their CPU per read in nanoseconds.
 pub fn child(endpoint: &str, reads: u32, pace: Duration) -> Result<()> {
-    if !plegd_telemetry::malloc::fix_thresholds() {
+    use plegd_telemetry::malloc;
+    if !malloc::fix_thresholds() || !malloc::defer_heap_trims() {
         bail!("glibc refused plegd's mmap and trim thresholds");
     }
     let endpoint = endpoint.to_string();
@@ -91,7 +93,14 @@ pub fn child(endpoint: &str, reads: u32, pace: Duration) -> Result<()> {
         let rt = runtime()?;
         rt.block_on(async {
             let client = client(&endpoint)?;
-            let (raw, _) = per_read(reads.max(1), pace, || raw_read(&client)).await?;
+            // As plegd's trim thread after each global relist (here on the floor's
+            // thread, so its CPU is counted).
+            let (raw, _) = per_read(reads.max(1), pace, || async {
+                let read = raw_read(&client).await;
+                malloc::trim();
+                read
+            })
+            .await?;
             Ok(raw)
         })
     })?;

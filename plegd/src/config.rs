@@ -186,10 +186,10 @@ pub struct Settings {
     /// status (at most 1d).
     #[arg(long, env = "PLEGD_TOMBSTONE_TTL", default_value = "5m")]
     pub tombstone_ttl: PositiveDuration<DAY>,
-    /// How often plegd gives the memory it freed back to the kernel (glibc's
-    /// malloc_trim, ≈ 0.2 ms at 10,000 pods), or off. Without it, what short-lived pods
-    /// freed stays in plegd's RSS (docs/architecture.md, "Performance decisions"). At
-    /// most 1h.
+    /// How often at least plegd gives the memory it freed back to the kernel (glibc's
+    /// malloc_trim, ≈ 0.2–0.4 ms at 10,000 pods); it also does after every global
+    /// relist. off: never. Without it, what short-lived pods freed stays in plegd's RSS
+    /// (docs/architecture.md, "Performance decisions"). At most 1h.
     #[arg(
         long,
         env = "PLEGD_MEMORY_TRIM_PERIOD",

@@ -76,7 +76,7 @@ fn rss_comes_back_within_a_mebibyte_after_a_churn_of_short_lived_pods() {
     let child = command(env!("CARGO_BIN_EXE_plegd"))
         .args(["run", "--runtime-endpoint", &server.endpoint()])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        // A trim every second (default 10 s): "before" is read over a few.
+        // A trim after each global relist, and every second at least.
         .args(["--relist-period", "200ms", "--memory-trim-period", "1s"])
         .args(["--history-events", "1024", "--tombstone-ttl", "1s"])
         .arg("--evented=false")
@@ -130,4 +130,55 @@ fn rss_comes_back_within_a_mebibyte_after_a_churn_of_short_lived_pods() {
         after = rss_kib(pid);
     }
     eprintln!("RssAnon before {before} KiB, peak {peak} KiB, after {after} KiB");
+}
+
+/// plegd with `--memory-trim-period` (logging its trims) relisting every 100 ms: the
+/// number of trims logged once `relists` more global relists ended.
+fn trims_over_relists(period: &str, relists: u64) -> usize {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = FakeRuntime::new();
+    pod(&sim, "live-0");
+    let server = spawn_in_thread(&dir.path().join("cri.sock"), sim.clone()).unwrap();
+    let port = free_port();
+    let log = dir.path().join("plegd.log");
+    let child = command(env!("CARGO_BIN_EXE_plegd"))
+        .args(["run", "--runtime-endpoint", &server.endpoint()])
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .args(["--relist-period", "100ms", "--memory-trim-period", period])
+        .env("RUST_LOG", "plegd_telemetry::malloc=debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _plegd = Reaped(child);
+    let trims = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("malloc_trim")
+            .count()
+    };
+    wait_relists(port, relists);
+    // The last relist's trim runs on its own thread: wait for it, if it comes.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while trims() < relists as usize && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    trims()
+}
+
+/// What a global relist freed (the runtime's lists) goes back right after it, not
+/// only every `--memory-trim-period`; `off` still trims never.
+#[test]
+fn memory_is_given_back_after_each_global_relist_unless_trimming_is_off() {
+    let relists = 10;
+    let trims = trims_over_relists("1h", relists);
+    assert!(
+        trims >= relists as usize,
+        "{trims} trims over {relists} global relists with a trim period of an hour"
+    );
+    assert_eq!(
+        trims_over_relists("off", relists),
+        0,
+        "--memory-trim-period off"
+    );
 }

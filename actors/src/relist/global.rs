@@ -114,5 +114,7 @@ pub(super) async fn global_relist(
             .state_persisting
             .set(i64::from(!state.store.failing()));
     }
+    // The lists and what was built of them are freed: give the memory back now.
+    plegd_telemetry::malloc::relist_ended();
     (start, result)
 }
