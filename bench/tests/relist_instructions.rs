@@ -85,14 +85,14 @@ impl RuntimeClient for WireListed {
         *self.lists.lock().expect("not poisoned") = Some(lists.clone());
         Ok(lists)
     }
-    /// As `CriRuntime` reads them: each list's message given to the global
+    /// As `CriRuntime` reads them: ListContainers's message given to the global
     /// relist's reader in HTTP/2's default 16 KiB frames.
     async fn list_node_memo(&self, memo: &mut ListMemo) -> Result<NodeLists, RuntimeError> {
         match self.list_node().await? {
             NodeLists::Wire {
                 sandboxes,
                 containers,
-            } => NodeLists::sunk(&sandboxes, &containers, 16 * 1024, memo),
+            } => NodeLists::sunk(sandboxes, &containers, 16 * 1024, memo),
             lists => Ok(lists),
         }
     }

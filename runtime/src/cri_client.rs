@@ -23,7 +23,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::containerd_events::{self, EventsClient, SubscribeRequest, TaskEventStream};
 use crate::convert;
-use crate::list_sink::{ContainerList, ListSink, SandboxList, Sink, SinkChannel};
+use crate::list_sink::{Sink, SinkChannel};
 use crate::list_streaming::ListStreaming;
 use crate::raw_codec::RawCodec;
 use crate::{
@@ -268,27 +268,21 @@ impl CriRuntime {
 }
 
 impl CriRuntime {
-    /// A list call of the whole node, its message read as it arrives into `sink`:
+    /// ListContainers of the whole node, its message read as it arrives into `sink`:
     /// the bytes tonic hands back are empty when the sink took it.
-    async fn sunk_list<Req: prost::Message + Send + Sync + 'static>(
-        &self,
-        op: &'static str,
-        path: &'static str,
-        req: Req,
-        sink: Sink,
-    ) -> Result<prost::bytes::Bytes, RuntimeError> {
+    async fn sunk_list_containers(&self, sink: Sink) -> Result<prost::bytes::Bytes, RuntimeError> {
         let mut grpc = self.sunk.clone();
         let timeout = self.timeout;
-        self.timed(op, async move {
+        self.timed("ListContainers", async move {
             grpc.ready()
                 .await
                 .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
-            let mut req = request(req, timeout);
+            let mut req = request(cri::ListContainersRequest::default(), timeout);
             req.extensions_mut().insert(sink);
             grpc.unary(
                 req,
-                PathAndQuery::from_static(path),
-                RawCodec::<Req>::default(),
+                PathAndQuery::from_static("/runtime.v1.RuntimeService/ListContainers"),
+                RawCodec::<cri::ListContainersRequest>::default(),
             )
             .await
         })
@@ -472,41 +466,47 @@ impl RuntimeClient for CriRuntime {
         }
     }
 
-    /// [`RuntimeClient::list_node`], both lists read as they arrive, with `memo`
+    /// [`RuntimeClient::list_node`], ListContainers read as it arrives, with `memo`
     /// ([`crate::list_sink`]): never the whole response in memory at once.
     async fn list_node_memo(&self, memo: &mut ListMemo) -> Result<NodeLists, RuntimeError> {
         if let Some(lists) = self.streamed_lists().await? {
             return Ok(lists);
         }
-        let sandboxes = ListSink::<SandboxList>::new(self.max_message_size, memo);
-        let containers = ListSink::<ContainerList>::new(self.max_message_size, memo);
-        let called = futures::join!(
-            self.sunk_list(
-                "ListPodSandbox",
-                "/runtime.v1.RuntimeService/ListPodSandbox",
-                cri::ListPodSandboxRequest::default(),
-                sandboxes.sink(),
-            ),
-            self.sunk_list(
-                "ListContainers",
-                "/runtime.v1.RuntimeService/ListContainers",
-                cri::ListContainersRequest::default(),
-                containers.sink(),
-            )
+        let sink = Sink::new(self.max_message_size, memo);
+        let sandboxes = self.raw_unary(
+            "ListPodSandbox",
+            "/runtime.v1.RuntimeService/ListPodSandbox",
+            cri::ListPodSandboxRequest::default(),
         );
-        let sandboxes = sandboxes.outcome(called.0, memo);
-        let containers = containers.outcome(called.1, memo);
-        match (sandboxes, containers) {
-            (Ok(sandboxes), Ok(containers)) => Ok(NodeLists::Sunk {
+        let called = futures::join!(sandboxes, self.sunk_list_containers(sink.clone()));
+        let sunk = sink.into_outcome(memo);
+        let lists = match (called, sunk) {
+            ((Ok(sandboxes), Ok(bytes)), Some(Ok(containers))) if bytes.is_empty() => {
+                Ok(NodeLists::Sunk {
+                    sandboxes,
+                    containers,
+                })
+            }
+            // The sink took no message: tonic's bytes are the response's.
+            ((Ok(sandboxes), Ok(containers)), None) => Ok(NodeLists::Wire {
                 sandboxes,
                 containers,
             }),
-            (Err(e), _) | (_, Err(e)) => {
-                // What the sinks' reads marked in the memo is forgotten.
-                memo.finish(false);
-                Err(self.hinted(e))
-            }
+            ((Ok(_), Ok(_)), Some(Err(reason))) => Err(RuntimeError::Invalid {
+                op: "ListContainers",
+                reason,
+            }),
+            ((Ok(_), Ok(_)), Some(Ok(_))) => Err(RuntimeError::Invalid {
+                op: "ListContainers",
+                reason: "more than one message in a unary response".into(),
+            }),
+            ((Err(e), _) | (_, Err(e)), _) => Err(self.hinted(e)),
+        };
+        if lists.is_err() {
+            // What the sink's read marked in the memo is forgotten.
+            memo.finish(false);
         }
+        lists
     }
 
     async fn sandbox_status(&self, sandbox_id: &str) -> Result<Sandbox, RuntimeError> {

@@ -1,25 +1,22 @@
-//! The global relist's two lists read as they arrive, never held whole.
+//! The global relist's ListContainers read as it arrives, never held whole.
 //!
 //! tonic gathers a response's message into one buffer before it decodes it: at
-//! 10,000 realistic pods, 17 MB for ListContainers and 4.5 MB for ListPodSandbox,
-//! mapped, faulted in, cleared and unmapped every relist (plegd fixes glibc's
-//! thresholds so that such buffers leave its RSS when freed: docs/architecture.md,
-//! "Performance decisions"). Here a layer under tonic ([`SinkChannel`]) hands the
-//! message of a call that asks for it ([`Sink`], in the request's extensions) to a
-//! [`ListSink`] frame by frame, as HTTP/2 delivers it, and gives tonic an empty
-//! message in its place: tonic still makes the call and judges its headers,
-//! trailers, status, limit and compression, as for any call. The sink splits the
-//! message into its entries and reads each as [`crate::list_wire`] does (with the
-//! list memo), keeping only the fields plegd uses, packed ([`ContainerList`]: ≈ 150
-//! bytes a container instead of ≈ 850; [`SandboxList`]: a sandbox's identity and
-//! its labels as sent, which the pods that changed need).
+//! 10,000 realistic pods, 17 MB mapped, faulted in, cleared and unmapped every
+//! relist (plegd fixes glibc's thresholds so that such buffers leave its RSS when
+//! freed: docs/architecture.md, "Performance decisions"). Here a layer under tonic
+//! ([`SinkChannel`]) hands the message of a call that asks for it ([`Sink`], in the
+//! request's extensions) to [`ContainerSink`] frame by frame, as HTTP/2 delivers it,
+//! and gives tonic an empty message in its place: tonic still makes the call and
+//! judges its headers, trailers, status, limit and compression, as for any call.
+//! The sink splits the message into its entries and reads each as
+//! [`crate::list_wire`] does (with the list memo), keeping only the fields plegd
+//! uses ([`ContainerList`]): ≈ 150 bytes an entry instead of ≈ 850.
 //!
 //! A message the sink does not take (over the size limit, compressed) goes through
-//! unchanged, for tonic to refuse or decode as before; a message tonic hands back
-//! is then read whole by the same sink ([`ListSink::outcome`]). A top-level field
-//! other than an entry in its plain form is not split: it and the rest of the
-//! message are kept whole and read at the end exactly as [`crate::list_wire`] reads
-//! a whole response, so what is accepted and refused stays prost's.
+//! unchanged, for tonic to refuse or decode as before. A top-level field other than
+//! an entry in its plain form is not split: it and the rest of the message are
+//! kept whole and read at the end exactly as [`crate::list_wire`] reads a whole
+//! response, so what is accepted and refused stays prost's.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,105 +26,51 @@ use futures::future::BoxFuture;
 use http_body::{Body, Frame, SizeHint};
 use prost::bytes::{Bytes, BytesMut};
 
-use crate::list_memo::{EntryMemo, ListMemo};
-use crate::list_wire::{self, ContainerFields, SandboxFields, WireError};
-use crate::{NodeLists, RuntimeError};
+use crate::list_memo::ListMemo;
+use crate::list_wire::{self, ContainerFields, WireError};
+use crate::NodeLists;
 
-/// The key of a list response's entry (field 1, length-delimited, in both
-/// `ListPodSandboxResponse` and `ListContainersResponse`) in its one plain byte.
+/// The key of a `ListContainersResponse` entry (field 1, length-delimited) in its one
+/// plain byte.
 const ENTRY_KEY: u8 = 0x0a;
 
-/// The entries plegd keeps of one list response.
-pub(crate) trait EntryList: Default + Send + 'static {
-    /// The call, as errors name it.
-    const OP: &'static str;
-    /// The part of the list memo its entries are read with.
-    fn memo(memo: &mut ListMemo) -> &mut EntryMemo;
-    /// Reads one entry (its bytes) with the memo, and keeps it.
-    fn read(&mut self, entry: &[u8], memo: &mut EntryMemo) -> Result<(), WireError>;
-}
-
-/// What a response body gives a call's message to (type-erased: the body does not
-/// know which list it carries).
-trait MessageReader: Send {
-    /// The call's message is `len` bytes: whether the reader takes it.
-    fn begin(&mut self, len: usize) -> bool;
-    /// The next bytes of the message.
-    fn feed(&mut self, data: &[u8]);
-}
-
-/// A call's [`ListSink`] as its request carries it.
-#[derive(Clone)]
-pub(crate) struct Sink(Arc<Mutex<dyn MessageReader>>);
+/// What a call's response message is given to, shared by the caller (who reads the
+/// outcome) and the response's body.
+#[derive(Clone, Default)]
+pub(crate) struct Sink(Arc<Mutex<ContainerSink>>);
 
 impl Sink {
-    fn lock(&self) -> MutexGuard<'_, dyn MessageReader + 'static> {
+    /// A sink for a message of at most `limit` bytes (the call's decoding limit: one
+    /// over it goes to tonic, which refuses it as it would have), read with `memo`'s
+    /// containers part (taken: [`Sink::into_outcome`] gives it back).
+    pub(crate) fn new(limit: usize, memo: &mut ListMemo) -> Self {
+        let sink = ContainerSink {
+            limit,
+            memo: std::mem::take(memo),
+            ..ContainerSink::default()
+        };
+        Sink(Arc::new(Mutex::new(sink)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ContainerSink> {
         // A panic while reading leaves nothing half-done that matters: the outcome
         // is then an error or incomplete.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
 
-/// The reader of one call's list message, shared by the caller (who reads the
-/// outcome) and the response's body (through [`ListSink::sink`]).
-pub(crate) struct ListSink<L>(Arc<Mutex<Reader<L>>>);
-
-impl<L: EntryList> ListSink<L> {
-    /// A sink for a message of at most `limit` bytes (the call's decoding limit: one
-    /// over it goes to tonic, which refuses it as it would have), read with `memo`'s
-    /// part for `L` (taken: [`ListSink::outcome`] gives it back).
-    pub(crate) fn new(limit: usize, memo: &mut ListMemo) -> Self {
-        let reader = Reader {
-            limit,
-            memo: std::mem::take(L::memo(memo)),
-            state: State::Idle,
-        };
-        ListSink(Arc::new(Mutex::new(reader)))
-    }
-
-    /// What the call's request carries.
-    pub(crate) fn sink(&self) -> Sink {
-        Sink(self.0.clone())
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Reader<L>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// After the call: the memo's part back into `memo`, and the entries of the
-    /// call's message, read as it came or, if the sink took none, from the bytes
-    /// tonic handed back (`called`).
-    pub(crate) fn outcome(
+    /// After the call: the memo back into `memo`, and the containers if the sink took
+    /// the whole message (None: it took none, the call's own bytes hold it).
+    pub(crate) fn into_outcome(
         self,
-        called: Result<Bytes, RuntimeError>,
         memo: &mut ListMemo,
-    ) -> Result<L, RuntimeError> {
-        let mut reader = self.lock();
-        let outcome = match called {
-            Err(e) => Err(e),
-            Ok(bytes) => {
-                let taken = !matches!(reader.state, State::Idle);
-                if !taken {
-                    // tonic judged this message (size, compression) and decoded
-                    // nothing: it is read here, as one frame.
-                    reader.limit = usize::MAX;
-                    reader.begin(bytes.len());
-                    reader.feed(&bytes);
-                }
-                match std::mem::take(&mut reader.state) {
-                    State::Done(_) if taken && !bytes.is_empty() => {
-                        Err("more than one message in a unary response".into())
-                    }
-                    State::Done(outcome) => outcome,
-                    State::Idle | State::Reading { .. } => {
-                        Err("the response ended inside its message".into())
-                    }
-                }
-                .map_err(|reason| RuntimeError::Invalid { op: L::OP, reason })
-            }
-        };
-        *L::memo(memo) = std::mem::take(&mut reader.memo);
-        outcome
+    ) -> Option<Result<ContainerList, WireError>> {
+        let mut sink = self.lock();
+        *memo = std::mem::take(&mut sink.memo);
+        match std::mem::take(&mut sink.state) {
+            State::Idle => None,
+            State::Done(outcome) => Some(outcome),
+            State::Reading { .. } => Some(Err("the response ended inside its message".into())),
+        }
     }
 }
 
@@ -136,11 +79,11 @@ impl<L: EntryList> ListSink<L> {
 #[derive(Clone, Debug, Default)]
 pub struct ContainerList {
     text: String,
-    entries: Vec<PackedContainer>,
+    entries: Vec<Packed>,
 }
 
 #[derive(Clone, Copy, Debug)]
-struct PackedContainer {
+struct Packed {
     /// Where the ID, the sandbox ID and the name end in `text` (each starts where the
     /// one before ends).
     ends: [u32; 3],
@@ -149,52 +92,35 @@ struct PackedContainer {
     created_at: i64,
 }
 
-/// The end of `s` pushed onto `text`, as an offset (None past u32).
-fn push_str(text: &mut String, s: &str) -> Option<u32> {
-    text.push_str(s);
-    u32::try_from(text.len()).ok()
-}
-
-/// The strings of `text` that end at `ends`, the first from `start`.
-fn strs<'t, const N: usize>(text: &'t str, start: &mut usize, ends: [u32; N]) -> [&'t str; N] {
-    ends.map(|end| {
-        let s = &text[*start..end as usize];
-        *start = end as usize;
-        s
-    })
-}
-
-const OVER_4_GIB: &str = "the list's strings are over 4 GiB";
-
-impl EntryList for ContainerList {
-    const OP: &'static str = "ListContainers";
-
-    fn memo(memo: &mut ListMemo) -> &mut EntryMemo {
-        &mut memo.containers
-    }
-
-    fn read(&mut self, entry: &[u8], memo: &mut EntryMemo) -> Result<(), WireError> {
-        let f = list_wire::container_entry(entry, Some(memo))?;
+impl ContainerList {
+    /// Adds an entry's fields (false if the block would outgrow u32 offsets).
+    fn push(&mut self, f: &ContainerFields<'_>) -> bool {
         let mut ends = [0u32; 3];
         for (end, s) in ends.iter_mut().zip([f.id, f.sandbox_id, f.name]) {
-            *end = push_str(&mut self.text, s).ok_or(OVER_4_GIB)?;
+            self.text.push_str(s);
+            match u32::try_from(self.text.len()) {
+                Ok(at) => *end = at,
+                Err(_) => return false,
+            }
         }
-        self.entries.push(PackedContainer {
+        self.entries.push(Packed {
             ends,
             attempt: f.attempt,
             state: f.state,
             created_at: f.created_at,
         });
-        Ok(())
+        true
     }
-}
 
-impl ContainerList {
     /// The entries, as [`list_wire::containers`] reads them.
     pub(crate) fn iter(&self) -> impl Iterator<Item = ContainerFields<'_>> {
         let mut start = 0;
         self.entries.iter().map(move |e| {
-            let [id, sandbox_id, name] = strs(&self.text, &mut start, e.ends);
+            let [id, sandbox_id, name] = e.ends.map(|end| {
+                let s = &self.text[start..end as usize];
+                start = end as usize;
+                s
+            });
             ContainerFields {
                 id,
                 sandbox_id,
@@ -215,92 +141,13 @@ impl ContainerList {
     }
 }
 
-/// The sandboxes plegd reads of a `ListPodSandboxResponse`, packed: their strings in
-/// one block, their labels' fields as sent in another.
-#[derive(Clone, Debug, Default)]
-pub struct SandboxList {
-    text: String,
-    labels: Vec<u8>,
-    entries: Vec<PackedSandbox>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct PackedSandbox {
-    /// Where the ID, the pod's UID, name and namespace end in `text`.
-    ends: [u32; 4],
-    /// Where its labels' fields end in `labels`.
-    labels_end: u32,
-    has_metadata: bool,
-    attempt: u32,
-    state: i32,
-    created_at: i64,
-}
-
-impl EntryList for SandboxList {
-    const OP: &'static str = "ListPodSandbox";
-
-    fn memo(memo: &mut ListMemo) -> &mut EntryMemo {
-        &mut memo.sandboxes
-    }
-
-    fn read(&mut self, entry: &[u8], memo: &mut EntryMemo) -> Result<(), WireError> {
-        let f = list_wire::sandbox_entry(entry, Some(memo), &mut self.labels)?;
-        let labels_end = u32::try_from(self.labels.len()).map_err(|_| OVER_4_GIB)?;
-        let mut ends = [0u32; 4];
-        for (end, s) in ends.iter_mut().zip([f.id, f.uid, f.name, f.namespace]) {
-            *end = push_str(&mut self.text, s).ok_or(OVER_4_GIB)?;
-        }
-        self.entries.push(PackedSandbox {
-            ends,
-            labels_end,
-            has_metadata: f.has_metadata,
-            attempt: f.attempt,
-            state: f.state,
-            created_at: f.created_at,
-        });
-        Ok(())
-    }
-}
-
-impl SandboxList {
-    /// The entries, as [`list_wire::sandboxes`] reads them, each with its labels'
-    /// fields (a `PodSandbox` of its own, for [`list_wire::sandbox_labels`]).
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (SandboxFields<'_>, &[u8])> {
-        let (mut start, mut labels_start) = (0, 0);
-        self.entries.iter().map(move |e| {
-            let [id, uid, name, namespace] = strs(&self.text, &mut start, e.ends);
-            let labels = &self.labels[labels_start..e.labels_end as usize];
-            labels_start = e.labels_end as usize;
-            let f = SandboxFields {
-                id,
-                has_metadata: e.has_metadata,
-                uid,
-                name,
-                namespace,
-                attempt: e.attempt,
-                state: e.state,
-                created_at: e.created_at,
-            };
-            (f, labels)
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-}
-
 #[derive(Default)]
-enum State<L> {
+enum State {
     /// No message taken (yet).
     #[default]
     Idle,
     Reading {
-        list: L,
+        list: ContainerList,
         /// The part of a top-level field that came so far (a field split between
         /// frames), or with `whole`, every byte from the first field not split.
         carry: Vec<u8>,
@@ -309,15 +156,17 @@ enum State<L> {
         left: usize,
         error: Option<WireError>,
     },
-    Done(Result<L, WireError>),
+    Done(Result<ContainerList, WireError>),
 }
 
-/// Reads a list response given in pieces.
-struct Reader<L> {
+/// Reads a `ListContainersResponse` given in pieces.
+#[derive(Default)]
+pub(crate) struct ContainerSink {
     limit: usize,
-    memo: EntryMemo,
-    state: State<L>,
+    memo: ListMemo,
+    state: State,
 }
+
 /// Where the first top-level field of `buf` ends, if it is an entry in its plain
 /// form.
 enum Extent {
@@ -354,13 +203,14 @@ fn extent(buf: &[u8], left: usize) -> Extent {
     }
 }
 
-impl<L: EntryList> MessageReader for Reader<L> {
+impl ContainerSink {
+    /// The call's message is `len` bytes: whether the sink takes it.
     fn begin(&mut self, len: usize) -> bool {
         if len > self.limit || !matches!(self.state, State::Idle) {
             return false;
         }
         self.state = State::Reading {
-            list: L::default(),
+            list: ContainerList::default(),
             carry: Vec::new(),
             whole: false,
             left: len,
@@ -370,6 +220,7 @@ impl<L: EntryList> MessageReader for Reader<L> {
         true
     }
 
+    /// The next bytes of the message.
     fn feed(&mut self, mut data: &[u8]) {
         let State::Reading {
             list,
@@ -385,7 +236,7 @@ impl<L: EntryList> MessageReader for Reader<L> {
             if error.is_some() {
                 return;
             }
-            if let Err(e) = list.read(entry, &mut self.memo) {
+            if let Err(e) = read_entry(entry, &mut self.memo, list) {
                 *error = Some(e);
             }
         };
@@ -444,9 +295,7 @@ impl<L: EntryList> MessageReader for Reader<L> {
         }
         self.end_if_read();
     }
-}
 
-impl<L: EntryList> Reader<L> {
     /// Once every byte of the message came: the outcome.
     fn end_if_read(&mut self) {
         let State::Reading { left: 0, .. } = self.state else {
@@ -467,13 +316,28 @@ impl<L: EntryList> Reader<L> {
             // The rest of the message, whole (or a field the message's end cut
             // short): read as a response of its own (its fields are read in order; a
             // repeated field only appends), with prost's verdict.
-            None if whole || !carry.is_empty() => {
-                list_wire::list_entries(&carry, |entry| list.read(entry, &mut self.memo))
-                    .map(|()| list)
-            }
+            None if whole || !carry.is_empty() => list_wire::container_entries(&carry, |entry| {
+                read_entry(entry, &mut self.memo, &mut list)
+            })
+            .map(|()| list),
             None => Ok(list),
         };
         self.state = State::Done(outcome);
+    }
+}
+
+/// One entry, read with the memo's containers part, and kept (the view leaves out
+/// those plegd cannot attribute, as for any list).
+fn read_entry(
+    entry: &[u8],
+    memo: &mut ListMemo,
+    list: &mut ContainerList,
+) -> Result<(), WireError> {
+    let f = list_wire::container_entry(entry, Some(&mut memo.containers))?;
+    if list.push(&f) {
+        Ok(())
+    } else {
+        Err("the list's strings are over 4 GiB".into())
     }
 }
 
@@ -615,50 +479,51 @@ impl<B: Body<Data = Bytes> + Unpin> Body for SinkBody<B> {
     }
 }
 
-/// The message `bytes` given to a sink of `L` in pieces cut at `cuts` (ascending
-/// offsets), as frames would give it; the outcome, the memo's read left unfinished.
-pub(crate) fn sunk_in_pieces<L: EntryList>(
+/// The message `bytes` given to a sink in pieces cut at `cuts` (ascending offsets),
+/// as frames would give it; the outcome, the memo's read left unfinished.
+pub(crate) fn sunk_in_pieces(
     bytes: &[u8],
     cuts: &[usize],
     memo: &mut ListMemo,
-) -> Result<L, RuntimeError> {
-    let sink = ListSink::<L>::new(usize::MAX, memo);
-    {
-        let mut reader = sink.lock();
-        reader.begin(bytes.len());
-        let mut from = 0;
-        for &cut in cuts.iter().chain([&bytes.len()]) {
-            reader.feed(&bytes[from..cut]);
-            from = cut;
-        }
+) -> Result<ContainerList, WireError> {
+    let sink = Sink::new(usize::MAX, memo);
+    sink.lock().begin(bytes.len());
+    let mut from = 0;
+    for &cut in cuts.iter().chain([&bytes.len()]) {
+        sink.lock().feed(&bytes[from..cut]);
+        from = cut;
     }
-    sink.outcome(Ok(Bytes::new()), memo)
+    sink.into_outcome(memo)
+        .unwrap_or_else(|| Err("the sink took no message".into()))
 }
 
 impl NodeLists {
     /// The lists as [`crate::CriRuntime::list_node_memo`] makes them of the two
-    /// responses' messages: each given to its reader in `frame`-byte pieces, as
-    /// HTTP/2 delivers it, with `memo` (for tests and benchmarks of that path). A
-    /// refused message ends the memo's read.
+    /// responses' messages: ListContainers's given to its reader in `frame`-byte
+    /// pieces, as HTTP/2 delivers it, with `memo` (for tests and benchmarks of that
+    /// path). A refused message ends the memo's read.
     pub fn sunk(
-        sandboxes: &[u8],
+        sandboxes: Bytes,
         containers: &[u8],
         frame: usize,
         memo: &mut ListMemo,
-    ) -> Result<NodeLists, RuntimeError> {
-        let frame = frame.max(1);
-        let cuts = |len: usize| (frame..len).step_by(frame).collect::<Vec<usize>>();
-        let lists = sunk_in_pieces(sandboxes, &cuts(sandboxes.len()), memo).and_then(|sandboxes| {
-            let containers = sunk_in_pieces(containers, &cuts(containers.len()), memo)?;
-            Ok(NodeLists::Sunk {
+    ) -> Result<NodeLists, crate::RuntimeError> {
+        let cuts: Vec<usize> = (frame.max(1)..containers.len())
+            .step_by(frame.max(1))
+            .collect();
+        match sunk_in_pieces(containers, &cuts, memo) {
+            Ok(containers) => Ok(NodeLists::Sunk {
                 sandboxes,
                 containers,
-            })
-        });
-        if lists.is_err() {
-            memo.finish(false);
+            }),
+            Err(reason) => {
+                memo.finish(false);
+                Err(crate::RuntimeError::Invalid {
+                    op: "ListContainers",
+                    reason,
+                })
+            }
         }
-        lists
     }
 }
 
@@ -739,24 +604,16 @@ mod tests {
         (bytes, frames)
     }
 
-    /// The entries a sink read (its call handed back no bytes: it took the message).
-    fn read_by(
-        sink: ListSink<ContainerList>,
-        memo: &mut ListMemo,
-    ) -> Result<ContainerList, RuntimeError> {
-        sink.outcome(Ok(Bytes::new()), memo)
-    }
-
     #[test]
     fn the_sink_takes_the_message_and_tonic_gets_an_empty_one_and_the_trailers() {
         for size in [1, 3, 5, 7, 64, 1 << 20] {
             let (_, frames) = response(50, 0, size);
             let mut memo = ListMemo::default();
-            let sink = ListSink::<ContainerList>::new(1 << 20, &mut memo);
-            let (data, trailers) = through(frames, Some(sink.sink()));
+            let sink = Sink::new(1 << 20, &mut memo);
+            let (data, trailers) = through(frames, Some(sink.clone()));
             assert_eq!(data, [0; 5], "frames of {size}");
             assert!(trailers.is_some_and(|t| t["grpc-status"] == "0"));
-            let list = read_by(sink, &mut memo).expect("valid");
+            let list = sink.into_outcome(&mut memo).expect("taken").expect("valid");
             let ids: Vec<_> = list.iter().map(|c| c.id).collect();
             assert_eq!(ids.len(), 50);
             assert_eq!(ids[49], "c49");
@@ -769,19 +626,13 @@ mod tests {
         let (bytes, frames) = response(50, 0, 7);
         let mut memo = ListMemo::default();
         // One byte under the message's length.
-        let small = ListSink::<ContainerList>::new(bytes.len() - 6, &mut memo);
-        assert_eq!(through(frames, Some(small.sink())).0, bytes);
-        assert!(matches!(small.lock().state, State::Idle), "not taken");
-        // The message tonic then hands back (had its limit let it through) is read
-        // whole by the same sink.
-        let list = small
-            .outcome(Ok(Bytes::copy_from_slice(&bytes[5..])), &mut memo)
-            .expect("valid");
-        assert_eq!(list.len(), 50);
+        let small = Sink::new(bytes.len() - 6, &mut memo);
+        assert_eq!(through(frames, Some(small.clone())).0, bytes);
+        assert!(small.into_outcome(&mut memo).is_none());
         let (bytes, frames) = response(50, 1, 7);
-        let sink = ListSink::<ContainerList>::new(1 << 20, &mut memo);
-        assert_eq!(through(frames, Some(sink.sink())).0, bytes);
-        assert!(matches!(sink.lock().state, State::Idle), "not taken");
+        let sink = Sink::new(1 << 20, &mut memo);
+        assert_eq!(through(frames, Some(sink.clone())).0, bytes);
+        assert!(sink.into_outcome(&mut memo).is_none());
         let (bytes, frames) = response(50, 0, 7);
         assert_eq!(through(frames, None).0, bytes);
     }
@@ -791,38 +642,20 @@ mod tests {
         let (_, mut frames) = response(50, 0, 100);
         frames.truncate(3);
         let mut memo = ListMemo::default();
-        let sink = ListSink::<ContainerList>::new(1 << 20, &mut memo);
-        let (data, _) = through(frames, Some(sink.sink()));
+        let sink = Sink::new(1 << 20, &mut memo);
+        let (data, _) = through(frames, Some(sink.clone()));
         assert_eq!(data, [0; 5]);
-        assert!(read_by(sink, &mut memo).is_err());
-    }
-
-    #[test]
-    fn a_second_message_is_an_error() {
-        let (_, mut frames) = response(3, 0, 10);
-        let trailers = frames.pop().expect("trailers");
-        let (bytes, again) = response(3, 0, 10);
-        frames.extend(again.into_iter().filter(|f| f.is_data()));
-        frames.push(trailers);
-        let mut memo = ListMemo::default();
-        let sink = ListSink::<ContainerList>::new(1 << 20, &mut memo);
-        let (data, _) = through(frames, Some(sink.sink()));
-        assert_eq!(data[5..], bytes, "the second goes to tonic");
-        let err = sink.outcome(Ok(Bytes::copy_from_slice(&bytes[5..])), &mut memo);
-        assert!(
-            matches!(&err, Err(RuntimeError::Invalid { op: "ListContainers", reason }) if reason.contains("more than one")),
-            "{err:?}"
-        );
+        assert!(sink.into_outcome(&mut memo).expect("taken").is_err());
     }
 
     #[test]
     fn the_memo_goes_back_to_its_owner() {
         let (_, frames) = response(3, 0, 10);
         let mut memo = ListMemo::default();
-        let sink = ListSink::<ContainerList>::new(1 << 20, &mut memo);
-        through(frames, Some(sink.sink()));
+        let sink = Sink::new(1 << 20, &mut memo);
+        through(frames, Some(sink.clone()));
         assert!(memo.is_empty(), "lent to the sink");
-        read_by(sink, &mut memo).expect("valid");
+        sink.into_outcome(&mut memo).expect("taken").expect("valid");
         memo.finish(true);
         assert_eq!(
             memo.len().1,

@@ -219,25 +219,22 @@ pub fn sandbox_fields<'a>(
     depth: u32,
     labels: Option<&mut BTreeMap<String, String>>,
 ) -> Res<SandboxFields<'a>> {
-    sandbox_read::<true>(buf, depth, labels, None, None)
+    sandbox_read::<true>(buf, depth, labels, None)
 }
 
 /// Reads `cri::PodSandbox` bytes: checked fully (`FULL`), or only the fields it
-/// returns, the others skipped by length and added to `fp`. With `raw_labels`, the
-/// labels' fields as they were sent are appended to it (from where it was).
+/// returns, the others skipped by length and added to `fp`.
 #[inline(always)]
 fn sandbox_read<'a, const FULL: bool>(
     mut buf: &'a [u8],
     depth: u32,
     mut labels: Option<&mut BTreeMap<String, String>>,
     mut fp: Option<&mut Fingerprint<'_>>,
-    mut raw_labels: Option<&mut Vec<u8>>,
 ) -> Res<SandboxFields<'a>> {
     let mut f = SandboxFields::default();
     while !buf.is_empty() {
         let field = buf;
-        let (tag, wt) = key(&mut buf)?;
-        match (tag, wt) {
+        match key(&mut buf)? {
             (1, wt) => f.id = string(wt, &mut buf)?,
             (2, wt) => {
                 let mut meta = message(wt, &mut buf, depth)?;
@@ -265,9 +262,6 @@ fn sandbox_read<'a, const FULL: bool>(
                     fp.field(&field[..field.len() - buf.len()]);
                 }
             }
-        }
-        if let (Some(raw), 5) = (raw_labels.as_deref_mut(), tag) {
-            raw.extend_from_slice(&field[..field.len() - buf.len()]);
         }
     }
     Ok(f)
@@ -341,7 +335,7 @@ fn container_read<'a, const FULL: bool>(
 #[inline(always)]
 fn memoized<T>(
     memo: Option<&mut EntryMemo>,
-    mut read: impl FnMut(Option<&mut Fingerprint<'_>>) -> Res<T>,
+    read: impl Fn(Option<&mut Fingerprint<'_>>) -> Res<T>,
 ) -> Res<T> {
     let Some(memo) = memo else {
         return read(None);
@@ -375,8 +369,8 @@ pub(crate) fn sandboxes_memo<'a>(
 ) -> Res<()> {
     entries(buf, |entry, depth| {
         let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
-            None => sandbox_read::<true>(entry, depth, None, None, None),
-            fp => sandbox_read::<false>(entry, depth, None, fp, None),
+            None => sandbox_read::<true>(entry, depth, None, None),
+            fp => sandbox_read::<false>(entry, depth, None, fp),
         };
         let fields = memoized(memo.as_deref_mut().map(|m| &mut m.sandboxes), read)?;
         each(fields, entry);
@@ -406,18 +400,17 @@ pub(crate) fn containers_memo<'a>(
     })
 }
 
-/// The entries of a `ListPodSandboxResponse` or a `ListContainersResponse` (or of its
-/// rest, from a top-level field on: fields are read in order, and entries only
-/// append), each as its bytes, in order — or why prost would refuse it (an error of
-/// `each` ends the read).
-pub(crate) fn list_entries<'a>(
+/// The entries of a `ListContainersResponse` (or of its rest, from a top-level field
+/// on: fields are read in order, and entries only append), each as its bytes, in
+/// order — or why prost would refuse it (an error of `each` ends the read).
+pub(crate) fn container_entries<'a>(
     buf: &'a [u8],
     mut each: impl FnMut(&'a [u8]) -> Res<()>,
 ) -> Res<()> {
     entries(buf, |entry, _| each(entry))
 }
 
-/// One entry of [`list_entries`] of a `ListContainersResponse`, read as [`containers_memo`] reads it (the
+/// One entry of [`container_entries`], read as [`containers_memo`] reads it (the
 /// memo: its containers part).
 pub(crate) fn container_entry<'a>(
     entry: &'a [u8],
@@ -427,28 +420,6 @@ pub(crate) fn container_entry<'a>(
     let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
         None => container_read::<true>(entry, depth, None),
         fp => container_read::<false>(entry, depth, fp),
-    };
-    memoized(memo, read)
-}
-
-/// One entry of [`list_entries`] of a `ListPodSandboxResponse`, read as
-/// [`sandboxes_memo`] reads it (the memo: its sandboxes part); its labels' fields as
-/// they were sent are appended to `raw_labels` (a `PodSandbox` of its own:
-/// [`sandbox_labels`] reads them).
-pub(crate) fn sandbox_entry<'a>(
-    entry: &'a [u8],
-    memo: Option<&mut EntryMemo>,
-    raw_labels: &mut Vec<u8>,
-) -> Res<SandboxFields<'a>> {
-    let depth = RECURSION_LIMIT - 1;
-    let from = raw_labels.len();
-    let read = |fp: Option<&mut Fingerprint<'_>>| {
-        // A light read may be followed by a full one: each starts from `from`.
-        raw_labels.truncate(from);
-        match fp {
-            None => sandbox_read::<true>(entry, depth, None, None, Some(&mut *raw_labels)),
-            fp => sandbox_read::<false>(entry, depth, None, fp, Some(&mut *raw_labels)),
-        }
     };
     memoized(memo, read)
 }
@@ -976,93 +947,67 @@ mod tests {
             .len()
     }
 
-    /// A list response given in pieces, as HTTP/2 frames give it (cut anywhere:
-    /// inside a key, a length, an entry; many cuts or none), reads as the whole bytes
-    /// read — the same entries (a sandbox's labels included), or the same error —
-    /// with a fresh memo and with one that vouches for the entries of the read
-    /// before.
+    /// A `ListContainersResponse` given in pieces, as HTTP/2 frames give it (cut
+    /// anywhere: inside a key, a length, an entry; many cuts or none), reads as the
+    /// whole bytes read — the same entries, or the same error — with a fresh memo and
+    /// with one that vouches for the entries of the read before.
     #[test]
     fn a_list_read_in_pieces_reads_as_the_whole_bytes() {
         let mut rng = Rng::seeded(0x5851_f42d_4c95_7f2d);
-        let labels = |entry: &[u8]| sandbox_labels(entry).expect("labels of a valid entry");
-        for sandboxes in [false, true] {
-            let (mut ok, mut refused, mut vouched) = (0, 0, 0);
-            for _ in 0..3_000 {
-                let entries: Vec<_> = (0..rng.below(6))
-                    .map(|_| {
-                        let f = if sandboxes {
-                            sandbox_fields_encoded(&mut rng)
-                        } else {
-                            container_fields_encoded(&mut rng)
-                        };
-                        entry(&mut rng, f)
-                    })
-                    .collect();
-                let mut bytes = list(&mut rng, &entries);
-                if rng.chance(40) {
-                    bytes = mangle(&mut rng, bytes);
-                }
-                // Each entry as a string of what is read of it.
-                let mut whole = Vec::new();
-                let want = if sandboxes {
-                    sandboxes_memo(&bytes, None, |f, e| {
-                        whole.push(format!("{f:?} {:?}", labels(e)))
-                    })
-                } else {
-                    containers_memo(&bytes, None, |f| whole.push(format!("{f:?}")))
-                }
-                .map(|()| whole);
-                let mut memo = ListMemo::default();
-                for round in 0..2 {
-                    let mut cuts: Vec<usize> = match rng.below(3) {
-                        0 => (1..bytes.len()).collect(),
-                        1 => Vec::new(),
-                        _ => (0..rng.below(8))
-                            .map(|_| rng.below(bytes.len() as u64 + 1) as usize)
-                            .collect(),
-                    };
-                    cuts.sort_unstable();
-                    let before = memo.len();
-                    use crate::list_sink::{sunk_in_pieces, ContainerList, SandboxList};
-                    let got = if sandboxes {
-                        sunk_in_pieces::<SandboxList>(&bytes, &cuts, &mut memo).map(|l| {
-                            l.iter()
-                                .map(|(f, e)| format!("{f:?} {:?}", labels(e)))
-                                .collect::<Vec<_>>()
-                        })
-                    } else {
-                        sunk_in_pieces::<ContainerList>(&bytes, &cuts, &mut memo)
-                            .map(|l| l.iter().map(|f| format!("{f:?}")).collect())
-                    };
-                    match (&want, &got) {
-                        (Ok(want), Ok(got)) => {
-                            assert_eq!(got, want, "{bytes:?} cut at {cuts:?}");
-                            ok += 1;
-                            if round == 1 && !want.is_empty() {
-                                assert_eq!(
-                                    memo.len(),
-                                    before,
-                                    "nothing new: every entry vouched for"
-                                );
-                                vouched += 1;
-                            }
-                        }
-                        (Err(want), Err(RuntimeError::Invalid { reason, .. })) => {
-                            assert_eq!(reason, want, "{bytes:?} cut at {cuts:?}");
-                            refused += 1;
-                        }
-                        (want, got) => {
-                            panic!("whole: {want:?}\nin pieces: {got:?}\n{bytes:?} cut at {cuts:?}")
+        let (mut ok, mut refused, mut vouched) = (0, 0, 0);
+        for _ in 0..3_000 {
+            let containers: Vec<_> = (0..rng.below(6))
+                .map(|_| {
+                    let f = container_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            let mut bytes = list(&mut rng, &containers);
+            if rng.chance(40) {
+                bytes = mangle(&mut rng, bytes);
+            }
+            let mut whole = Vec::new();
+            let want = containers_memo(&bytes, None, |f| whole.push(f)).map(|()| whole);
+            let mut memo = ListMemo::default();
+            for round in 0..2 {
+                let mut cuts: Vec<usize> = match rng.below(3) {
+                    0 => (1..bytes.len()).collect(),
+                    1 => Vec::new(),
+                    _ => (0..rng.below(8))
+                        .map(|_| rng.below(bytes.len() as u64 + 1) as usize)
+                        .collect(),
+                };
+                cuts.sort_unstable();
+                let before = memo.len();
+                let got = crate::list_sink::sunk_in_pieces(&bytes, &cuts, &mut memo);
+                match (&want, &got) {
+                    (Ok(want), Ok(got)) => {
+                        assert_eq!(
+                            &got.iter().collect::<Vec<_>>(),
+                            want,
+                            "{bytes:?} cut at {cuts:?}"
+                        );
+                        ok += 1;
+                        if round == 1 && !want.is_empty() {
+                            assert_eq!(memo.len(), before, "nothing new: every entry vouched for");
+                            vouched += 1;
                         }
                     }
-                    memo.finish(got.is_ok());
+                    (Err(want), Err(got)) => {
+                        assert_eq!(got, want, "{bytes:?} cut at {cuts:?}");
+                        refused += 1;
+                    }
+                    (want, got) => {
+                        panic!("whole: {want:?}\nin pieces: {got:?}\n{bytes:?} cut at {cuts:?}")
+                    }
                 }
+                memo.finish(got.is_ok());
             }
-            assert!(
-                ok > 2_000 && refused > 500 && vouched > 500,
-                "sandboxes: {sandboxes}: {ok} read, {refused} refused, {vouched} vouched"
-            );
         }
+        assert!(
+            ok > 2_000 && refused > 500 && vouched > 500,
+            "{ok} read, {refused} refused, {vouched} vouched"
+        );
     }
 
     /// Reads with one memo over rounds of a changing node — the same bytes, entries

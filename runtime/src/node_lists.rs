@@ -11,7 +11,7 @@ use prost::bytes::Bytes;
 
 use crate::convert::{container_state_from_wire, sandbox_state_from_wire};
 use crate::list_memo::ListMemo;
-use crate::list_sink::{ContainerList, SandboxList};
+use crate::list_sink::ContainerList;
 use crate::list_wire;
 use crate::{Container, ContainerState, PodRef, RuntimeError, Sandbox, SandboxState};
 
@@ -25,10 +25,10 @@ pub enum NodeLists {
     /// The bytes of a `ListPodSandboxResponse` and of a `ListContainersResponse`,
     /// not yet checked.
     Wire { sandboxes: Bytes, containers: Bytes },
-    /// The sandboxes of a `ListPodSandboxResponse` and the containers of a
-    /// `ListContainersResponse`, read as they arrived ([`crate::list_sink`]).
+    /// The bytes of a `ListPodSandboxResponse`, not yet checked, and the containers
+    /// of a `ListContainersResponse` read as it arrived ([`crate::list_sink`]).
     Sunk {
-        sandboxes: SandboxList,
+        sandboxes: Bytes,
         containers: ContainerList,
     },
 }
@@ -47,7 +47,7 @@ pub struct SandboxRef<'a> {
 #[derive(Clone, Copy, Debug)]
 enum SandboxSource<'a> {
     Decoded(&'a Sandbox),
-    /// The entry's bytes (or its labels' fields alone) and what was read of them.
+    /// The entry's bytes and what was read of them.
     Wire(&'a [u8], u32, i64),
 }
 
@@ -200,17 +200,14 @@ impl NodeLists {
                 sandboxes,
                 containers,
             } => {
-                // Both were read (with the memo) as they arrived.
+                let read = sandboxes_view(sandboxes, memo.as_deref_mut()).map(|mut view| {
+                    view.containers = containers.iter().filter_map(container_ref).collect();
+                    view
+                });
                 if let Some(memo) = memo {
-                    memo.finish(true);
+                    memo.finish(read.is_ok());
                 }
-                Ok(ListView {
-                    sandboxes: sandboxes
-                        .iter()
-                        .filter_map(|(f, labels)| sandbox_ref(f, labels))
-                        .collect(),
-                    containers: containers.iter().filter_map(container_ref).collect(),
-                })
+                read
             }
         }
     }
@@ -240,33 +237,27 @@ fn sandboxes_view<'a>(
 ) -> Result<ListView<'a>, RuntimeError> {
     let mut view = ListView::default();
     list_wire::sandboxes_memo(sandboxes, memo, |f, entry| {
-        view.sandboxes.extend(sandbox_ref(f, entry));
+        if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
+            tracing::debug!(
+                id = f.id,
+                "ignoring a listed sandbox without id, metadata or pod UID"
+            );
+            return;
+        }
+        view.sandboxes.push(SandboxRef {
+            id: f.id,
+            uid: f.uid,
+            name: f.name,
+            namespace: f.namespace,
+            state: sandbox_state_from_wire(f.state),
+            from: SandboxSource::Wire(entry, f.attempt, f.created_at),
+        });
     })
     .map_err(|reason| RuntimeError::Invalid {
         op: "ListPodSandbox",
         reason,
     })?;
     Ok(view)
-}
-
-/// A listed sandbox as the view holds it, its labels read from `labels` (its entry,
-/// or its labels' fields alone); None (logged) for one plegd cannot attribute.
-fn sandbox_ref<'a>(f: list_wire::SandboxFields<'a>, labels: &'a [u8]) -> Option<SandboxRef<'a>> {
-    if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
-        tracing::debug!(
-            id = f.id,
-            "ignoring a listed sandbox without id, metadata or pod UID"
-        );
-        return None;
-    }
-    Some(SandboxRef {
-        id: f.id,
-        uid: f.uid,
-        name: f.name,
-        namespace: f.namespace,
-        state: sandbox_state_from_wire(f.state),
-        from: SandboxSource::Wire(labels, f.attempt, f.created_at),
-    })
 }
 
 /// A listed container as the view holds it; None (logged) for one plegd cannot
