@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use plegd_actors::{EventKind, Pleg, PlegConfig, ReconnectPolicy, Subscription};
+use plegd_actors::Subscription;
+use plegd_actors::{Delivery, EventKind, Pleg, PlegConfig, ReconnectPolicy, RelistSource};
 use plegd_sim::FakeRuntime;
-use plegd_telemetry::Metrics;
+use plegd_telemetry::{Metrics, RequestResult};
 
-use crate::wait::expect_event;
+use crate::wait::{expect_event, recv_until, wait_until};
 
 /// The Generic PLEG alone, relisting every `period`: no event stream, so every
 /// targeted relist in the test is one it asked for.
@@ -43,6 +44,46 @@ pub async fn running_pod(rt: &FakeRuntime, uid: &str, sub: &Subscription) -> (St
     let c = rt.run_container(&sb, "app");
     expect_event(sub, EventKind::ContainerStarted, &c).await;
     (sb, c)
+}
+
+/// Asks for a post-allocation relist of `uid` and waits until the subscriber has seen
+/// container `id` start and the request has reached an end. A CRI event or a global
+/// relist may publish the start first; a request still queued then would read the pod
+/// later and claim the next change (an exit the test expects from another source).
+/// Returns every delivery received on the way, the start last.
+pub async fn started_on_request(
+    p: &Pleg,
+    sub: &Subscription,
+    uid: &str,
+    id: &str,
+) -> Vec<Delivery> {
+    let m = p.metrics().clone();
+    let before = post_allocation_settled(&m);
+    p.request_relist(uid, RelistSource::PostAllocation);
+    let got = recv_until(sub, &format!("ContainerStarted of {id}"), |d| {
+        d.event.kind == EventKind::ContainerStarted && d.event.container_id == id
+    })
+    .await;
+    wait_until("post-allocation request settled", || {
+        post_allocation_settled(&m) > before
+    })
+    .await;
+    got
+}
+
+/// Post-allocation requests that reached an end: done, skipped, coalesced, merged or
+/// dropped.
+pub fn post_allocation_settled(m: &Metrics) -> u64 {
+    [
+        RequestResult::Done,
+        RequestResult::Skipped,
+        RequestResult::Coalesced,
+        RequestResult::Merged,
+        RequestResult::Dropped,
+    ]
+    .into_iter()
+    .map(|r| m.requests(r, RelistSource::PostAllocation))
+    .sum()
 }
 
 /// A reconnect policy of `base_ms`/`cap_ms` that resets after a healthy minute.

@@ -75,8 +75,7 @@ async fn run_seen(
     script: &str,
 ) -> String {
     let c = s.cri.run_container(pod, name, script).await;
-    pleg.request_relist(&pod.uid, RelistSource::PostAllocation);
-    expect_event(sub, EventKind::ContainerStarted, &c).await;
+    started_on_request(pleg, sub, &pod.uid, &c).await;
     c
 }
 

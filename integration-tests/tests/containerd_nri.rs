@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use integration_tests::containerd::*;
-use integration_tests::pleg::policy;
+use integration_tests::pleg::{policy, started_on_request};
 use integration_tests::wait::*;
 use plegd_actors::{EventKind, HintSourceName, HintSourceState, RelistSource};
 use plegd_nri::{Change, NriHint, Plugin, PluginConfig, Status};
@@ -163,8 +163,7 @@ async fn death_through_nri_alone(flavor: Flavor) {
             .cri
             .run_container(&pod, &format!("c{i}"), &wait_script(3))
             .await;
-        pleg.request_relist(&pod.uid, RelistSource::PostAllocation);
-        expect_event(&sub, EventKind::ContainerStarted, &c).await;
+        started_on_request(&pleg, &sub, &pod.uid, &c).await;
         s.cri.trigger_exit(&c).await;
         let d = match tokio::time::timeout(WAIT, expect_event(&sub, EventKind::ContainerDied, &c))
             .await

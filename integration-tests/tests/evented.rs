@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use integration_tests::pleg::{post_allocation_settled, started_on_request};
 use integration_tests::wait::*;
 use plegd_actors::ReconnectPolicy;
 use plegd_actors::WatcherState;
-use plegd_actors::{EventKind, RelistSource};
+use plegd_actors::{Delivery, EventKind, RelistSource};
 use plegd_actors::{Pleg, PlegConfig};
 use plegd_actors::{SyncError, SyncOutcome};
 use plegd_runtime::cri;
@@ -102,17 +103,7 @@ async fn running_pod(e: &Env, uid: &str, sub: &plegd_actors::Subscription) -> (S
     let c = e.sim.run_container(&sb, "app");
     // With a long period only the first global relist or a bring-forward sees it:
     // make sure it is seen by asking for a post-allocation relist (a targeted read).
-    let settled_before = post_allocation_settled(e);
-    e.pleg.request_relist(uid, RelistSource::PostAllocation);
-    expect_event(sub, EventKind::ContainerStarted, &c).await;
-    // A global relist may have seen the start first: wait until the request is
-    // finished too, or it could run later and claim an event the test expects
-    // from another source.
-    let m = e.pleg.metrics().clone();
-    wait_until("post-allocation request settled", || {
-        post_allocation_settled_in(&m) > settled_before
-    })
-    .await;
+    started_on_request(&e.pleg, sub, uid, &c).await;
     (sb, c)
 }
 
@@ -135,25 +126,6 @@ async fn wait_evented_relists(m: &Metrics, queued_before: u64, n: u64) {
     .await;
 }
 
-/// Post-allocation requests that reached an end: done, skipped, coalesced, merged or
-/// dropped.
-fn post_allocation_settled(e: &Env) -> u64 {
-    post_allocation_settled_in(e.pleg.metrics())
-}
-
-fn post_allocation_settled_in(m: &Metrics) -> u64 {
-    [
-        RequestResult::Done,
-        RequestResult::Skipped,
-        RequestResult::Coalesced,
-        RequestResult::Merged,
-        RequestResult::Dropped,
-    ]
-    .into_iter()
-    .map(|r| m.requests(r, RelistSource::PostAllocation))
-    .sum()
-}
-
 const LONG: Duration = Duration::from_secs(3600);
 
 #[actix_rt::test]
@@ -164,18 +136,10 @@ async fn a_container_exit_is_published_by_the_evented_relist() {
     let (_, c) = running_pod(&e, "u1", &sub).await;
     // Events the evented relist published, as the subscriber saw them.
     let mut evented = 0;
-    let mut until = async |kind: EventKind, id: &str| {
-        let got = recv_until(&sub, &format!("{kind} of {id}"), |d| {
-            d.event.kind == kind && d.event.container_id == id
-        })
-        .await;
-        evented += got
-            .iter()
+    let by_stream = |got: &[Delivery]| {
+        got.iter()
             .filter(|d| d.event.relist_source == RelistSource::EventedPleg)
-            .count() as u64;
-        got.into_iter()
-            .last()
-            .expect("recv_until returns the match last")
+            .count() as u64
     };
     for code in [0, 1, 137] {
         let sb = e.sim.sandboxes_of("u1").pop().unwrap();
@@ -185,12 +149,17 @@ async fn a_container_exit_is_published_by_the_evented_relist() {
             e.sim.run_container(&sb, &format!("c{code}"))
         };
         if code != 0 {
-            // The start's CRI event and this request race for the ContainerStarted.
-            e.pleg.request_relist("u1", RelistSource::PostAllocation);
-            until(EventKind::ContainerStarted, &c2).await;
+            // The last exit's relist may still be reading the pod: it or this request
+            // publishes the start.
+            evented += by_stream(&started_on_request(&e.pleg, &sub, "u1", &c2).await);
         }
         e.sim.exit_container(&c2, code);
-        let d = until(EventKind::ContainerDied, &c2).await;
+        let got = recv_until(&sub, "the exit", |d| {
+            d.event.kind == EventKind::ContainerDied && d.event.container_id == c2
+        })
+        .await;
+        evented += by_stream(&got);
+        let d = got.last().expect("recv_until returns the match last");
         assert_eq!(
             d.event.relist_source,
             RelistSource::EventedPleg,
@@ -200,6 +169,47 @@ async fn a_container_exit_is_published_by_the_evented_relist() {
     assert!(evented >= 3);
     assert_eq!(e.pleg.metrics().events(RelistSource::EventedPleg), evented);
     assert!(e.pleg.metrics().connection_latency.get_sample_count() > 0);
+}
+
+#[actix_rt::test]
+async fn a_start_on_request_waits_for_the_request_the_stream_beat() {
+    let e = env(FakeRuntime::new(), cfg(LONG));
+    let sub = e.pleg.subscribe("t", 1024).await.unwrap();
+    e.wait_connected().await;
+    let (sb, c) = running_pod(&e, "u1", &sub).await;
+    // An exit's relist publishes the death from its status read while its lists of
+    // the pod are held: a container started now is in those lists.
+    let lists = e.sim.calls(Op::ListContainers);
+    e.sim.hold(Op::ListContainers);
+    e.sim.exit_container(&c, 0);
+    let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
+    assert_eq!(d.event.relist_source, RelistSource::EventedPleg);
+    let sim = e.sim.clone();
+    wait_until("the exit's lists in flight", || {
+        sim.calls(Op::ListContainers) > lists
+    })
+    .await;
+    let c2 = e.sim.run_container(&sb, "second");
+    // The request made now reads the pod again once that read ends, slowly.
+    e.sim
+        .set_latency(Op::ListContainers, Duration::from_millis(300));
+    let m = e.pleg.metrics().clone();
+    let before = post_allocation_settled(&m);
+    let release = async {
+        e.sim.release(Op::ListContainers);
+    };
+    let (got, ()) = futures::join!(started_on_request(&e.pleg, &sub, "u1", &c2), release);
+    assert_eq!(
+        got.last().map(|d| d.event.relist_source),
+        Some(RelistSource::EventedPleg),
+        "the exit's relist published the start"
+    );
+    // Back only once the request was done: it cannot claim the next exit.
+    assert!(post_allocation_settled(&m) > before);
+    e.sim.set_latency(Op::ListContainers, Duration::ZERO);
+    e.sim.exit_container(&c2, 3);
+    let d = expect_event(&sub, EventKind::ContainerDied, &c2).await;
+    assert_eq!(d.event.relist_source, RelistSource::EventedPleg);
 }
 
 #[actix_rt::test]
@@ -225,8 +235,7 @@ async fn the_stream_recovers_after_a_runtime_crash_and_the_relist_finds_what_it_
     // And the fast path works again.
     let sb = e.sim.sandboxes_of("u1").pop().unwrap();
     let c2 = e.sim.run_container(&sb, "again");
-    e.pleg.request_relist("u1", RelistSource::PostAllocation);
-    expect_event(&sub, EventKind::ContainerStarted, &c2).await;
+    started_on_request(&e.pleg, &sub, "u1", &c2).await;
     e.sim.exit_container(&c2, 1);
     let d = expect_event(&sub, EventKind::ContainerDied, &c2).await;
     assert_eq!(d.event.relist_source, RelistSource::EventedPleg);

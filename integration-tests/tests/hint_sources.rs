@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use integration_tests::pleg::started_on_request;
 use integration_tests::wait::*;
 use plegd_actors::{EventKind, HintSourceName, HintSourceState, Pleg, PlegConfig, RelistSource};
 use plegd_actors::{ReconnectPolicy, Subscription};
@@ -81,8 +82,7 @@ impl Env {
     async fn running_pod(&self, uid: &str) -> String {
         let sb = self.sim.run_pod(uid, uid, "ns");
         let c = self.sim.run_container(&sb, "app");
-        self.pleg.request_relist(uid, RelistSource::PostAllocation);
-        expect_event(&self.sub, EventKind::ContainerStarted, &c).await;
+        started_on_request(&self.pleg, &self.sub, uid, &c).await;
         let (cache, c2) = (self.pleg.cache().clone(), c.clone());
         wait_until("cached", || cache.pod_of_container(&c2).is_some()).await;
         c
@@ -292,8 +292,7 @@ async fn a_read_that_sees_the_exit_in_the_status_but_not_in_the_list_is_read_aga
     .await;
     let sb = sim.run_pod("u1", "u1", "ns");
     let c = sim.run_container(&sb, "app");
-    pleg.request_relist("u1", RelistSource::PostAllocation);
-    expect_event(&sub, EventKind::ContainerStarted, &c).await;
+    started_on_request(&pleg, &sub, "u1", &c).await;
     *rt.stale.lock().unwrap() = Some(c.clone());
     sim.exit_container(&c, 4);
     let d = expect_event(&sub, EventKind::ContainerDied, &c).await;
