@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::cri;
+use crate::{cri, status_read};
 
 use crate::{
     Container, ContainerState, ContainerStatus, PodRef, RuntimeError, Sandbox, SandboxState,
@@ -187,16 +187,13 @@ pub fn sandbox_status_from_wire(s: &cri::PodSandboxStatus) -> Result<Sandbox, Ru
     )
 }
 
-/// ContainerStatus carries no sandbox ID on the wire; the caller knows it from the list.
-pub fn container_status_from_wire(sandbox_id: &str, s: &cri::ContainerStatus) -> ContainerStatus {
-    let (name, attempt) = s
-        .metadata
-        .as_ref()
-        .map(|m| (m.name.clone(), m.attempt))
-        .unwrap_or_default();
+/// A status as [`crate::status_read`] reads it. ContainerStatus carries no sandbox ID
+/// on the wire: it is left empty for the caller, which knows it from the list.
+pub fn container_status_from_read(s: status_read::StatusRead) -> ContainerStatus {
+    let (name, attempt) = s.metadata.map(|m| (m.name, m.attempt)).unwrap_or_default();
     ContainerStatus {
-        id: s.id.clone(),
-        sandbox_id: sandbox_id.to_string(),
+        id: s.id,
+        sandbox_id: String::new(),
         name,
         attempt,
         state: container_state_from_wire(s.state),
@@ -204,14 +201,13 @@ pub fn container_status_from_wire(sandbox_id: &str, s: &cri::ContainerStatus) ->
         started_at: s.started_at,
         finished_at: s.finished_at,
         exit_code: s.exit_code,
-        reason: s.reason.clone(),
-        message: s.message.clone(),
+        reason: s.reason,
+        message: s.message,
         image: s
             .image
-            .as_ref()
-            .map(|i| i.image.clone())
+            .map(|i| i.image)
             .filter(|i| !i.is_empty())
-            .unwrap_or_else(|| s.image_ref.clone()),
+            .unwrap_or(s.image_ref),
     }
 }
 

@@ -26,6 +26,7 @@ use crate::convert;
 use crate::list_sink::{Sink, SinkChannel};
 use crate::list_streaming::ListStreaming;
 use crate::raw_codec::RawCodec;
+use crate::status_read;
 use crate::{
     Container, ContainerStatus, EventStream, ListMemo, NodeLists, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox,
@@ -531,25 +532,18 @@ impl RuntimeClient for CriRuntime {
     }
 
     async fn container_status(&self, container_id: &str) -> Result<ContainerStatus, RuntimeError> {
-        let id = container_id.to_string();
-        let resp = self
-            .unary("ContainerStatus", |mut c, t| async move {
-                c.container_status(request(
-                    cri::ContainerStatusRequest {
-                        container_id: id,
-                        verbose: false,
-                    },
-                    t,
-                ))
-                .await
-            })
+        let bytes = self
+            .raw_unary(
+                "ContainerStatus",
+                "/runtime.v1.RuntimeService/ContainerStatus",
+                cri::ContainerStatusRequest {
+                    container_id: container_id.to_string(),
+                    verbose: false,
+                },
+            )
             .await?;
-        let status = resp.status.ok_or_else(|| RuntimeError::Invalid {
-            op: "ContainerStatus",
-            reason: format!("no status for container {container_id}"),
-        })?;
         // The sandbox ID is filled in by the caller, which knows it from ListContainers.
-        Ok(convert::container_status_from_wire("", &status))
+        status_read::container_status(&bytes, container_id)
     }
 
     async fn container_events(&self) -> Result<EventStream, RuntimeError> {

@@ -16,6 +16,9 @@ pub mod list_streaming;
 pub mod list_wire;
 mod node_lists;
 mod raw_codec;
+pub mod status_read;
+#[cfg(test)]
+mod wire_testing;
 
 pub use cri_client::{parse_unix_endpoint, unix_channel, CriRuntime, DEFAULT_MAX_MESSAGE_SIZE};
 /// CRI `runtime.v1`: messages, `RuntimeServiceClient` and `RuntimeServiceServer`

@@ -68,6 +68,10 @@ pub(crate) fn create_container(
             .map(|i| i.image)
             .filter(|i| i.starts_with("sha256:"))
             .unwrap_or_default(),
+        mounts: config.mounts,
+        log_path: config.log_path,
+        resources: config.linux.and_then(|l| l.resources),
+        user: None,
     };
     runtime
         .create_container_with_meta(sandbox_id, name, meta)

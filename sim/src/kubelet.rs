@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use plegd_runtime::PodRef;
+use plegd_runtime::{cri, PodRef};
 
 pub const POD_NAME: &str = "io.kubernetes.pod.name";
 pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
@@ -43,13 +43,19 @@ pub struct Kubelet {
 }
 
 /// What a container carries besides its state, as the runtime stores it from its
-/// config: labels, annotations, and the image ID kubelet resolved its image to.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// config: labels, annotations, the image ID kubelet resolved its image to, and what
+/// its status reports besides (mounts, log path, resources, user).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ContainerMeta {
     pub labels: HashMap<String, String>,
     pub annotations: HashMap<String, String>,
     /// `sha256:` and 64 hex digits; empty: none.
     pub image_id: String,
+    pub mounts: Vec<cri::Mount>,
+    /// As the status reports it: under the pod's log directory.
+    pub log_path: String,
+    pub resources: Option<cri::LinuxContainerResources>,
+    pub user: Option<cri::LinuxContainerUser>,
 }
 
 /// SplitMix64's finaliser: a bijection of u64 that looks random.
@@ -240,11 +246,68 @@ impl Kubelet {
             (TERMINATION_GRACE_PERIOD.to_string(), "30".to_string()),
             (CONTAINER_PORTS.to_string(), ports),
         ]);
+        let pod_dir = format!("/var/lib/kubelet/pods/{}", pod.uid);
+        let mount = |container_path: &str, host_path: String, readonly: bool| cri::Mount {
+            container_path: container_path.into(),
+            host_path,
+            readonly,
+            ..Default::default()
+        };
+        let mounts = vec![
+            mount(
+                "/var/run/secrets/kubernetes.io/serviceaccount",
+                format!(
+                    "{pod_dir}/volumes/kubernetes.io~projected/kube-api-access-{}",
+                    safe_chars(fnv(&pod.uid), 5)
+                ),
+                true,
+            ),
+            mount("/etc/hosts", format!("{pod_dir}/etc-hosts"), false),
+            mount(
+                "/dev/termination-log",
+                format!(
+                    "{pod_dir}/containers/{name}/{:08x}",
+                    fnv(&format!("{}/{name}/{restart_count}", pod.uid)) as u32
+                ),
+                false,
+            ),
+        ];
+        let log_path = format!(
+            "/var/log/pods/{}_{}_{}/{name}/{restart_count}.log",
+            pod.namespace, pod.name, pod.uid
+        );
         ContainerMeta {
             labels,
             annotations,
             image_id: image_id(name),
+            mounts,
+            log_path,
+            resources: Some(burstable_resources()),
+            user: Some(cri::LinuxContainerUser {
+                uid: 0,
+                gid: 0,
+                supplemental_groups: vec![0, 10],
+            }),
         }
+    }
+}
+
+/// The resources containerd reports for a container of 100m CPU and 256 MiB requested,
+/// 500m and 256 MiB its limits (a Burstable pod), as its spec sets them.
+fn burstable_resources() -> cri::LinuxContainerResources {
+    let hugepages = |page_size: &str| cri::HugepageLimit {
+        page_size: page_size.into(),
+        limit: 0,
+    };
+    cri::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: 50_000,
+        cpu_shares: 102,
+        memory_limit_in_bytes: 256 << 20,
+        oom_score_adj: 968,
+        hugepage_limits: vec![hugepages("2MB"), hugepages("1GB")],
+        memory_swap_limit_in_bytes: 256 << 20,
+        ..Default::default()
     }
 }
 

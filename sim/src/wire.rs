@@ -3,7 +3,7 @@
 //! sandboxes' annotations, the containers' labels, annotations and image IDs), as
 //! containerd sends them: a listed container has its config's image (the ID kubelet
 //! resolved it to, and the name the user gave); a container's status has the image's
-//! name and digest.
+//! name and digest, and its mounts, log path, resources and user.
 
 use plegd_runtime::{convert, cri};
 use plegd_runtime::{Container, ContainerStatus, Sandbox};
@@ -58,6 +58,16 @@ impl State {
                 w.image_ref = format!("{repo}@{}", m.image_id);
                 w.image_id = m.image_id.clone();
             }
+            w.mounts = m.mounts.clone();
+            w.log_path = m.log_path.clone();
+            w.resources = m.resources.clone().map(|linux| cri::ContainerResources {
+                linux: Some(linux),
+                windows: None,
+            });
+            w.user = m
+                .user
+                .clone()
+                .map(|linux| cri::ContainerUser { linux: Some(linux) });
         }
         w
     }
@@ -170,6 +180,34 @@ mod tests {
         assert_eq!(status.labels, lc.labels);
         assert_eq!(status.annotations, lc.annotations);
         assert_eq!(status.image_id, kubelet::image_id("app-0"));
+        // What containerd reports of the container's spec: kubelet's three mounts,
+        // the log under the pod's directory, resources and user.
+        let paths: Vec<_> = status
+            .mounts
+            .iter()
+            .map(|m| m.container_path.as_str())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "/var/run/secrets/kubernetes.io/serviceaccount",
+                "/etc/hosts",
+                "/dev/termination-log"
+            ]
+        );
+        assert!(status.mounts[0]
+            .host_path
+            .starts_with("/var/lib/kubelet/pods/uid-7/"));
+        assert_eq!(
+            status.log_path,
+            format!("/var/log/pods/shop_{name}_uid-7/app-0/0.log")
+        );
+        let linux = status.resources.and_then(|r| r.linux).expect("resources");
+        assert_eq!(
+            (linux.cpu_shares, linux.memory_limit_in_bytes),
+            (102, 256 << 20)
+        );
+        assert!(status.user.and_then(|u| u.linux).is_some());
 
         let ev = rt.event_about(&c, cri::ContainerEventType::ContainerStartedEvent);
         assert_eq!(ev.containers_statuses[0].annotations, lc.annotations);
@@ -209,9 +247,9 @@ mod tests {
             attempt: 0,
             image: "sha256:abc",
             script: "true",
-            log_path: String::new(),
+            log_path: "app/0.log".into(),
             labels: annotations.clone(),
-            memory_limit: None,
+            memory_limit: Some(64 << 20),
         });
         config.annotations = annotations.clone();
         let req = cri::CreateContainerRequest {
@@ -226,5 +264,8 @@ mod tests {
         assert_eq!(status.labels, annotations);
         assert_eq!(status.annotations, annotations);
         assert_eq!(status.image_id, "sha256:abc");
+        assert_eq!(status.log_path, "app/0.log");
+        let linux = status.resources.and_then(|r| r.linux).expect("resources");
+        assert_eq!(linux.memory_limit_in_bytes, 64 << 20);
     }
 }
