@@ -72,7 +72,17 @@ pub async fn run_real(
     config: &ServiceConfig,
     signals: &mut Signals,
 ) -> Result<(), ExitError> {
-    let (runtime, version) = connect(endpoint, config).await?;
+    // A runtime that does not answer holds the check for a whole request timeout.
+    let checked = signals
+        .unless_stopped(
+            "waiting for the runtime's start-up check",
+            connect(endpoint, config),
+        )
+        .await;
+    let Some(connected) = checked else {
+        return Ok(());
+    };
+    let (runtime, version) = connected?;
     let api_socket = api_socket_path(config, || PathBuf::from(plegd_api::DEFAULT_SOCKET));
     let state_dir = state_dir_path(config, || PathBuf::from(DEFAULT_STATE_DIR));
     serve(

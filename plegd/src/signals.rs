@@ -38,6 +38,27 @@ impl Signals {
         })
     }
 
+    /// Runs `work` to its end, unless SIGTERM or SIGINT comes first: then None, said in
+    /// the log (`doing` names the work). SIGHUP does not interrupt it.
+    pub async fn unless_stopped<T>(
+        &mut self,
+        doing: &'static str,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                out = &mut work => return Some(out),
+                asked = self.next() => {
+                    if let Asked::Stop(signal) = asked {
+                        tracing::info!(signal, "stopped while {doing}");
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
     /// The next signal received.
     pub async fn next(&mut self) -> Asked {
         tokio::select! {

@@ -780,6 +780,45 @@ fn a_signal_during_demo_start_up_still_cleans_up() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// Regression: a SIGTERM while the runtime had not answered the start-up check went
+/// unheard until the check's request timeout ended, and plegd then exited 1.
+#[test]
+fn a_signal_during_the_runtime_check_stops_plegd_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim = FakeRuntime::new();
+    sim.hold(plegd_sim::Op::Version);
+    let server = spawn_in_thread(&dir.path().join("cri.sock"), sim.clone()).unwrap();
+    for sig in ["TERM", "INT"] {
+        let calls = sim.calls(plegd_sim::Op::Version);
+        let mut child = plegd()
+            .args(["run", "--runtime-endpoint", &server.endpoint()])
+            .args(["--metrics-addr", "off", "--api-socket", "off"])
+            .args(["--state-dir", "off", "--runtime-request-timeout", "10m"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        process::wait_until("the start-up check asked", || {
+            sim.calls(plegd_sim::Op::Version) > calls
+        });
+        signal(&child, "HUP"); // not a stop: plegd goes on waiting
+        signal(&child, sig);
+        let (status, _) = wait_exit(&mut child);
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "SIG{sig}: {err}");
+        assert!(
+            err.contains("stopped while waiting for the runtime"),
+            "{err}"
+        );
+    }
+}
+
 /// Regression: a relist in progress whose status read was slow (1.2 s, within the 2 s
 /// request timeout) was dropped at shutdown, its events never written.
 #[test]
