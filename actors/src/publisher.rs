@@ -200,6 +200,7 @@ impl Handler<Subscribe> for EventPublisher {
         MessageResult(Ok(Subscription::new(
             msg.name,
             msg.after.unwrap_or(self.published),
+            skip_through,
             replay,
             rx,
             loss,

@@ -438,6 +438,8 @@ pub struct Subscription {
     name: String,
     /// The revision its events follow (see [`Self::starts_after`]).
     starts_after: u64,
+    /// See [`Self::live_after`].
+    live_after: u64,
     local: Mutex<Local>,
     rx: Receiver<Queued>,
     loss: SharedLoss,
@@ -468,6 +470,7 @@ impl Subscription {
     pub(crate) fn new(
         name: String,
         starts_after: u64,
+        live_after: u64,
         replay: Option<Replay>,
         rx: Receiver<Queued>,
         loss: SharedLoss,
@@ -478,6 +481,7 @@ impl Subscription {
         Subscription {
             name,
             starts_after,
+            live_after,
             local: Mutex::new(Local {
                 replay,
                 stashed: None,
@@ -500,6 +504,13 @@ impl Subscription {
     /// event after it is given or told lost).
     pub fn starts_after(&self) -> u64 {
         self.starts_after
+    }
+
+    /// The last revision published when it subscribed (or the one it resumed after,
+    /// if later): every event it receives live comes after it; a replay's events do
+    /// not.
+    pub fn live_after(&self) -> u64 {
+        self.live_after
     }
 
     fn local(&self) -> std::sync::MutexGuard<'_, Local> {

@@ -126,7 +126,9 @@ pub async fn open(ctx: &WatchContext, req: v1::WatchRequest) -> Result<WatchStre
     let hello = v1::Hello {
         instance_id: instance.to_string(),
         node_name: ctx.node_name.clone(),
-        latest_revision: ctx.pleg.latest_revision(),
+        // Where its live events begin, not a later reading: an event published
+        // meanwhile would be both in the Hello and sent.
+        latest_revision: sub.live_after(),
         hint_sources: convert::hint_sources(&ctx.pleg),
         health: Some(convert::health(&ctx.pleg)),
     };

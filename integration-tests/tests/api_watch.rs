@@ -332,6 +332,49 @@ async fn initial_events_then_live_events_have_no_gap_and_no_duplicate_under_raci
     assert!(changes > 0);
 }
 
+/// Regression: a live Watch's Hello read the latest revision after subscribing, so an
+/// event published between the two was both counted in the Hello and sent; a client
+/// that starts from the Hello's revision dropped it as seen.
+#[actix_rt::test]
+async fn a_live_watch_sends_only_events_after_its_hellos_revision() {
+    let served = Served::start(Duration::from_millis(5), 65_536);
+    let rt = served.rt.clone();
+    let sandboxes: Vec<_> = (0..4)
+        .map(|i| rt.run_pod(&format!("u{i}"), &format!("p{i}"), "ns"))
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (rt, stop, sandboxes) = (rt.clone(), stop.clone(), sandboxes.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let sb = &sandboxes[n % sandboxes.len()];
+                for c in rt.containers_of(sb) {
+                    if c.state == ContainerState::Running {
+                        rt.exit_container(&c.id, 1);
+                    }
+                }
+                rt.run_container(sb, &format!("app{n}"));
+                n += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let mut client = served.client().await;
+    for _ in 0..60 {
+        let mut w = watch(&mut client, v1::WatchRequest::default()).await;
+        let first = events_until(&mut w.stream, "a live event", |_| true).await;
+        assert!(
+            first[0].revision > w.hello.latest_revision,
+            "event {} sent after a Hello at {}",
+            first[0].revision,
+            w.hello.latest_revision
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    churn.join().unwrap();
+}
+
 #[actix_rt::test]
 async fn resuming_replays_exactly_and_unservable_revisions_are_refused_clearly() {
     let served = Served::start_with(
