@@ -26,12 +26,12 @@ pub struct Settings {
     /// environment or in the config file).
     #[arg(long, env = "PLEGD_RUNTIME_ENDPOINT", value_name = "ENDPOINT")]
     pub runtime_endpoint: Option<String>,
-    /// Period of the global relist, which runs whatever the event stream does (at most
+    /// Period of the global relist, which runs whatever the event stream does (10ms to
     /// 1h).
     #[arg(long, env = "PLEGD_RELIST_PERIOD", default_value = "1s")]
     pub relist_period: PositiveDuration<HOUR>,
     /// /healthz fails when the last successful global relist is older than this (at
-    /// most 1d).
+    /// least twice --relist-period, at most 1d).
     #[arg(long, env = "PLEGD_HEALTH_THRESHOLD", default_value = "3m")]
     pub health_threshold: PositiveDuration<DAY>,
     /// Deadline of each unary CRI call (at most 10m).

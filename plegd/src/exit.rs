@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use plegd_actors::ReconnectPolicyError;
 use plegd_runtime::RuntimeError;
@@ -88,6 +89,21 @@ pub enum ConfigError {
     },
     #[error("--reconnect-base/--reconnect-cap")]
     Reconnect(#[source] ReconnectPolicyError),
+    #[error("--relist-period {period}: must be at least {}", humantime::format_duration(*min))]
+    RelistPeriod { period: String, min: Duration },
+    #[error(
+        "--health-threshold {threshold}: must be at least twice --relist-period \
+         ({period}), or /healthz fails between two good global relists"
+    )]
+    HealthThreshold { threshold: String, period: String },
+    #[error("--node-name {name:?}: must not be empty or begin or end with white space")]
+    NodeNameBlank { name: String },
+    #[error(
+        "--api-control-socket {}: the same path as --api-socket; the control socket \
+         needs its own",
+        path.display()
+    )]
+    SameSockets { path: PathBuf },
     #[error("--events-json {}", path.display())]
     EventsJson {
         path: PathBuf,

@@ -17,6 +17,10 @@ use crate::config::Settings;
 use crate::exit::ConfigError;
 use crate::values::{ApiSocket, MetricsAddr, SocketMode, StateDir};
 
+/// The shortest `--relist-period`: shorter, the global relists run back to back and
+/// keep the runtime busy.
+pub const MIN_RELIST_PERIOD: Duration = Duration::from_millis(10);
+
 /// What the service runs with, whichever the runtime.
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
@@ -130,6 +134,41 @@ impl Settings {
         }
     }
 
+    /// Values that are fine alone but not as given: a relist period that would keep
+    /// the runtime busy, a health threshold /healthz cannot meet, a blank node name (a
+    /// flag refuses an empty one; the file and the environment did not), the control
+    /// socket on the API socket's path.
+    fn check_together(&self) -> Result<(), ConfigError> {
+        let period = self.relist_period.0;
+        if period < MIN_RELIST_PERIOD {
+            return Err(ConfigError::RelistPeriod {
+                period: self.relist_period.to_string(),
+                min: MIN_RELIST_PERIOD,
+            });
+        }
+        if self.health_threshold.0 < period.saturating_mul(2) {
+            return Err(ConfigError::HealthThreshold {
+                threshold: self.health_threshold.to_string(),
+                period: self.relist_period.to_string(),
+            });
+        }
+        if let Some(name) = &self.node_name {
+            if name.is_empty() || name.trim() != name {
+                return Err(ConfigError::NodeNameBlank { name: name.clone() });
+            }
+        }
+        if let (Some(ApiSocket::Path(api)), Some(ApiSocket::Path(control))) =
+            (&self.api_socket, &self.api_control_socket)
+        {
+            if api == control {
+                return Err(ConfigError::SameSockets {
+                    path: control.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Everything but the runtime endpoint, checked.
     pub fn service_config(&self) -> Result<ServiceConfig, ConfigError> {
         let reconnect = ReconnectPolicy::new(
@@ -139,6 +178,7 @@ impl Settings {
         )
         .map_err(ConfigError::Reconnect)?;
         let hint_selection = self.hint_selection()?;
+        self.check_together()?;
         if !self.nri_socket.is_absolute() {
             return Err(ConfigError::NriSocket {
                 path: self.nri_socket.clone(),

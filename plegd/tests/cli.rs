@@ -356,6 +356,8 @@ fn bad_config_fails_at_start_naming_the_key_and_reason() {
             "scheme",
         ),
         ("this is not toml", "not valid TOML", ""),
+        // Regression: an empty name from the file passed (the flag refused it).
+        ("node-name = \"\"\n", "node-name", "must not be empty"),
     ];
     for (i, (text, key, reason)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("c{i}.toml"));
@@ -559,6 +561,37 @@ fn a_bad_value_exits_2_naming_the_flag() {
             &["--reconnect-base", "2s", "--reconnect-cap", "1s"],
             &[],
             "--reconnect-cap",
+        ),
+        // Regression: accepted, then /healthz failed on a healthy node.
+        (
+            &["--relist-period", "30s", "--health-threshold", "2s"],
+            &[],
+            "--health-threshold 2s: must be at least twice --relist-period (30s)",
+        ),
+        (
+            &[],
+            &[("PLEGD_RELIST_PERIOD", "2m")],
+            "--health-threshold 3m",
+        ),
+        // Regression: accepted, and the global relists ran back to back.
+        (
+            &["--relist-period", "1ns"],
+            &[],
+            "--relist-period 1ns: must be at least 10ms",
+        ),
+        // Regression: a blank name passed from the environment.
+        (&[], &[("PLEGD_NODE_NAME", " ")], "--node-name \" \""),
+        (&["--node-name", "node-1 "], &[], "--node-name"),
+        // Regression: passed, then the start failed on plegd's own socket lock.
+        (
+            &[
+                "--api-socket",
+                "/tmp/plegd-same.sock",
+                "--api-control-socket",
+                "/tmp/plegd-same.sock",
+            ],
+            &[],
+            "the same path as --api-socket",
         ),
         // The demo brings its own runtime.
         (
