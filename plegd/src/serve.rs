@@ -528,6 +528,17 @@ struct HttpEndpoint {
     task: actix_rt::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// A port in use is the moment's (exit 1: a restart may find it free); an address
+/// this host does not have, or a port plegd may not bind, is the configuration's.
+fn metrics_addr_error(addr: std::net::SocketAddr, error: std::io::Error) -> ExitError {
+    if error.kind() == std::io::ErrorKind::AddrInUse {
+        return ExitError::Runtime(
+            anyhow::Error::new(error).context(format!("--metrics-addr {addr}: the port is in use")),
+        );
+    }
+    ExitError::from(ConfigError::MetricsAddr { addr, error })
+}
+
 /// The HTTP endpoint, when `--metrics-addr` asks for it.
 async fn start_http(
     config: &ServiceConfig,
@@ -543,7 +554,7 @@ async fn start_http(
         Arc::new(HealthAdapter(pleg.health().clone(), pleg.state().cloned())),
     )
     .await
-    .map_err(|error| ConfigError::MetricsAddr { addr, error })?;
+    .map_err(|error| metrics_addr_error(addr, error))?;
     tracing::info!(addr = %addr, "serving /metrics, /healthz and /readyz");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = actix_rt::spawn(server.serve(async {

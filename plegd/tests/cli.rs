@@ -852,6 +852,32 @@ fn a_signal_during_the_runtime_check_stops_plegd_at_once() {
     }
 }
 
+/// Regression: a `--metrics-addr` port in use exited 2, the code of bad
+/// configuration, which a supervisor need not retry; an address this host does not
+/// have is still 2.
+#[test]
+fn a_busy_metrics_port_exits_1_and_a_foreign_address_2() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().to_string();
+    for (addr, code, says) in [
+        (busy.as_str(), 1, "the port is in use"),
+        ("192.0.2.1:9090", 2, "--metrics-addr 192.0.2.1:9090"),
+    ] {
+        let out = run_to_end(&[
+            "demo",
+            "--pods",
+            "1",
+            "--metrics-addr",
+            addr,
+            "--api-socket",
+            "off",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{addr}: {err}");
+        assert!(err.contains(says), "{addr}: {err}");
+    }
+}
+
 /// Regression: a relist in progress whose status read was slow (1.2 s, within the 2 s
 /// request timeout) was dropped at shutdown, its events never written.
 #[test]
