@@ -29,11 +29,18 @@ impl Cursor {
         }
     }
 
-    /// The revision to go on after: the saved one, if it is this instance's.
-    pub fn load(&self) -> Option<u64> {
-        let text = std::fs::read_to_string(&self.path).ok()?;
-        let (instance, revision) = text.trim().split_once(' ')?;
-        (instance == self.instance).then(|| revision.parse().ok())?
+    /// The revision to go on after: the saved one, if it is this instance's (None:
+    /// no cursor, or another instance's); Err with why when it cannot be read.
+    pub fn load(&self) -> Result<Option<u64>, String> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", self.path.display())),
+        };
+        let damaged = || format!("{}: not \"INSTANCE REVISION\"", self.path.display());
+        let (instance, revision) = text.trim().split_once(' ').ok_or_else(damaged)?;
+        let revision: u64 = revision.parse().map_err(|_| damaged())?;
+        Ok((instance == self.instance).then_some(revision))
     }
 
     /// A save is due (the last one is [`SAVE_EVERY`] old).
@@ -71,11 +78,15 @@ mod tests {
     fn a_cursor_is_read_back_only_by_its_instance() {
         let dir = tempfile::tempdir().unwrap();
         let mut c = Cursor::new(dir.path(), "output", "abc");
-        assert_eq!(c.load(), None);
+        assert_eq!(c.load(), Ok(None));
         c.save(42, true);
-        assert_eq!(c.load(), Some(42));
-        assert_eq!(Cursor::new(dir.path(), "output", "other").load(), None);
-        std::fs::write(dir.path().join("output.cursor"), "abc x\n").unwrap();
-        assert_eq!(c.load(), None, "a damaged cursor is none");
+        assert_eq!(c.load(), Ok(Some(42)));
+        assert_eq!(Cursor::new(dir.path(), "output", "other").load(), Ok(None));
+        // Regression: a damaged cursor was taken as none, silently.
+        for damaged in ["abc x\n", "zzz\n", ""] {
+            std::fs::write(dir.path().join("output.cursor"), damaged).unwrap();
+            let err = c.load().expect_err(damaged);
+            assert!(err.contains("output.cursor"), "{err}");
+        }
     }
 }

@@ -349,8 +349,12 @@ async fn subscribe_after_cursor(
     resumed: bool,
 ) -> Result<Subscription, ExitError> {
     let closed = || ExitError::Runtime(anyhow::anyhow!("event publisher did not start"));
-    let after = cursor
-        .and_then(Cursor::load)
+    let loaded = cursor.map(Cursor::load).transpose().unwrap_or_else(|why| {
+        tracing::warn!(output = name, %why, "the output's cursor cannot be read: the output writes the whole stored history again");
+        None
+    });
+    let after = loaded
+        .flatten()
         .or((cursor.is_some() && resumed).then_some(0));
     match pleg.subscribe_after(name, queue, after).await {
         Ok(sub) => Ok(sub),
@@ -368,10 +372,17 @@ async fn subscribe_after_cursor(
                 .await
                 .map_err(|_| closed())
         }
-        Err(SubscribeError::Future { .. }) => pleg
-            .subscribe_after(name, queue, None)
-            .await
-            .map_err(|_| closed()),
+        Err(SubscribeError::Future { after, latest }) => {
+            tracing::warn!(
+                output = name,
+                after,
+                latest,
+                "the output's cursor is ahead of the stored history: the output goes on from now"
+            );
+            pleg.subscribe_after(name, queue, None)
+                .await
+                .map_err(|_| closed())
+        }
         Err(SubscribeError::Closed) => Err(closed()),
     }
 }
