@@ -117,32 +117,22 @@ impl CacheOwner {
         for u in msg.updates {
             self.apply(u);
         }
-        // After the updates: a pod this relist found gone has no entry left to fold
-        // its last events into.
-        // A pod's events come one after the other: its states are unpacked and packed
-        // again once for them all.
+        // After the updates. A pod's events come one after the other: its states are
+        // unpacked and packed again once for them all.
         let mut events = msg.events.into_iter().peekable();
         while let Some((uid, id, kind)) = events.next() {
             let mut run = vec![(id, kind)];
             while let Some((_, id, kind)) = events.next_if(|(u, ..)| *u == uid) {
                 run.push((id, kind));
             }
-            let Some(mut pod) = self.shared.pods.get_mut(uid.as_str()) else {
-                continue;
-            };
-            let mut reported = pod.reported.unpack();
-            for (id, kind) in run {
-                match kind {
-                    EventKind::ContainerStarted | EventKind::ContainerDied => {
-                        reported.insert(id, kind);
-                    }
-                    EventKind::ContainerRemoved => {
-                        reported.remove(&id);
-                    }
-                    EventKind::PodSync | EventKind::ContainerChanged => {}
-                }
+            if let Some(mut pod) = self.shared.pods.get_mut(uid.as_str()) {
+                pod.reported = fold(&pod.reported, run, true, &mut self.buf);
+            } else if let Some(mut t) = self.shared.tombstones.get_mut(uid.as_str()) {
+                // Found gone by this relist: its tombstone shows the pod as its last
+                // events left it, the deaths before the removals (or every container
+                // would be absent, and shown as last read: running).
+                t.last.reported = fold(&t.last.reported, run, false, &mut self.buf);
             }
-            pod.reported = PackedReported::pack(&reported, &mut self.buf);
         }
         self.revision = self.revision.max(msg.revision);
         self.prune();
@@ -175,6 +165,29 @@ impl CacheOwner {
         }
     }
 }
+/// `reported` with a pod's events folded in, in order: the last start or death of
+/// each sandbox and container; a removal takes its entry out when `removals`.
+fn fold(
+    reported: &PackedReported,
+    events: Vec<(String, EventKind)>,
+    removals: bool,
+    buf: &mut Vec<u8>,
+) -> PackedReported {
+    let mut states = reported.unpack();
+    for (id, kind) in events {
+        match kind {
+            EventKind::ContainerStarted | EventKind::ContainerDied => {
+                states.insert(id, kind);
+            }
+            EventKind::ContainerRemoved if removals => {
+                states.remove(&id);
+            }
+            EventKind::ContainerRemoved | EventKind::PodSync | EventKind::ContainerChanged => {}
+        }
+    }
+    PackedReported::pack(&states, buf)
+}
+
 #[cfg(test)]
 mod tests {
     use actix::prelude::*;
@@ -299,8 +312,8 @@ mod tests {
                 ("sa".to_string(), ContainerStarted)
             ])
         );
-        // Gone: the tombstone keeps the last entry; back with the same UID: nothing
-        // reported yet of the new one.
+        // Gone: the tombstone keeps the last entry with the deaths of its last
+        // relist, not its removals (regression: it showed the sandbox started).
         owner
             .send(ApplyRelist {
                 events: vec![
@@ -312,7 +325,22 @@ mod tests {
             })
             .await
             .unwrap();
-        assert!(matches!(cache.lookup("a"), PodLookup::Removed { .. }));
+        let PodLookup::Removed { last, .. } = cache.lookup("a") else {
+            panic!("no tombstone: {:?}", cache.lookup("a"));
+        };
+        let buried: Vec<_> = last
+            .reported
+            .into_iter()
+            .map(|(id, kind)| (id.to_string(), kind))
+            .collect();
+        assert_eq!(
+            buried,
+            vec![
+                ("c1".to_string(), ContainerDied),
+                ("sa".to_string(), ContainerDied)
+            ]
+        );
+        // Back with the same UID: nothing reported yet of the new one.
         owner.send(relist(vec![set("a", at(4))], 10)).await.unwrap();
         assert_eq!(reported("a"), Some(vec![]));
     }
