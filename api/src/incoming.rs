@@ -12,8 +12,13 @@
 //!   would let a flood that reconnects faster than a client's first write (a client
 //!   descheduled between its connect and its preface, on a loaded node) push that
 //!   client out. A flood from one process now closes only its own connections.
-//! - At most [`Limits::max_served`] handshaken connections are served; one more is
-//!   closed at once (never left hanging).
+//! - At most [`Limits::max_served`] handshaken connections are served. One more
+//!   takes the place of the newest served connection of the process that holds the
+//!   most, if that process holds at least two more than the newcomer's ([`evicted`]):
+//!   the evicted connection's reads end and the server closes it (its client
+//!   reconnects, and a Watch resumes). Otherwise the newcomer is closed at once
+//!   (never left hanging). So a process that connects until the places run out takes
+//!   them from itself, not from the others.
 //! - A served connection with no stream open for [`Limits::idle_timeout`] is closed
 //!   (a client's channel reconnects on its next call).
 //! - Out of file descriptors, a handshaking connection is closed to make room (the same
@@ -31,12 +36,13 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::task::AtomicWaker;
 use futures::{Stream, StreamExt as _};
 use plegd_telemetry::spare_fd::{out_of_fds, SpareFd};
 use plegd_telemetry::{ApiConnectionClose, Metrics};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 use tokio_stream::StreamMap;
 use tonic::transport::server::{Connected, UdsConnectInfo};
@@ -136,6 +142,99 @@ fn evictee(places: impl IntoIterator<Item = Place>) -> Option<Place> {
         .map(|(_, _, oldest)| oldest)
 }
 
+/// Which served connection a newcomer from `newcomer` takes the place of, every place
+/// being held (`held`: each one's arrival and peer): the newest of the peer that holds
+/// the most (of peers holding as many, the one whose newest is newest), if it holds at
+/// least two more than the newcomer's peer; else none, and the newcomer is refused.
+/// (One more would only move the excess from one to the other.)
+fn evicted(held: impl IntoIterator<Item = Place>, newcomer: Peer) -> Option<Place> {
+    // Per peer: places held, and its newest.
+    let mut peers: Vec<(Peer, usize, Place)> = Vec::new();
+    for place in held {
+        match peers.iter_mut().find(|(peer, _, _)| *peer == place.peer) {
+            Some((_, n, newest)) => {
+                *n += 1;
+                if place.arrival > newest.arrival {
+                    *newest = place;
+                }
+            }
+            None => peers.push((place.peer, 1, place)),
+        }
+    }
+    let own = peers
+        .iter()
+        .find(|(peer, _, _)| *peer == newcomer)
+        .map_or(0, |&(_, n, _)| n);
+    peers
+        .into_iter()
+        .max_by_key(|&(_, n, newest)| (n, newest.arrival))
+        .filter(|&(peer, n, _)| peer != newcomer && n >= own + 2)
+        .map(|(_, _, newest)| newest)
+}
+
+/// The served places: who holds them, and how to end each.
+#[derive(Default)]
+struct ServedPlaces {
+    held: Vec<(Place, Arc<Eviction>)>,
+    next: u64,
+}
+
+/// A served connection's hold on its place, given back when the connection ends.
+struct PlaceHold {
+    places: Arc<Mutex<ServedPlaces>>,
+    arrival: u64,
+}
+
+impl Drop for PlaceHold {
+    fn drop(&mut self) {
+        let mut places = self.places.lock().unwrap_or_else(|e| e.into_inner());
+        places.held.retain(|(p, _)| p.arrival != self.arrival);
+    }
+}
+
+/// Asks a served connection to end: its next read ends the stream.
+#[derive(Default)]
+struct Eviction {
+    asked: std::sync::atomic::AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Eviction {
+    fn ask(&self) {
+        self.asked.store(true, Ordering::SeqCst);
+        self.waker.wake();
+    }
+}
+
+/// A served place for a connection from `peer`: a free one, or one taken from the
+/// peer [`evicted`] picks (whose place is free from now on, its connection asked to
+/// end); None if neither.
+fn take_place(
+    places: &Arc<Mutex<ServedPlaces>>,
+    peer: Peer,
+    max: usize,
+    metrics: &Metrics,
+) -> Option<(PlaceHold, Arc<Eviction>)> {
+    let mut guard = places.lock().unwrap_or_else(|e| e.into_inner());
+    if guard.held.len() >= max {
+        let victim = evicted(guard.held.iter().map(|(p, _)| *p), peer)?;
+        if let Some(i) = guard.held.iter().position(|(p, _)| *p == victim) {
+            let (_, eviction) = guard.held.swap_remove(i);
+            eviction.ask();
+            metrics.count_api_connection_closed(ApiConnectionClose::ServedEvicted);
+        }
+    }
+    let arrival = guard.next;
+    guard.next += 1;
+    let eviction = Arc::new(Eviction::default());
+    guard.held.push((Place { arrival, peer }, eviction.clone()));
+    let hold = PlaceHold {
+        places: places.clone(),
+        arrival,
+    };
+    Some((hold, eviction))
+}
+
 async fn handshake(mut stream: UnixStream, deadline: Duration) -> Handshake {
     let mut got = [0u8; PREFACE.len()];
     match tokio::time::timeout(deadline, stream.read_exact(&mut got)).await {
@@ -153,7 +252,7 @@ async fn accept_loop(
     metrics: Arc<Metrics>,
     tx: mpsc::UnboundedSender<Served>,
 ) {
-    let served = Arc::new(Semaphore::new(limits.max_served.max(1)));
+    let served = Arc::new(Mutex::new(ServedPlaces::default()));
     // Removing one drops (closes) it at once.
     let mut handshaking: StreamMap<Place, Handshaking> = StreamMap::new();
     let mut next_key = 0u64;
@@ -179,11 +278,13 @@ async fn accept_loop(
                     }
                     Handshake::Gone => continue,
                 };
-                let Ok(permit) = served.clone().try_acquire_owned() else {
+                let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
+                let max = limits.max_served.max(1);
+                let Some(place) = take_place(&served, peer, max, &metrics) else {
                     metrics.count_api_connection_closed(ApiConnectionClose::TooManyConnections);
                     continue;
                 };
-                let conn = Served::new(stream, permit, limits.idle_timeout, metrics.clone());
+                let conn = Served::new(stream, place, limits.idle_timeout, metrics.clone());
                 if tx.send(conn).is_err() {
                     return;
                 }
@@ -331,13 +432,14 @@ pub struct Served {
     idle_check: Pin<Box<Sleep>>,
     reaped: bool,
     metrics: Arc<Metrics>,
-    _permit: OwnedSemaphorePermit,
+    eviction: Arc<Eviction>,
+    _place: PlaceHold,
 }
 
 impl Served {
     fn new(
         stream: UnixStream,
-        permit: OwnedSemaphorePermit,
+        (place, eviction): (PlaceHold, Arc<Eviction>),
         idle_timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -349,7 +451,8 @@ impl Served {
             idle_check: Box::pin(tokio::time::sleep(idle_timeout)),
             reaped: false,
             metrics,
-            _permit: permit,
+            eviction,
+            _place: place,
         }
     }
 
@@ -389,6 +492,12 @@ impl AsyncRead for Served {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         if self.reaped {
+            return Poll::Ready(Ok(()));
+        }
+        // Its place was given to another process's connection (counted there).
+        self.eviction.waker.register(cx.waker());
+        if self.eviction.asked.load(Ordering::SeqCst) {
+            self.reaped = true;
             return Poll::Ready(Ok(()));
         }
         if self.replayed < PREFACE.len() {
@@ -659,6 +768,45 @@ mod tests {
             evictee([place(0, 1), unknown(4), unknown(3)]),
             Some(unknown(3))
         );
+    }
+
+    #[test]
+    fn a_served_place_is_taken_from_a_peer_holding_two_more_than_the_newcomers() {
+        assert_eq!(evicted([], Some(1)), None);
+        // A flood of 256 from one process: a newcomer from another takes its newest.
+        let flood: Vec<_> = (0..256).map(|a| place(a, 7)).collect();
+        assert_eq!(evicted(flood.clone(), Some(42)), Some(place(255, 7)));
+        // The flood's own newcomer takes nothing: it would only take from itself.
+        assert_eq!(evicted(flood.clone(), Some(7)), None);
+        // Evened out to within one: refused (a move would only swap the excess).
+        let even = [place(0, 1), place(1, 2), place(2, 1)];
+        assert_eq!(evicted(even, Some(2)), None);
+        assert_eq!(
+            evicted([place(0, 1), place(1, 1), place(2, 2)], Some(2)),
+            None
+        );
+        assert_eq!(
+            evicted(
+                [place(0, 1), place(1, 1), place(2, 1), place(3, 2)],
+                Some(2)
+            ),
+            Some(place(2, 1))
+        );
+        // Peers holding as many: the one whose newest is newest.
+        assert_eq!(
+            evicted(
+                [place(5, 1), place(2, 2), place(6, 1), place(8, 2)],
+                Some(3)
+            ),
+            Some(place(8, 2))
+        );
+        // Peers the kernel named no PID for are one peer.
+        let unknown = |arrival| Place {
+            arrival,
+            peer: None,
+        };
+        assert_eq!(evicted([unknown(4), unknown(3)], Some(1)), Some(unknown(4)));
+        assert_eq!(evicted([unknown(4), unknown(3)], None), None);
     }
 
     #[test]

@@ -104,6 +104,7 @@ fn check_labels(m: &BTreeMap<String, f64>, forbidden: &[&str]) {
         "bad_preface",
         "handshake_evicted",
         "too_many_connections",
+        "served_evicted",
         "idle",
         "out_of_fds",
         // Hint IDs traced to their pods; stops a source reported or missed.

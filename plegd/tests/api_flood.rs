@@ -272,6 +272,47 @@ while True:
     Reaped(child)
 }
 
+/// Regression: one process that opened 256 connections (each handshaken, as a
+/// client with a Watch on each holds them) kept every other client out until its
+/// connections ended. Now a newcomer from another process takes the place of the
+/// flood's newest.
+#[test]
+fn a_process_holding_every_served_place_gives_one_up_to_another_client() {
+    const HOLD: &str = r#"
+import socket, sys, time
+hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+held = []
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sys.argv[1])
+    s.sendall(hello)
+    held.append(s)
+time.sleep(3600)
+"#;
+    let _turn = take_turn();
+    let (_dir, socket) = temp_socket();
+    let port = free_port();
+    let _plegd = demo(command(plegd_bin()), &socket, port);
+    let refused = || closed(port, "too_many_connections") + closed(port, "handshake_evicted");
+    let before = refused();
+    let _hold = Reaped(
+        std::process::Command::new("python3")
+            .args(["-c", HOLD])
+            .arg(&socket)
+            .arg("300")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("python3 runs (scripts/conformance-tools.sh needs it too)"),
+    );
+    // 256 served; the holder's 44 more were closed (it takes nothing from itself;
+    // some, 64 waiting for their handshake at once, made room for its next).
+    wait_until("every served place taken", || refused() >= before + 44);
+    let evicted = closed(port, "served_evicted");
+    let (answer, took) = list_pods(&socket);
+    assert!(answer.is_ok(), "{answer:?} after {took:?}");
+    assert_eq!(closed(port, "served_evicted"), evicted + 1);
+}
+
 /// A client that connects and then, descheduled or slow, sends nothing for a while
 /// keeps its handshake place against a flood from another process that reconnects
 /// far faster: the flood's own connections make room for the flood.

@@ -163,8 +163,11 @@ label_enum! {
         BadPreface => "bad_preface",
         /// Still in its handshake when newer connections took every handshake place.
         HandshakeEvicted => "handshake_evicted",
-        /// Handshaken when every served place was taken.
+        /// Handshaken when every served place was taken (and none could be taken
+        /// from a process holding more).
         TooManyConnections => "too_many_connections",
+        /// Served, its place given to a connection of a process holding fewer.
+        ServedEvicted => "served_evicted",
         /// No stream open for the idle timeout.
         Idle => "idle",
         /// Accepted with plegd's spare descriptor when out of descriptors, and closed.

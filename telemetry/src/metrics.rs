@@ -255,7 +255,7 @@ impl Metrics {
             ),
             api_connections_closed: counter_vec(
                 "plegd_api_connections_closed_total",
-                "Subscriber API connections plegd closed itself, by reason (handshake_timeout, bad_preface, handshake_evicted, too_many_connections, idle, out_of_fds).",
+                "Subscriber API connections plegd closed itself, by reason (handshake_timeout, bad_preface, handshake_evicted, too_many_connections, served_evicted, idle, out_of_fds).",
                 &["reason"],
             ),
             api_refused: counter_vec(
