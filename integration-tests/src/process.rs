@@ -65,6 +65,16 @@ pub fn wait_exit(child: &mut Child) -> (std::process::ExitStatus, Duration) {
     }
 }
 
+/// [`wait_exit`], and what the child wrote on its stderr (when it was piped).
+pub fn exit_and_stderr(child: &mut Child) -> (std::process::ExitStatus, String) {
+    let (status, _) = wait_exit(child);
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut e, &mut stderr).expect("stderr reads");
+    }
+    (status, stderr)
+}
+
 /// Polls `cond` until it holds; panics with `what` after [`TIMEOUT`].
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + TIMEOUT;

@@ -230,6 +230,42 @@ fn fold(state: &mut BTreeMap<String, &'static str>, kind: EventKind, id: &str) {
     }
 }
 
+/// Containers of `sandboxes` exiting and new ones starting, one sandbox after the
+/// other every millisecond, from a thread of its own until stopped.
+struct Churn {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl Churn {
+    fn start(rt: &plegd_sim::FakeRuntime, sandboxes: &[String]) -> Churn {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (rt, halt, sandboxes) = (rt.clone(), stop.clone(), sandboxes.to_vec());
+        let thread = std::thread::spawn(move || {
+            let mut n = 0;
+            while !halt.load(std::sync::atomic::Ordering::SeqCst) {
+                let sb = &sandboxes[n % sandboxes.len()];
+                for c in rt.containers_of(sb) {
+                    if c.state == ContainerState::Running {
+                        rt.exit_container(&c.id, 1);
+                    }
+                }
+                rt.run_container(sb, &format!("app{n}"));
+                n += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            n
+        });
+        Churn { stop, thread }
+    }
+
+    /// Stops it; the changes it made.
+    fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("the churn thread ends")
+    }
+}
+
 #[actix_rt::test]
 async fn initial_events_then_live_events_have_no_gap_and_no_duplicate_under_racing_changes() {
     let served = Served::start(Duration::from_millis(5), 65_536);
@@ -242,25 +278,7 @@ async fn initial_events_then_live_events_have_no_gap_and_no_duplicate_under_raci
         sandboxes.push(sb);
     }
     // Changes racing the snapshot: containers exit and new ones start, all along.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let churn = {
-        let (rt, stop, sandboxes) = (rt.clone(), stop.clone(), sandboxes.clone());
-        std::thread::spawn(move || {
-            let mut n = 0;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let sb = &sandboxes[n % sandboxes.len()];
-                for c in rt.containers_of(sb) {
-                    if c.state == ContainerState::Running {
-                        rt.exit_container(&c.id, 1);
-                    }
-                }
-                rt.run_container(sb, &format!("app{n}"));
-                n += 1;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            n
-        })
-    };
+    let churn = Churn::start(&rt, &sandboxes);
     let mut client = served.client().await;
     let mut runs = Vec::new();
     for _ in 0..5 {
@@ -290,8 +308,7 @@ async fn initial_events_then_live_events_have_no_gap_and_no_duplicate_under_raci
         };
         runs.push((w, snapshot, bookmark));
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let changes = churn.join().unwrap();
+    let changes = churn.stop();
     // A last change everyone must see.
     let marker = rt.run_container(&sandboxes[0], "marker");
     let published = recv_until(&reference_sub, "the marker", |d| {
@@ -342,24 +359,7 @@ async fn a_live_watch_sends_only_events_after_its_hellos_revision() {
     let sandboxes: Vec<_> = (0..4)
         .map(|i| rt.run_pod(&format!("u{i}"), &format!("p{i}"), "ns"))
         .collect();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let churn = {
-        let (rt, stop, sandboxes) = (rt.clone(), stop.clone(), sandboxes.clone());
-        std::thread::spawn(move || {
-            let mut n = 0;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                let sb = &sandboxes[n % sandboxes.len()];
-                for c in rt.containers_of(sb) {
-                    if c.state == ContainerState::Running {
-                        rt.exit_container(&c.id, 1);
-                    }
-                }
-                rt.run_container(sb, &format!("app{n}"));
-                n += 1;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        })
-    };
+    let churn = Churn::start(&rt, &sandboxes);
     let mut client = served.client().await;
     for _ in 0..60 {
         let mut w = watch(&mut client, v1::WatchRequest::default()).await;
@@ -371,8 +371,7 @@ async fn a_live_watch_sends_only_events_after_its_hellos_revision() {
             w.hello.latest_revision
         );
     }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    churn.join().unwrap();
+    churn.stop();
 }
 
 #[actix_rt::test]

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use integration_tests::process::{command, run_to_end, wait_exit, wait_until, Reaped};
+use integration_tests::process::{
+    command, exit_and_stderr, run_to_end, wait_exit, wait_until, Reaped,
+};
 use serde_json::Value;
 
 fn plegd() -> std::process::Command {
@@ -217,14 +219,7 @@ fn watch_json_starts_with_the_hello_and_a_closed_stdout_ends_each_client_with_0(
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let (status, _) = wait_exit(&mut child);
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (status, err) = exit_and_stderr(&mut child);
         assert_eq!(status.code(), Some(0), "{args:?}: {err}");
         assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
     }

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use plegd_sim::{spawn_in_thread, FakeRuntime};
 
-use integration_tests::process::{self, command, free_port, http_get, signal, wait_exit, TIMEOUT};
+use integration_tests::process::{
+    self, command, exit_and_stderr, free_port, http_get, signal, wait_exit, TIMEOUT,
+};
 
 /// The binary under test.
 fn plegd() -> std::process::Command {
@@ -682,15 +684,6 @@ fn busy_demo(events_json: &str, stdout: Stdio) -> Child {
 }
 
 /// Waits for the child's exit; its status and everything it wrote to stderr.
-fn exit_and_stderr(child: &mut Child) -> (std::process::ExitStatus, String) {
-    let (status, _) = wait_exit(child);
-    let mut stderr = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_string(&mut stderr).unwrap();
-    }
-    (status, stderr)
-}
-
 /// Regression: with its output's reader gone (`plegd ... | head -1`), plegd went on
 /// relisting forever, silently losing every later event.
 #[test]
@@ -836,14 +829,7 @@ fn a_signal_during_the_runtime_check_stops_plegd_at_once() {
         });
         signal(&child, "HUP"); // not a stop: plegd goes on waiting
         signal(&child, sig);
-        let (status, _) = wait_exit(&mut child);
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let (status, err) = exit_and_stderr(&mut child);
         assert_eq!(status.code(), Some(0), "SIG{sig}: {err}");
         assert!(
             err.contains("stopped while waiting for the runtime"),
