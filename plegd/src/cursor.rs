@@ -16,6 +16,8 @@ pub struct Cursor {
     /// The last revision saved, and when.
     saved: u64,
     at: Instant,
+    /// A failed save was said in the log (once, until one succeeds again).
+    told: bool,
 }
 
 impl Cursor {
@@ -26,6 +28,7 @@ impl Cursor {
             instance: instance.to_string(),
             saved: 0,
             at: Instant::now(),
+            told: false,
         }
     }
 
@@ -61,10 +64,15 @@ impl Cursor {
             Ok(()) => {
                 self.saved = revision;
                 self.at = Instant::now();
+                self.told = false;
             }
             // Not fatal: a restart writes again from an older cursor (at least once).
             Err(e) => {
-                tracing::debug!(error = %e, path = %self.path.display(), "cannot save the output's cursor")
+                self.at = Instant::now();
+                if !self.told {
+                    self.told = true;
+                    tracing::warn!(error = %e, path = %self.path.display(), "cannot save the output's cursor: after a restart, the output writes again what it wrote since the last save");
+                }
             }
         }
     }

@@ -96,7 +96,10 @@ pub enum ConfigError {
          ({period}), or /healthz fails between two good global relists"
     )]
     HealthThreshold { threshold: String, period: String },
-    #[error("--node-name {name:?}: must not be empty or begin or end with white space")]
+    #[error(
+        "--node-name {name:?}: must not be empty, begin or end with white space, or hold \
+         a control character"
+    )]
     NodeNameBlank { name: String },
     #[error(
         "--api-control-socket {}: the same path as --api-socket; the control socket \

@@ -4,7 +4,7 @@
 //! that past start-up no setting can be invalid.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plegd_actors::{
@@ -83,6 +83,20 @@ impl ServiceConfig {
     }
 }
 
+/// Whether two socket paths name one place: the same file name in the same directory,
+/// the directories compared as the file system resolves them (`..`, symbolic links)
+/// when they exist.
+fn same_place(a: &Path, b: &Path) -> bool {
+    let resolved = |p: &Path| {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty())?;
+        Some(std::fs::canonicalize(dir).ok()?.join(p.file_name()?))
+    };
+    match (resolved(a), resolved(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => a.components().eq(b.components()),
+    }
+}
+
 impl Settings {
     /// `--hint-sources` and its old spelling `--evented=false`, checked: a source
     /// this build lacks, or cri-events with `--evented=false`, is refused.
@@ -153,14 +167,14 @@ impl Settings {
             });
         }
         if let Some(name) = &self.node_name {
-            if name.is_empty() || name.trim() != name {
+            if name.is_empty() || name.trim() != name || name.chars().any(char::is_control) {
                 return Err(ConfigError::NodeNameBlank { name: name.clone() });
             }
         }
         if let (Some(ApiSocket::Path(api)), Some(ApiSocket::Path(control))) =
             (&self.api_socket, &self.api_control_socket)
         {
-            if api == control {
+            if same_place(api, control) {
                 return Err(ConfigError::SameSockets {
                     path: control.clone(),
                 });

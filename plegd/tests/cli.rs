@@ -584,6 +584,18 @@ fn a_bad_value_exits_2_naming_the_flag() {
         // Regression: a blank name passed from the environment.
         (&[], &[("PLEGD_NODE_NAME", " ")], "--node-name \" \""),
         (&["--node-name", "node-1 "], &[], "--node-name"),
+        (&["--node-name", "node\n1"], &[], "--node-name"),
+        // The same place spelled two ways.
+        (
+            &[
+                "--api-socket",
+                "/tmp/plegd-same.sock",
+                "--api-control-socket",
+                "/tmp/../tmp/plegd-same.sock",
+            ],
+            &[],
+            "the same path as --api-socket",
+        ),
         // Regression: passed, then the start failed on plegd's own socket lock.
         (
             &[
@@ -906,6 +918,48 @@ fn shutdown_waits_for_a_relist_within_one_request_timeout() {
     assert!(
         out.contains(&format!("\"container_id\":\"{c}\"")),
         "the slow relist's event was lost: {out:?}"
+    );
+}
+
+/// Regression: an output cursor that could not be read, or saved (here a directory in
+/// its place), was passed over silently, and a failed save was tried again on every
+/// event written.
+#[test]
+fn an_output_cursor_that_cannot_be_read_or_saved_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let run = || {
+        run_to_end(&[
+            "demo",
+            "--duration",
+            "1500ms",
+            "--churn-period",
+            "20ms",
+            "--metrics-addr",
+            "off",
+            "--api-socket",
+            "off",
+            "--events-json",
+            "/dev/null",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ])
+    };
+    let first = run();
+    assert_eq!(first.status.code(), Some(0));
+    std::fs::remove_file(state.join("output.cursor")).unwrap();
+    std::fs::create_dir(state.join("output.cursor")).unwrap();
+    let out = run();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("the output's cursor cannot be read"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("cannot save the output's cursor").count(),
+        1,
+        "{stderr}"
     );
 }
 
