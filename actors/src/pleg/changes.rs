@@ -188,7 +188,7 @@ mod tests {
     use std::collections::HashSet;
 
     use crate::pleg::diff::pod_events;
-    use crate::pleg::record::group;
+    use crate::pleg::record::{group, Records};
     use plegd_runtime::{
         Container, ContainerState, ListView, NodeLists, PodRef, Sandbox, SandboxState,
     };
@@ -419,5 +419,71 @@ mod tests {
         }
         // Most draws are decided, not sent back to the slow path.
         assert!(decided > 2_000, "only {decided} decided");
+    }
+
+    /// A global relist skips this check when its lists' fingerprint is the records'
+    /// (`fingerprint`): grouping them whole then changes no record and reports no
+    /// event, as the check would have found. Lists that name an ID twice are never
+    /// skipped (their grouping depends on their order). Half the draws
+    /// list the records' own lists again, shuffled, some with one entry changed.
+    #[test]
+    fn lists_with_the_records_fingerprint_change_no_pod() {
+        use rand::seq::SliceRandom as _;
+        let mut rng = ChaCha8Rng::seed_from_u64(0x2545_f491_4f6c_dd1d);
+        let (mut same, mut twice) = (0, 0);
+        for _ in 0..20_000 {
+            let (s0, c0) = lists(&mut rng);
+            let mut records = Records::default();
+            for (uid, rec) in group(&s0, &c0, &HashMap::new()) {
+                records.insert(uid, rec);
+            }
+            let (mut s1, mut c1) = if rng.random_bool(0.5) {
+                lists(&mut rng)
+            } else {
+                (s0.clone(), c0.clone())
+            };
+            s1.shuffle(&mut rng);
+            c1.shuffle(&mut rng);
+            if rng.random_bool(0.3) && !c1.is_empty() {
+                let i = rng.random_range(0..c1.len());
+                c1[i].state = ContainerState::Exited;
+            }
+            if rng.random_bool(0.1) && !s1.is_empty() {
+                let i = rng.random_range(0..s1.len());
+                s1[i].pod.name.push('x');
+            }
+            let view = ListView::of(&s1, &c1);
+            let listed = records
+                .entry_keys()
+                .of_lists(&view.sandboxes, &view.containers);
+            let sandbox_ids: HashSet<&str> = s1.iter().map(|s| s.id.as_str()).collect();
+            let container_ids: HashSet<&str> = c1.iter().map(|c| c.id.as_str()).collect();
+            if sandbox_ids.len() < s1.len() || container_ids.len() < c1.len() {
+                // An ID listed twice: grouped in list order, never skipped.
+                assert_eq!(listed, None);
+                twice += 1;
+                continue;
+            }
+            if listed != Some(records.fingerprint()) {
+                continue;
+            }
+            same += 1;
+            let whole = group(&s1, &c1, &records);
+            for uid in records.keys().chain(whole.keys()) {
+                assert!(
+                    pod_events(records.get(uid), whole.get(uid)).is_empty(),
+                    "{s0:?} {c0:?} → {s1:?} {c1:?}"
+                );
+                assert_eq!(
+                    whole.get(uid),
+                    records.get(uid),
+                    "{s0:?} {c0:?} → {s1:?} {c1:?}"
+                );
+            }
+        }
+        assert!(
+            same > 1_500 && twice > 1_000,
+            "only {same} draws matched the records; {twice} named an ID twice"
+        );
     }
 }

@@ -29,7 +29,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 
-use super::record::{Id, IdMap, PodName, PodRecord, Records};
+use super::record::{Id, IdMap, PodName, PodRecord, RecordTable};
 use plegd_runtime::{ContainerRef, SandboxRef};
 
 /// Pods of a global relist read and applied at once (plegd's default). 256 pods: a
@@ -182,8 +182,8 @@ impl<'v> Plan<'v> {
 
 /// The records `record::group` makes of these lists with no earlier record, built
 /// from the lists in place (no owned entry on the way), in list order.
-pub fn group_all(sandboxes: &[SandboxRef<'_>], containers: &[ContainerRef<'_>]) -> Records {
-    let mut pods = Records::with_capacity_and_hasher(sandboxes.len(), Default::default());
+pub fn group_all(sandboxes: &[SandboxRef<'_>], containers: &[ContainerRef<'_>]) -> RecordTable {
+    let mut pods = RecordTable::with_capacity_and_hasher(sandboxes.len(), Default::default());
     let mut owner: HashMap<&str, &str> = HashMap::with_capacity(sandboxes.len());
     for sb in sandboxes {
         owner.insert(sb.id, sb.uid);

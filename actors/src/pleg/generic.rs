@@ -35,7 +35,7 @@ use super::early::{self, EarlyExits};
 use super::output::{cri_time, non_empty};
 use super::output::{CacheUpdate, RelistOutput};
 use super::pod_read::{listed_of, PodPlan, PodRead, Reader, Work, WHOLE_NODE_LISTS};
-use super::record::{group, Id, PlegState, Records};
+use super::record::{group, Id, PlegState, RecordTable, Records};
 use super::status::{
     index_containers, index_sandboxes, read_disagrees, LastReads, PodStatus, EXIT_SETTLE,
 };
@@ -439,13 +439,16 @@ impl GenericPleg {
         if held(&exits.uid) || self.reinspect.contains(&exits.uid) {
             return RelistOutput::default();
         }
-        let Some(record) = self.records.get_mut(&exits.uid) else {
+        let uid = exits.uid.clone();
+        let Some(mut out) = self
+            .records
+            .update(&uid, |record| early::apply(record, exits))
+        else {
             return RelistOutput::default();
         };
-        let uid = exits.uid.clone();
-        let mut out = early::apply(record, exits);
         if self.keep_records && !out.events.is_empty() {
-            out.records.push((uid.clone(), Some(record.clone())));
+            out.records
+                .push((uid.clone(), self.records.get(&uid).cloned()));
         }
         if !out.events.is_empty() {
             self.early
@@ -580,13 +583,22 @@ impl GenericPleg {
             self.records.reserve(plan.uids.len());
             return plan;
         }
-        let changed = changes::changed_pods(
-            &view.sandboxes,
-            &view.containers,
-            &self.records,
-            &mut self.scratch,
-        )
-        .map(|c| c.into_iter().map(String::from).collect::<HashSet<String>>());
+        // Lists that hold exactly what the records do need no look-up of a record.
+        let listed = self
+            .records
+            .entry_keys()
+            .of_lists(&view.sandboxes, &view.containers);
+        let changed = if listed == Some(self.records.fingerprint()) {
+            Some(HashSet::new())
+        } else {
+            changes::changed_pods(
+                &view.sandboxes,
+                &view.containers,
+                &self.records,
+                &mut self.scratch,
+            )
+            .map(|c| c.into_iter().map(String::from).collect::<HashSet<String>>())
+        };
         match changed {
             // Only the pods that changed are rebuilt (and only their entries decoded);
             // every container listed has its sandbox listed (else `changed_pods` says
@@ -622,7 +634,7 @@ impl GenericPleg {
         view: &ListView<'_>,
         plan: &Plan<'_>,
         range: Range<usize>,
-        mut built: Option<&mut Records>,
+        mut built: Option<&mut RecordTable>,
         held: &dyn Fn(&str) -> bool,
         left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {

@@ -11,6 +11,7 @@ mod changes;
 mod chunks;
 mod diff;
 mod early;
+mod fingerprint;
 mod generic;
 mod output;
 mod pod_read;

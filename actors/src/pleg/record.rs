@@ -3,13 +3,86 @@
 
 use std::collections::HashMap;
 
+use super::fingerprint::{EntryKeys, Fingerprint};
 pub use crate::id_map::{Id, IdKey, IdMap};
 use plegd_runtime::{Container, ContainerState, PodRef, Sandbox, SandboxState};
 
-/// Every pod's record by pod UID: the Generic PLEG's table, looked up once per
-/// listed pod in every global relist. Hashed with a randomly keyed fast hash (pod
-/// UIDs come from outside; SipHash was a tenth of a no-change relist).
-pub type Records = HashMap<String, PodRecord, foldhash::fast::RandomState>;
+/// Pod records by pod UID. Hashed with a randomly keyed fast hash (pod UIDs come
+/// from outside; SipHash was a tenth of a no-change relist).
+pub type RecordTable = HashMap<String, PodRecord, foldhash::fast::RandomState>;
+
+/// Every pod's record: the Generic PLEG's table, read as a [`RecordTable`], changed
+/// only through its own methods, which keep its [`Fingerprint`] (what a global relist's
+/// lists are checked against first).
+#[derive(Clone, Default)]
+pub struct Records {
+    table: RecordTable,
+    keys: EntryKeys,
+    print: Fingerprint,
+}
+
+impl Records {
+    pub fn insert(&mut self, uid: String, rec: PodRecord) -> Option<PodRecord> {
+        self.print.add(self.keys.of_record(&rec));
+        let old = self.table.insert(uid, rec);
+        self.forget(old)
+    }
+
+    pub fn remove(&mut self, uid: &str) -> Option<PodRecord> {
+        let old = self.table.remove(uid);
+        self.forget(old)
+    }
+
+    /// `change` applied to `uid`'s record, if there is one.
+    pub fn update<T>(&mut self, uid: &str, change: impl FnOnce(&mut PodRecord) -> T) -> Option<T> {
+        let rec = self.table.get_mut(uid)?;
+        self.print.remove(self.keys.of_record(rec));
+        let out = change(rec);
+        self.print.add(self.keys.of_record(rec));
+        Some(out)
+    }
+
+    pub fn reserve(&mut self, pods: usize) {
+        self.table.reserve(pods);
+    }
+
+    /// The fingerprint of every entry the records hold.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.print
+    }
+
+    /// What lists are fingerprinted with, to compare with [`fingerprint`](Self::fingerprint).
+    pub fn entry_keys(&self) -> &EntryKeys {
+        &self.keys
+    }
+
+    fn forget(&mut self, old: Option<PodRecord>) -> Option<PodRecord> {
+        if let Some(old) = &old {
+            self.print.remove(self.keys.of_record(old));
+        }
+        old
+    }
+}
+
+impl std::ops::Deref for Records {
+    type Target = RecordTable;
+
+    fn deref(&self) -> &RecordTable {
+        &self.table
+    }
+}
+
+impl crate::room::Roomy for Records {
+    fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+    fn shrink_to_fit(&mut self) {
+        self.table.shrink_to_fit();
+    }
+}
 
 /// The state Generic PLEG compares (kubelet's plegContainerState).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

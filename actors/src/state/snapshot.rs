@@ -26,7 +26,7 @@ impl Snapshot<'_> {
             global: self.cache.global,
         };
         frame::put(&mut out, codec::BASE, &codec::base(&base));
-        for (uid, rec) in self.records {
+        for (uid, rec) in self.records.iter() {
             frame::put(&mut out, codec::RECORD, &codec::pod_record(uid, rec));
         }
         let mut body = Vec::new();
