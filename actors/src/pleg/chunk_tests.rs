@@ -385,3 +385,100 @@ async fn a_chunk_is_handed_over_before_the_next_is_read() {
     assert_eq!(errors, [0, 2, 2]);
     assert!(p.needs_reinspection("pod-02") && !p.needs_reinspection("pod-01"));
 }
+
+/// A container of `sandbox`, running.
+fn running(id: &str, sandbox: &str) -> Container {
+    Container {
+        id: id.into(),
+        sandbox_id: sandbox.into(),
+        name: "app".into(),
+        attempt: 0,
+        state: ContainerState::Running,
+        created_at: 1,
+    }
+}
+
+/// Sandbox `id` of pod `uid`, ready.
+fn sandbox_of(id: &str, uid: &str) -> Sandbox {
+    Sandbox {
+        pod: PodRef {
+            uid: uid.into(),
+            name: format!("n-{uid}"),
+            namespace: "ns".into(),
+        },
+        id: id.into(),
+        ..ready_sandbox(0)
+    }
+}
+
+/// One relist's lists, the pods held and the containers whose status read fails.
+type Step<'a> = (Vec<Sandbox>, Vec<Container>, &'a [&'a str], &'a [&'a str]);
+
+/// Steps through a pleg and the reference that rebuilds every pod every relist: the
+/// same output, records and pods to reinspect at each step.
+async fn agrees_with_rebuilding_everything(steps: &[Step<'_>]) {
+    let runtime = Arc::new(Scripted::default());
+    let mut plegs = [
+        GenericPleg::new(runtime.clone(), 3).rebuilding_all_at_once(),
+        GenericPleg::new(runtime.clone(), 3),
+    ];
+    for (step, (sandboxes, containers, held, failing)) in steps.iter().enumerate() {
+        {
+            let mut node = runtime.node.lock().unwrap();
+            node.sandboxes = sandboxes.clone();
+            node.containers = containers.clone();
+            node.failing = failing.iter().map(|s| s.to_string()).collect();
+        }
+        let held = |uid: &str| held.contains(&uid);
+        let mut outs = Vec::new();
+        for p in &mut plegs {
+            outs.push(comparable(
+                &p.relist(&RelistScope::Global, &held).await.unwrap(),
+            ));
+        }
+        assert_eq!(outs[1], outs[0], "step {step}");
+        let uids = ["pod-x", "pod-y"];
+        let state = |p: &GenericPleg| uids.map(|u| (p.record(u).cloned(), p.needs_reinspection(u)));
+        assert_eq!(state(&plegs[1]), state(&plegs[0]), "step {step}");
+    }
+}
+
+/// Found by review: lists that hold what the records hold, a container of theirs in
+/// a sandbox no longer listed, and its pod to be reinspected (its last read failed):
+/// the pod was rebuilt from its listed entries alone, losing that container.
+#[tokio::test]
+async fn a_pod_to_reinspect_keeps_a_container_whose_sandbox_is_not_listed() {
+    let s = || vec![sandbox_of("sb-s", "pod-x")];
+    let c = || vec![running("c-1", "sb-s")];
+    let two = || vec![running("c-1", "sb-s"), running("c-2", "sb-s")];
+    agrees_with_rebuilding_everything(&[
+        (s(), c(), &[], &[]),
+        // The sandbox goes from the list; its container stays in the pod's record.
+        (vec![], c(), &[], &[]),
+        // A new container, whose status read fails: the pod is to be reinspected.
+        (vec![], two(), &[], &["c-2"]),
+        // The lists hold what the record does again.
+        (vec![], c(), &[], &[]),
+        (vec![], c(), &[], &[]),
+    ])
+    .await;
+}
+
+/// Found by review: a sandbox listed under two pods, then its container in the one
+/// record and the sandbox in the other (the other held meanwhile): lists with the
+/// same entries put the container elsewhere, which is a change.
+#[tokio::test]
+async fn a_container_in_another_pods_record_than_its_sandbox_is_a_change() {
+    let c = || vec![running("c-1", "sb-s")];
+    agrees_with_rebuilding_everything(&[
+        (
+            vec![sandbox_of("sb-s", "pod-y"), sandbox_of("sb-s", "pod-x")],
+            c(),
+            &[],
+            &[],
+        ),
+        (vec![], c(), &["pod-y"], &[]),
+        (vec![sandbox_of("sb-s", "pod-y")], c(), &[], &[]),
+    ])
+    .await;
+}

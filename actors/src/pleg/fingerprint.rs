@@ -1,15 +1,21 @@
 //! The records' fingerprint: a keyed sum over every entry the change check compares
 //! (each sandbox's ID, state and pod; each container's ID, sandbox ID and state),
-//! kept up to date as the records change ([`Records`](super::record::Records)). A
-//! global relist whose lists sum to the records' fingerprint lists exactly what the
-//! records hold, and [`changed_pods`](super::changes::changed_pods) would find no pod
-//! changed: it is not run, and no record is looked up (at 10,000 pods its table
-//! lookups, mostly cache misses, were ≈ 30 % of a no-change relist).
+//! kept up to date as the records change ([`Records`](super::record::Records)).
+//!
+//! When a global relist's lists sum to the records' fingerprint, name no ID twice,
+//! and the records hold no loose container ([`Fingerprint`]), every listed container's
+//! sandbox is listed once, under the pod whose record holds the container with that
+//! state, and every listed sandbox is in its pod's record with its state: exactly
+//! what [`changed_pods`](super::changes::changed_pods) checks, entry by entry, before
+//! it answers "no pod changed". It is then not run, and no record is looked up (at
+//! 10,000 pods its tables and look-ups, mostly cache misses, were ≈ 30 % of a
+//! no-change relist).
 //!
 //! A sum, so the order of the lists does not count (containerd lists from a map).
-//! Each entry is hashed twice with two random keys, 128 bits in all: pod authors
-//! name pods, so an unkeyed or short hash could be steered into a collision, and a
-//! collision here would hide a change until the next change on the node.
+//! Each entry is hashed by two foldhash hashers of different random seeds (128 bits):
+//! not a cryptographic hash, but keyed, so the sums are unknown outside plegd, and
+//! pod authors, who name pods, cannot aim a change at a collision. A collision would
+//! hide a change until the next change on the node.
 
 use std::hash::{BuildHasher, Hasher};
 
@@ -19,11 +25,16 @@ use plegd_runtime::{ContainerRef, SandboxRef};
 
 use super::record::{PlegState, PodRecord};
 
-/// A multiset of entries: the wrapping sum of their keyed hashes and their count.
+/// A multiset of entries: the wrapping sum of their keyed hashes and their count;
+/// for records, also how many of their containers are loose (their sandbox is not
+/// one of their own record's: listed under another pod, or not listed when they
+/// were). Lists have none, so records with a loose container never match them: where
+/// such a container belongs is decided by grouping the lists whole, as before.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Fingerprint {
     sum: u128,
     entries: u64,
+    loose: u64,
 }
 
 impl Fingerprint {
@@ -35,11 +46,13 @@ impl Fingerprint {
     pub fn add(&mut self, other: Fingerprint) {
         self.sum = self.sum.wrapping_add(other.sum);
         self.entries = self.entries.wrapping_add(other.entries);
+        self.loose = self.loose.wrapping_add(other.loose);
     }
 
     pub fn remove(&mut self, other: Fingerprint) {
         self.sum = self.sum.wrapping_sub(other.sum);
         self.entries = self.entries.wrapping_sub(other.entries);
+        self.loose = self.loose.wrapping_sub(other.loose);
     }
 }
 
@@ -107,6 +120,9 @@ impl EntryKeys {
             let (_, hash) =
                 id.with_str(|id| sandbox.with_str(|sandbox| self.container(id, sandbox, *state)));
             print.add_entry(hash);
+            if rec.sandboxes.get_id(sandbox).is_none() {
+                print.loose += 1;
+            }
         }
         print
     }

@@ -602,7 +602,8 @@ impl GenericPleg {
         match changed {
             // Only the pods that changed are rebuilt (and only their entries decoded);
             // every container listed has its sandbox listed (else `changed_pods` says
-            // None), so the records are not needed to place it.
+            // None, and lists matching the fingerprint hold no loose container), so
+            // the records are not needed to place it.
             Some(mut changed) => {
                 // A pod to reinspect is rebuilt too: its record was kept, unchanged or
                 // not, and it is diffed against what the lists say now. So is one to
