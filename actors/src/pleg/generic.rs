@@ -139,6 +139,9 @@ pub struct GenericPleg {
     /// reference chunks and the change check are compared with).
     #[cfg(test)]
     rebuild_all: bool,
+    /// Tests: global relists whose lists matched the records' fingerprint.
+    #[cfg(test)]
+    fingerprint_matches: usize,
 }
 
 impl GenericPleg {
@@ -160,7 +163,15 @@ impl GenericPleg {
             keep_records: false,
             #[cfg(test)]
             rebuild_all: false,
+            #[cfg(test)]
+            fingerprint_matches: 0,
         }
+    }
+
+    /// Tests: see `fingerprint_matches`.
+    #[cfg(test)]
+    pub(crate) fn fingerprint_matches(&self) -> usize {
+        self.fingerprint_matches
     }
 
     /// Tests: see `rebuild_all`.
@@ -589,6 +600,10 @@ impl GenericPleg {
             .entry_keys()
             .of_lists(&view.sandboxes, &view.containers);
         let changed = if listed == Some(self.records.fingerprint()) {
+            #[cfg(test)]
+            {
+                self.fingerprint_matches += 1;
+            }
             Some(HashSet::new())
         } else {
             changes::changed_pods(
