@@ -110,12 +110,21 @@ pub fn bind_with_mode(
     std::fs::create_dir_all(&dir).map_err(io_err("cannot create its directory"))?;
 
     let lock_file = lock_path(path);
+    let created = !lock_file.exists();
     let lock = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&lock_file)
         .map_err(io_err("cannot open its lock file"))?;
+    // A lock file this call made goes again when it refuses the path (held, so no
+    // other plegd is using it): a refused path is left as it was found.
+    let refuse = |e: SocketError| {
+        if created {
+            let _ = std::fs::remove_file(&lock_file);
+        }
+        e
+    };
     match lock.try_lock() {
         Ok(()) => {}
         Err(std::fs::TryLockError::WouldBlock) => {
@@ -132,18 +141,18 @@ pub fn bind_with_mode(
             // Left by a plegd that died (the lock is free), unless something else
             // serves it.
             if UnixStream::connect(path).is_ok() {
-                return Err(SocketError::Answering {
+                return Err(refuse(SocketError::Answering {
                     path: path.to_owned(),
-                });
+                }));
             }
         }
         Ok(_) => {
-            return Err(SocketError::NotASocket {
+            return Err(refuse(SocketError::NotASocket {
                 path: path.to_owned(),
-            })
+            }))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("cannot inspect it")(e)),
+        Err(e) => return Err(refuse(io_err("cannot inspect it")(e))),
     }
 
     // Held while the temporary name is in use: it may be reached through it.
@@ -293,6 +302,12 @@ mod tests {
         let err = bind(&file, None).unwrap_err();
         assert!(matches!(err, SocketError::NotASocket { .. }), "{err}");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+        // Each left as found: no lock file of ours beside them.
+        assert!(!lock_path(&path).exists() && !lock_path(&file).exists());
+        // One that was there already (a plegd's before) stays.
+        std::fs::write(lock_path(&file), "").unwrap();
+        bind(&file, None).unwrap_err();
+        assert!(lock_path(&file).exists());
     }
 
     #[test]
