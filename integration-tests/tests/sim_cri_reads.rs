@@ -290,16 +290,13 @@ async fn the_node_lists_are_in_flight_together() {
     .await;
     assert_eq!(rt.calls(Op::ListSandboxes), 1);
     let timed_out = lists.await.expect("the lists' task");
-    // Past the request timeout (tonic's own, or plegd's around it).
+    // Past the request timeout, told as one whichever side enforced it (tonic's own
+    // deadline reads "Cancelled: Timeout expired").
     assert!(
         matches!(
             timed_out,
             Err(RuntimeError::Timeout {
                 op: "ListPodSandbox",
-                ..
-            } | RuntimeError::Rpc {
-                op: "ListPodSandbox",
-                code: tonic::Code::Cancelled | tonic::Code::DeadlineExceeded,
                 ..
             })
         ),

@@ -237,7 +237,7 @@ impl CriRuntime {
                 op,
                 timeout: self.timeout,
             }),
-            Ok(Err(status)) => Err(status_error(op, self.max_message_size, status)),
+            Ok(Err(status)) => Err(call_error(op, self.max_message_size, self.timeout, status)),
             Ok(Ok(resp)) => Ok(resp.into_inner()),
         }
     }
@@ -320,6 +320,23 @@ impl CriRuntime {
             e => e,
         }
     }
+}
+
+/// A failed call's status as a [`RuntimeError`], for a call made with `timeout`:
+/// tonic enforces the request's timeout itself and reports it as `Cancelled`
+/// ("Timeout expired"), which is the timeout it is, not a cancellation.
+pub(crate) fn call_error(
+    op: &'static str,
+    limit: usize,
+    timeout: Duration,
+    status: tonic::Status,
+) -> RuntimeError {
+    let tonics_deadline = status.code() == tonic::Code::Cancelled
+        && status.message() == tonic::TimeoutExpired(()).to_string();
+    if tonics_deadline {
+        return RuntimeError::Timeout { op, timeout };
+    }
+    status_error(op, limit, status)
 }
 
 /// A failed call's status as a [`RuntimeError`]. A response too large for one

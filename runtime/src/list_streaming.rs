@@ -28,7 +28,7 @@ use prost::encoding::{decode_key, skip_field, DecodeContext};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
-use crate::cri_client::{request, status_error};
+use crate::cri_client::{call_error, request};
 use crate::raw_codec::RawCodec;
 use crate::{NodeLists, RuntimeError};
 
@@ -183,7 +183,7 @@ async fn streamed_list<Req: prost::Message + Send + Sync + 'static>(
         grpc.ready()
             .await
             .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))
-            .map_err(|s| status_error(op, how.limit, s))?;
+            .map_err(|s| call_error(op, how.limit, how.timeout, s))?;
         let mut stream = grpc
             .server_streaming(
                 request(req, how.timeout),
@@ -191,13 +191,13 @@ async fn streamed_list<Req: prost::Message + Send + Sync + 'static>(
                 RawCodec::<Req>::default(),
             )
             .await
-            .map_err(|s| status_error(op, how.limit, s))?
+            .map_err(|s| call_error(op, how.limit, how.timeout, s))?
             .into_inner();
         let mut out = Vec::with_capacity(how.capacity);
         while let Some(message) = stream
             .message()
             .await
-            .map_err(|s| status_error(op, how.limit, s))?
+            .map_err(|s| call_error(op, how.limit, how.timeout, s))?
         {
             append_whole(&mut out, &message)
                 .map_err(|reason| RuntimeError::Invalid { op, reason })?;
