@@ -14,7 +14,9 @@
 //!   adds; and when that subscriber's own check of the event (the reads of plegd's
 //!   targeted relist, sent on arrival) was answered, side by side with plegd's; and
 //!   when a second such subscriber, a status poller (the container's ContainerStatus
-//!   alone, sent on arrival and again until it says EXITED), had its EXITED answer;
+//!   alone, sent on arrival and again until it says EXITED), had its EXITED answer.
+//!   Their reads load containerd at the moment plegd reads too, so every other single
+//!   exit is made with them quiet (stamping arrivals only): plegd − raw without them;
 //! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
 //!   subscriber would take events from plegd's stream): no raw CRI subscriber;
 //! - on both: when a raw subscriber of containerd's own event service (which publishes
@@ -31,6 +33,8 @@
 //! can trail the raw event by.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
@@ -97,6 +101,8 @@ fn check_names(check: Check) -> (&'static str, &'static str) {
 struct Raws {
     /// The checking CRI subscribers, in the order of [`CHECKS`] (containerd 2.x only).
     cri: Option<[RawExits; CHECKS.len()]>,
+    /// While set, they only stamp each event's arrival.
+    quiet: Arc<AtomicBool>,
     task: RawExits,
 }
 
@@ -178,15 +184,18 @@ pub fn run(
             return Err(e);
         }
     };
+    let quiet = Arc::new(AtomicBool::new(false));
     let raws = Raws {
-        cri: broadcast.then(|| CHECKS.map(|c| cri.checked_stopped_events(watch_rt, c))),
+        cri: broadcast
+            .then(|| CHECKS.map(|c| cri.checked_stopped_events(watch_rt, c, quiet.clone()))),
+        quiet,
         task: cri.raw_task_exits(watch_rt),
     };
     let out =
         floor.and_then(|floor| measure(o, rt, &cri, &plegd, &raws, &mut pods).map(|m| (m, floor)));
     drop(raws);
     remove_pods(rt, &cri, &pods);
-    let ((singles, bursts, warmup), floor) = out?;
+    let ((singles, quiet, bursts, warmup), floor) = out?;
     let hints = plegd
         .metrics()
         .map(|m| m.labels_at_one("plegd_hint_source_state").join(", "))
@@ -208,7 +217,7 @@ pub fn run(
              measured against containerd's own event service, the exit (finished_at) and the kill instead"
         }
     );
-    print_rows(&singles, &bursts, broadcast, &floor);
+    print_rows(&singles, &quiet, &bursts, broadcast, &floor);
     println!("at the end: {}", crate::machine());
     Ok(())
 }
@@ -223,7 +232,9 @@ fn remove_pods(rt: &tokio::runtime::Runtime, cri: &RealCri, pods: &[Pod]) {
     }
 }
 
-type Measured = (Vec<Sample>, Vec<Vec<Sample>>, usize);
+/// The single exits with the readers checking beside plegd, those without, the
+/// bursts, and the warm-up exits.
+type Measured = (Vec<Sample>, Vec<Sample>, Vec<Vec<Sample>>, usize);
 
 /// containerd's own speed, measured before plegd starts, ms: on 1.x, exit
 /// (finished_at) → a raw CRI event (singles only); on 2.x, a raw CRI event's arrival →
@@ -250,8 +261,8 @@ fn verified_floor(
         "plegd-bench: containerd's floor for a reader that checks each event, no plegd: {} single exits, {} bursts of {BURST}",
         o.singles, o.bursts
     );
-    let raw = cri.checked_stopped_events(watch_rt, Check::PodReads);
-    let (singles, bursts) = containers_to_kill(o, rt, cri, pods, "vfloor-")?;
+    let raw = cri.checked_stopped_events(watch_rt, Check::PodReads, Default::default());
+    let (singles, bursts) = containers_to_kill(o, rt, cri, pods, o.singles, "vfloor-")?;
     let verified = |ids: &[String]| -> Result<Vec<f64>> {
         let pids: Vec<u32> = rt
             .block_on(join_all(ids.iter().map(|id| cri.pid(id))))
@@ -330,7 +341,11 @@ fn measure(
 ) -> Result<Measured> {
     eprintln!("plegd-bench: making containers");
     let warm = group(rt, cri, pods, "warmup", WARMUP)?;
-    let (singles_ids, burst_ids) = containers_to_kill(o, rt, cri, pods, "")?;
+    // On 2.x, twice the single exits: every other one with the checking subscribers
+    // quiet, so that plegd − the raw event is also measured without their reads.
+    let quiet_too = raws.cri.is_some();
+    let singles = o.singles * if quiet_too { 2 } else { 1 };
+    let (singles_ids, burst_ids) = containers_to_kill(o, rt, cri, pods, singles, "")?;
     // plegd has seen every container running.
     workloads::relists(plegd, 2)?;
     eprintln!("plegd-bench: warm-up");
@@ -345,19 +360,23 @@ fn measure(
         }
     }
     eprintln!("plegd-bench: {} single exits", singles_ids.len());
-    let mut singles = Vec::new();
-    for id in &singles_ids {
-        singles.extend(exits(rt, cri, plegd, raws, std::slice::from_ref(id))?);
+    let (mut singles, mut quiet) = (Vec::new(), Vec::new());
+    for (i, id) in singles_ids.iter().enumerate() {
+        let alone = quiet_too && i % 2 == 1;
+        raws.quiet.store(alone, Ordering::SeqCst);
+        let s = exits(rt, cri, plegd, raws, std::slice::from_ref(id));
+        raws.quiet.store(false, Ordering::SeqCst);
+        if alone { &mut quiet } else { &mut singles }.extend(s?);
     }
     eprintln!("plegd-bench: {} bursts of {BURST}", burst_ids.len());
     let mut bursts = Vec::new();
     for ids in &burst_ids {
         bursts.push(exits(rt, cri, plegd, raws, ids)?);
     }
-    Ok((singles, bursts, warmup))
+    Ok((singles, quiet, bursts, warmup))
 }
 
-/// The containers of --singles single exits (pods of 20) and of --bursts bursts of 20,
+/// The containers of `singles` single exits (pods of 20) and of --bursts bursts of 20,
 /// in pods named with `prefix`. A burst's containers are in 20 pods: each pod has its
 /// own shim (containerd 2.x has one per pod), so the runtime handles the 20 exits side
 /// by side.
@@ -366,10 +385,11 @@ fn containers_to_kill(
     rt: &tokio::runtime::Runtime,
     cri: &RealCri,
     pods: &mut Vec<Pod>,
+    count: usize,
     prefix: &str,
 ) -> Result<(Vec<String>, Vec<Vec<String>>)> {
     let mut singles = Vec::new();
-    for (i, chunk) in (0..o.singles).collect::<Vec<_>>().chunks(BURST).enumerate() {
+    for (i, chunk) in (0..count).collect::<Vec<_>>().chunks(BURST).enumerate() {
         singles.extend(group(
             rt,
             cri,
@@ -482,7 +502,13 @@ fn sources(samples: &[&Sample]) -> String {
     parts.join(", ")
 }
 
-fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor: &Floor) {
+fn print_rows(
+    singles: &[Sample],
+    quiet: &[Sample],
+    bursts: &[Vec<Sample>],
+    broadcast: bool,
+    floor: &Floor,
+) {
     println!("| measure | figure |");
     println!("|---|---|");
     if broadcast {
@@ -587,6 +613,22 @@ fn print_rows(singles: &[Sample], bursts: &[Vec<Sample>], broadcast: bool, floor
                 cell(&both)
             );
         }
+    }
+    if !quiet.is_empty() {
+        let what = "single exit, no subscriber checking it beside plegd (every other one)";
+        let minus: Vec<f64> = quiet
+            .iter()
+            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.checked[0].arrived?)))
+            .collect();
+        println!(
+            "| {what}: plegd's ContainerDied − the raw CRI CONTAINER_STOPPED_EVENT (arrival) | {} |",
+            cell(&minus)
+        );
+        let quiet: Vec<&Sample> = quiet.iter().collect();
+        println!(
+            "| {what}: found by (plegd's relist_source) | {} |",
+            sources(&quiet)
+        );
     }
     for (i, b) in bursts.iter().enumerate() {
         let last_plegd = b

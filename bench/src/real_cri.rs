@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -203,7 +204,13 @@ impl RealCri {
     /// the moment its CONTAINER_STOPPED_EVENT arrives, with `check`'s reads, sent again
     /// until the container's status says EXITED. [`RawExits::wait`] gives when the
     /// answers that said so were all in, [`RawExits::arrived`] when the event came.
-    pub fn checked_stopped_events(&self, rt: &tokio::runtime::Runtime, check: Check) -> RawExits {
+    /// While `quiet` is set it reads nothing: the answer is then the arrival.
+    pub fn checked_stopped_events(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        check: Check,
+        quiet: Arc<AtomicBool>,
+    ) -> RawExits {
         let mut client = self.c();
         let reader = self.clone();
         RawExits::spawn(rt, move |sink| async move {
@@ -219,6 +226,10 @@ impl RealCri {
                 }
                 let sandbox = ev.pod_sandbox_status.map(|s| s.id).unwrap_or_default();
                 sink.arrive(ev.container_id.clone(), at);
+                if quiet.load(Ordering::SeqCst) {
+                    sink.record(ev.container_id, at);
+                    continue;
+                }
                 let (reader, sink) = (reader.clone(), sink.clone());
                 tokio::spawn(async move {
                     for _ in 0..VERIFY_TRIES {
