@@ -121,9 +121,13 @@ pub struct GenericPleg {
     /// What the last global relist's lists held, checked: an entry whose fields
     /// other than those plegd reads are the same is not checked again.
     memo: plegd_runtime::ListMemo,
-    /// The last status reads (the cache), for running containers' statuses; None:
-    /// every container is read.
+    /// The last status reads (the cache): running containers' statuses are reused
+    /// from them (unless `read_every_status`), and events of a container gone before
+    /// a read name it from them. None: every container is read.
     last_reads: Option<Arc<dyn LastReads>>,
+    /// Tests: the last reads only name gone containers; every status is read.
+    #[cfg(test)]
+    read_every_status: bool,
     /// Pods per chunk of a global relist.
     chunk_pods: usize,
     /// How long after its exit a container's status is read again ([`EXIT_SETTLE`]).
@@ -157,6 +161,8 @@ impl GenericPleg {
             scratch: changes::Scratch::default(),
             memo: plegd_runtime::ListMemo::default(),
             last_reads: None,
+            #[cfg(test)]
+            read_every_status: false,
             chunk_pods: CHUNK_PODS,
             exit_settle: EXIT_SETTLE,
             early: HashMap::new(),
@@ -172,6 +178,13 @@ impl GenericPleg {
     #[cfg(test)]
     pub(crate) fn fingerprint_matches(&self) -> usize {
         self.fingerprint_matches
+    }
+
+    /// Tests: see `read_every_status`.
+    #[cfg(test)]
+    pub(crate) fn reading_every_status(mut self) -> Self {
+        self.read_every_status = true;
+        self
     }
 
     /// Tests: see `rebuild_all`.
@@ -475,7 +488,7 @@ impl GenericPleg {
         let uid = ask.uid();
         let previous = self.records.get(uid);
         let last = match (&self.last_reads, previous) {
-            (Some(last), Some(_)) => last.last_read(uid),
+            (Some(last), Some(_)) if self.reuses_statuses() => last.last_read(uid),
             _ => None,
         };
         PodPlan::new(
@@ -730,11 +743,19 @@ impl GenericPleg {
         Ok(work)
     }
 
+    /// Whether running containers' statuses are reused from the last reads.
+    fn reuses_statuses(&self) -> bool {
+        #[cfg(test)]
+        return !self.read_every_status;
+        #[cfg(not(test))]
+        true
+    }
+
     /// The handles a pod's read calls through.
     fn reader(&self) -> Reader {
         Reader {
             runtime: self.runtime.clone(),
-            last_reads: self.last_reads.clone(),
+            last_reads: self.last_reads.clone().filter(|_| self.reuses_statuses()),
             exit_settle: self.exit_settle,
         }
     }
@@ -889,8 +910,19 @@ impl GenericPleg {
                 exit: None,
             });
         }
+        // A container gone from this read: its name, attempt and image (which never
+        // change in a container's life) as the pod's last read showed them; never
+        // its exit, which that read did not see.
+        let last = match &self.last_reads {
+            Some(reads) if published.iter().any(|(id, _)| !details.contains_key(id)) => reads
+                .last_read(&pod.uid)
+                .map(|r| details_of(&r.status))
+                .unwrap_or_default(),
+            _ => HashMap::new(),
+        };
         for (id, kind) in published {
             let detail = details.get(id);
+            let named = detail.or_else(|| last.get(id));
             out.events.push(LifecycleEvent {
                 revision: 0,
                 time: now,
@@ -898,10 +930,10 @@ impl GenericPleg {
                 kind: *kind,
                 container_id: id.clone(),
                 relist_source: source,
-                container_name: detail.map(|d| d.name.clone()).unwrap_or_default(),
+                container_name: named.map(|d| d.name.clone()).unwrap_or_default(),
                 sandbox: sandbox_ids.contains(id),
-                attempt: detail.map(|d| d.attempt),
-                image: detail.and_then(|d| d.image.clone()),
+                attempt: named.map(|d| d.attempt),
+                image: named.and_then(|d| d.image.clone()),
                 exit: match kind {
                     EventKind::ContainerDied => detail.and_then(|d| d.exit.clone()),
                     _ => None,

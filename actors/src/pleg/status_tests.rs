@@ -91,11 +91,13 @@ struct Node {
 }
 
 impl Node {
+    /// Reusing statuses, or reading every one (the last reads then only name the
+    /// containers gone before a read, as when reusing).
     fn new(rt: &FakeRuntime, reuse: bool) -> Node {
         let cache = Arc::new(TestCache::default());
-        let mut pleg = GenericPleg::new(Arc::new(rt.clone()), 4);
-        if reuse {
-            pleg = pleg.with_last_reads(cache.clone());
+        let mut pleg = GenericPleg::new(Arc::new(rt.clone()), 4).with_last_reads(cache.clone());
+        if !reuse {
+            pleg = pleg.reading_every_status();
         }
         Node { pleg, cache }
     }
@@ -189,6 +191,53 @@ async fn without_last_reads_every_container_is_read() {
     assert_eq!(calls, (0, 20));
     let (calls, _) = calls_of(&rt, n.global()).await;
     assert_eq!(calls, (0, 0), "nothing changed: nothing read");
+}
+
+/// A container gone before a relist read it: its ContainerDied and ContainerRemoved
+/// name it, with its attempt and image, as the pod's last read showed them; its
+/// death has no exit (no read saw one).
+#[tokio::test]
+async fn a_container_gone_before_it_was_read_is_named_from_the_last_read() {
+    let rt = FakeRuntime::new();
+    let mut n = Node::new(&rt, true);
+    let sb = rt.run_pod("u1", "web", "ns");
+    let (app, side) = (rt.run_container(&sb, "app"), rt.run_container(&sb, "side"));
+    n.global().await;
+    rt.remove_container(&app);
+    rt.exit_container(&side, 2);
+    let out = n.global().await;
+    let of = |out: &RelistOutput, id: &str| -> Vec<LifecycleEvent> {
+        out.events
+            .iter()
+            .filter(|e| e.container_id == id)
+            .cloned()
+            .collect()
+    };
+    let gone = of(&out, &app);
+    let kinds: Vec<_> = gone.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [ContainerDied, ContainerRemoved], "{:?}", out.events);
+    for e in &gone {
+        assert_eq!(e.container_name, "app", "{e:?}");
+        assert_eq!(e.attempt, Some(0), "{e:?}");
+        assert_eq!(e.image.as_deref(), Some("plegd-sim/app:1"), "{e:?}");
+        assert!(e.exit.is_none(), "no read saw how it ended: {e:?}");
+        assert!(!e.sandbox);
+    }
+    let died = of(&out, &side);
+    assert_eq!(died.len(), 1);
+    assert_eq!(
+        died[0].exit.as_ref().map(|x| x.code),
+        Some(2),
+        "this read's"
+    );
+
+    rt.remove_container(&side);
+    let out = n.targeted("u1").await;
+    let removed = of(&out, &side);
+    assert_eq!(removed.len(), 1, "{:?}", out.events);
+    assert_eq!(removed[0].kind, ContainerRemoved);
+    assert_eq!(removed[0].container_name, "side");
+    assert_eq!(removed[0].image.as_deref(), Some("plegd-sim/side:1"));
 }
 
 #[tokio::test]
