@@ -71,6 +71,11 @@ struct Args {
     heavy_every: usize,
     #[arg(long, default_value_t = 2048)]
     heavy_bytes: usize,
+    /// First global relists measured at each size: each by a fresh plegd on the same
+    /// node, and as many of the bare client's reads of the same objects (its floor);
+    /// the rows give the first and the median.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    first_relists: u32,
     /// Reads of both lists by the bare client whose CPU is the floor of a no-change
     /// global relist (at each size), --floor-pace apart.
     #[arg(long, default_value_t = 10)]
@@ -181,6 +186,7 @@ impl Args {
     fn smoke(mut self) -> Self {
         self.sizes = vec![0, 60, 300];
         self.singles = 5;
+        self.first_relists = 2;
         self.bursts = 1;
         self.storm_stops = 200;
         self.storm_window = Duration::from_millis(200);
@@ -225,11 +231,15 @@ const WATCHERS_THREAD: &str = "watchers";
 struct SizeRun {
     pods: usize,
     first_relist: Option<Duration>,
+    /// The first relists of the fresh plegds after it (--first-relists).
+    first_relist_again: Vec<Duration>,
     ready: Duration,
     /// plegd's CPU from its start to ready (the first relist and start-up).
     ready_cpu: Option<Duration>,
     /// The bare reads a first relist makes (`Cri::read_every_status`): wall; reads.
     bare_reads: Option<(Duration, usize)>,
+    /// The same reads again (--first-relists).
+    bare_reads_again: Vec<Duration>,
     steady: Option<workloads::Steady>,
     /// A bare client's reads of the same two lists (the no-change relist's floor).
     floor: Option<floor::Floor>,
@@ -244,6 +254,19 @@ struct SizeRun {
     targeted: Option<Duration>,
     bursts: Vec<Duration>,
     storm: Option<workloads::Storm>,
+}
+
+/// "; again: B, C; median M" for a measure taken again (nothing if it was not).
+fn again(first: Option<Duration>, more: &[Duration]) -> String {
+    if more.is_empty() {
+        return String::new();
+    }
+    let mut all: Vec<Duration> = first.into_iter().chain(more.iter().copied()).collect();
+    all.sort();
+    let more: Vec<String> = more.iter().map(|d| ms(*d)).collect();
+    let n = all.len();
+    let median = (all[(n - 1) / 2] + all[n / 2]) / 2;
+    format!("; again: {}; median {}", more.join(", "), ms(median))
 }
 
 fn beside_me(name: &str) -> Result<PathBuf> {
@@ -272,7 +295,7 @@ fn run_size(
     polled: &mut Option<Exits>,
 ) -> Result<SizeRun> {
     let sim = Sim::start(&bins.1, args.node(pods))?;
-    let plegd = start_plegd(&bins.0, &sim, &plegd_args(args, &[]))?;
+    let mut plegd = start_plegd(&bins.0, &sim, &plegd_args(args, &[]))?;
     let mut run = SizeRun {
         pods,
         ready: plegd.started.elapsed(),
@@ -280,6 +303,13 @@ fn run_size(
         ready_cpu: Some(plegd.cpu()?),
         ..SizeRun::default()
     };
+    // A first relist is one sample: more, each by a fresh plegd (the last one stays).
+    for _ in 1..args.first_relists {
+        drop(plegd);
+        plegd = start_plegd(&bins.0, &sim, &plegd_args(args, &[]))?;
+        run.first_relist_again
+            .extend(workloads::first_relist(&plegd)?);
+    }
     run.steady = Some(workloads::steady(&plegd, args.steady_window, PERIOD)?);
     (run.rss_kib, run.rss_peak_kib) = plegd.rss_range_kib(2 * PERIOD, RSS_SAMPLE)?;
     run.history_bytes = plegd
@@ -296,6 +326,10 @@ fn run_size(
     )?);
     let cri = Cri::new(sim.socket());
     run.bare_reads = Some(rt.block_on(cri.read_every_status(STATUS_IN_FLIGHT))?);
+    for _ in 1..args.first_relists {
+        let (took, _) = rt.block_on(cri.read_every_status(STATUS_IN_FLIGHT))?;
+        run.bare_reads_again.push(took);
+    }
     let node = rt.block_on(cri.pods())?;
     if node.len() != pods {
         bail!("the simulated node has {} pods, not {pods}", node.len());
@@ -548,15 +582,17 @@ fn print_table(
     for r in runs {
         let p = r.pods;
         println!(
-            "| first global relist (plegd's histogram); start to ready; plegd CPU to ready | {p} | {}; {}; {} |",
+            "| first global relist (plegd's histogram); start to ready; plegd CPU to ready | {p} | {}; {}; {}{} |",
             opt_ms(r.first_relist),
             ms(r.ready),
-            opt_ms(r.ready_cpu)
+            opt_ms(r.ready_cpu),
+            again(r.first_relist, &r.first_relist_again)
         );
         if let Some((took, reads)) = r.bare_reads {
             println!(
-                "| the same reads by a bare tonic client (both lists, {reads} ContainerStatus, {STATUS_IN_FLIGHT} in flight) | {p} | {} |",
-                ms(took)
+                "| the same reads by a bare tonic client (both lists, {reads} ContainerStatus, {STATUS_IN_FLIGHT} in flight) | {p} | {}{} |",
+                ms(took),
+                again(Some(took), &r.bare_reads_again)
             );
         }
         if let Some(s) = &r.steady {
