@@ -359,3 +359,109 @@ async fn a_list_taken_before_the_exit_leaves_no_running_status_in_the_cache() {
     apply(next).await.unwrap();
     assert_eq!(state_in_cache(), ContainerState::Exited);
 }
+
+/// Found by a randomized comparison of concurrencies: a batch asked to read the same
+/// pod twice read it twice at once, both reads planned from the record as it was
+/// before either, so the second commit reported again the death the first had
+/// already put in the record (with early deaths: whichever came first).
+#[tokio::test]
+async fn a_pod_asked_twice_in_one_batch_reports_its_death_once() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.exit_container(&c, 1);
+    let steps = Mutex::new(Vec::new());
+    p.relist_pods_each(vec![ask(&c), ask(&c)], None, None, &|_| false, true, |s| {
+        steps.lock().unwrap().push(step(s));
+        std::future::ready(())
+    })
+    .await;
+    let deaths: Vec<_> = steps
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .flat_map(|s| s.1)
+        .filter(|(k, _)| *k == EventKind::ContainerDied)
+        .collect();
+    assert_eq!(deaths, died(&c), "one ContainerDied, not one per read");
+    assert_eq!(
+        p.record("u1").map(|r| r.state_of(&c)),
+        Some(super::record::PlegState::Exited)
+    );
+}
+
+/// A runtime gone wrong: its ListContainers keeps answering the list taken before
+/// the exit (e.g. the id listed again, running, under another sandbox), while
+/// ContainerStatus says exited.
+#[derive(Clone)]
+struct Stuck {
+    inner: FakeRuntime,
+    kept: Arc<Mutex<Option<Vec<Container>>>>,
+}
+
+#[async_trait::async_trait]
+impl Intercept for Stuck {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+
+    async fn list_containers(&self, sb: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
+        let now = self.inner.list_containers(sb).await?;
+        Ok(self.kept.lock().unwrap().clone().unwrap_or(now))
+    }
+}
+
+/// Found by a randomized comparison of concurrencies: whether a pod read again in the
+/// same batch brought its dead container back to life depended on whether its first
+/// read's early death was handled before that read's commit (which then forgot it)
+/// or after (kept until the batch's end).
+#[tokio::test]
+async fn a_pod_read_again_in_the_batch_does_not_undo_its_early_death() {
+    let rt = FakeRuntime::new();
+    let stuck = Stuck {
+        inner: rt.clone(),
+        kept: Arc::default(),
+    };
+    let (mut p, c) = one_pod(&rt, Arc::new(Intercepted(stuck.clone()))).await;
+    let sb = rt.sandboxes_of("u1").remove(0);
+    let list = rt.list_containers(Some(&sb)).await.unwrap();
+    *stuck.kept.lock().unwrap() = Some(list);
+    rt.exit_container(&c, 1);
+    // The first read's lists wait: its death goes early, before its commit.
+    rt.hold(Op::ListContainers);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let tx = Mutex::new(Some(tx));
+    let steps = Mutex::new(Vec::new());
+    let reads = AtomicUsize::new(0);
+    let run = p.relist_pods_each(vec![ask(&c)], Some(&mut rx), None, &|_| false, true, |s| {
+        if let PodStep::Read(..) = &s {
+            // Asked again once its read is handed over (a CRI event came meanwhile).
+            let mut tx = tx.lock().unwrap();
+            match reads.fetch_add(1, Ordering::SeqCst) {
+                0 => {
+                    let again = ("u1".to_string(), RelistSource::EventedPleg, Vec::new());
+                    tx.as_ref().unwrap().send(again).unwrap()
+                }
+                _ => drop(tx.take()),
+            }
+        }
+        steps.lock().unwrap().push(step(s));
+        std::future::ready(())
+    });
+    let release = async {
+        wait_until("the early death", || !steps.lock().unwrap().is_empty()).await;
+        assert_eq!(steps.lock().unwrap()[0].0, "early");
+        rt.release(Op::ListContainers);
+    };
+    tokio::join!(run, release);
+    let events: Vec<_> = steps
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .flat_map(|s| s.1)
+        .collect();
+    assert_eq!(events, died(&c), "no ContainerStarted from the second read");
+    assert_eq!(
+        p.record("u1").map(|r| r.state_of(&c)),
+        Some(super::record::PlegState::Exited)
+    );
+}

@@ -133,8 +133,8 @@ pub struct GenericPleg {
     /// How long after its exit a container's status is read again ([`EXIT_SETTLE`]).
     exit_settle: Duration,
     /// Containers whose death a batch reported early (`early` module), by pod, until
-    /// the pod's read is committed: that read's diff is taken again against the
-    /// record, and they stay exited whatever its lists said.
+    /// the batch ends: the diff of each read of the pod committed meanwhile is taken
+    /// again against the record, and they stay exited whatever its lists said.
     early: HashMap<String, Vec<String>>,
     /// Each output lists the records it changed ([`RelistOutput::records`]): the
     /// state dir stores them.
@@ -325,8 +325,9 @@ impl GenericPleg {
     ///
     /// `more`: pods asked while the others are read (the dispatcher's requests that
     /// come meanwhile) join them; the call ends once nothing is being read and `more`
-    /// is closed (without `more`: once every pod asked is read). A UID is asked again
-    /// only once its read has been handed over.
+    /// is closed (without `more`: once every pod asked is read). A pod asked while it
+    /// is being read (or twice at once) is read after that read is handed over: its
+    /// plan is taken from the record that read leaves.
     ///
     /// `give_way`: once it says true (a global relist is due), no read starts but the
     /// first `concurrency`: once the reads in progress end, the call returns the pods
@@ -362,13 +363,20 @@ impl GenericPleg {
         // Reads started: the first `concurrency` start whatever `give_way` says, so a
         // batch always makes progress, even one that starts when it says true.
         let mut started = 0usize;
+        // The pods being read: a pod asked again meanwhile waits for that read's end
+        // (its plan is taken from the record that read leaves).
+        let mut reading: HashSet<String> = HashSet::new();
         loop {
             let over = started >= self.concurrency && give_way.is_some_and(|f| f());
             if over {
                 open = false;
             }
             while !over && reads.len() < self.concurrency {
-                let Some(ask) = asked.pop_front() else {
+                let Some(ask) = asked
+                    .iter()
+                    .position(|a| !reading.contains(a.uid()))
+                    .and_then(|i| asked.remove(i))
+                else {
                     break;
                 };
                 if held(ask.uid()) {
@@ -380,6 +388,7 @@ impl GenericPleg {
                     continue;
                 }
                 let plan = self.plan(&ask);
+                reading.insert(ask.uid().to_string());
                 started += 1;
                 reads.push(async move {
                     let read = reader.read_pod(plan, calls, whole_node, early_tx).await;
@@ -407,6 +416,7 @@ impl GenericPleg {
                     }
                 }
                 Some((tag, (read, prefetch))) = reads.next() => {
+                    reading.remove(tag.uid());
                     let mut out = RelistOutput {
                         prefetch,
                         ..RelistOutput::default()
@@ -446,8 +456,8 @@ impl GenericPleg {
         left
     }
 
-    /// Containers reported early whose pod's read is not committed yet (none once a
-    /// batch has ended).
+    /// Containers reported early in the batch in progress (none once a batch has
+    /// ended).
     #[cfg(test)]
     pub(crate) fn early_pending(&self) -> usize {
         self.early.values().map(Vec::len).sum()
@@ -792,10 +802,11 @@ impl GenericPleg {
             out.held.push(w.uid);
             return;
         }
-        // Deaths reported while this pod was read: the record has them, and a
-        // container never comes back from its exit (a list read before it says
-        // otherwise).
-        let early = self.early.remove(&w.uid);
+        // Deaths reported while this pod was read (or an earlier read of it in this
+        // batch: the message may come after that read's commit): the record has
+        // them, and a container never comes back from its exit (a list read before
+        // it says otherwise). Kept until the batch ends.
+        let early = self.early.get(&w.uid).cloned();
         if let Some(ids) = &early {
             if let Some(new) = &mut w.new {
                 for id in ids {
