@@ -235,13 +235,24 @@ async fn a_pod_awaiting_reinspection_reports_no_death_early() {
 
 /// The fake runtime, whose ListContainers answers a list taken earlier (set by
 /// [`Stale::keep`]): a list served before the container's exit, its status read after.
+/// Once, or with `sticky` every time (a runtime gone wrong: e.g. the ID listed again,
+/// running, under another sandbox, while ContainerStatus says exited).
 #[derive(Clone)]
 struct Stale {
     inner: FakeRuntime,
     kept: Arc<Mutex<Option<Vec<Container>>>>,
+    sticky: bool,
 }
 
 impl Stale {
+    fn new(rt: &FakeRuntime, sticky: bool) -> Stale {
+        Stale {
+            inner: rt.clone(),
+            kept: Arc::default(),
+            sticky,
+        }
+    }
+
     async fn keep(&self, sandbox: &str) {
         let list = self.inner.list_containers(Some(sandbox)).await.unwrap();
         *self.kept.lock().unwrap() = Some(list);
@@ -256,17 +267,20 @@ impl Intercept for Stale {
 
     async fn list_containers(&self, sb: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
         let now = self.inner.list_containers(sb).await?;
-        Ok(self.kept.lock().unwrap().take().unwrap_or(now))
+        let mut kept = self.kept.lock().unwrap();
+        let list = if self.sticky {
+            kept.clone()
+        } else {
+            kept.take()
+        };
+        Ok(list.unwrap_or(now))
     }
 }
 
 #[tokio::test]
 async fn a_list_read_before_the_exit_does_not_undo_an_early_death() {
     let rt = FakeRuntime::new();
-    let stale = Stale {
-        inner: rt.clone(),
-        kept: Arc::default(),
-    };
+    let stale = Stale::new(&rt, false);
     let (mut p, c) = one_pod(&rt, Arc::new(Intercepted(stale.clone()))).await;
     let sb = rt.sandboxes_of("u1").remove(0);
     stale.keep(&sb).await;
@@ -309,10 +323,7 @@ async fn a_list_taken_before_the_exit_leaves_no_running_status_in_the_cache() {
     let (owner, cache) = CacheOwner::new(std::time::Duration::from_secs(60));
     let owner = owner.start();
     let rt = FakeRuntime::new();
-    let stale = Stale {
-        inner: rt.clone(),
-        kept: Arc::default(),
-    };
+    let stale = Stale::new(&rt, false);
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
     let mut p = GenericPleg::new(Arc::new(Intercepted(stale.clone())), 4)
@@ -389,27 +400,6 @@ async fn a_pod_asked_twice_in_one_batch_reports_its_death_once() {
     );
 }
 
-/// A runtime gone wrong: its ListContainers keeps answering the list taken before
-/// the exit (e.g. the id listed again, running, under another sandbox), while
-/// ContainerStatus says exited.
-#[derive(Clone)]
-struct Stuck {
-    inner: FakeRuntime,
-    kept: Arc<Mutex<Option<Vec<Container>>>>,
-}
-
-#[async_trait::async_trait]
-impl Intercept for Stuck {
-    fn inner(&self) -> &FakeRuntime {
-        &self.inner
-    }
-
-    async fn list_containers(&self, sb: Option<&str>) -> Result<Vec<Container>, RuntimeError> {
-        let now = self.inner.list_containers(sb).await?;
-        Ok(self.kept.lock().unwrap().clone().unwrap_or(now))
-    }
-}
-
 /// Found by a randomized comparison of concurrencies: whether a pod read again in the
 /// same batch brought its dead container back to life depended on whether its first
 /// read's early death was handled before that read's commit (which then forgot it)
@@ -417,14 +407,10 @@ impl Intercept for Stuck {
 #[tokio::test]
 async fn a_pod_read_again_in_the_batch_does_not_undo_its_early_death() {
     let rt = FakeRuntime::new();
-    let stuck = Stuck {
-        inner: rt.clone(),
-        kept: Arc::default(),
-    };
+    let stuck = Stale::new(&rt, true);
     let (mut p, c) = one_pod(&rt, Arc::new(Intercepted(stuck.clone()))).await;
     let sb = rt.sandboxes_of("u1").remove(0);
-    let list = rt.list_containers(Some(&sb)).await.unwrap();
-    *stuck.kept.lock().unwrap() = Some(list);
+    stuck.keep(&sb).await;
     rt.exit_container(&c, 1);
     // The first read's lists wait: its death goes early, before its commit.
     rt.hold(Op::ListContainers);
