@@ -206,19 +206,16 @@ fn a_thousand_silent_connections_keep_no_client_out() {
     let flood = Flood::start(&socket, 1000, 100);
     flood.wait_for_more(1000);
     for round in 0..3 {
-        let (answer, took) = list_pods(&socket);
-        let pods = answer.unwrap_or_else(|e| panic!("round {round}: {e} after {took:?}"));
-        assert!(pods > 0, "round {round}");
-        assert!(
-            took < HANDSHAKE_DEADLINE,
-            "round {round}: answered after {took:?}"
-        );
+        // The client is another process: plegd makes room by closing the flooding
+        // process's own connections, and this test's process is that one.
         let (out, took) = run_to_end(&["pods"], &socket);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "round {round}: {err}");
+        let listing = String::from_utf8_lossy(&out.stdout);
+        assert!(listing.starts_with("NAMESPACE"), "round {round}: {listing}");
         assert!(
-            String::from_utf8_lossy(&out.stdout).starts_with("NAMESPACE"),
-            "round {round}"
+            listing.lines().count() > 1,
+            "round {round}: no pod: {listing}"
         );
         assert!(took < HANDSHAKE_DEADLINE, "round {round}: {took:?}");
         flood.wait_for_more(200);
