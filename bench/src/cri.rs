@@ -24,8 +24,9 @@ pub struct Cri(
     Arc<AtomicU64>,
 );
 
-/// A pod's containers, ordered by name (`app-0`, `app-1`, ...).
+/// A pod's sandbox and containers, ordered by name (`app-0`, `app-1`, ...).
 pub struct Pod {
+    pub sandbox: String,
     pub containers: Vec<String>,
 }
 
@@ -64,10 +65,11 @@ impl Cri {
                 .push((name, c.id));
         }
         Ok(by_sandbox
-            .into_values()
-            .map(|mut cs| {
+            .into_iter()
+            .map(|(sandbox, mut cs)| {
                 cs.sort();
                 Pod {
+                    sandbox,
                     containers: cs.into_iter().map(|(_, id)| id).collect(),
                 }
             })
@@ -117,6 +119,56 @@ impl Cri {
             .try_fold(0usize, |n, _| async move { Ok(n + 1) })
             .await?;
         Ok((start.elapsed(), reads))
+    }
+
+    /// The runtime's CRI event stream, as the IDs of the containers it says stopped;
+    /// subscribed when this returns. Ends at the stream's first error.
+    pub async fn stopped_containers(&self) -> Result<futures::stream::BoxStream<'static, String>> {
+        use futures::StreamExt as _;
+        let events = self
+            .0
+            .clone()
+            .get_container_events(cri::GetEventsRequest::default())
+            .await
+            .context("GetContainerEvents")?
+            .into_inner();
+        let stopped = cri::ContainerEventType::ContainerStoppedEvent as i32;
+        Ok(
+            futures::stream::unfold(events, move |mut events| async move {
+                loop {
+                    match events.message().await {
+                        Ok(Some(ev)) if ev.container_event_type == stopped => {
+                            return Some((ev.container_id, events))
+                        }
+                        Ok(Some(_)) => continue,
+                        Ok(None) | Err(_) => return None,
+                    }
+                }
+            })
+            .boxed(),
+        )
+    }
+
+    /// Whether ContainerStatus says `id` has exited.
+    pub async fn exited(&self, id: &str) -> Result<bool> {
+        let status = self
+            .0
+            .clone()
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: false,
+            })
+            .await
+            .with_context(|| format!("ContainerStatus {id}"))?
+            .into_inner()
+            .status;
+        Ok(status.is_some_and(|s| s.state == cri::ContainerState::ContainerExited as i32))
+    }
+
+    /// A targeted relist's reads of `id` in `sandbox`'s pod (the pod's two lists and
+    /// the container's status, in flight together); whether the status says EXITED.
+    pub async fn pod_reads_exited(&self, sandbox: &str, id: &str) -> Result<bool> {
+        Ok(futures::try_join!(pod_lists(&self.0, sandbox, None), self.exited(id))?.1)
     }
 
     /// StopContainer; returns when the runtime has stopped it (and sent its event).
@@ -216,4 +268,52 @@ impl Cri {
         .context("RemovePodSandbox")?;
         Ok(())
     }
+}
+
+/// A targeted relist's lists of `sandbox`'s pod: ListPodSandbox and ListContainers
+/// filtered by it, in flight together, each within `timeout` if given.
+pub async fn pod_lists(
+    client: &RuntimeServiceClient<Channel>,
+    sandbox: &str,
+    timeout: Option<Duration>,
+) -> Result<()> {
+    fn req<T>(msg: T, timeout: Option<Duration>) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(msg);
+        if let Some(t) = timeout {
+            r.set_timeout(t);
+        }
+        r
+    }
+    let (mut a, mut b) = (client.clone(), client.clone());
+    futures::try_join!(
+        async {
+            let filter = cri::PodSandboxFilter {
+                id: sandbox.to_string(),
+                ..Default::default()
+            };
+            a.list_pod_sandbox(req(
+                cri::ListPodSandboxRequest {
+                    filter: Some(filter),
+                },
+                timeout,
+            ))
+            .await
+            .with_context(|| format!("ListPodSandbox {sandbox}"))
+        },
+        async {
+            let filter = cri::ContainerFilter {
+                pod_sandbox_id: sandbox.to_string(),
+                ..Default::default()
+            };
+            b.list_containers(req(
+                cri::ListContainersRequest {
+                    filter: Some(filter),
+                },
+                timeout,
+            ))
+            .await
+            .with_context(|| format!("ListContainers of {sandbox}"))
+        }
+    )?;
+    Ok(())
 }

@@ -116,14 +116,14 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 /// plegd's own CRI client, accepting any list the bench makes.
-fn client(endpoint: &str) -> Result<CriRuntime> {
+pub fn client(endpoint: &str) -> Result<CriRuntime> {
     Ok(CriRuntime::new(endpoint, Duration::from_secs(60))
         .context("the floor's CRI client")?
         .with_max_message_size(MAX_MESSAGE))
 }
 
 /// Both lists as bytes; their sizes.
-async fn raw_read(client: &CriRuntime) -> Result<(usize, usize)> {
+pub async fn raw_read(client: &CriRuntime) -> Result<(usize, usize)> {
     match client.list_node().await.context("the floor's lists")? {
         NodeLists::Wire {
             sandboxes,

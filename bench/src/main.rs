@@ -23,6 +23,7 @@ mod procs;
 mod real;
 mod real_cri;
 mod schedule;
+mod storm_floor;
 mod workloads;
 
 use std::path::{Path, PathBuf};
@@ -254,6 +255,7 @@ struct SizeRun {
     targeted: Option<Duration>,
     bursts: Vec<Duration>,
     storm: Option<workloads::Storm>,
+    storm_floor: Option<storm_floor::StormFloor>,
 }
 
 /// "; again: B, C; median M" for a measure taken again (nothing if it was not).
@@ -354,6 +356,9 @@ fn run_size(
             &second[..args.storm_stops],
             args.storm_window,
         )?);
+        drop((plegd, sim));
+        run.storm_floor = Some(measure_storm_floor(args, &bins.1, rt, pods)?);
+        return Ok(run);
     }
     if polled.is_none() && pods >= args.polled_singles && pods < args.storm_stops {
         drop(plegd);
@@ -362,6 +367,57 @@ fn run_size(
         *polled = Some(workloads::single_exits(rt, &plegd, &cri, ids)?.0);
     }
     Ok(run)
+}
+
+/// The storm's floor ([`storm_floor`]) on fresh nodes of `pods`: app-1 of the first
+/// pods alone, app-0 of the same pods beside the lists; a targeted relist's reads on
+/// a second fresh node.
+fn measure_storm_floor(
+    args: &Args,
+    sim_bin: &Path,
+    rt: &tokio::runtime::Runtime,
+    pods: usize,
+) -> Result<storm_floor::StormFloor> {
+    use storm_floor::{Reads, Storm};
+    let storm = |reads, lists_every| Storm {
+        window: args.storm_window,
+        in_flight: STATUS_IN_FLIGHT,
+        reads,
+        lists_every,
+    };
+    let mut floor = storm_floor::StormFloor::default();
+    for fresh in 0..2 {
+        let sim = Sim::start(sim_bin, args.node(pods))?;
+        let cri = Cri::new(sim.socket());
+        let node = rt.block_on(cri.pods())?;
+        let n = args.storm_stops.min(node.len());
+        let container = |i: usize| -> Vec<(String, String)> {
+            node[..n]
+                .iter()
+                .map(|p| (p.sandbox.clone(), p.containers[i].clone()))
+                .collect()
+        };
+        let endpoint = sim.endpoint();
+        let runtime = (&cri, endpoint.as_str());
+        if fresh == 0 {
+            floor.alone =
+                storm_floor::answered(rt, runtime, &container(1), &storm(Reads::Status, None))?;
+            floor.beside_lists = storm_floor::answered(
+                rt,
+                runtime,
+                &container(0),
+                &storm(Reads::Status, Some(PERIOD)),
+            )?;
+        } else {
+            floor.pod_reads = storm_floor::answered(
+                rt,
+                runtime,
+                &container(1),
+                &storm(Reads::Pod, Some(PERIOD)),
+            )?;
+        }
+    }
+    Ok(floor)
 }
 
 struct Churn {
@@ -678,6 +734,15 @@ fn print_table(
                 s.dropped
             );
         }
+        if let Some(f) = &r.storm_floor {
+            println!(
+                "| the storm's floor, on a fresh node with no plegd: stop → a bare client's EXITED answer to its CRI event ({STATUS_IN_FLIGHT} containers read at once): ContainerStatus; the same beside a bare read of both lists every {}; the pod's two lists and ContainerStatus beside them | {p} | {}; {}; {} |",
+                humantime::format_duration(PERIOD),
+                answered_cell(&f.alone),
+                answered_cell(&f.beside_lists),
+                answered_cell(&f.pod_reads)
+            );
+        }
     }
     if let Some(e) = polled {
         println!(
@@ -707,6 +772,20 @@ fn print_table(
     for f in fanouts {
         print_fanout(f);
     }
+}
+
+/// Latencies of answers, with how many never came.
+fn answered_cell(e: &Exits) -> String {
+    let missing = if e.missing > 0 {
+        format!(
+            " ({} of {} unanswered)",
+            e.missing,
+            e.missing + e.latencies.len()
+        )
+    } else {
+        String::new()
+    };
+    format!("{}{missing}", lat_cell(&e.latencies))
 }
 
 fn lat_cell(v: &[Duration]) -> String {

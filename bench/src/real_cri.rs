@@ -145,33 +145,9 @@ impl RealCri {
         Ok((lists, start.elapsed()))
     }
 
-    /// A targeted relist's lists of `sandbox`'s pod: ListPodSandbox and ListContainers
-    /// filtered by it, in flight together.
+    /// A targeted relist's lists of `sandbox`'s pod ([`crate::cri::pod_lists`]).
     async fn pod_lists(&self, sandbox: &str) -> Result<()> {
-        let (mut a, mut b) = (self.c(), self.c());
-        futures::try_join!(
-            async {
-                a.list_pod_sandbox(req(cri::ListPodSandboxRequest {
-                    filter: Some(cri::PodSandboxFilter {
-                        id: sandbox.to_string(),
-                        ..Default::default()
-                    }),
-                }))
-                .await
-                .with_context(|| format!("ListPodSandbox {sandbox}"))
-            },
-            async {
-                b.list_containers(req(cri::ListContainersRequest {
-                    filter: Some(cri::ContainerFilter {
-                        pod_sandbox_id: sandbox.to_string(),
-                        ..Default::default()
-                    }),
-                }))
-                .await
-                .with_context(|| format!("ListContainers of {sandbox}"))
-            }
-        )?;
-        Ok(())
+        crate::cri::pod_lists(&self.c(), sandbox, Some(CALL_TIMEOUT)).await
     }
 
     /// StopPodSandbox then RemovePodSandbox (its containers go with it).

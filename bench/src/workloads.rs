@@ -150,8 +150,8 @@ pub fn burst(
     Ok((last_seen.saturating_duration_since(last_stop), ex))
 }
 
-/// A storm: `ids` stopped evenly spread over `window` (each stop sent on its own, so a
-/// slow one never delays the next). Latency from each stop to its ContainerDied.
+/// A storm: `ids` stopped evenly spread over `window` ([`spread_stops`]). Latency
+/// from each stop to its ContainerDied.
 pub struct Storm {
     pub exits: Exits,
     pub total: Duration,
@@ -166,6 +166,33 @@ pub fn storm(
     window: Duration,
 ) -> Result<Storm> {
     let before = plegd.metrics()?;
+    let (start, stopped) = spread_stops(rt, cri, ids, window)?;
+    let ex = exits(plegd, ids, &stopped, PATIENCE);
+    let last = ex
+        .latencies
+        .iter()
+        .zip(&stopped)
+        .map(|(l, t)| *t + *l)
+        .max()
+        .unwrap_or(start);
+    let after = plegd.metrics()?;
+    let dropped = after.sum(REQUESTS, &["result=\"dropped\""])
+        - before.sum(REQUESTS, &["result=\"dropped\""]);
+    Ok(Storm {
+        exits: ex,
+        total: last - start,
+        dropped,
+    })
+}
+
+/// `ids` stopped evenly spread over `window`, each stop sent on its own (a slow one
+/// never delays the next): when the first was due, and when each returned.
+pub fn spread_stops(
+    rt: &tokio::runtime::Runtime,
+    cri: &Cri,
+    ids: &[String],
+    window: Duration,
+) -> Result<(Instant, Vec<Instant>)> {
     let start = Instant::now();
     let step = window.div_f64(ids.len().max(1) as f64);
     let stopped: Vec<Instant> = rt.block_on(async {
@@ -187,22 +214,7 @@ pub fn storm(
         }
         anyhow::Ok(out)
     })?;
-    let ex = exits(plegd, ids, &stopped, PATIENCE);
-    let last = ex
-        .latencies
-        .iter()
-        .zip(&stopped)
-        .map(|(l, t)| *t + *l)
-        .max()
-        .unwrap_or(start);
-    let after = plegd.metrics()?;
-    let dropped = after.sum(REQUESTS, &["result=\"dropped\""])
-        - before.sum(REQUESTS, &["result=\"dropped\""]);
-    Ok(Storm {
-        exits: ex,
-        total: last - start,
-        dropped,
-    })
+    Ok((start, stopped))
 }
 
 /// Waits for `n` more global relists.
