@@ -1,42 +1,43 @@
-//! The floor of a global relist: what reading the node's two lists costs a client
-//! that does nothing with them. The client is plegd's own (`CriRuntime::list_node`:
-//! the same tonic channel, both lists in flight together, the responses kept as
-//! bytes), on a thread of its own with a single-threaded tokio runtime, so the
-//! thread's CPU time is all of the client's work: tonic, h2, the socket. A second
-//! figure decodes the lists into prost's messages, as a client of the generated
-//! types would, and drops them. A third reads them as the first, in a child process
-//! with glibc's allocator set as plegd sets it (`plegd_telemetry::malloc`: fixed mmap
-//! threshold, the heap trimmed after each read as plegd trims it after each global
-//! relist): each list's buffer is then mapped, faulted in and cleared anew on every
-//! read, as plegd's are, where the bench's own process (glibc's default, dynamic
-//! thresholds) keeps reusing freed heap for them.
+//! The floor of a global relist: what receiving the node's two lists costs a client
+//! that does nothing with them. The client ([`BareLists`]) makes both calls on
+//! plegd's transport (`plegd_runtime::unix_channel`: tonic's channel, hyper, h2, the
+//! socket), both in flight together, and drops each response's body frame by frame
+//! as HTTP/2 delivers it: no message is ever gathered, decoded or kept. It runs on a
+//! thread of its own with a single-threaded tokio runtime, so the thread's CPU time
+//! is all of the client's work. A second figure decodes the lists into prost's
+//! messages, as a client of the generated types would, and drops them. A third reads
+//! them as the first, in a child process with glibc's allocator set as plegd sets it
+//! (`plegd_telemetry::malloc`: fixed mmap threshold, the heap trimmed after each read
+//! as plegd trims it after each global relist).
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _, Result};
+use plegd_runtime::cri;
 use plegd_runtime::cri::runtime_service_client::RuntimeServiceClient;
-use plegd_runtime::{cri, CriRuntime, NodeLists, RuntimeClient as _};
+use tonic::codegen::Bytes;
+use tonic::transport::Channel;
 
 use crate::procs::own_threads_cpu;
 
 /// The floor thread's name (its CPU time is read from /proc by it).
 const THREAD: &str = "floor";
 
-/// The largest list the floor's client accepts: any the bench makes (it measures
-/// reading, and polices no limit; plegd's is --runtime-max-message-size).
+/// The largest list the prost-decoding client accepts: any the bench makes (it
+/// measures reading, and polices no limit; plegd's is --runtime-max-message-size).
 const MAX_MESSAGE: usize = 1 << 30;
 
 /// CPU per read of both lists, and their sizes.
 pub struct Floor {
     pub reads: u32,
-    /// Received as bytes, nothing else (plegd's transport).
+    /// Received and dropped as it arrives (plegd's transport).
     pub raw: Duration,
     /// The same, with plegd's glibc thresholds (in a child process).
     pub raw_fixed: Duration,
     /// Decoded into prost's messages and dropped.
     pub decoded: Duration,
-    /// Bytes of the ListPodSandbox and ListContainers responses.
+    /// Bytes of the ListPodSandbox and ListContainers response bodies.
     pub bytes: (usize, usize),
 }
 
@@ -92,11 +93,11 @@ pub fn child(endpoint: &str, reads: u32, pace: Duration) -> Result<()> {
     let raw = on_floor_thread(move || {
         let rt = runtime()?;
         rt.block_on(async {
-            let client = client(&endpoint)?;
+            let client = BareLists::new(&endpoint)?;
             // As plegd's trim thread after each global relist (here on the floor's
             // thread, so its CPU is counted).
             let (raw, _) = per_read(reads.max(1), pace, || async {
-                let read = raw_read(&client).await;
+                let read = client.read().await;
                 malloc::trim();
                 read
             })
@@ -115,32 +116,69 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("the floor's async runtime")
 }
 
-/// plegd's own CRI client, accepting any list the bench makes.
-pub fn client(endpoint: &str) -> Result<CriRuntime> {
-    Ok(CriRuntime::new(endpoint, Duration::from_secs(60))
-        .context("the floor's CRI client")?
-        .with_max_message_size(MAX_MESSAGE))
-}
+/// A bare client of the node's two lists on plegd's transport; see the module doc.
+#[derive(Clone)]
+pub struct BareLists(Channel);
 
-/// Both lists as bytes; their sizes.
-pub async fn raw_read(client: &CriRuntime) -> Result<(usize, usize)> {
-    match client.list_node().await.context("the floor's lists")? {
-        NodeLists::Wire {
-            sandboxes,
-            containers,
-        } => Ok((sandboxes.len(), containers.len())),
-        NodeLists::Decoded { .. } | NodeLists::Sunk { .. } => Ok((0, 0)),
+impl BareLists {
+    pub fn new(endpoint: &str) -> Result<Self> {
+        let socket = plegd_runtime::parse_unix_endpoint(endpoint)?;
+        Ok(BareLists(plegd_runtime::unix_channel(&socket)))
+    }
+
+    /// Both lists, in flight together, received and dropped; their bodies' bytes.
+    pub async fn read(&self) -> Result<(usize, usize)> {
+        futures::try_join!(
+            self.call("/runtime.v1.RuntimeService/ListPodSandbox"),
+            self.call("/runtime.v1.RuntimeService/ListContainers"),
+        )
+    }
+
+    /// One call with an empty request message (a list of everything); the bytes of
+    /// the response's body, each frame dropped as it arrives. Fails unless the
+    /// runtime's gRPC status says OK.
+    async fn call(&self, path: &'static str) -> Result<usize> {
+        use http_body_util::BodyExt as _;
+        use tower::ServiceExt as _;
+        // gRPC's 5-byte message head: not compressed, 0 bytes long.
+        let empty = http_body_util::Full::new(Bytes::from_static(&[0; 5]));
+        let req = http::Request::post(format!("http://localhost{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(tonic::body::Body::new(empty))
+            .context("the floor's request")?;
+        let resp = self.0.clone().oneshot(req).await.context(path)?;
+        let mut status = resp.headers().get("grpc-status").cloned();
+        let mut body = resp.into_body();
+        let mut bytes = 0;
+        while let Some(frame) = body.frame().await {
+            match frame
+                .with_context(|| format!("{path}'s response"))?
+                .into_data()
+            {
+                Ok(data) => bytes += data.len(),
+                Err(frame) => {
+                    if let Some(trailers) = frame.trailers_ref() {
+                        status = trailers.get("grpc-status").cloned().or(status);
+                    }
+                }
+            }
+        }
+        match status {
+            Some(s) if s == "0" => Ok(bytes),
+            s => bail!("{path}: the runtime answered grpc-status {s:?}"),
+        }
     }
 }
 
 fn run(endpoint: &str, reads: u32, pace: Duration) -> Result<Floor> {
     let rt = runtime()?;
     rt.block_on(async {
-        let client = client(endpoint)?;
+        let client = BareLists::new(endpoint)?;
         let socket = plegd_runtime::parse_unix_endpoint(endpoint)?;
         let generated = RuntimeServiceClient::new(plegd_runtime::unix_channel(&socket))
             .max_decoding_message_size(MAX_MESSAGE);
-        let (raw, bytes) = per_read(reads, pace, || raw_read(&client)).await?;
+        let (raw, bytes) = per_read(reads, pace, || client.read()).await?;
         let (decoded, _) = per_read(reads, pace, || async {
             let (mut a, mut b) = (generated.clone(), generated.clone());
             let (s, c) = futures::try_join!(

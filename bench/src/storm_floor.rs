@@ -104,13 +104,13 @@ pub fn answered(
     let lists = match storm.lists_every {
         None => None,
         Some(period) => {
-            let client = floor::client(endpoint)?;
+            let client = floor::BareLists::new(endpoint)?;
             Some(rt.spawn(async move {
                 let mut tick = tokio::time::interval(period);
                 loop {
                     tick.tick().await;
-                    // As the no-change relist's floor reads them: as bytes, dropped.
-                    let _ = floor::raw_read(&client).await;
+                    // As the no-change relist's floor reads them.
+                    let _ = client.read().await;
                 }
             }))
         }
