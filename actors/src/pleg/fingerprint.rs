@@ -14,12 +14,14 @@
 //! A sum, so the order of the lists does not count (containerd lists from a map).
 //! Each entry is hashed by two foldhash hashers of different random seeds (128 bits):
 //! not a cryptographic hash, but keyed, so the sums are unknown outside plegd, and
-//! pod authors, who name pods, cannot aim a change at a collision. A collision would
-//! hide a change until the next change on the node.
+//! pod authors, who name pods, cannot aim a change at a collision. The quality
+//! variant, whose final mix each hash gets before it is added (as the list memo's
+//! fingerprints do). A collision would hide a change until the next change on the
+//! node.
 
 use std::hash::{BuildHasher, Hasher};
 
-use foldhash::fast::{FoldHasher, RandomState};
+use foldhash::quality::{FoldHasher, RandomState};
 use hashbrown::hash_table::{Entry, HashTable};
 use plegd_runtime::{ContainerRef, SandboxRef};
 
