@@ -8,7 +8,7 @@
 //! the same paths run in milliseconds.
 
 use integration_tests::sim::{serve, REQUEST_TIMEOUT};
-use plegd_runtime::{cri, CriRuntime, NodeLists, RuntimeClient, RuntimeError};
+use plegd_runtime::{cri, CriRuntime, ListMemo, NodeLists, RuntimeClient, RuntimeError};
 use plegd_sim::kubelet::{self, Kubelet};
 use plegd_sim::{FakeRuntime, ListServing};
 use prost::Message;
@@ -187,6 +187,30 @@ async fn a_node_over_the_send_limit_is_read_through_the_streams() {
     assert_eq!(rt.list_stream_calls(), 4);
     assert_eq!(entries(&lists), truth(&rt).await);
     assert_eq!(entries(&lists).0.len(), PODS + 1);
+
+    // The global relist's read: StreamContainers's messages read as they arrive, each
+    // with the list memo, as the unary ListContainers is.
+    let mut memo = ListMemo::default();
+    for round in 0..3 {
+        if round == 2 {
+            let sb = rt.run_pod("uid-newer", "newer", "ns");
+            rt.run_container(&sb, "app");
+        }
+        let lists = client
+            .list_node_memo(&mut memo)
+            .await
+            .expect("read through the streams");
+        assert!(matches!(lists, NodeLists::Sunk { .. }), "round {round}");
+        let read = {
+            let view = lists.view_memo(&mut memo).expect("valid lists");
+            (view.sandboxes.len(), view.containers.len())
+        };
+        assert_eq!(entries(&lists), truth(&rt).await, "round {round}");
+        assert_eq!(read, (PODS + 1 + round / 2, 2 * PODS + 1 + round / 2));
+        // kubelet's labels name each pod: one fingerprint an entry.
+        assert_eq!(memo.len(), read, "round {round}");
+    }
+    assert_eq!(rt.list_stream_calls(), 10);
 }
 
 #[tokio::test]
@@ -283,4 +307,49 @@ async fn a_streamed_message_over_a_limit_fails_the_relist_and_names_the_stream()
         .await
         .expect("every message under the limit");
     assert_eq!(entries(&lists), truth(&rt).await);
+
+    // The global relist's read, its containers' messages read as they arrive: the same
+    // errors, and a failed read leaves the memo as the last good one left it.
+    let mut memo = ListMemo::default();
+    let lists = small
+        .list_node_memo(&mut memo)
+        .await
+        .expect("every message under the limit");
+    assert_eq!(entries(&lists), truth(&rt).await);
+    lists.view_memo(&mut memo).expect("valid lists");
+    let good = memo.len();
+    assert_eq!(good, (PODS, 2 * PODS));
+    rt.set_list_padding(64 << 10);
+    let err = small
+        .list_node_memo(&mut memo)
+        .await
+        .expect_err("over plegd's limit");
+    assert!(
+        matches!(
+            err,
+            RuntimeError::TooLarge { op: "StreamPodSandboxes" | "StreamContainers", limit, .. }
+                if limit == 32 << 10
+        ),
+        "{err:?}"
+    );
+    assert_eq!(memo.len(), good);
+    let big = CriRuntime::new(&server.endpoint(), REQUEST_TIMEOUT).expect("a unix endpoint");
+    rt.set_list_serving(ListServing {
+        send_limit: Some(32 << 10),
+        streaming: true,
+        stream_batch: 5,
+    });
+    let err = big
+        .list_node_memo(&mut memo)
+        .await
+        .expect_err("over the runtime's limit");
+    assert!(
+        matches!(
+            err,
+            RuntimeError::RuntimeTooLarge { op: "StreamPodSandboxes" | "StreamContainers", limit: Some(l), .. }
+                if l == 32 << 10
+        ),
+        "{err:?}"
+    );
+    assert_eq!(memo.len(), good);
 }

@@ -292,12 +292,20 @@ impl CriRuntime {
 
     /// The node's lists through the streaming list calls, if the runtime offers them
     /// and they are not turned off (None: read the unary lists).
-    async fn streamed_lists(&self) -> Result<Option<NodeLists>, RuntimeError> {
+    async fn streamed_lists(
+        &self,
+        memo: Option<&mut ListMemo>,
+    ) -> Result<Option<NodeLists>, RuntimeError> {
         if !self.streaming.should_try() {
             return Ok(None);
         }
         self.streaming
-            .node_lists(&self.raw, self.timeout, self.max_message_size)
+            .node_lists(
+                &self.raw,
+                memo.map(|memo| (&self.sunk, memo)),
+                self.timeout,
+                self.max_message_size,
+            )
             .await
     }
 
@@ -462,7 +470,7 @@ impl RuntimeClient for CriRuntime {
     /// failing fails both. Through the streaming list calls when the runtime offers
     /// them ([`crate::list_streaming`]), else the unary ones.
     async fn list_node(&self) -> Result<NodeLists, RuntimeError> {
-        if let Some(lists) = self.streamed_lists().await? {
+        if let Some(lists) = self.streamed_lists(None).await? {
             return Ok(lists);
         }
         let sandboxes = self.raw_unary(
@@ -487,7 +495,7 @@ impl RuntimeClient for CriRuntime {
     /// [`RuntimeClient::list_node`], ListContainers read as it arrives, with `memo`
     /// ([`crate::list_sink`]): never the whole response in memory at once.
     async fn list_node_memo(&self, memo: &mut ListMemo) -> Result<NodeLists, RuntimeError> {
-        if let Some(lists) = self.streamed_lists().await? {
+        if let Some(lists) = self.streamed_lists(Some(memo)).await? {
             return Ok(lists);
         }
         let sink = Sink::new(self.max_message_size, memo);

@@ -37,29 +37,50 @@ const ENTRY_KEY: u8 = 0x0a;
 /// What a call's response message is given to, shared by the caller (who reads the
 /// outcome) and the response's body.
 #[derive(Clone, Default)]
-pub(crate) struct Sink(Arc<Mutex<ContainerSink>>);
+pub(crate) struct Sink {
+    reader: Arc<Mutex<ContainerSink>>,
+    /// The response is a stream of messages (CRI's StreamContainers), not one.
+    streamed: bool,
+}
 
 impl Sink {
     /// A sink for a message of at most `limit` bytes (the call's decoding limit: one
     /// over it goes to tonic, which refuses it as it would have), read with `memo`'s
     /// containers part (taken: [`Sink::into_outcome`] gives it back).
     pub(crate) fn new(limit: usize, memo: &mut ListMemo) -> Self {
+        Self::reading(limit, memo, false)
+    }
+
+    /// A sink for every message of a StreamContainers response, each of at most
+    /// `limit` bytes and read on its own (a message that ends inside a field is
+    /// refused, as prost refuses it), their entries read as one list. A message
+    /// the sink does not take goes to tonic, and so does every message after it.
+    pub(crate) fn streamed(limit: usize, memo: &mut ListMemo) -> Self {
+        Self::reading(limit, memo, true)
+    }
+
+    fn reading(limit: usize, memo: &mut ListMemo, streamed: bool) -> Self {
         let sink = ContainerSink {
             limit,
             memo: std::mem::take(memo),
+            streamed,
             ..ContainerSink::default()
         };
-        Sink(Arc::new(Mutex::new(sink)))
+        Sink {
+            reader: Arc::new(Mutex::new(sink)),
+            streamed,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, ContainerSink> {
         // A panic while reading leaves nothing half-done that matters: the outcome
         // is then an error or incomplete.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// After the call: the memo back into `memo`, and the containers if the sink took
-    /// the whole message (None: it took none, the call's own bytes hold it).
+    /// the whole message, or every message of a stream (None: it took none, the
+    /// call's own bytes hold them).
     pub(crate) fn into_outcome(
         self,
         memo: &mut ListMemo,
@@ -159,12 +180,14 @@ enum State {
     Done(Result<ContainerList, WireError>),
 }
 
-/// Reads a `ListContainersResponse` given in pieces.
+/// Reads a `ListContainersResponse` given in pieces (or a stream of messages of its
+/// shape, appended).
 #[derive(Default)]
 pub(crate) struct ContainerSink {
     limit: usize,
     memo: ListMemo,
     state: State,
+    streamed: bool,
 }
 
 /// Where the first top-level field of `buf` ends, if it is an entry in its plain
@@ -206,11 +229,25 @@ fn extent(buf: &[u8], left: usize) -> Extent {
 impl ContainerSink {
     /// The call's message is `len` bytes: whether the sink takes it.
     fn begin(&mut self, len: usize) -> bool {
-        if len > self.limit || !matches!(self.state, State::Idle) {
+        if len > self.limit {
             return false;
         }
+        let list = match std::mem::take(&mut self.state) {
+            State::Idle => ContainerList::default(),
+            // The next message of a stream: its entries are appended.
+            State::Done(Ok(list)) if self.streamed => list,
+            // A stream already refused: its later messages are taken and dropped.
+            State::Done(Err(e)) if self.streamed => {
+                self.state = State::Done(Err(e));
+                return true;
+            }
+            other => {
+                self.state = other;
+                return false;
+            }
+        };
         self.state = State::Reading {
-            list: ContainerList::default(),
+            list,
             carry: Vec::new(),
             whole: false,
             left: len,
@@ -435,11 +472,17 @@ impl<B> SinkBody<B> {
                     }
                     *left -= n;
                     let _ = data.split_to(n);
-                    if *left == 0 {
-                        self.phase = Phase::Through;
-                    } else {
+                    if *left > 0 {
                         break;
                     }
+                    self.phase = if sink.streamed {
+                        Phase::Prefix {
+                            head: [0; 5],
+                            got: 0,
+                        }
+                    } else {
+                        Phase::Through
+                    };
                 }
             }
         }
@@ -619,6 +662,112 @@ mod tests {
             assert_eq!(ids[49], "c49");
             assert_eq!(list.iter().nth(7).map(|c| c.sandbox_id), Some("s7"));
         }
+    }
+
+    /// gRPC messages of `ListContainersResponse`s of `sizes` containers each (IDs
+    /// numbered on), flagged `compressed`: the framed bytes, and the IDs.
+    fn stream(sizes: &[usize], compressed: u8) -> (Vec<u8>, Vec<String>) {
+        let (mut bytes, mut ids) = (Vec::new(), Vec::new());
+        for &n in sizes {
+            let first = ids.len();
+            let message = cri::ListContainersResponse {
+                containers: (first..first + n)
+                    .map(|i| cri::Container {
+                        id: format!("c{i}"),
+                        pod_sandbox_id: format!("s{i}"),
+                        state: 1,
+                        ..Default::default()
+                    })
+                    .collect(),
+            }
+            .encode_to_vec();
+            ids.extend((first..first + n).map(|i| format!("c{i}")));
+            bytes.push(compressed);
+            bytes.extend_from_slice(&(message.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(&message);
+        }
+        (bytes, ids)
+    }
+
+    /// `bytes` cut at `cuts` into data frames, then trailers.
+    fn frames_of(bytes: &[u8], cuts: &[usize]) -> Vec<Frame<Bytes>> {
+        let mut frames = Vec::new();
+        let mut from = 0;
+        for &cut in cuts.iter().chain([&bytes.len()]) {
+            frames.push(Frame::data(Bytes::copy_from_slice(&bytes[from..cut])));
+            from = cut;
+        }
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        frames.push(Frame::trailers(trailers));
+        frames
+    }
+
+    #[test]
+    fn a_streamed_sink_reads_every_message_of_a_stream_as_one_list() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut below = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for round in 0..300 {
+            let sizes: Vec<usize> = (0..1 + below(5)).map(|_| below(4)).collect();
+            let (bytes, ids) = stream(&sizes, 0);
+            // Frames cut anywhere: inside a prefix, a message, across messages.
+            let mut cuts: Vec<usize> = (0..below(12)).map(|_| below(bytes.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut memo = ListMemo::default();
+            let sink = Sink::streamed(1 << 20, &mut memo);
+            let (data, trailers) = through(frames_of(&bytes, &cuts), Some(sink.clone()));
+            assert_eq!(
+                data,
+                vec![0; 5 * sizes.len()],
+                "round {round}: one empty message each"
+            );
+            assert!(trailers.is_some());
+            let list = sink.into_outcome(&mut memo).expect("taken").expect("valid");
+            let got: Vec<_> = list.iter().map(|c| c.id.to_string()).collect();
+            assert_eq!(got, ids, "round {round}: {sizes:?} cut at {cuts:?}");
+        }
+    }
+
+    #[test]
+    fn a_streamed_message_that_ends_inside_a_field_is_refused() {
+        // The first message's last entry cut short by its own length: the next
+        // message's bytes must not complete it.
+        let (whole, _) = stream(&[2], 0);
+        let message = &whole[5..];
+        let short = &message[..message.len() - 3];
+        let mut bytes = vec![0];
+        bytes.extend_from_slice(&(short.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(short);
+        bytes.extend_from_slice(&whole);
+        let mut memo = ListMemo::default();
+        let sink = Sink::streamed(1 << 20, &mut memo);
+        let (data, _) = through(frames_of(&bytes, &[7, 40]), Some(sink.clone()));
+        assert_eq!(data, [0; 10]);
+        assert!(sink.into_outcome(&mut memo).expect("taken").is_err());
+    }
+
+    #[test]
+    fn a_streamed_message_the_sink_does_not_take_goes_through_with_every_later_one() {
+        let (first, _) = stream(&[2], 0);
+        let (big, _) = stream(&[40], 0);
+        let (last, _) = stream(&[3], 0);
+        let bytes = [first.clone(), big.clone(), last.clone()].concat();
+        let mut memo = ListMemo::default();
+        // Over the limit: the second message (tonic refuses it, as it would have).
+        let sink = Sink::streamed(big.len() - 6, &mut memo);
+        let (data, _) = through(frames_of(&bytes, &[3, 100]), Some(sink.clone()));
+        assert_eq!(data, [&[0; 5][..], &big, &last].concat());
+        // Compressed: the same.
+        let (zipped, _) = stream(&[2], 1);
+        let bytes = [first, zipped.clone(), last.clone()].concat();
+        let sink = Sink::streamed(1 << 20, &mut memo);
+        let (data, _) = through(frames_of(&bytes, &[]), Some(sink.clone()));
+        assert_eq!(data, [&[0; 5][..], &zipped, &last].concat());
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //! bytes are read exactly as each message on its own would be (an entry the reader
 //! then refuses is reported under the unary call's name: the view does not know
 //! which path brought the bytes). The cost over the unary path is that one copy of
-//! the bytes.
+//! the sandboxes' bytes: the global relist's StreamContainers is read message by
+//! message as it arrives, as its ListContainers is ([`crate::list_sink`]), each
+//! message on its own.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -28,7 +30,11 @@ use prost::encoding::{decode_key, skip_field, DecodeContext};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
+use tonic::client::{Grpc, GrpcService};
+
 use crate::cri_client::{call_error, request};
+use crate::list_memo::ListMemo;
+use crate::list_sink::{ContainerList, Sink, SinkChannel};
 use crate::raw_codec::RawCodec;
 use crate::{NodeLists, RuntimeError};
 
@@ -108,44 +114,101 @@ impl ListStreaming {
 
     /// The node's lists through the two streams, both in flight at once. `Ok(None)`:
     /// the runtime does not offer them (remembered; the caller lists with the unary
-    /// calls).
+    /// calls). With `sunk`, the containers' messages are read as they arrive into
+    /// the list memo's reader ([`crate::list_sink`]; [`NodeLists::Sunk`]), its
+    /// read left for the caller to finish; without, they are appended
+    /// ([`NodeLists::Wire`]).
     pub(crate) async fn node_lists(
         &self,
-        grpc: &tonic::client::Grpc<Channel>,
+        grpc: &Grpc<Channel>,
+        sunk: Option<(&Grpc<SinkChannel<Channel>>, &mut ListMemo)>,
         timeout: Duration,
         limit: usize,
     ) -> Result<Option<NodeLists>, RuntimeError> {
+        let reading = |which: usize| Reading {
+            timeout,
+            limit,
+            capacity: self.capacity(which),
+        };
         let sandboxes = streamed_list(
             grpc.clone(),
             "StreamPodSandboxes",
             STREAM_POD_SANDBOXES,
-            proto::StreamPodSandboxesRequest::default(),
-            Reading {
-                timeout,
-                limit,
-                capacity: self.capacity(0),
-            },
+            request(proto::StreamPodSandboxesRequest::default(), timeout),
+            reading(0),
         );
-        let containers = streamed_list(
-            grpc.clone(),
-            "StreamContainers",
-            STREAM_CONTAINERS,
-            proto::StreamContainersRequest::default(),
-            Reading {
-                timeout,
-                limit,
-                capacity: self.capacity(1),
-            },
-        );
-        match futures::try_join!(sandboxes, containers) {
-            Ok((sandboxes, containers)) => {
-                self.last_len[0].store(sandboxes.len(), Ordering::Relaxed);
-                self.last_len[1].store(containers.len(), Ordering::Relaxed);
+        let read = match sunk {
+            Some((sunk, memo)) => {
+                let sink = Sink::streamed(limit, memo);
+                let mut req = request(proto::StreamContainersRequest::default(), timeout);
+                req.extensions_mut().insert(sink.clone());
+                let containers = streamed_list(
+                    sunk.clone(),
+                    "StreamContainers",
+                    STREAM_CONTAINERS,
+                    req,
+                    Reading {
+                        capacity: 0,
+                        ..reading(1)
+                    },
+                );
+                let called = futures::try_join!(sandboxes, containers);
+                let containers = match sink.into_outcome(memo) {
+                    // No message: no container.
+                    None => Ok(ContainerList::default()),
+                    Some(outcome) => outcome.map_err(|reason| RuntimeError::Invalid {
+                        op: "StreamContainers",
+                        reason,
+                    }),
+                };
+                let read = called.and_then(|(sandboxes, taken)| {
+                    if !taken.is_empty() {
+                        // tonic decoded a message the sink did not take.
+                        return Err(RuntimeError::Invalid {
+                            op: "StreamContainers",
+                            reason: "a message plegd could not read as it arrived (compressed?)"
+                                .into(),
+                        });
+                    }
+                    Ok(NodeLists::Sunk {
+                        sandboxes,
+                        containers: containers?,
+                    })
+                });
+                if read.is_err() {
+                    // What the sink's read marked in the memo is forgotten (also when
+                    // a runtime offers only one of the streams: the unary lists are
+                    // read next).
+                    memo.finish(false);
+                }
+                read
+            }
+            None => {
+                let containers = streamed_list(
+                    grpc.clone(),
+                    "StreamContainers",
+                    STREAM_CONTAINERS,
+                    request(proto::StreamContainersRequest::default(), timeout),
+                    reading(1),
+                );
+                futures::try_join!(sandboxes, containers).map(|(sandboxes, containers)| {
+                    self.last_len[1].store(containers.len(), Ordering::Relaxed);
+                    NodeLists::Wire {
+                        sandboxes,
+                        containers,
+                    }
+                })
+            }
+        };
+        match read {
+            Ok(lists) => {
+                if let NodeLists::Wire { sandboxes, .. } | NodeLists::Sunk { sandboxes, .. } =
+                    &lists
+                {
+                    self.last_len[0].store(sandboxes.len(), Ordering::Relaxed);
+                }
                 self.offered();
-                Ok(Some(NodeLists::Wire {
-                    sandboxes,
-                    containers,
-                }))
+                Ok(Some(lists))
             }
             Err(e) if e.code() == tonic::Code::Unimplemented => {
                 self.not_offered(&e);
@@ -171,22 +234,30 @@ struct Reading {
     capacity: usize,
 }
 
-/// One stream's messages, appended (see the module's comment).
-async fn streamed_list<Req: prost::Message + Send + Sync + 'static>(
-    mut grpc: tonic::client::Grpc<Channel>,
+/// One stream's messages, appended (see the module's comment): on a channel whose
+/// [`Sink`] takes them, the empty messages tonic gets in their place.
+async fn streamed_list<T, Req>(
+    mut grpc: Grpc<T>,
     op: &'static str,
     path: &'static str,
-    req: Req,
+    req: tonic::Request<Req>,
     how: Reading,
-) -> Result<Bytes, RuntimeError> {
+) -> Result<Bytes, RuntimeError>
+where
+    T: GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: http_body::Body<Data = Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError>,
+    Req: prost::Message + Send + Sync + 'static,
+{
     let read = async {
         grpc.ready()
             .await
-            .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))
+            .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {}", e.into())))
             .map_err(|s| call_error(op, how.limit, how.timeout, s))?;
         let mut stream = grpc
             .server_streaming(
-                request(req, how.timeout),
+                req,
                 PathAndQuery::from_static(path),
                 RawCodec::<Req>::default(),
             )
