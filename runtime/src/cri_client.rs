@@ -509,7 +509,7 @@ impl RuntimeClient for CriRuntime {
         let lists = match (called, sunk) {
             ((Ok(sandboxes), Ok(bytes)), Some(Ok(containers))) if bytes.is_empty() => {
                 Ok(NodeLists::Sunk {
-                    sandboxes,
+                    sandboxes: vec![sandboxes],
                     containers,
                 })
             }

@@ -556,7 +556,7 @@ impl NodeLists {
             .collect();
         match sunk_in_pieces(containers, &cuts, memo) {
             Ok(containers) => Ok(NodeLists::Sunk {
-                sandboxes,
+                sandboxes: vec![sandboxes],
                 containers,
             }),
             Err(reason) => {

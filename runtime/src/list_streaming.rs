@@ -22,7 +22,7 @@
 //! message as it arrives, as its ListContainers is ([`crate::list_sink`]), each
 //! message on its own.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use prost::bytes::Bytes;
@@ -63,16 +63,12 @@ const OFF: u8 = 3;
 #[derive(Debug)]
 pub(crate) struct ListStreaming {
     state: AtomicU8,
-    /// The last streamed lists' sizes (sandboxes, containers): the next ones' buffers
-    /// are that large at once, not grown by doubling.
-    last_len: [AtomicUsize; 2],
 }
 
 impl ListStreaming {
     pub(crate) fn new(enabled: bool) -> Self {
         ListStreaming {
             state: AtomicU8::new(if enabled { UNKNOWN } else { OFF }),
-            last_len: Default::default(),
         }
     }
 
@@ -125,17 +121,13 @@ impl ListStreaming {
         timeout: Duration,
         limit: usize,
     ) -> Result<Option<NodeLists>, RuntimeError> {
-        let reading = |which: usize| Reading {
-            timeout,
-            limit,
-            capacity: self.capacity(which),
-        };
+        let how = || Reading { timeout, limit };
         let sandboxes = streamed_list(
             grpc.clone(),
             "StreamPodSandboxes",
             STREAM_POD_SANDBOXES,
             request(proto::StreamPodSandboxesRequest::default(), timeout),
-            reading(0),
+            how(),
         );
         let read = match sunk {
             Some((sunk, memo)) => {
@@ -147,10 +139,7 @@ impl ListStreaming {
                     "StreamContainers",
                     STREAM_CONTAINERS,
                     req,
-                    Reading {
-                        capacity: 0,
-                        ..reading(1)
-                    },
+                    how(),
                 );
                 let called = futures::try_join!(sandboxes, containers);
                 let containers = match sink.into_outcome(memo) {
@@ -162,7 +151,7 @@ impl ListStreaming {
                     }),
                 };
                 let read = called.and_then(|(sandboxes, taken)| {
-                    if !taken.is_empty() {
+                    if taken.iter().any(|m| !m.is_empty()) {
                         // tonic decoded a message the sink did not take.
                         return Err(RuntimeError::Invalid {
                             op: "StreamContainers",
@@ -189,24 +178,18 @@ impl ListStreaming {
                     "StreamContainers",
                     STREAM_CONTAINERS,
                     request(proto::StreamContainersRequest::default(), timeout),
-                    reading(1),
+                    how(),
                 );
                 futures::try_join!(sandboxes, containers).map(|(sandboxes, containers)| {
-                    self.last_len[1].store(containers.len(), Ordering::Relaxed);
                     NodeLists::Wire {
-                        sandboxes,
-                        containers,
+                        sandboxes: appended(&sandboxes),
+                        containers: appended(&containers),
                     }
                 })
             }
         };
         match read {
             Ok(lists) => {
-                if let NodeLists::Wire { sandboxes, .. } | NodeLists::Sunk { sandboxes, .. } =
-                    &lists
-                {
-                    self.last_len[0].store(sandboxes.len(), Ordering::Relaxed);
-                }
                 self.offered();
                 Ok(Some(lists))
             }
@@ -217,12 +200,6 @@ impl ListStreaming {
             Err(e) => Err(e),
         }
     }
-
-    /// The buffer for list `which`: the last one's size and an eighth more.
-    fn capacity(&self, which: usize) -> usize {
-        let last = self.last_len[which].load(Ordering::Relaxed);
-        last + last / 8
-    }
 }
 
 /// How one stream is read.
@@ -231,18 +208,18 @@ struct Reading {
     timeout: Duration,
     /// plegd's receive limit, for the error that names it.
     limit: usize,
-    capacity: usize,
 }
 
-/// One stream's messages, appended (see the module's comment): on a channel whose
-/// [`Sink`] takes them, the empty messages tonic gets in their place.
+/// One stream's messages, each checked to be whole fields (see the module's
+/// comment): on a channel whose [`Sink`] takes them, the empty messages tonic gets
+/// in their place.
 async fn streamed_list<T, Req>(
     mut grpc: Grpc<T>,
     op: &'static str,
     path: &'static str,
     req: tonic::Request<Req>,
     how: Reading,
-) -> Result<Bytes, RuntimeError>
+) -> Result<Vec<Bytes>, RuntimeError>
 where
     T: GrpcService<tonic::body::Body>,
     T::Error: Into<tonic::codegen::StdError>,
@@ -264,16 +241,16 @@ where
             .await
             .map_err(|s| call_error(op, how.limit, how.timeout, s))?
             .into_inner();
-        let mut out = Vec::with_capacity(how.capacity);
+        let mut messages = Vec::new();
         while let Some(message) = stream
             .message()
             .await
             .map_err(|s| call_error(op, how.limit, how.timeout, s))?
         {
-            append_whole(&mut out, &message)
-                .map_err(|reason| RuntimeError::Invalid { op, reason })?;
+            whole_fields(&message).map_err(|reason| RuntimeError::Invalid { op, reason })?;
+            messages.push(message);
         }
-        Ok(Bytes::from(out))
+        Ok(messages)
     };
     match tokio::time::timeout(how.timeout, read).await {
         Ok(result) => result,
@@ -284,18 +261,29 @@ where
     }
 }
 
-/// Appends `message` to `out` once it is checked to be a sequence of whole fields
-/// (prost's checks of keys, lengths and groups at its top level; the entries are
-/// checked when the lists are read).
-fn append_whole(out: &mut Vec<u8>, message: &[u8]) -> Result<(), String> {
+/// Checks that `message` is a sequence of whole fields (prost's checks of keys,
+/// lengths and groups at its top level; the entries are checked when the lists are
+/// read).
+fn whole_fields(message: &[u8]) -> Result<(), String> {
     let mut rest = message;
     while !rest.is_empty() {
         let (tag, wire_type) = decode_key(&mut rest).map_err(|e| e.to_string())?;
         skip_field(wire_type, tag, &mut rest, DecodeContext::default())
             .map_err(|e| e.to_string())?;
     }
-    out.extend_from_slice(message);
     Ok(())
+}
+
+/// Messages checked by [`whole_fields`], appended: one list response.
+fn appended(messages: &[Bytes]) -> Bytes {
+    if let [one] = messages {
+        return one.clone();
+    }
+    let mut out = Vec::with_capacity(messages.iter().map(Bytes::len).sum());
+    for m in messages {
+        out.extend_from_slice(m);
+    }
+    out.into()
 }
 
 #[cfg(test)]
@@ -357,11 +345,12 @@ mod tests {
     }
 
     fn appended(messages: &[Vec<u8>]) -> Result<Bytes, String> {
-        let mut out = Vec::new();
+        let mut checked = Vec::new();
         for m in messages {
-            append_whole(&mut out, m)?;
+            whole_fields(m)?;
+            checked.push(Bytes::copy_from_slice(m));
         }
-        Ok(out.into())
+        Ok(super::appended(&checked))
     }
 
     #[test]

@@ -120,7 +120,8 @@ fn delimited<'a>(buf: &mut &'a [u8]) -> Res<&'a [u8]> {
 #[inline(always)]
 fn string<'a>(wire_type: WireType, buf: &mut &'a [u8]) -> Res<&'a str> {
     expect(WireType::LengthDelimited, wire_type)?;
-    std::str::from_utf8(delimited(buf)?)
+    // simdutf8 accepts exactly what std's (prost's) check accepts, faster.
+    simdutf8::basic::from_utf8(delimited(buf)?)
         .map_err(|_| err("invalid string value: data is not UTF-8 encoded"))
 }
 

@@ -25,10 +25,12 @@ pub enum NodeLists {
     /// The bytes of a `ListPodSandboxResponse` and of a `ListContainersResponse`,
     /// not yet checked.
     Wire { sandboxes: Bytes, containers: Bytes },
-    /// The bytes of a `ListPodSandboxResponse`, not yet checked, and the containers
-    /// of a `ListContainersResponse` read as it arrived ([`crate::list_sink`]).
+    /// The bytes of a `ListPodSandboxResponse` (or of each message of a
+    /// StreamPodSandboxes, each whole fields), not yet checked, and the containers of
+    /// a `ListContainersResponse` (or StreamContainers) read as it arrived
+    /// ([`crate::list_sink`]).
     Sunk {
-        sandboxes: Bytes,
+        sandboxes: Vec<Bytes>,
         containers: ContainerList,
     },
 }
@@ -200,10 +202,14 @@ impl NodeLists {
                 sandboxes,
                 containers,
             } => {
-                let read = sandboxes_view(sandboxes, memo.as_deref_mut()).map(|mut view| {
-                    view.containers = containers.iter().filter_map(container_ref).collect();
-                    view
-                });
+                let mut view = ListView::default();
+                let read = sandboxes
+                    .iter()
+                    .try_for_each(|m| add_sandboxes(&mut view, m, memo.as_deref_mut()))
+                    .map(|()| {
+                        view.containers = containers.iter().filter_map(container_ref).collect();
+                        view
+                    });
                 if let Some(memo) = memo {
                     memo.finish(read.is_ok());
                 }
@@ -236,6 +242,16 @@ fn sandboxes_view<'a>(
     memo: Option<&mut ListMemo>,
 ) -> Result<ListView<'a>, RuntimeError> {
     let mut view = ListView::default();
+    add_sandboxes(&mut view, sandboxes, memo)?;
+    Ok(view)
+}
+
+/// Adds the sandboxes of a `ListPodSandboxResponse`'s bytes to `view`.
+fn add_sandboxes<'a>(
+    view: &mut ListView<'a>,
+    sandboxes: &'a [u8],
+    memo: Option<&mut ListMemo>,
+) -> Result<(), RuntimeError> {
     list_wire::sandboxes_memo(sandboxes, memo, |f, entry| {
         if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
             tracing::debug!(
@@ -256,8 +272,7 @@ fn sandboxes_view<'a>(
     .map_err(|reason| RuntimeError::Invalid {
         op: "ListPodSandbox",
         reason,
-    })?;
-    Ok(view)
+    })
 }
 
 /// A listed container as the view holds it; None (logged) for one plegd cannot
