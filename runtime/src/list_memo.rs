@@ -40,6 +40,9 @@ use std::hash::BuildHasher as _;
 
 use hashbrown::HashTable;
 
+use crate::node_lists::ListRoom;
+use crate::{ListView, NodeLists};
+
 /// An entry's fingerprint, less the two flag bits.
 const KEY: u64 = u64::MAX >> 2;
 /// Met in the read under way (a remembered entry).
@@ -169,6 +172,7 @@ impl Fingerprint<'_> {
 pub struct ListMemo {
     pub(crate) sandboxes: EntryMemo,
     pub(crate) containers: EntryMemo,
+    pub(crate) room: ListRoom,
 }
 
 impl ListMemo {
@@ -188,12 +192,25 @@ impl ListMemo {
         *self = ListMemo::default();
     }
 
-    /// The bytes its tables hold (their room included).
+    /// The bytes its tables hold (their room included), and the buffers kept for the
+    /// next read.
     pub fn heap_bytes(&self) -> usize {
         [&self.sandboxes, &self.containers]
             .iter()
             .map(|m| m.table.allocation_size())
-            .sum()
+            .sum::<usize>()
+            + self.room.heap_bytes()
+    }
+
+    /// The global relist is done with its read's view: its buffers are kept for the
+    /// next read.
+    pub fn keep_view(&mut self, view: ListView<'_>) {
+        self.room.keep_view(view);
+    }
+
+    /// The same for its lists (after their view: it borrows them).
+    pub fn keep_lists(&mut self, lists: NodeLists) {
+        self.room.keep_lists(lists);
     }
 
     /// Ends a read: its entries replace the memo if it succeeded, are forgotten if not.

@@ -157,6 +157,23 @@ impl ContainerList {
         self.entries.len()
     }
 
+    /// Whether its room is at most three times what it holds (as
+    /// [`crate::node_lists::fitting`]).
+    pub(crate) fn fits(&self) -> bool {
+        let min = crate::node_lists::MIN_ROOM;
+        self.entries.capacity() <= 3 * self.entries.len().max(min)
+            && self.text.capacity() <= 3 * self.text.len().max(64 * min)
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.text.clear();
+        self.entries.clear();
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.text.capacity() + self.entries.capacity() * std::mem::size_of::<Packed>()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -233,7 +250,7 @@ impl ContainerSink {
             return false;
         }
         let list = match std::mem::take(&mut self.state) {
-            State::Idle => ContainerList::default(),
+            State::Idle => std::mem::take(&mut self.memo.room.list),
             // The next message of a stream: its entries are appended.
             State::Done(Ok(list)) if self.streamed => list,
             // A stream already refused: its later messages are taken and dropped.

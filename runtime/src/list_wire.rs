@@ -1058,6 +1058,64 @@ mod tests {
         out
     }
 
+    /// The global relist keeps its read's buffers (the view's vectors, the containers'
+    /// packed list) for the next read: a read in them reads what a fresh read reads,
+    /// whether the node grew, shrank or changed; they keep their room while the node
+    /// keeps its size, and are given back when it shrinks to a fraction.
+    #[test]
+    fn a_read_in_the_last_reads_buffers_reads_what_a_fresh_read_reads() {
+        let mut memo = ListMemo::default();
+        let mut kept_room = 0;
+        for (round, n) in [600, 100, 900, 900, 900, 5].into_iter().enumerate() {
+            let entries: Vec<_> = (0..n)
+                .map(|i| container_entry(&format!("c{round}-{i}"), (i % 3) as u64, b"v"))
+                .collect();
+            let refs: Vec<&[u8]> = entries.iter().map(|e| e.as_slice()).collect();
+            let containers = containers_list(&refs);
+            let sandboxes = cri::ListPodSandboxResponse {
+                items: (0..n)
+                    .map(|i| cri::PodSandbox {
+                        id: format!("s{round}-{i}"),
+                        metadata: Some(cri::PodSandboxMetadata {
+                            name: format!("p{i}"),
+                            uid: format!("u{i}"),
+                            namespace: "ns".into(),
+                            attempt: 0,
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }
+            .encode_to_vec();
+            let fresh = via_view(&sandboxes, &containers).expect("valid");
+            let lists =
+                NodeLists::sunk(sandboxes.into(), &containers, 7, &mut memo).expect("valid");
+            let view = lists.view_memo(&mut memo).expect("valid");
+            let got: (Vec<_>, Vec<_>) = (
+                view.sandboxes
+                    .iter()
+                    .map(|s| s.to_sandbox().expect("labels"))
+                    .collect(),
+                view.containers.iter().map(|c| c.to_container()).collect(),
+            );
+            assert_eq!(got, fresh, "round {round}");
+            assert_eq!(got.1.len(), n);
+            memo.keep_view(view);
+            memo.keep_lists(lists);
+            match round {
+                3 => kept_room = memo.heap_bytes(),
+                4 => assert_eq!(memo.heap_bytes(), kept_room, "the same node: the same room"),
+                5 => assert!(
+                    memo.heap_bytes() < kept_room / 8,
+                    "{} bytes kept for 5 pods",
+                    memo.heap_bytes()
+                ),
+                _ => {}
+            }
+        }
+        assert!(kept_room > 900 * 64, "{kept_room}: the buffers are kept");
+    }
+
     /// An entry remembered under its ID whose bytes change into ones prost refuses
     /// (an annotation's value not UTF-8; a labels field of the wrong wire type) fails
     /// the read; the memo is left as it was (neither the refused entry nor a new one

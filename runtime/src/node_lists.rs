@@ -72,6 +72,66 @@ pub struct ListView<'a> {
     pub containers: Vec<ContainerRef<'a>>,
 }
 
+/// The buffers of the global relist's last read, kept for the next one (its view's
+/// two vectors, the containers' packed list): at 10,000 realistic pods ≈ 6 MB that a
+/// new read would map and fault in again (plegd gives freed memory back after every
+/// relist: docs/architecture.md, "Performance decisions").
+#[derive(Debug, Default)]
+pub(crate) struct ListRoom {
+    sandboxes: Vec<SandboxRef<'static>>,
+    containers: Vec<ContainerRef<'static>>,
+    pub(crate) list: ContainerList,
+}
+
+/// A vector of room for at most three times its entries, kept (one the node has
+/// shrunk away from is not: the next read grows a new one to fit).
+pub(crate) fn fitting<T>(v: Vec<T>) -> Vec<T> {
+    if v.capacity() > 3 * v.len().max(MIN_ROOM) {
+        Vec::new()
+    } else {
+        v
+    }
+}
+
+/// Entries a kept vector always has room for (a small node's is left alone).
+pub(crate) const MIN_ROOM: usize = 256;
+
+/// An empty vector of `U` in `v`'s room (the same allocation: `T` and `U` differ only
+/// in their lifetimes).
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().map(|_| unreachable!("empty")).collect()
+}
+
+impl ListRoom {
+    fn view<'a>(&mut self) -> ListView<'a> {
+        ListView {
+            sandboxes: recycle(std::mem::take(&mut self.sandboxes)),
+            containers: recycle(std::mem::take(&mut self.containers)),
+        }
+    }
+
+    pub(crate) fn keep_view(&mut self, view: ListView<'_>) {
+        self.sandboxes = recycle(fitting(view.sandboxes));
+        self.containers = recycle(fitting(view.containers));
+    }
+
+    pub(crate) fn keep_lists(&mut self, lists: NodeLists) {
+        if let NodeLists::Sunk { mut containers, .. } = lists {
+            if containers.fits() {
+                containers.clear();
+                self.list = containers;
+            }
+        }
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.sandboxes.capacity() * std::mem::size_of::<SandboxRef<'_>>()
+            + self.containers.capacity() * std::mem::size_of::<ContainerRef<'_>>()
+            + self.list.heap_bytes()
+    }
+}
+
 impl<'a> ListView<'a> {
     /// A view of decoded lists.
     pub fn of(sandboxes: &'a [Sandbox], containers: &'a [Container]) -> Self {
@@ -183,6 +243,10 @@ impl NodeLists {
     }
 
     fn read(&self, mut memo: Option<&mut ListMemo>) -> Result<ListView<'_>, RuntimeError> {
+        let mut view = match memo.as_deref_mut() {
+            Some(memo) => memo.room.view(),
+            None => ListView::default(),
+        };
         match self {
             NodeLists::Decoded {
                 sandboxes,
@@ -192,7 +256,7 @@ impl NodeLists {
                 sandboxes,
                 containers,
             } => {
-                let read = wire_view(sandboxes, containers, memo.as_deref_mut());
+                let read = wire_view(view, sandboxes, containers, memo.as_deref_mut());
                 if let Some(memo) = memo {
                     memo.finish(read.is_ok());
                 }
@@ -202,12 +266,12 @@ impl NodeLists {
                 sandboxes,
                 containers,
             } => {
-                let mut view = ListView::default();
                 let read = sandboxes
                     .iter()
                     .try_for_each(|m| add_sandboxes(&mut view, m, memo.as_deref_mut()))
                     .map(|()| {
-                        view.containers = containers.iter().filter_map(container_ref).collect();
+                        view.containers
+                            .extend(containers.iter().filter_map(container_ref));
                         view
                     });
                 if let Some(memo) = memo {
@@ -221,11 +285,12 @@ impl NodeLists {
 
 /// The view of [`NodeLists::Wire`] (its read not yet finished in `memo`).
 fn wire_view<'a>(
+    mut view: ListView<'a>,
     sandboxes: &'a [u8],
     containers: &'a [u8],
     mut memo: Option<&mut ListMemo>,
 ) -> Result<ListView<'a>, RuntimeError> {
-    let mut view = sandboxes_view(sandboxes, memo.as_deref_mut())?;
+    add_sandboxes(&mut view, sandboxes, memo.as_deref_mut())?;
     list_wire::containers_memo(containers, memo, |f| {
         view.containers.extend(container_ref(f));
     })
@@ -233,16 +298,6 @@ fn wire_view<'a>(
         op: "ListContainers",
         reason,
     })?;
-    Ok(view)
-}
-
-/// A view of a `ListPodSandboxResponse`'s bytes (no containers yet).
-fn sandboxes_view<'a>(
-    sandboxes: &'a [u8],
-    memo: Option<&mut ListMemo>,
-) -> Result<ListView<'a>, RuntimeError> {
-    let mut view = ListView::default();
-    add_sandboxes(&mut view, sandboxes, memo)?;
     Ok(view)
 }
 
