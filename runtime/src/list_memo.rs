@@ -41,7 +41,7 @@ use std::hash::BuildHasher as _;
 use hashbrown::HashTable;
 
 use crate::node_lists::ListRoom;
-use crate::{ListView, NodeLists};
+use crate::NodeLists;
 
 /// An entry's fingerprint, less the two flag bits.
 const KEY: u64 = u64::MAX >> 2;
@@ -192,7 +192,7 @@ impl ListMemo {
         *self = ListMemo::default();
     }
 
-    /// The bytes its tables hold (their room included), and the buffers kept for the
+    /// The bytes its tables hold (their room included), and the buffer kept for the
     /// next read.
     pub fn heap_bytes(&self) -> usize {
         [&self.sandboxes, &self.containers]
@@ -202,15 +202,10 @@ impl ListMemo {
             + self.room.heap_bytes()
     }
 
-    /// The global relist is done with its read's view: its buffers are kept for the
-    /// next read.
-    pub fn keep_view(&mut self, view: ListView<'_>) {
-        self.room.keep_view(view);
-    }
-
-    /// The same for its lists (after their view: it borrows them).
-    pub fn keep_lists(&mut self, lists: NodeLists) {
-        self.room.keep_lists(lists);
+    /// The global relist is done with its lists (and their view): what of them the
+    /// next read can fill again is kept for it.
+    pub fn keep(&mut self, lists: NodeLists) {
+        self.room.keep(lists);
     }
 
     /// Ends a read: its entries replace the memo if it succeeded, are forgotten if not.

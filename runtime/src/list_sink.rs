@@ -157,12 +157,12 @@ impl ContainerList {
         self.entries.len()
     }
 
-    /// Whether its room is at most three times what it holds (as
-    /// [`crate::node_lists::fitting`]).
+    /// Whether its room is at most three times what it holds (a small list's is
+    /// left alone).
     pub(crate) fn fits(&self) -> bool {
-        let min = crate::node_lists::MIN_ROOM;
-        self.entries.capacity() <= 3 * self.entries.len().max(min)
-            && self.text.capacity() <= 3 * self.text.len().max(64 * min)
+        const MIN_ENTRIES: usize = 256;
+        self.entries.capacity() <= 3 * self.entries.len().max(MIN_ENTRIES)
+            && self.text.capacity() <= 3 * self.text.len().max(64 * MIN_ENTRIES)
     }
 
     pub(crate) fn clear(&mut self) {

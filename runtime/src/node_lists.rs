@@ -72,51 +72,19 @@ pub struct ListView<'a> {
     pub containers: Vec<ContainerRef<'a>>,
 }
 
-/// The buffers of the global relist's last read, kept for the next one (its view's
-/// two vectors, the containers' packed list): at 10,000 realistic pods ≈ 6 MB that a
-/// new read would map and fault in again (plegd gives freed memory back after every
-/// relist: docs/architecture.md, "Performance decisions").
+/// The buffer of the global relist's last read kept for the next one: the
+/// containers' packed list, ≈ 3.5 MB at 10,000 realistic pods that a new read would
+/// map, fault in and clear anew (plegd gives freed memory back after every relist:
+/// docs/architecture.md, "Performance decisions").
 #[derive(Debug, Default)]
 pub(crate) struct ListRoom {
-    sandboxes: Vec<SandboxRef<'static>>,
-    containers: Vec<ContainerRef<'static>>,
     pub(crate) list: ContainerList,
 }
 
-/// A vector of room for at most three times its entries, kept (one the node has
-/// shrunk away from is not: the next read grows a new one to fit).
-pub(crate) fn fitting<T>(v: Vec<T>) -> Vec<T> {
-    if v.capacity() > 3 * v.len().max(MIN_ROOM) {
-        Vec::new()
-    } else {
-        v
-    }
-}
-
-/// Entries a kept vector always has room for (a small node's is left alone).
-pub(crate) const MIN_ROOM: usize = 256;
-
-/// An empty vector of `U` in `v`'s room (the same allocation: `T` and `U` differ only
-/// in their lifetimes).
-fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
-    v.clear();
-    v.into_iter().map(|_| unreachable!("empty")).collect()
-}
-
 impl ListRoom {
-    fn view<'a>(&mut self) -> ListView<'a> {
-        ListView {
-            sandboxes: recycle(std::mem::take(&mut self.sandboxes)),
-            containers: recycle(std::mem::take(&mut self.containers)),
-        }
-    }
-
-    pub(crate) fn keep_view(&mut self, view: ListView<'_>) {
-        self.sandboxes = recycle(fitting(view.sandboxes));
-        self.containers = recycle(fitting(view.containers));
-    }
-
-    pub(crate) fn keep_lists(&mut self, lists: NodeLists) {
+    /// Keeps `lists`' packed containers, emptied, unless their room is over three
+    /// times what they held (a node that shrank: the next read grows a new one).
+    pub(crate) fn keep(&mut self, lists: NodeLists) {
         if let NodeLists::Sunk { mut containers, .. } = lists {
             if containers.fits() {
                 containers.clear();
@@ -126,9 +94,7 @@ impl ListRoom {
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.sandboxes.capacity() * std::mem::size_of::<SandboxRef<'_>>()
-            + self.containers.capacity() * std::mem::size_of::<ContainerRef<'_>>()
-            + self.list.heap_bytes()
+        self.list.heap_bytes()
     }
 }
 
@@ -243,10 +209,7 @@ impl NodeLists {
     }
 
     fn read(&self, mut memo: Option<&mut ListMemo>) -> Result<ListView<'_>, RuntimeError> {
-        let mut view = match memo.as_deref_mut() {
-            Some(memo) => memo.room.view(),
-            None => ListView::default(),
-        };
+        let mut view = ListView::default();
         match self {
             NodeLists::Decoded {
                 sandboxes,

@@ -571,8 +571,8 @@ impl GenericPleg {
         // doubles once, even with the same live pods): give the room back once it is
         // well above what the pods need (memory after a churn).
         give_back_room(&mut self.records, RECORDS_MIN_ROOM);
-        self.memo.keep_view(view);
-        self.memo.keep_lists(lists);
+        drop(view);
+        self.memo.keep(lists);
         Ok(())
     }
 
