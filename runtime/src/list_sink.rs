@@ -750,6 +750,33 @@ mod tests {
         }
     }
 
+    /// A message whose fields are not all entries is read whole at its end (as
+    /// prost reads it), and the next message is split into entries again.
+    #[test]
+    fn a_streamed_message_read_whole_is_followed_by_one_split() {
+        let (first, mut ids) = stream(&[2], 0);
+        // Field 2, a varint, before the entries: not an entry, so the rest of this
+        // message is kept whole.
+        let mut odd = vec![0x10, 0x07];
+        odd.extend_from_slice(&first[5..]);
+        let mut bytes = vec![0];
+        bytes.extend_from_slice(&(odd.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(&odd);
+        let (next, _) = stream(&[3], 0);
+        bytes.extend_from_slice(&next);
+        // The second message's IDs are numbered from 0 too.
+        ids.extend((0..3).map(|i| format!("c{i}")));
+        for cuts in [vec![], vec![6, 30, 61], (1..bytes.len()).collect()] {
+            let mut memo = ListMemo::default();
+            let sink = Sink::streamed(1 << 20, &mut memo);
+            let (data, _) = through(frames_of(&bytes, &cuts), Some(sink.clone()));
+            assert_eq!(data, [0; 10]);
+            let list = sink.into_outcome(&mut memo).expect("taken").expect("valid");
+            let got: Vec<_> = list.iter().map(|c| c.id.to_string()).collect();
+            assert_eq!(got, ids);
+        }
+    }
+
     #[test]
     fn a_streamed_message_that_ends_inside_a_field_is_refused() {
         // The first message's last entry cut short by its own length: the next
@@ -779,12 +806,18 @@ mod tests {
         let sink = Sink::streamed(big.len() - 6, &mut memo);
         let (data, _) = through(frames_of(&bytes, &[3, 100]), Some(sink.clone()));
         assert_eq!(data, [&[0; 5][..], &big, &last].concat());
+        // The sink holds the first message's entries alone: the call's outcome is
+        // tonic's verdict on the rest (its limit refuses the second).
+        let list = sink.into_outcome(&mut memo).expect("taken").expect("valid");
+        assert_eq!(list.len(), 2);
         // Compressed: the same.
         let (zipped, _) = stream(&[2], 1);
         let bytes = [first, zipped.clone(), last.clone()].concat();
         let sink = Sink::streamed(1 << 20, &mut memo);
         let (data, _) = through(frames_of(&bytes, &[]), Some(sink.clone()));
         assert_eq!(data, [&[0; 5][..], &zipped, &last].concat());
+        let list = sink.into_outcome(&mut memo).expect("taken").expect("valid");
+        assert_eq!(list.len(), 2);
     }
 
     #[test]

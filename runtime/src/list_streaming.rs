@@ -17,10 +17,11 @@
 //! whole sequence of fields, so that no field spans two messages and the appended
 //! bytes are read exactly as each message on its own would be (an entry the reader
 //! then refuses is reported under the unary call's name: the view does not know
-//! which path brought the bytes). The cost over the unary path is that one copy of
-//! the sandboxes' bytes: the global relist's StreamContainers is read message by
-//! message as it arrives, as its ListContainers is ([`crate::list_sink`]), each
-//! message on its own.
+//! which path brought the bytes). The global relist reads StreamPodSandboxes's
+//! messages where they arrived, one after the other, and StreamContainers's message
+//! by message as they arrive, as its ListContainers ([`crate::list_sink`]), each
+//! message on its own; only [`crate::RuntimeClient::list_node`] appends them (one
+//! copy).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
