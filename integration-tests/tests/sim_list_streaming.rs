@@ -72,6 +72,30 @@ async fn truth(rt: &FakeRuntime) -> (Vec<plegd_runtime::Sandbox>, Vec<plegd_runt
     (sandboxes, containers)
 }
 
+/// `err` says a streamed message was over the runtime's send limit `limit`.
+fn over_the_runtimes_stream_limit(err: &RuntimeError, limit: usize) {
+    assert!(
+        matches!(
+            err,
+            RuntimeError::RuntimeTooLarge { op: "StreamPodSandboxes" | "StreamContainers", limit: Some(l), .. }
+                if *l == limit
+        ),
+        "{err:?}"
+    );
+}
+
+/// `err` says a streamed message was over plegd's receive limit `limit`.
+fn over_plegds_stream_limit(err: &RuntimeError, limit: usize) {
+    assert!(
+        matches!(
+            err,
+            RuntimeError::TooLarge { op: "StreamPodSandboxes" | "StreamContainers", limit: l, .. }
+                if *l == limit
+        ),
+        "{err:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_list_over_the_runtimes_send_limit_names_the_call_and_the_runtimes_limit() {
     let (rt, sandboxes_len, containers_len) = kubelet_node().await;
@@ -274,14 +298,7 @@ async fn a_streamed_message_over_a_limit_fails_the_relist_and_names_the_stream()
         .list_node()
         .await
         .expect_err("over the runtime's limit");
-    assert!(
-        matches!(
-            err,
-            RuntimeError::RuntimeTooLarge { op: "StreamPodSandboxes" | "StreamContainers", limit: Some(l), .. }
-                if l == 32 << 10
-        ),
-        "{err:?}"
-    );
+    over_the_runtimes_stream_limit(&err, 32 << 10);
     // plegd's own limit applies to each message too.
     rt.set_list_serving(ListServing {
         send_limit: None,
@@ -292,14 +309,7 @@ async fn a_streamed_message_over_a_limit_fails_the_relist_and_names_the_stream()
         .expect("a unix endpoint")
         .with_max_message_size(32 << 10);
     let err = small.list_node().await.expect_err("over plegd's limit");
-    assert!(
-        matches!(
-            err,
-            RuntimeError::TooLarge { op: "StreamPodSandboxes" | "StreamContainers", limit, .. }
-                if limit == 32 << 10
-        ),
-        "{err:?}"
-    );
+    over_plegds_stream_limit(&err, 32 << 10);
     // Without the padding, both read the node.
     rt.set_list_padding(0);
     let lists = small
@@ -324,14 +334,7 @@ async fn a_streamed_message_over_a_limit_fails_the_relist_and_names_the_stream()
         .list_node_memo(&mut memo)
         .await
         .expect_err("over plegd's limit");
-    assert!(
-        matches!(
-            err,
-            RuntimeError::TooLarge { op: "StreamPodSandboxes" | "StreamContainers", limit, .. }
-                if limit == 32 << 10
-        ),
-        "{err:?}"
-    );
+    over_plegds_stream_limit(&err, 32 << 10);
     assert_eq!(memo.len(), good);
     let big = CriRuntime::new(&server.endpoint(), REQUEST_TIMEOUT).expect("a unix endpoint");
     rt.set_list_serving(ListServing {
@@ -343,13 +346,6 @@ async fn a_streamed_message_over_a_limit_fails_the_relist_and_names_the_stream()
         .list_node_memo(&mut memo)
         .await
         .expect_err("over the runtime's limit");
-    assert!(
-        matches!(
-            err,
-            RuntimeError::RuntimeTooLarge { op: "StreamPodSandboxes" | "StreamContainers", limit: Some(l), .. }
-                if l == 32 << 10
-        ),
-        "{err:?}"
-    );
+    over_the_runtimes_stream_limit(&err, 32 << 10);
     assert_eq!(memo.len(), good);
 }

@@ -637,11 +637,11 @@ mod tests {
         (data, trailers)
     }
 
-    /// A gRPC message of `ListContainersResponse` with `n` containers, flagged
-    /// `compressed`, cut into frames of `size` bytes, then trailers.
-    fn response(n: usize, compressed: u8, size: usize) -> (Vec<u8>, Vec<Frame<Bytes>>) {
+    /// A `ListContainersResponse` of the containers numbered `ids`, as a gRPC message
+    /// (its 5-byte prefix first) flagged `compressed`.
+    fn framed(ids: std::ops::Range<usize>, compressed: u8) -> Vec<u8> {
         let message = cri::ListContainersResponse {
-            containers: (0..n)
+            containers: ids
                 .map(|i| cri::Container {
                     id: format!("c{i}"),
                     pod_sandbox_id: format!("s{i}"),
@@ -654,6 +654,13 @@ mod tests {
         let mut bytes = vec![compressed];
         bytes.extend_from_slice(&(message.len() as u32).to_be_bytes());
         bytes.extend_from_slice(&message);
+        bytes
+    }
+
+    /// A gRPC message of `ListContainersResponse` with `n` containers, flagged
+    /// `compressed`, cut into frames of `size` bytes, then trailers.
+    fn response(n: usize, compressed: u8, size: usize) -> (Vec<u8>, Vec<Frame<Bytes>>) {
+        let bytes = framed(0..n, compressed);
         let mut frames: Vec<Frame<Bytes>> = bytes
             .chunks(size)
             .map(|c| Frame::data(Bytes::copy_from_slice(c)))
@@ -687,21 +694,8 @@ mod tests {
         let (mut bytes, mut ids) = (Vec::new(), Vec::new());
         for &n in sizes {
             let first = ids.len();
-            let message = cri::ListContainersResponse {
-                containers: (first..first + n)
-                    .map(|i| cri::Container {
-                        id: format!("c{i}"),
-                        pod_sandbox_id: format!("s{i}"),
-                        state: 1,
-                        ..Default::default()
-                    })
-                    .collect(),
-            }
-            .encode_to_vec();
             ids.extend((first..first + n).map(|i| format!("c{i}")));
-            bytes.push(compressed);
-            bytes.extend_from_slice(&(message.len() as u32).to_be_bytes());
-            bytes.extend_from_slice(&message);
+            bytes.extend_from_slice(&framed(first..first + n, compressed));
         }
         (bytes, ids)
     }
