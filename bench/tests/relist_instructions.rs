@@ -92,7 +92,7 @@ impl RuntimeClient for WireListed {
             NodeLists::Wire {
                 sandboxes,
                 containers,
-            } => NodeLists::sunk(sandboxes, &containers, 16 * 1024, memo),
+            } => NodeLists::sunk(&sandboxes, &containers, 16 * 1024, memo),
             lists => Ok(lists),
         }
     }

@@ -134,12 +134,15 @@ fn owned(lists: &NodeLists, memo: Option<&mut ListMemo>) -> (Vec<Sandbox>, Vec<C
         None => lists.view(),
     }
     .expect("valid lists");
+    // The sandboxes here have no labels: one listed without them (its entry vouched
+    // for by the memo) is the whole sandbox.
     let mut sandboxes = view
         .sandboxes
         .iter()
-        .map(|s| s.to_sandbox())
+        .map(|s| s.to_sandbox().map(|(s, _)| s))
         .collect::<Result<Vec<_>, _>>()
         .expect("owned sandboxes");
+    assert!(sandboxes.iter().all(|s| s.labels.is_empty()));
     let mut containers: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
     sandboxes.sort_by(|a, b| a.id.cmp(&b.id));
     containers.sort_by(|a, b| a.id.cmp(&b.id));

@@ -49,18 +49,44 @@ fn between(sandboxes_len: usize, containers_len: usize) -> usize {
     (sandboxes_len + containers_len) / 2
 }
 
-/// The entries of `lists`, owned and sorted by ID.
-fn entries(lists: &NodeLists) -> (Vec<plegd_runtime::Sandbox>, Vec<plegd_runtime::Container>) {
+/// The entries of `lists`, owned and sorted by ID: a sandbox listed without its labels
+/// (the memo vouched for it) with the labels `truth` has for it, and the IDs of those.
+fn entries_labeled(
+    lists: &NodeLists,
+    truth: &[plegd_runtime::Sandbox],
+) -> (
+    (Vec<plegd_runtime::Sandbox>, Vec<plegd_runtime::Container>),
+    Vec<String>,
+) {
     let view = lists.view().expect("valid lists");
+    let mut unlabeled = Vec::new();
     let mut sandboxes: Vec<_> = view
         .sandboxes
         .iter()
-        .map(|s| s.to_sandbox().expect("labels"))
+        .map(|s| {
+            let (mut sandbox, labeled) = s.to_sandbox().expect("labels");
+            if !labeled {
+                assert!(sandbox.labels.is_empty(), "{sandbox:?}");
+                unlabeled.push(sandbox.id.clone());
+                if let Some(t) = truth.iter().find(|t| t.id == sandbox.id) {
+                    sandbox.labels = t.labels.clone();
+                }
+            }
+            sandbox
+        })
         .collect();
     let mut containers: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
     sandboxes.sort_by(|a, b| a.id.cmp(&b.id));
     containers.sort_by(|a, b| a.id.cmp(&b.id));
-    (sandboxes, containers)
+    unlabeled.sort();
+    ((sandboxes, containers), unlabeled)
+}
+
+/// The entries of `lists` (every sandbox with its labels), owned and sorted by ID.
+fn entries(lists: &NodeLists) -> (Vec<plegd_runtime::Sandbox>, Vec<plegd_runtime::Container>) {
+    let (entries, unlabeled) = entries_labeled(lists, &[]);
+    assert_eq!(unlabeled, Vec::<String>::new(), "every label read");
+    entries
 }
 
 /// What the runtime holds, as `entries` gives it.
@@ -229,7 +255,22 @@ async fn a_node_over_the_send_limit_is_read_through_the_streams() {
             let view = lists.view_memo(&mut memo).expect("valid lists");
             (view.sandboxes.len(), view.containers.len())
         };
-        assert_eq!(entries(&lists), truth(&rt).await, "round {round}");
+        let truth = truth(&rt).await;
+        let (read_entries, unlabeled) = entries_labeled(&lists, &truth.0);
+        assert_eq!(read_entries, truth, "round {round}");
+        // Labels are kept for the sandboxes the memo did not vouch for: every one in
+        // the first read, none in the second, the new pod's in the third.
+        let want: Vec<String> = match round {
+            0 => vec![],
+            1 => truth.0.iter().map(|s| s.id.clone()).collect(),
+            _ => truth
+                .0
+                .iter()
+                .filter(|s| s.pod.uid != "uid-newer")
+                .map(|s| s.id.clone())
+                .collect(),
+        };
+        assert_eq!(unlabeled, want, "round {round}");
         assert_eq!(read, (PODS + 1 + round / 2, 2 * PODS + 1 + round / 2));
         // kubelet's labels name each pod: one fingerprint an entry.
         assert_eq!(memo.len(), read, "round {round}");

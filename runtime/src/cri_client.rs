@@ -25,6 +25,7 @@ use crate::containerd_events::{self, EventsClient, SubscribeRequest, TaskEventSt
 use crate::convert;
 use crate::list_sink::{Sink, SinkChannel};
 use crate::list_streaming::ListStreaming;
+use crate::packed_lists::{ContainerList, PackedList, SandboxList};
 use crate::raw_codec::RawCodec;
 use crate::status_read;
 use crate::{
@@ -269,21 +270,32 @@ impl CriRuntime {
 }
 
 impl CriRuntime {
-    /// ListContainers of the whole node, its message read as it arrives into `sink`:
-    /// the bytes tonic hands back are empty when the sink took it.
-    async fn sunk_list_containers(&self, sink: Sink) -> Result<prost::bytes::Bytes, RuntimeError> {
+    /// A list call of the whole node (`op` at `path`), its message read as it
+    /// arrives into `sink`: the bytes tonic hands back are empty when the sink took
+    /// it.
+    async fn sunk_list<Req, L>(
+        &self,
+        op: &'static str,
+        path: &'static str,
+        req: Req,
+        sink: &Sink<L>,
+    ) -> Result<prost::bytes::Bytes, RuntimeError>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        L: PackedList,
+    {
         let mut grpc = self.sunk.clone();
         let timeout = self.timeout;
-        self.timed("ListContainers", async move {
+        let mut req = request(req, timeout);
+        req.extensions_mut().insert(sink.taker());
+        self.timed(op, async move {
             grpc.ready()
                 .await
                 .map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
-            let mut req = request(cri::ListContainersRequest::default(), timeout);
-            req.extensions_mut().insert(sink);
             grpc.unary(
                 req,
-                PathAndQuery::from_static("/runtime.v1.RuntimeService/ListContainers"),
-                RawCodec::<cri::ListContainersRequest>::default(),
+                PathAndQuery::from_static(path),
+                RawCodec::<Req>::default(),
             )
             .await
         })
@@ -492,44 +504,39 @@ impl RuntimeClient for CriRuntime {
         }
     }
 
-    /// [`RuntimeClient::list_node`], ListContainers read as it arrives, with `memo`
-    /// ([`crate::list_sink`]): never the whole response in memory at once.
+    /// [`RuntimeClient::list_node`], both lists read as they arrive, with `memo`
+    /// ([`crate::list_sink`]): never a whole response in memory at once.
     async fn list_node_memo(&self, memo: &mut ListMemo) -> Result<NodeLists, RuntimeError> {
         if let Some(lists) = self.streamed_lists(Some(memo)).await? {
             return Ok(lists);
         }
-        let sink = Sink::new(self.max_message_size, memo);
-        let sandboxes = self.raw_unary(
-            "ListPodSandbox",
-            "/runtime.v1.RuntimeService/ListPodSandbox",
-            cri::ListPodSandboxRequest::default(),
+        let sandbox_sink = Sink::<SandboxList>::new(self.max_message_size, memo);
+        let container_sink = Sink::<ContainerList>::new(self.max_message_size, memo);
+        let called = futures::join!(
+            self.sunk_list(
+                "ListPodSandbox",
+                "/runtime.v1.RuntimeService/ListPodSandbox",
+                cri::ListPodSandboxRequest::default(),
+                &sandbox_sink,
+            ),
+            self.sunk_list(
+                "ListContainers",
+                "/runtime.v1.RuntimeService/ListContainers",
+                cri::ListContainersRequest::default(),
+                &container_sink,
+            )
         );
-        let called = futures::join!(sandboxes, self.sunk_list_containers(sink.clone()));
-        let sunk = sink.into_outcome(memo);
-        let lists = match (called, sunk) {
-            ((Ok(sandboxes), Ok(bytes)), Some(Ok(containers))) if bytes.is_empty() => {
-                Ok(NodeLists::Sunk {
-                    sandboxes: vec![sandboxes],
-                    containers,
-                })
-            }
-            // The sink took no message: tonic's bytes are the response's.
-            ((Ok(sandboxes), Ok(containers)), None) => Ok(NodeLists::Wire {
+        let sandboxes = sandbox_sink.outcome("ListPodSandbox", called.0.map(|m| vec![m]), memo);
+        let containers = container_sink.outcome("ListContainers", called.1.map(|m| vec![m]), memo);
+        let lists = match (sandboxes, containers) {
+            (Ok(sandboxes), Ok(containers)) => Ok(NodeLists::Sunk {
                 sandboxes,
                 containers,
             }),
-            ((Ok(_), Ok(_)), Some(Err(reason))) => Err(RuntimeError::Invalid {
-                op: "ListContainers",
-                reason,
-            }),
-            ((Ok(_), Ok(_)), Some(Ok(_))) => Err(RuntimeError::Invalid {
-                op: "ListContainers",
-                reason: "more than one message in a unary response".into(),
-            }),
-            ((Err(e), _) | (_, Err(e)), _) => Err(self.hinted(e)),
+            (Err(e), _) | (_, Err(e)) => Err(self.hinted(e)),
         };
         if lists.is_err() {
-            // What the sink's read marked in the memo is forgotten.
+            // What the sinks' reads marked in the memo is forgotten.
             memo.finish(false);
         }
         lists

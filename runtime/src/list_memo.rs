@@ -192,7 +192,7 @@ impl ListMemo {
         *self = ListMemo::default();
     }
 
-    /// The bytes its tables hold (their room included), and the buffer kept for the
+    /// The bytes its tables hold (their room included), and the lists kept for the
     /// next read.
     pub fn heap_bytes(&self) -> usize {
         [&self.sandboxes, &self.containers]

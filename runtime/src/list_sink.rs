@@ -1,16 +1,16 @@
-//! The global relist's ListContainers read as it arrives, never held whole.
+//! The global relist's two lists read as they arrive, never held whole.
 //!
 //! tonic gathers a response's message into one buffer before it decodes it: at
-//! 10,000 realistic pods, 17 MB mapped, faulted in, cleared and unmapped every
-//! relist (plegd fixes glibc's thresholds so that such buffers leave its RSS when
-//! freed: docs/architecture.md, "Performance decisions"). Here a layer under tonic
-//! ([`SinkChannel`]) hands the message of a call that asks for it ([`Sink`], in the
-//! request's extensions) to [`ContainerSink`] frame by frame, as HTTP/2 delivers it,
-//! and gives tonic an empty message in its place: tonic still makes the call and
-//! judges its headers, trailers, status, limit and compression, as for any call.
-//! The sink splits the message into its entries and reads each as
-//! [`crate::list_wire`] does (with the list memo), keeping only the fields plegd
-//! uses ([`ContainerList`]): ≈ 150 bytes an entry instead of ≈ 850.
+//! 10,000 realistic pods, 17 MB for ListContainers and 4.5 MB for ListPodSandbox
+//! mapped, faulted in, cleared and unmapped every relist (plegd fixes glibc's
+//! thresholds so that such buffers leave its RSS when freed: docs/architecture.md,
+//! "Performance decisions"). Here a layer under tonic ([`SinkChannel`]) hands the
+//! message of a call that asks for it ([`Sink`], in the request's extensions) to
+//! [`ListSink`] frame by frame, as HTTP/2 delivers it, and gives tonic an empty
+//! message in its place: tonic still makes the call and judges its headers,
+//! trailers, status, limit and compression, as for any call. The sink splits the
+//! message into its entries and reads each as [`crate::list_wire`] does (with the
+//! list memo), keeping only the fields plegd uses ([`crate::packed_lists`]).
 //!
 //! A message the sink does not take (over the size limit, compressed) goes through
 //! unchanged, for tonic to refuse or decode as before. A top-level field other than
@@ -26,32 +26,32 @@ use futures::future::BoxFuture;
 use http_body::{Body, Frame, SizeHint};
 use prost::bytes::{Bytes, BytesMut};
 
-use crate::list_memo::ListMemo;
-use crate::list_wire::{self, ContainerFields, WireError};
+use crate::list_memo::{EntryMemo, ListMemo};
+use crate::list_wire::{self, WireError};
+use crate::packed_lists::{ContainerList, PackedList, SandboxList};
 use crate::NodeLists;
 
-/// The key of a `ListContainersResponse` entry (field 1, length-delimited) in its one
-/// plain byte.
+/// The key of a list response's entry (field 1, length-delimited) in its one plain
+/// byte: `ListPodSandboxResponse`, `ListContainersResponse` and their streamed
+/// counterparts alike.
 const ENTRY_KEY: u8 = 0x0a;
 
-/// What a call's response message is given to, shared by the caller (who reads the
-/// outcome) and the response's body.
-#[derive(Clone, Default)]
-pub(crate) struct Sink {
-    reader: Arc<Mutex<ContainerSink>>,
-    /// The response is a stream of messages (CRI's StreamContainers), not one.
+/// A call's response message read into an `L` as it arrives: the caller's handle
+/// (it reads the outcome); [`Sink::taker`] goes with the request.
+pub(crate) struct Sink<L> {
+    reader: Arc<Mutex<ListSink<L>>>,
     streamed: bool,
 }
 
-impl Sink {
+impl<L: PackedList> Sink<L> {
     /// A sink for a message of at most `limit` bytes (the call's decoding limit: one
     /// over it goes to tonic, which refuses it as it would have), read with `memo`'s
-    /// containers part (taken: [`Sink::into_outcome`] gives it back).
+    /// part for `L` (taken: [`Sink::into_outcome`] gives it back).
     pub(crate) fn new(limit: usize, memo: &mut ListMemo) -> Self {
         Self::reading(limit, memo, false)
     }
 
-    /// A sink for every message of a StreamContainers response, each of at most
+    /// A sink for every message of a streamed list response, each of at most
     /// `limit` bytes and read on its own (a message that ends inside a field is
     /// refused, as prost refuses it), their entries read as one list. A message
     /// the sink does not take goes to tonic, and so does every message after it.
@@ -60,11 +60,13 @@ impl Sink {
     }
 
     fn reading(limit: usize, memo: &mut ListMemo, streamed: bool) -> Self {
-        let sink = ContainerSink {
+        let (entries, kept) = L::parts(memo);
+        let sink = ListSink {
             limit,
-            memo: std::mem::take(memo),
+            memo: std::mem::take(entries),
+            kept: std::mem::take(kept),
             streamed,
-            ..ContainerSink::default()
+            state: State::Idle,
         };
         Sink {
             reader: Arc::new(Mutex::new(sink)),
@@ -72,22 +74,27 @@ impl Sink {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, ContainerSink> {
+    fn lock(&self) -> MutexGuard<'_, ListSink<L>> {
         // A panic while reading leaves nothing half-done that matters: the outcome
         // is then an error or incomplete.
         self.reader.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// After the call: the memo back into `memo`, and the containers if the sink took
-    /// the whole message, or every message of a stream (None: it took none, the
-    /// call's own bytes hold them).
-    pub(crate) fn into_outcome(
-        self,
-        memo: &mut ListMemo,
-    ) -> Option<Result<ContainerList, WireError>> {
+    /// What goes in the call's request extensions.
+    pub(crate) fn taker(&self) -> Taker {
+        Taker {
+            reader: self.reader.clone(),
+            streamed: self.streamed,
+        }
+    }
+
+    /// After the call: the memo's part back into `memo`, and the list if the sink
+    /// took the whole message, or every message of a stream (None: it took none,
+    /// the call's own bytes hold them).
+    pub(crate) fn into_outcome(self, memo: &mut ListMemo) -> Option<Result<L, WireError>> {
         let mut sink = self.lock();
-        *memo = std::mem::take(&mut sink.memo);
-        match std::mem::take(&mut sink.state) {
+        *L::parts(memo).0 = std::mem::take(&mut sink.memo);
+        match std::mem::replace(&mut sink.state, State::Idle) {
             State::Idle => None,
             State::Done(outcome) => Some(outcome),
             State::Reading { .. } => Some(Err("the response ended inside its message".into())),
@@ -95,97 +102,64 @@ impl Sink {
     }
 }
 
-/// The containers plegd reads of a `ListContainersResponse`, packed: their strings
-/// in one block.
-#[derive(Clone, Debug, Default)]
-pub struct ContainerList {
-    text: String,
-    entries: Vec<Packed>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct Packed {
-    /// Where the ID, the sandbox ID and the name end in `text` (each starts where the
-    /// one before ends).
-    ends: [u32; 3],
-    attempt: u32,
-    state: i32,
-    created_at: i64,
-}
-
-impl ContainerList {
-    /// Adds an entry's fields (false if the block would outgrow u32 offsets).
-    fn push(&mut self, f: &ContainerFields<'_>) -> bool {
-        let mut ends = [0u32; 3];
-        for (end, s) in ends.iter_mut().zip([f.id, f.sandbox_id, f.name]) {
-            self.text.push_str(s);
-            match u32::try_from(self.text.len()) {
-                Ok(at) => *end = at,
-                Err(_) => return false,
+impl<L: PackedList> Sink<L> {
+    /// What a call `op` with this sink read, given the messages tonic gave back
+    /// (`called`: one for a unary call); the memo's part back in `memo`. A message
+    /// the sink did not take (compressed) is read from tonic's bytes the same way,
+    /// after the ones it took (only later messages of a stream go past it).
+    pub(crate) fn outcome(
+        self,
+        op: &'static str,
+        called: Result<Vec<Bytes>, crate::RuntimeError>,
+        memo: &mut ListMemo,
+    ) -> Result<L, crate::RuntimeError> {
+        let streamed = self.streamed;
+        let outcome = self.into_outcome(memo);
+        let messages = called?;
+        let invalid = |reason| crate::RuntimeError::Invalid { op, reason };
+        let through = messages.iter().filter(|m| !m.is_empty());
+        let mut list = match outcome {
+            Some(Err(reason)) => return Err(invalid(reason)),
+            Some(Ok(_)) if !streamed && through.clone().next().is_some() => {
+                return Err(invalid("more than one message in a unary response".into()))
             }
+            Some(Ok(list)) => list,
+            None => L::default(),
+        };
+        let part = L::parts(memo).0;
+        for message in through {
+            list_wire::list_entries(message, |entry| list.read(entry, part)).map_err(invalid)?;
         }
-        self.entries.push(Packed {
-            ends,
-            attempt: f.attempt,
-            state: f.state,
-            created_at: f.created_at,
-        });
-        true
-    }
-
-    /// The entries, as [`list_wire::containers`] reads them.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = ContainerFields<'_>> {
-        let mut start = 0;
-        self.entries.iter().map(move |e| {
-            let [id, sandbox_id, name] = e.ends.map(|end| {
-                let s = &self.text[start..end as usize];
-                start = end as usize;
-                s
-            });
-            ContainerFields {
-                id,
-                sandbox_id,
-                name,
-                attempt: e.attempt,
-                state: e.state,
-                created_at: e.created_at,
-            }
-        })
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether its room is at most three times what it holds (a small list's is
-    /// left alone).
-    pub(crate) fn fits(&self) -> bool {
-        const MIN_ENTRIES: usize = 256;
-        self.entries.capacity() <= 3 * self.entries.len().max(MIN_ENTRIES)
-            && self.text.capacity() <= 3 * self.text.len().max(64 * MIN_ENTRIES)
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.text.clear();
-        self.entries.clear();
-    }
-
-    pub(crate) fn heap_bytes(&self) -> usize {
-        self.text.capacity() + self.entries.capacity() * std::mem::size_of::<Packed>()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        Ok(list)
     }
 }
 
-#[derive(Default)]
-enum State {
+/// A sink as the response's body sees it, whatever list it reads.
+#[derive(Clone)]
+pub(crate) struct Taker {
+    reader: Arc<Mutex<dyn Reader>>,
+    /// The response is a stream of messages, not one.
+    streamed: bool,
+}
+
+impl Taker {
+    fn lock(&self) -> MutexGuard<'_, dyn Reader + 'static> {
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+trait Reader: Send {
+    /// The call's message is `len` bytes: whether the sink takes it.
+    fn begin(&mut self, len: usize) -> bool;
+    /// The next bytes of the message.
+    fn feed(&mut self, data: &[u8]);
+}
+
+enum State<L> {
     /// No message taken (yet).
-    #[default]
     Idle,
     Reading {
-        list: ContainerList,
+        list: L,
         /// The part of a top-level field that came so far (a field split between
         /// frames), or with `whole`, every byte from the first field not split.
         carry: Vec<u8>,
@@ -194,16 +168,18 @@ enum State {
         left: usize,
         error: Option<WireError>,
     },
-    Done(Result<ContainerList, WireError>),
+    Done(Result<L, WireError>),
 }
 
-/// Reads a `ListContainersResponse` given in pieces (or a stream of messages of its
-/// shape, appended).
-#[derive(Default)]
-pub(crate) struct ContainerSink {
+/// Reads a list response given in pieces (or a stream of messages of its shape,
+/// appended) into an `L`.
+pub(crate) struct ListSink<L> {
     limit: usize,
-    memo: ListMemo,
-    state: State,
+    /// The memo's part for `L`.
+    memo: EntryMemo,
+    /// The list the last read left to fill again.
+    kept: L,
+    state: State<L>,
     streamed: bool,
 }
 
@@ -243,14 +219,13 @@ fn extent(buf: &[u8], left: usize) -> Extent {
     }
 }
 
-impl ContainerSink {
-    /// The call's message is `len` bytes: whether the sink takes it.
+impl<L: PackedList> Reader for ListSink<L> {
     fn begin(&mut self, len: usize) -> bool {
         if len > self.limit {
             return false;
         }
-        let list = match std::mem::take(&mut self.state) {
-            State::Idle => std::mem::take(&mut self.memo.room.list),
+        let list = match std::mem::replace(&mut self.state, State::Idle) {
+            State::Idle => std::mem::take(&mut self.kept),
             // The next message of a stream: its entries are appended.
             State::Done(Ok(list)) if self.streamed => list,
             // A stream already refused: its later messages are taken and dropped.
@@ -274,7 +249,6 @@ impl ContainerSink {
         true
     }
 
-    /// The next bytes of the message.
     fn feed(&mut self, mut data: &[u8]) {
         let State::Reading {
             list,
@@ -290,7 +264,7 @@ impl ContainerSink {
             if error.is_some() {
                 return;
             }
-            if let Err(e) = read_entry(entry, &mut self.memo, list) {
+            if let Err(e) = list.read(entry, &mut self.memo) {
                 *error = Some(e);
             }
         };
@@ -349,7 +323,9 @@ impl ContainerSink {
         }
         self.end_if_read();
     }
+}
 
+impl<L: PackedList> ListSink<L> {
     /// Once every byte of the message came: the outcome.
     fn end_if_read(&mut self) {
         let State::Reading { left: 0, .. } = self.state else {
@@ -361,7 +337,7 @@ impl ContainerSink {
             whole,
             error,
             ..
-        } = std::mem::take(&mut self.state)
+        } = std::mem::replace(&mut self.state, State::Idle)
         else {
             return;
         };
@@ -370,32 +346,18 @@ impl ContainerSink {
             // The rest of the message, whole (or a field the message's end cut
             // short): read as a response of its own (its fields are read in order; a
             // repeated field only appends), with prost's verdict.
-            None if whole || !carry.is_empty() => list_wire::container_entries(&carry, |entry| {
-                read_entry(entry, &mut self.memo, &mut list)
-            })
-            .map(|()| list),
+            None if whole || !carry.is_empty() => {
+                list_wire::list_entries(&carry, |entry| list.read(entry, &mut self.memo))
+                    .map(|()| list)
+            }
             None => Ok(list),
         };
         self.state = State::Done(outcome);
     }
 }
 
-/// One entry, read with the memo's containers part, and kept (the view leaves out
-/// those plegd cannot attribute, as for any list).
-fn read_entry(
-    entry: &[u8],
-    memo: &mut ListMemo,
-    list: &mut ContainerList,
-) -> Result<(), WireError> {
-    let f = list_wire::container_entry(entry, Some(&mut memo.containers))?;
-    if list.push(&f) {
-        Ok(())
-    } else {
-        Err("the list's strings are over 4 GiB".into())
-    }
-}
-
-/// A channel whose calls may carry a [`Sink`] for their response's message.
+/// A channel whose calls may carry a [`Sink`]'s [`Taker`] for their response's
+/// message.
 #[derive(Clone, Debug)]
 pub(crate) struct SinkChannel<S>(pub(crate) S);
 
@@ -414,7 +376,7 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<tonic::body::Body>) -> Self::Future {
-        let sink = req.extensions_mut().remove::<Sink>();
+        let sink = req.extensions_mut().remove::<Taker>();
         let call = self.0.call(req);
         Box::pin(async move {
             let resp = call.await?;
@@ -441,11 +403,11 @@ enum Phase {
     Through,
 }
 
-/// A response body whose message, if its call carried a [`Sink`] that takes it, goes
-/// to the sink; tonic gets an empty message in its place.
+/// A response body whose message, if its call carried a [`Taker`] that takes it, goes
+/// to its sink; tonic gets an empty message in its place.
 pub(crate) struct SinkBody<B> {
     inner: B,
-    sink: Option<Sink>,
+    sink: Option<Taker>,
     phase: Phase,
     /// Bytes for tonic, before the next frame.
     out: Option<Bytes>,
@@ -541,12 +503,12 @@ impl<B: Body<Data = Bytes> + Unpin> Body for SinkBody<B> {
 
 /// The message `bytes` given to a sink in pieces cut at `cuts` (ascending offsets),
 /// as frames would give it; the outcome, the memo's read left unfinished.
-pub(crate) fn sunk_in_pieces(
+pub(crate) fn sunk_in_pieces<L: PackedList>(
     bytes: &[u8],
     cuts: &[usize],
     memo: &mut ListMemo,
-) -> Result<ContainerList, WireError> {
-    let sink = Sink::new(usize::MAX, memo);
+) -> Result<L, WireError> {
+    let sink = Sink::<L>::new(usize::MAX, memo);
     sink.lock().begin(bytes.len());
     let mut from = 0;
     for &cut in cuts.iter().chain([&bytes.len()]) {
@@ -559,31 +521,31 @@ pub(crate) fn sunk_in_pieces(
 
 impl NodeLists {
     /// The lists as [`crate::CriRuntime::list_node_memo`] makes them of the two
-    /// responses' messages: ListContainers's given to its reader in `frame`-byte
-    /// pieces, as HTTP/2 delivers it, with `memo` (for tests and benchmarks of that
-    /// path). A refused message ends the memo's read.
+    /// responses' messages: each given to its reader in `frame`-byte pieces, as
+    /// HTTP/2 delivers it, with `memo` (for tests and benchmarks of that path). A
+    /// refused message ends the memo's read.
     pub fn sunk(
-        sandboxes: Bytes,
+        sandboxes: &[u8],
         containers: &[u8],
         frame: usize,
         memo: &mut ListMemo,
     ) -> Result<NodeLists, crate::RuntimeError> {
-        let cuts: Vec<usize> = (frame.max(1)..containers.len())
-            .step_by(frame.max(1))
-            .collect();
-        match sunk_in_pieces(containers, &cuts, memo) {
-            Ok(containers) => Ok(NodeLists::Sunk {
-                sandboxes: vec![sandboxes],
-                containers,
-            }),
-            Err(reason) => {
-                memo.finish(false);
-                Err(crate::RuntimeError::Invalid {
-                    op: "ListContainers",
-                    reason,
-                })
-            }
-        }
+        let frame = frame.max(1);
+        let cuts = |len: usize| (frame..len).step_by(frame).collect::<Vec<usize>>();
+        let read = sunk_in_pieces::<SandboxList>(sandboxes, &cuts(sandboxes.len()), memo)
+            .map_err(|reason| ("ListPodSandbox", reason))
+            .and_then(|sandboxes| {
+                sunk_in_pieces::<ContainerList>(containers, &cuts(containers.len()), memo)
+                    .map(|containers| NodeLists::Sunk {
+                        sandboxes,
+                        containers,
+                    })
+                    .map_err(|reason| ("ListContainers", reason))
+            });
+        read.map_err(|(op, reason)| {
+            memo.finish(false);
+            crate::RuntimeError::Invalid { op, reason }
+        })
     }
 }
 
@@ -615,7 +577,7 @@ mod tests {
     /// What tonic gets of `frames` through a [`SinkBody`]: the data, and the trailers.
     fn through(
         frames: Vec<Frame<Bytes>>,
-        sink: Option<Sink>,
+        sink: Option<Taker>,
     ) -> (Vec<u8>, Option<http::HeaderMap>) {
         let mut body = SinkBody {
             inner: Frames(frames.into()),
@@ -676,8 +638,8 @@ mod tests {
         for size in [1, 3, 5, 7, 64, 1 << 20] {
             let (_, frames) = response(50, 0, size);
             let mut memo = ListMemo::default();
-            let sink = Sink::new(1 << 20, &mut memo);
-            let (data, trailers) = through(frames, Some(sink.clone()));
+            let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+            let (data, trailers) = through(frames, Some(sink.taker()));
             assert_eq!(data, [0; 5], "frames of {size}");
             assert!(trailers.is_some_and(|t| t["grpc-status"] == "0"));
             let list = sink.into_outcome(&mut memo).expect("taken").expect("valid");
@@ -730,8 +692,8 @@ mod tests {
             let mut cuts: Vec<usize> = (0..below(12)).map(|_| below(bytes.len() + 1)).collect();
             cuts.sort_unstable();
             let mut memo = ListMemo::default();
-            let sink = Sink::streamed(1 << 20, &mut memo);
-            let (data, trailers) = through(frames_of(&bytes, &cuts), Some(sink.clone()));
+            let sink = Sink::<ContainerList>::streamed(1 << 20, &mut memo);
+            let (data, trailers) = through(frames_of(&bytes, &cuts), Some(sink.taker()));
             assert_eq!(
                 data,
                 vec![0; 5 * sizes.len()],
@@ -762,8 +724,8 @@ mod tests {
         ids.extend((0..3).map(|i| format!("c{i}")));
         for cuts in [vec![], vec![6, 30, 61], (1..bytes.len()).collect()] {
             let mut memo = ListMemo::default();
-            let sink = Sink::streamed(1 << 20, &mut memo);
-            let (data, _) = through(frames_of(&bytes, &cuts), Some(sink.clone()));
+            let sink = Sink::<ContainerList>::streamed(1 << 20, &mut memo);
+            let (data, _) = through(frames_of(&bytes, &cuts), Some(sink.taker()));
             assert_eq!(data, [0; 10]);
             let list = sink.into_outcome(&mut memo).expect("taken").expect("valid");
             let got: Vec<_> = list.iter().map(|c| c.id.to_string()).collect();
@@ -783,8 +745,8 @@ mod tests {
         bytes.extend_from_slice(short);
         bytes.extend_from_slice(&whole);
         let mut memo = ListMemo::default();
-        let sink = Sink::streamed(1 << 20, &mut memo);
-        let (data, _) = through(frames_of(&bytes, &[7, 40]), Some(sink.clone()));
+        let sink = Sink::<ContainerList>::streamed(1 << 20, &mut memo);
+        let (data, _) = through(frames_of(&bytes, &[7, 40]), Some(sink.taker()));
         assert_eq!(data, [0; 10]);
         assert!(sink.into_outcome(&mut memo).expect("taken").is_err());
     }
@@ -797,8 +759,8 @@ mod tests {
         let bytes = [first.clone(), big.clone(), last.clone()].concat();
         let mut memo = ListMemo::default();
         // Over the limit: the second message (tonic refuses it, as it would have).
-        let sink = Sink::streamed(big.len() - 6, &mut memo);
-        let (data, _) = through(frames_of(&bytes, &[3, 100]), Some(sink.clone()));
+        let sink = Sink::<ContainerList>::streamed(big.len() - 6, &mut memo);
+        let (data, _) = through(frames_of(&bytes, &[3, 100]), Some(sink.taker()));
         assert_eq!(data, [&[0; 5][..], &big, &last].concat());
         // The sink holds the first message's entries alone: the call's outcome is
         // tonic's verdict on the rest (its limit refuses the second).
@@ -807,8 +769,8 @@ mod tests {
         // Compressed: the same.
         let (zipped, _) = stream(&[2], 1);
         let bytes = [first, zipped.clone(), last.clone()].concat();
-        let sink = Sink::streamed(1 << 20, &mut memo);
-        let (data, _) = through(frames_of(&bytes, &[]), Some(sink.clone()));
+        let sink = Sink::<ContainerList>::streamed(1 << 20, &mut memo);
+        let (data, _) = through(frames_of(&bytes, &[]), Some(sink.taker()));
         assert_eq!(data, [&[0; 5][..], &zipped, &last].concat());
         let list = sink.into_outcome(&mut memo).expect("taken").expect("valid");
         assert_eq!(list.len(), 2);
@@ -819,12 +781,12 @@ mod tests {
         let (bytes, frames) = response(50, 0, 7);
         let mut memo = ListMemo::default();
         // One byte under the message's length.
-        let small = Sink::new(bytes.len() - 6, &mut memo);
-        assert_eq!(through(frames, Some(small.clone())).0, bytes);
+        let small = Sink::<ContainerList>::new(bytes.len() - 6, &mut memo);
+        assert_eq!(through(frames, Some(small.taker())).0, bytes);
         assert!(small.into_outcome(&mut memo).is_none());
         let (bytes, frames) = response(50, 1, 7);
-        let sink = Sink::new(1 << 20, &mut memo);
-        assert_eq!(through(frames, Some(sink.clone())).0, bytes);
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        assert_eq!(through(frames, Some(sink.taker())).0, bytes);
         assert!(sink.into_outcome(&mut memo).is_none());
         let (bytes, frames) = response(50, 0, 7);
         assert_eq!(through(frames, None).0, bytes);
@@ -835,8 +797,8 @@ mod tests {
         let (_, mut frames) = response(50, 0, 100);
         frames.truncate(3);
         let mut memo = ListMemo::default();
-        let sink = Sink::new(1 << 20, &mut memo);
-        let (data, _) = through(frames, Some(sink.clone()));
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        let (data, _) = through(frames, Some(sink.taker()));
         assert_eq!(data, [0; 5]);
         assert!(sink.into_outcome(&mut memo).expect("taken").is_err());
     }
@@ -845,8 +807,8 @@ mod tests {
     fn the_memo_goes_back_to_its_owner() {
         let (_, frames) = response(3, 0, 10);
         let mut memo = ListMemo::default();
-        let sink = Sink::new(1 << 20, &mut memo);
-        through(frames, Some(sink.clone()));
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        through(frames, Some(sink.taker()));
         assert!(memo.is_empty(), "lent to the sink");
         sink.into_outcome(&mut memo).expect("taken").expect("valid");
         memo.finish(true);
@@ -855,5 +817,79 @@ mod tests {
             1,
             "three entries alike but for the fields read: one fingerprint"
         );
+    }
+    /// The messages tonic would decode of what it got: each gRPC message's bytes.
+    fn messages_of(mut data: &[u8]) -> Vec<Bytes> {
+        let mut messages = Vec::new();
+        while !data.is_empty() {
+            let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+            messages.push(Bytes::copy_from_slice(&data[5..5 + len]));
+            data = &data[5 + len..];
+        }
+        messages
+    }
+
+    fn ids(list: &ContainerList) -> Vec<String> {
+        list.iter().map(|c| c.id.to_string()).collect()
+    }
+
+    /// A call's list is what the sink read, and then what tonic decoded of the
+    /// messages the sink did not take (compressed ones: here their bytes are plain,
+    /// as tonic hands them back decompressed).
+    #[test]
+    fn the_calls_list_holds_what_the_sink_took_and_what_tonic_decoded() {
+        let mut memo = ListMemo::default();
+        // Taken whole.
+        let (_, frames) = response(3, 0, 7);
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        let (data, _) = through(frames, Some(sink.taker()));
+        let list = sink
+            .outcome("ListContainers", Ok(messages_of(&data)), &mut memo)
+            .expect("read");
+        assert_eq!(ids(&list), ["c0", "c1", "c2"]);
+        // Not taken (flagged compressed): tonic's message is read the same way.
+        let (_, frames) = response(3, 1, 7);
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        let (data, _) = through(frames, Some(sink.taker()));
+        let list = sink
+            .outcome("ListContainers", Ok(messages_of(&data)), &mut memo)
+            .expect("read");
+        assert_eq!(ids(&list), ["c0", "c1", "c2"]);
+        // A stream whose second message was not taken: it and the later ones follow
+        // the first in order.
+        let (first, _) = stream(&[2], 0);
+        let (zipped, _) = stream(&[1], 1);
+        let (last, _) = stream(&[2], 0);
+        let bytes = [first, zipped, last].concat();
+        let sink = Sink::<ContainerList>::streamed(1 << 20, &mut memo);
+        let (data, _) = through(frames_of(&bytes, &[9]), Some(sink.taker()));
+        let list = sink
+            .outcome("StreamContainers", Ok(messages_of(&data)), &mut memo)
+            .expect("read");
+        assert_eq!(ids(&list), ["c0", "c1", "c0", "c0", "c1"]);
+        // A unary response with a message after the one taken.
+        let (one, _) = stream(&[1], 0);
+        let bytes = [one.clone(), one].concat();
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        let (data, _) = through(frames_of(&bytes, &[]), Some(sink.taker()));
+        let err = sink
+            .outcome("ListContainers", Ok(messages_of(&data)), &mut memo)
+            .expect_err("two messages");
+        assert!(err.to_string().contains("more than one message"), "{err}");
+        // A failed call fails, and the memo's part is given back all the same.
+        memo.finish(true);
+        let before = memo.len();
+        assert!(before.1 > 0);
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        let (_, frames) = response(3, 0, 7);
+        through(frames, Some(sink.taker()));
+        assert_eq!(memo.len().1, 0, "lent to the sink");
+        let failed = Err(crate::RuntimeError::Timeout {
+            op: "ListContainers",
+            timeout: std::time::Duration::from_secs(1),
+        });
+        assert!(sink.outcome("ListContainers", failed, &mut memo).is_err());
+        memo.finish(false);
+        assert_eq!(memo.len(), before, "the memo's entries came back");
     }
 }

@@ -11,17 +11,15 @@
 //!
 //! Each streamed message has the unary response's shape — its field 1 is the repeated
 //! entry, `PodSandbox` or `Container` — so the messages of one stream, appended in
-//! order, are one valid `ListPodSandboxResponse` or `ListContainersResponse`: the
-//! global relist reads them in place as it reads the unary responses
-//! ([`NodeLists::Wire`], [`crate::list_wire`]). Each message is first checked to be a
-//! whole sequence of fields, so that no field spans two messages and the appended
-//! bytes are read exactly as each message on its own would be (an entry the reader
-//! then refuses is reported under the unary call's name: the view does not know
-//! which path brought the bytes). The global relist reads StreamPodSandboxes's
-//! messages where they arrived, one after the other, and StreamContainers's message
-//! by message as they arrive, as its ListContainers ([`crate::list_sink`]), each
-//! message on its own; only [`crate::RuntimeClient::list_node`] appends them (one
-//! copy).
+//! order, are one valid `ListPodSandboxResponse` or `ListContainersResponse`. The
+//! global relist reads both streams as it reads the unary lists, message by message as
+//! they arrive, each message on its own ([`crate::list_sink`]). Only
+//! [`crate::RuntimeClient::list_node`] appends them (one copy), read in place as the
+//! unary responses' bytes ([`NodeLists::Wire`], [`crate::list_wire`]), each message
+//! first checked to be a whole sequence of fields, so that no field spans two messages
+//! and the appended bytes are read exactly as each message on its own would be (an
+//! entry the reader then refuses is reported under the unary call's name: the view
+//! does not know which path brought the bytes).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
@@ -35,7 +33,8 @@ use tonic::client::{Grpc, GrpcService};
 
 use crate::cri_client::{call_error, request};
 use crate::list_memo::ListMemo;
-use crate::list_sink::{ContainerList, Sink, SinkChannel};
+use crate::list_sink::{Sink, SinkChannel};
+use crate::packed_lists::{ContainerList, PackedList, SandboxList};
 use crate::raw_codec::RawCodec;
 use crate::{NodeLists, RuntimeError};
 
@@ -123,57 +122,53 @@ impl ListStreaming {
         limit: usize,
     ) -> Result<Option<NodeLists>, RuntimeError> {
         let how = || Reading { timeout, limit };
-        let sandboxes = streamed_list(
-            grpc.clone(),
-            "StreamPodSandboxes",
-            STREAM_POD_SANDBOXES,
-            request(proto::StreamPodSandboxesRequest::default(), timeout),
-            how(),
-        );
         let read = match sunk {
             Some((sunk, memo)) => {
-                let sink = Sink::streamed(limit, memo);
-                let mut req = request(proto::StreamContainersRequest::default(), timeout);
-                req.extensions_mut().insert(sink.clone());
-                let containers = streamed_list(
-                    sunk.clone(),
-                    "StreamContainers",
-                    STREAM_CONTAINERS,
-                    req,
-                    how(),
+                let sandbox_sink = Sink::<SandboxList>::streamed(limit, memo);
+                let container_sink = Sink::<ContainerList>::streamed(limit, memo);
+                let called = futures::join!(
+                    sunk_stream(
+                        sunk,
+                        "StreamPodSandboxes",
+                        STREAM_POD_SANDBOXES,
+                        proto::StreamPodSandboxesRequest::default(),
+                        &sandbox_sink,
+                        how(),
+                    ),
+                    sunk_stream(
+                        sunk,
+                        "StreamContainers",
+                        STREAM_CONTAINERS,
+                        proto::StreamContainersRequest::default(),
+                        &container_sink,
+                        how(),
+                    )
                 );
-                let called = futures::try_join!(sandboxes, containers);
-                let containers = match sink.into_outcome(memo) {
-                    // No message: no container.
-                    None => Ok(ContainerList::default()),
-                    Some(outcome) => outcome.map_err(|reason| RuntimeError::Invalid {
-                        op: "StreamContainers",
-                        reason,
-                    }),
-                };
-                let read = called.and_then(|(sandboxes, taken)| {
-                    if taken.iter().any(|m| !m.is_empty()) {
-                        // tonic decoded a message the sink did not take.
-                        return Err(RuntimeError::Invalid {
-                            op: "StreamContainers",
-                            reason: "a message plegd could not read as it arrived (compressed?)"
-                                .into(),
-                        });
-                    }
-                    Ok(NodeLists::Sunk {
+                let sandboxes = sandbox_sink.outcome("StreamPodSandboxes", called.0, memo);
+                let containers = container_sink.outcome("StreamContainers", called.1, memo);
+                let read = match (sandboxes, containers) {
+                    (Ok(sandboxes), Ok(containers)) => Ok(NodeLists::Sunk {
                         sandboxes,
-                        containers: containers?,
-                    })
-                });
+                        containers,
+                    }),
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                };
                 if read.is_err() {
-                    // What the sink's read marked in the memo is forgotten (also when
-                    // a runtime offers only one of the streams: the unary lists are
-                    // read next).
+                    // What the sinks' reads marked in the memo is forgotten (also
+                    // when a runtime offers only one of the streams: the unary lists
+                    // are read next).
                     memo.finish(false);
                 }
                 read
             }
             None => {
+                let sandboxes = streamed_list(
+                    grpc.clone(),
+                    "StreamPodSandboxes",
+                    STREAM_POD_SANDBOXES,
+                    request(proto::StreamPodSandboxesRequest::default(), timeout),
+                    how(),
+                );
                 let containers = streamed_list(
                     grpc.clone(),
                     "StreamContainers",
@@ -201,6 +196,25 @@ impl ListStreaming {
             Err(e) => Err(e),
         }
     }
+}
+
+/// One stream read as it arrives into `sink` (the empty messages tonic gets in
+/// place of those it took).
+async fn sunk_stream<Req, L>(
+    grpc: &Grpc<SinkChannel<Channel>>,
+    op: &'static str,
+    path: &'static str,
+    req: Req,
+    sink: &Sink<L>,
+    how: Reading,
+) -> Result<Vec<Bytes>, RuntimeError>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    L: PackedList,
+{
+    let mut req = request(req, how.timeout);
+    req.extensions_mut().insert(sink.taker());
+    streamed_list(grpc.clone(), op, path, req, how).await
 }
 
 /// How one stream is read.
@@ -366,7 +380,10 @@ mod tests {
         let ids: Vec<_> = view.sandboxes.iter().map(|s| s.id).collect();
         let want: Vec<_> = (0..10).map(|i| format!("sb{i}")).collect();
         assert_eq!(ids, want);
-        assert_eq!(view.sandboxes[7].to_sandbox().expect("labels"), sandbox(7));
+        assert_eq!(
+            view.sandboxes[7].to_sandbox().expect("labels"),
+            (sandbox(7), true)
+        );
         let got: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
         assert_eq!(got, (0..10).map(container).collect::<Vec<_>>());
         // prost agrees: the appended bytes are a ListContainersResponse of every entry.

@@ -332,27 +332,27 @@ fn container_read<'a, const FULL: bool>(
 /// An entry read with `memo`: lightly (`read(Some(fingerprint))`), and if the memo
 /// does not hold its fingerprint, then fully (`read(None)`) and remembered. (A light
 /// read checks a part of what a full one checks: when it fails, so would the full
-/// one, which is done to fail with prost's error.)
+/// one, which is done to fail with prost's error.) Also whether it was read fully.
 #[inline(always)]
 fn memoized<T>(
     memo: Option<&mut EntryMemo>,
     read: impl Fn(Option<&mut Fingerprint<'_>>) -> Res<T>,
-) -> Res<T> {
+) -> Res<(T, bool)> {
     let Some(memo) = memo else {
-        return read(None);
+        return Ok((read(None)?, true));
     };
     let mut fp = memo.fingerprint();
     let light = read(Some(&mut fp));
     let key = fp.key();
     if let Ok(fields) = light {
         if memo.vouches(key) {
-            return Ok(fields);
+            return Ok((fields, false));
         }
         let fields = read(None)?;
         memo.add(key);
-        return Ok(fields);
+        return Ok((fields, true));
     }
-    read(None)
+    Ok((read(None)?, true))
 }
 
 /// Every sandbox of a `ListPodSandboxResponse`, with its entry's bytes (to read its
@@ -368,15 +368,43 @@ pub(crate) fn sandboxes_memo<'a>(
     mut memo: Option<&mut ListMemo>,
     mut each: impl FnMut(SandboxFields<'a>, &'a [u8]),
 ) -> Res<()> {
-    entries(buf, |entry, depth| {
-        let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
-            None => sandbox_read::<true>(entry, depth, None, None),
-            fp => sandbox_read::<false>(entry, depth, None, fp),
-        };
-        let fields = memoized(memo.as_deref_mut().map(|m| &mut m.sandboxes), read)?;
+    entries(buf, |entry, _| {
+        let (fields, _) = sandbox_entry(entry, memo.as_deref_mut().map(|m| &mut m.sandboxes))?;
         each(fields, entry);
         Ok(())
     })
+}
+
+/// One sandbox entry of a list, read as [`sandboxes_memo`] reads it (the memo: its
+/// sandboxes part); and whether it was checked in full (the memo did not vouch for
+/// it).
+pub(crate) fn sandbox_entry<'a>(
+    entry: &'a [u8],
+    memo: Option<&mut EntryMemo>,
+) -> Res<(SandboxFields<'a>, bool)> {
+    let depth = RECURSION_LIMIT - 1;
+    let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
+        None => sandbox_read::<true>(entry, depth, None, None),
+        fp => sandbox_read::<false>(entry, depth, None, fp),
+    };
+    memoized(memo, read)
+}
+
+/// Each label field (field 5, key and all) of a sandbox entry already read, as it
+/// came: together they read as the entry's labels ([`sandbox_labels`]).
+pub(crate) fn sandbox_label_fields(mut entry: &[u8], mut each: impl FnMut(&[u8])) {
+    while !entry.is_empty() {
+        let field = entry;
+        let Ok((tag, wt)) = key(&mut entry) else {
+            return;
+        };
+        if skip(wt, tag, &mut entry, RECURSION_LIMIT).is_err() {
+            return;
+        }
+        if tag == 5 {
+            each(&field[..field.len() - entry.len()]);
+        }
+    }
 }
 
 /// Every container of a `ListContainersResponse`, in order — or why prost would
@@ -401,17 +429,17 @@ pub(crate) fn containers_memo<'a>(
     })
 }
 
-/// The entries of a `ListContainersResponse` (or of its rest, from a top-level field
-/// on: fields are read in order, and entries only append), each as its bytes, in
-/// order — or why prost would refuse it (an error of `each` ends the read).
-pub(crate) fn container_entries<'a>(
+/// The entries of a list response (or of its rest, from a top-level field on: fields
+/// are read in order, and entries only append), each as its bytes, in order — or why
+/// prost would refuse it (an error of `each` ends the read).
+pub(crate) fn list_entries<'a>(
     buf: &'a [u8],
     mut each: impl FnMut(&'a [u8]) -> Res<()>,
 ) -> Res<()> {
     entries(buf, |entry, _| each(entry))
 }
 
-/// One entry of [`container_entries`], read as [`containers_memo`] reads it (the
+/// One container entry of a list, read as [`containers_memo`] reads it (the
 /// memo: its containers part).
 pub(crate) fn container_entry<'a>(
     entry: &'a [u8],
@@ -422,7 +450,7 @@ pub(crate) fn container_entry<'a>(
         None => container_read::<true>(entry, depth, None),
         fp => container_read::<false>(entry, depth, fp),
     };
-    memoized(memo, read)
+    memoized(memo, read).map(|(fields, _)| fields)
 }
 
 /// The labels of a sandbox entry returned by [`sandboxes`] (read again: only the
@@ -624,7 +652,12 @@ mod tests {
         let s = view
             .sandboxes
             .iter()
-            .map(|s| s.to_sandbox())
+            .map(|s| {
+                s.to_sandbox().map(|(s, labeled)| {
+                    assert!(labeled, "a response's bytes hold every entry's labels");
+                    s
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let c = view.containers.iter().map(|c| c.to_container()).collect();
         Ok((s, c))
@@ -875,7 +908,9 @@ mod tests {
                 };
                 cuts.sort_unstable();
                 let before = memo.len();
-                let got = crate::list_sink::sunk_in_pieces(&bytes, &cuts, &mut memo);
+                let got = crate::list_sink::sunk_in_pieces::<crate::ContainerList>(
+                    &bytes, &cuts, &mut memo,
+                );
                 match (&want, &got) {
                     (Ok(want), Ok(got)) => {
                         assert_eq!(
@@ -883,6 +918,88 @@ mod tests {
                             want,
                             "{bytes:?} cut at {cuts:?}"
                         );
+                        ok += 1;
+                        if round == 1 && !want.is_empty() {
+                            assert_eq!(memo.len(), before, "nothing new: every entry vouched for");
+                            vouched += 1;
+                        }
+                    }
+                    (Err(want), Err(got)) => {
+                        assert_eq!(got, want, "{bytes:?} cut at {cuts:?}");
+                        refused += 1;
+                    }
+                    (want, got) => {
+                        panic!("whole: {want:?}\nin pieces: {got:?}\n{bytes:?} cut at {cuts:?}")
+                    }
+                }
+                memo.finish(got.is_ok());
+            }
+        }
+        assert!(
+            ok > 2_000 && refused > 500 && vouched > 500,
+            "{ok} read, {refused} refused, {vouched} vouched"
+        );
+    }
+
+    /// The same for a `ListPodSandboxResponse`: the same entries, each with its
+    /// labels when its entry was checked in full (all of them with a fresh memo, none
+    /// the memo vouched for), or the same error.
+    #[test]
+    fn a_sandbox_list_read_in_pieces_reads_as_the_whole_bytes() {
+        let mut rng = Rng::seeded(0x2545_f491_4f6c_dd1d);
+        let (mut ok, mut refused, mut vouched) = (0, 0, 0);
+        for _ in 0..3_000 {
+            let sandboxes: Vec<_> = (0..rng.below(6))
+                .map(|_| {
+                    let f = sandbox_fields_encoded(&mut rng);
+                    entry(&mut rng, f)
+                })
+                .collect();
+            let mut bytes = list(&mut rng, &sandboxes);
+            if rng.chance(40) {
+                bytes = mangle(&mut rng, bytes);
+            }
+            let mut whole = Vec::new();
+            let want = sandboxes_memo(&bytes, None, |f, entry| {
+                whole.push((f, sandbox_labels(entry).expect("a valid entry's labels")))
+            })
+            .map(|()| whole);
+            let mut memo = ListMemo::default();
+            for round in 0..2 {
+                let mut cuts: Vec<usize> = match rng.below(3) {
+                    0 => (1..bytes.len()).collect(),
+                    1 => Vec::new(),
+                    _ => (0..rng.below(8))
+                        .map(|_| rng.below(bytes.len() as u64 + 1) as usize)
+                        .collect(),
+                };
+                cuts.sort_unstable();
+                let before = memo.len();
+                let got = crate::list_sink::sunk_in_pieces::<crate::SandboxList>(
+                    &bytes, &cuts, &mut memo,
+                );
+                match (&want, &got) {
+                    (Ok(want), Ok(got)) => {
+                        let got: Vec<_> = got
+                            .iter()
+                            .map(|(f, labels)| (f, labels.map(sandbox_labels)))
+                            .collect();
+                        assert_eq!(got.len(), want.len());
+                        for (i, ((f, labels), (want_f, want_labels))) in
+                            got.iter().zip(want).enumerate()
+                        {
+                            assert_eq!(f, want_f, "{bytes:?} cut at {cuts:?}");
+                            match (round, labels) {
+                                (0, Some(Ok(labels))) => assert_eq!(labels, want_labels),
+                                // An entry whose skipped fields (its labels among them)
+                                // are an earlier one's of the same read: vouched for.
+                                (0, None) => assert!(got[..i]
+                                    .iter()
+                                    .any(|(_, l)| l.as_ref() == Some(&Ok(want_labels.clone())))),
+                                (1, None) => {}
+                                other => panic!("round {round}: labels {other:?}"),
+                            }
+                        }
                         ok += 1;
                         if round == 1 && !want.is_empty() {
                             assert_eq!(memo.len(), before, "nothing new: every entry vouched for");
@@ -1058,14 +1175,16 @@ mod tests {
         out
     }
 
-    /// The global relist keeps its read's containers' packed list for the next read:
-    /// a read in it reads what a fresh read reads, whether the node grew, shrank or
-    /// changed; it keeps its room while the node keeps its size, and is given back
-    /// when the node shrinks to a fraction.
+    /// The global relist keeps its read's packed lists for the next read: a read in
+    /// them reads what a fresh read reads, whether the node grew, shrank or changed
+    /// (a sandbox's labels kept only when the memo did not vouch for its entry); they
+    /// keep their room while the node keeps its size, and are given back when the
+    /// node shrinks to a fraction.
     #[test]
     fn a_read_in_the_last_reads_buffers_reads_what_a_fresh_read_reads() {
         let mut memo = ListMemo::default();
         let mut kept_room = 0;
+        let mut last_n = 0;
         for (round, n) in [600, 100, 900, 900, 900, 5].into_iter().enumerate() {
             let entries: Vec<_> = (0..n)
                 .map(|i| container_entry(&format!("c{round}-{i}"), (i % 3) as u64, b"v"))
@@ -1082,24 +1201,34 @@ mod tests {
                             namespace: "ns".into(),
                             attempt: 0,
                         }),
+                        labels: [("app".to_string(), format!("p{i}"))].into(),
                         ..Default::default()
                     })
                     .collect(),
             }
             .encode_to_vec();
-            let fresh = via_view(&sandboxes, &containers).expect("valid");
-            let lists =
-                NodeLists::sunk(sandboxes.into(), &containers, 7, &mut memo).expect("valid");
+            let mut fresh = via_view(&sandboxes, &containers).expect("valid");
+            let lists = NodeLists::sunk(&sandboxes, &containers, 7, &mut memo).expect("valid");
             let view = lists.view_memo(&mut memo).expect("valid");
             let got: (Vec<_>, Vec<_>) = (
                 view.sandboxes
                     .iter()
-                    .map(|s| s.to_sandbox().expect("labels"))
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let (sandbox, labeled) = s.to_sandbox().expect("labels");
+                        // Pod i's labels were checked in the last read if it had i.
+                        assert_eq!(labeled, i >= last_n, "round {round}: sandbox {i}");
+                        if !labeled {
+                            fresh.0[i].labels.clear();
+                        }
+                        sandbox
+                    })
                     .collect(),
                 view.containers.iter().map(|c| c.to_container()).collect(),
             );
             assert_eq!(got, fresh, "round {round}");
             assert_eq!(got.1.len(), n);
+            last_n = n;
             drop(view);
             memo.keep(lists);
             match round {
@@ -1113,8 +1242,8 @@ mod tests {
                 _ => {}
             }
         }
-        // The memo's tables alone hold ≈ 20 bytes an entry, the packed list 40 more.
-        assert!(kept_room > 900 * 45, "{kept_room}: the list is kept");
+        // The memo's tables alone hold ≈ 20 bytes an entry, the packed lists 80 more.
+        assert!(kept_room > 900 * 90, "{kept_room}: the lists are kept");
     }
 
     /// An entry remembered under its ID whose bytes change into ones prost refuses

@@ -1,18 +1,19 @@
 //! The whole node's lists for a global relist, and a borrowed view of them.
 //!
-//! A CRI runtime hands back the two responses' bytes ([`NodeLists::Wire`]); the view
-//! reads them in place ([`crate::list_wire`]) — IDs, pod identity and states borrowed
-//! from the bytes, nothing allocated per entry — so the global relist can compare
-//! them with its records and build owned [`Sandbox`]es and [`Container`]s only for
-//! the pods that changed. Other runtimes (the simulated one) hand back decoded lists
-//! ([`NodeLists::Decoded`]), viewed the same way.
+//! A CRI runtime hands back the two responses read as they arrived
+//! ([`NodeLists::Sunk`]: [`crate::list_sink`]), or their bytes ([`NodeLists::Wire`]),
+//! which the view reads in place ([`crate::list_wire`]). Either way IDs, pod identity
+//! and states are borrowed, nothing allocated per entry, so the global relist can
+//! compare them with its records and build owned [`Sandbox`]es and [`Container`]s
+//! only for the pods that changed. Other runtimes (the simulated one) hand back
+//! decoded lists ([`NodeLists::Decoded`]), viewed the same way.
 
 use prost::bytes::Bytes;
 
 use crate::convert::{container_state_from_wire, sandbox_state_from_wire};
 use crate::list_memo::ListMemo;
-use crate::list_sink::ContainerList;
 use crate::list_wire;
+use crate::packed_lists::{ContainerList, SandboxList};
 use crate::{Container, ContainerState, PodRef, RuntimeError, Sandbox, SandboxState};
 
 /// Every sandbox and every container of the node, as listed.
@@ -25,12 +26,11 @@ pub enum NodeLists {
     /// The bytes of a `ListPodSandboxResponse` and of a `ListContainersResponse`,
     /// not yet checked.
     Wire { sandboxes: Bytes, containers: Bytes },
-    /// The bytes of a `ListPodSandboxResponse` (or of each message of a
-    /// StreamPodSandboxes, each whole fields), not yet checked, and the containers of
-    /// a `ListContainersResponse` (or StreamContainers) read as it arrived
-    /// ([`crate::list_sink`]).
+    /// The sandboxes of a `ListPodSandboxResponse` (or StreamPodSandboxes) and the
+    /// containers of a `ListContainersResponse` (or StreamContainers), read as they
+    /// arrived ([`crate::list_sink`]).
     Sunk {
-        sandboxes: Vec<Bytes>,
+        sandboxes: SandboxList,
         containers: ContainerList,
     },
 }
@@ -49,8 +49,9 @@ pub struct SandboxRef<'a> {
 #[derive(Clone, Copy, Debug)]
 enum SandboxSource<'a> {
     Decoded(&'a Sandbox),
-    /// The entry's bytes and what was read of them.
-    Wire(&'a [u8], u32, i64),
+    /// The entry's bytes, or its label fields alone (None: not kept), and what was
+    /// read of them.
+    Wire(Option<&'a [u8]>, u32, i64),
 }
 
 /// A listed container, borrowed.
@@ -72,29 +73,38 @@ pub struct ListView<'a> {
     pub containers: Vec<ContainerRef<'a>>,
 }
 
-/// The buffer of the global relist's last read kept for the next one: the
-/// containers' packed list, ≈ 3.5 MB at 10,000 realistic pods that a new read would
-/// map, fault in and clear anew (plegd gives freed memory back after every relist:
+/// The buffers of the global relist's last read kept for the next one: the packed
+/// lists, ≈ 5 MB at 10,000 realistic pods that a new read would map, fault in and
+/// clear anew (plegd gives freed memory back after every relist:
 /// docs/architecture.md, "Performance decisions").
 #[derive(Debug, Default)]
 pub(crate) struct ListRoom {
-    pub(crate) list: ContainerList,
+    pub(crate) containers: ContainerList,
+    pub(crate) sandboxes: SandboxList,
 }
 
 impl ListRoom {
-    /// Keeps `lists`' packed containers, emptied, unless their room is over three
-    /// times what they held (a node that shrank: the next read grows a new one).
+    /// Keeps `lists`' packed lists, emptied, unless their room is over three times
+    /// what they held (a node that shrank: the next read grows new ones).
     pub(crate) fn keep(&mut self, lists: NodeLists) {
-        if let NodeLists::Sunk { mut containers, .. } = lists {
+        if let NodeLists::Sunk {
+            mut sandboxes,
+            mut containers,
+        } = lists
+        {
             if containers.fits() {
                 containers.clear();
-                self.list = containers;
+                self.containers = containers;
+            }
+            if sandboxes.fits() {
+                sandboxes.clear();
+                self.sandboxes = sandboxes;
             }
         }
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.list.heap_bytes()
+        self.containers.heap_bytes() + self.sandboxes.heap_bytes()
     }
 }
 
@@ -129,27 +139,37 @@ impl SandboxRef<'_> {
         self.uid == pod.uid && self.name == pod.name && self.namespace == pod.namespace
     }
 
-    /// The owned sandbox (what `list_sandboxes` would have returned for it).
-    pub fn to_sandbox(&self) -> Result<Sandbox, RuntimeError> {
+    /// The owned sandbox (what `list_sandboxes` would have returned for it), and
+    /// whether its labels were read. They were not when the list did not keep them
+    /// (an entry the list memo vouched for: [`crate::packed_lists`]); the sandbox's
+    /// labels are then empty, to be taken from an earlier read of this sandbox ID or
+    /// from PodSandboxStatus (a sandbox's labels never change).
+    pub fn to_sandbox(&self) -> Result<(Sandbox, bool), RuntimeError> {
         match self.from {
-            SandboxSource::Decoded(s) => Ok(s.clone()),
-            SandboxSource::Wire(entry, attempt, created_at) => Ok(Sandbox {
-                id: self.id.to_string(),
-                pod: PodRef {
-                    uid: self.uid.to_string(),
-                    name: self.name.to_string(),
-                    namespace: self.namespace.to_string(),
-                },
-                attempt,
-                state: self.state,
-                created_at,
-                labels: list_wire::sandbox_labels(entry).map_err(|reason| {
-                    RuntimeError::Invalid {
-                        op: "ListPodSandbox",
-                        reason,
-                    }
-                })?,
-            }),
+            SandboxSource::Decoded(s) => Ok((s.clone(), true)),
+            SandboxSource::Wire(labels, attempt, created_at) => {
+                let sandbox = |labels| Sandbox {
+                    id: self.id.to_string(),
+                    pod: PodRef {
+                        uid: self.uid.to_string(),
+                        name: self.name.to_string(),
+                        namespace: self.namespace.to_string(),
+                    },
+                    attempt,
+                    state: self.state,
+                    created_at,
+                    labels,
+                };
+                match labels {
+                    None => Ok((sandbox(Default::default()), false)),
+                    Some(fields) => list_wire::sandbox_labels(fields)
+                        .map(|labels| (sandbox(labels), true))
+                        .map_err(|reason| RuntimeError::Invalid {
+                            op: "ListPodSandbox",
+                            reason,
+                        }),
+                }
+            }
         }
     }
 }
@@ -229,18 +249,20 @@ impl NodeLists {
                 sandboxes,
                 containers,
             } => {
-                let read = sandboxes
-                    .iter()
-                    .try_for_each(|m| add_sandboxes(&mut view, m, memo.as_deref_mut()))
-                    .map(|()| {
-                        view.containers
-                            .extend(containers.iter().filter_map(container_ref));
-                        view
-                    });
+                view.sandboxes.reserve_exact(sandboxes.len());
+                view.sandboxes.extend(
+                    sandboxes
+                        .iter()
+                        .filter_map(|(f, labels)| sandbox_ref(f, labels)),
+                );
+                view.containers.reserve_exact(containers.len());
+                view.containers
+                    .extend(containers.iter().filter_map(container_ref));
+                // Its entries were read as they arrived: the read succeeded.
                 if let Some(memo) = memo {
-                    memo.finish(read.is_ok());
+                    memo.finish(true);
                 }
-                read
+                Ok(view)
             }
         }
     }
@@ -271,25 +293,34 @@ fn add_sandboxes<'a>(
     memo: Option<&mut ListMemo>,
 ) -> Result<(), RuntimeError> {
     list_wire::sandboxes_memo(sandboxes, memo, |f, entry| {
-        if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
-            tracing::debug!(
-                id = f.id,
-                "ignoring a listed sandbox without id, metadata or pod UID"
-            );
-            return;
-        }
-        view.sandboxes.push(SandboxRef {
-            id: f.id,
-            uid: f.uid,
-            name: f.name,
-            namespace: f.namespace,
-            state: sandbox_state_from_wire(f.state),
-            from: SandboxSource::Wire(entry, f.attempt, f.created_at),
-        });
+        view.sandboxes.extend(sandbox_ref(f, Some(entry)));
     })
     .map_err(|reason| RuntimeError::Invalid {
         op: "ListPodSandbox",
         reason,
+    })
+}
+
+/// A listed sandbox as the view holds it (`labels`: its entry's bytes or its label
+/// fields, if kept); None (logged) for one plegd cannot attribute.
+fn sandbox_ref<'a>(
+    f: list_wire::SandboxFields<'a>,
+    labels: Option<&'a [u8]>,
+) -> Option<SandboxRef<'a>> {
+    if f.id.is_empty() || !f.has_metadata || f.uid.is_empty() {
+        tracing::debug!(
+            id = f.id,
+            "ignoring a listed sandbox without id, metadata or pod UID"
+        );
+        return None;
+    }
+    Some(SandboxRef {
+        id: f.id,
+        uid: f.uid,
+        name: f.name,
+        namespace: f.namespace,
+        state: sandbox_state_from_wire(f.state),
+        from: SandboxSource::Wire(labels, f.attempt, f.created_at),
     })
 }
 

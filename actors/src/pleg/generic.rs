@@ -42,7 +42,7 @@ use super::status::{
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use crate::room::give_back_room;
 use plegd_runtime::{
-    ContainerRef, ContainerState, ListView, RuntimeClient, RuntimeError, SandboxRef,
+    ContainerRef, ContainerState, ListView, RuntimeClient, RuntimeError, Sandbox, SandboxRef,
 };
 
 /// What to relist.
@@ -679,13 +679,15 @@ impl GenericPleg {
         held: &dyn Fn(&str) -> bool,
         left_held: &mut Vec<String>,
     ) -> Result<Vec<Work>, RuntimeError> {
-        let (mut current, sandboxes, containers, last) = match plan.entries_of(&range) {
+        let (mut current, (sandboxes, unlabeled), containers, last) = match plan.entries_of(&range)
+        {
             Some(entries) => {
-                let sandboxes = entries
-                    .sandboxes
-                    .iter()
-                    .map(|&(i, _)| view.sandboxes[i as usize].to_sandbox())
-                    .collect::<Result<Vec<_>, _>>()?;
+                let sandboxes = owned_sandboxes(
+                    entries
+                        .sandboxes
+                        .iter()
+                        .map(|&(i, _)| &view.sandboxes[i as usize]),
+                )?;
                 let containers: Vec<_> = entries
                     .containers
                     .iter()
@@ -693,22 +695,18 @@ impl GenericPleg {
                     .collect();
                 let current = match built {
                     Some(_) => HashMap::new(),
-                    None => group(&sandboxes, &containers, &HashMap::new()),
+                    None => group(&sandboxes.0, &containers, &HashMap::new()),
                 };
                 (current, sandboxes, containers, Some(entries))
             }
             None => {
-                let sandboxes = view
-                    .sandboxes
-                    .iter()
-                    .map(SandboxRef::to_sandbox)
-                    .collect::<Result<Vec<_>, _>>()?;
+                let sandboxes = owned_sandboxes(view.sandboxes.iter())?;
                 let containers: Vec<_> = view
                     .containers
                     .iter()
                     .map(ContainerRef::to_container)
                     .collect();
-                let current = group(&sandboxes, &containers, &self.records);
+                let current = group(&sandboxes.0, &containers, &self.records);
                 (current, sandboxes, containers, None)
             }
         };
@@ -741,7 +739,13 @@ impl GenericPleg {
             if changes.is_empty() && !reinspect && !self.reread.contains(&uid) {
                 continue;
             }
-            let listed = listed_of(&uid, new.as_ref(), &sandbox_index, &container_index);
+            let listed = listed_of(
+                &uid,
+                new.as_ref(),
+                &sandbox_index,
+                &container_index,
+                &unlabeled,
+            );
             work.push(Work {
                 uid,
                 source: RelistSource::Global,
@@ -956,6 +960,23 @@ impl GenericPleg {
     }
 }
 
+/// The listed sandboxes `refs`, owned, and the IDs of those listed without their
+/// labels ([`SandboxRef::to_sandbox`]).
+fn owned_sandboxes<'a, 'v: 'a>(
+    refs: impl Iterator<Item = &'a SandboxRef<'v>>,
+) -> Result<(Vec<Sandbox>, HashSet<String>), RuntimeError> {
+    let mut unlabeled = HashSet::new();
+    let sandboxes = refs
+        .map(|r| {
+            let (sandbox, labeled) = r.to_sandbox()?;
+            if !labeled {
+                unlabeled.insert(sandbox.id.clone());
+            }
+            Ok(sandbox)
+        })
+        .collect::<Result<Vec<_>, RuntimeError>>()?;
+    Ok((sandboxes, unlabeled))
+}
 /// Entries by id, only those marked as the last listed entry of their id.
 fn index_last<'a, T>(
     entries: &'a [T],

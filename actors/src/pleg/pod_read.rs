@@ -8,7 +8,7 @@
 //! commits each one as soon as its read ends (20 exits at once are published one by
 //! one, none waits for the slowest pod's read).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -105,14 +105,16 @@ pub(super) struct Work {
     pub prefetched: HashMap<String, ContainerStatus>,
 }
 
-/// The list entries of a pod's new record (none if the pod is gone).
+/// The list entries of a pod's new record (none if the pod is gone); see
+/// [`Listed::of`].
 pub(super) fn listed_of(
     uid: &str,
     new: Option<&PodRecord>,
     sandboxes: &HashMap<&str, &Sandbox>,
     containers: &HashMap<&str, &Container>,
+    unlabeled: &HashSet<String>,
 ) -> Listed {
-    new.map(|rec| Listed::of(uid, rec, sandboxes, containers))
+    new.map(|rec| Listed::of(uid, rec, sandboxes, containers, unlabeled))
         .unwrap_or_default()
 }
 
@@ -146,10 +148,12 @@ impl Reader {
         calls: &'a Semaphore,
         counts: &mut PrefetchCounts,
     ) -> impl Future<Output = PodRead> + 'a {
-        let mut reuse = match (&w.new, &self.last_reads) {
-            (Some(_), Some(last)) => reusable(&w.listed, last.last_read(&w.uid), self.exit_settle),
-            _ => HashMap::new(),
+        let last = match (&w.new, &self.last_reads) {
+            (Some(_), Some(last)) => last.last_read(&w.uid),
+            _ => None,
         };
+        w.listed.label_from(last.as_ref());
+        let mut reuse = reusable(&w.listed, last, self.exit_settle);
         // A pod that is gone lists nothing: its prefetches go unused.
         let prefetched = std::mem::take(&mut w.prefetched);
         take_prefetched(&w.listed, &mut reuse, prefetched, counts);
@@ -238,6 +242,7 @@ impl Reader {
             new.as_ref(),
             &index_sandboxes(&sandboxes),
             &index_containers(&containers),
+            &HashSet::new(),
         );
         let work = Work {
             uid,

@@ -19,7 +19,7 @@
 //! usual. Global relists never prefetch.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::try_join_all;
@@ -110,26 +110,33 @@ pub fn read_disagrees(record: &PodRecord, status: &PodStatus) -> bool {
 pub struct Listed {
     pub sandboxes: HashMap<String, Sandbox>,
     pub containers: HashMap<String, Container>,
+    /// Sandboxes listed without their labels (lists read with the list memo keep
+    /// only those of entries not seen before: `plegd_runtime::SandboxRef::to_sandbox`).
+    pub unlabeled: HashMap<String, Sandbox>,
 }
 
 impl Listed {
     /// The entries of `record`'s sandboxes and containers among `sandboxes` and
-    /// `containers` (indexes of one relist's lists by id). `uid` is the record's pod:
-    /// a sandbox id listed under another pod is no entry of this one.
+    /// `containers` (indexes of one relist's lists by id); those of `sandboxes` whose
+    /// IDs are in `unlabeled` have no labels. `uid` is the record's pod: a sandbox id
+    /// listed under another pod is no entry of this one.
     pub fn of(
         uid: &str,
         record: &PodRecord,
         sandboxes: &HashMap<&str, &Sandbox>,
         containers: &HashMap<&str, &Container>,
+        unlabeled: &HashSet<String>,
     ) -> Listed {
+        let (unlabeled, sandboxes) = record
+            .sandboxes
+            .keys()
+            .filter_map(|id| id.with_str(|id| sandboxes.get(id).copied()))
+            .filter(|s| s.pod.uid == uid)
+            .map(|s| (s.id.clone(), (*s).clone()))
+            .partition(|(id, _)| unlabeled.contains(id));
         Listed {
-            sandboxes: record
-                .sandboxes
-                .keys()
-                .filter_map(|id| id.with_str(|id| sandboxes.get(id).copied()))
-                .filter(|s| s.pod.uid == uid)
-                .map(|s| (s.id.clone(), (*s).clone()))
-                .collect(),
+            sandboxes,
+            unlabeled,
             containers: record
                 .containers
                 .iter()
@@ -139,6 +146,19 @@ impl Listed {
                 })
                 .map(|c| (c.id.clone(), (*c).clone()))
                 .collect(),
+        }
+    }
+
+    /// The sandboxes listed without their labels get those of `last`'s read of the
+    /// same sandbox ID (a sandbox's labels never change: CRI sets them when it runs
+    /// it). One `last` does not hold is left out, to be read with PodSandboxStatus.
+    pub fn label_from(&mut self, last: Option<&LastRead>) {
+        for (id, mut sandbox) in self.unlabeled.drain() {
+            let read = last.and_then(|l| l.status.sandboxes.iter().find(|s| s.id == id));
+            if let Some(read) = read {
+                sandbox.labels = read.labels.clone();
+                self.sandboxes.insert(id, sandbox);
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use super::status::{LastRead, LastReads, EXIT_SETTLE};
 use super::*;
 use crate::event::{EventKind::*, LifecycleEvent, RelistSource};
-use plegd_runtime::ContainerState;
+use plegd_runtime::{ContainerState, ContainerStatus, RuntimeClient, RuntimeError, Sandbox};
 use plegd_sim::{FakeRuntime, Op};
 use rand::{Rng as _, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -659,4 +659,94 @@ async fn plegd_reuses_the_caches_statuses() {
     let after = (rt.calls(Op::SandboxStatus), rt.calls(Op::ContainerStatus));
     assert_eq!((after.0 - before.0, after.1 - before.1), (0, 1));
     pleg.stop();
+}
+
+/// The fake runtime, its global relist's lists read as the CRI client reads them:
+/// encoded, then given to the list memo's readers in 100-byte frames, so that a
+/// sandbox whose entry the memo vouches for is listed without its labels.
+#[derive(Clone)]
+struct SunkLists(FakeRuntime);
+
+#[async_trait::async_trait]
+impl RuntimeClient for SunkLists {
+    async fn version(&self) -> Result<plegd_runtime::RuntimeVersion, RuntimeError> {
+        self.0.version().await
+    }
+    async fn list_sandboxes(&self, id: Option<&str>) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.0.list_sandboxes(id).await
+    }
+    async fn list_containers(
+        &self,
+        sandbox_id: Option<&str>,
+    ) -> Result<Vec<plegd_runtime::Container>, RuntimeError> {
+        self.0.list_containers(sandbox_id).await
+    }
+    async fn list_node_memo(
+        &self,
+        memo: &mut plegd_runtime::ListMemo,
+    ) -> Result<plegd_runtime::NodeLists, RuntimeError> {
+        let lists = plegd_runtime::NodeLists::encoded(
+            &self.0.list_sandboxes(None).await?,
+            &self.0.list_containers(None).await?,
+        );
+        let plegd_runtime::NodeLists::Wire {
+            sandboxes,
+            containers,
+        } = lists
+        else {
+            unreachable!("encoded lists are bytes");
+        };
+        plegd_runtime::NodeLists::sunk(&sandboxes, &containers, 100, memo)
+    }
+    async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
+        self.0.sandbox_status(id).await
+    }
+    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        self.0.container_status(id).await
+    }
+    async fn container_events(&self) -> Result<plegd_runtime::EventStream, RuntimeError> {
+        self.0.container_events().await
+    }
+}
+
+/// A pod with labels, and a second container that exits: on lists read with the memo,
+/// the second global relist lists the pod's sandbox without its labels (its entry
+/// was checked in the first). The pod's status still carries them: from the last
+/// read when there is one (no PodSandboxStatus), else from PodSandboxStatus.
+#[tokio::test]
+async fn a_sandbox_listed_without_its_labels_is_read_with_them() {
+    for with_cache in [true, false] {
+        let rt = FakeRuntime::new();
+        let labels: std::collections::BTreeMap<String, String> =
+            [("app".to_string(), "web".to_string())].into();
+        let sb = rt.run_pod_with_labels("u1", "p1", "ns", labels.clone());
+        rt.run_container(&sb, "app");
+        let side = rt.run_container(&sb, "side");
+        let cache = Arc::new(TestCache::default());
+        let mut pleg = GenericPleg::new(Arc::new(SunkLists(rt.clone())), 4);
+        if with_cache {
+            pleg = pleg.with_last_reads(cache.clone());
+        }
+        let mut node = Node { pleg, cache };
+        let (calls, _) = calls_of(&rt, node.global()).await;
+        assert_eq!(calls.0, 0, "every sandbox listed with its labels");
+        assert_eq!(
+            node.cache.status("u1").expect("read").sandboxes[0].labels,
+            labels
+        );
+        rt.exit_container(&side, 1);
+        let (calls, out) = calls_of(&rt, node.global()).await;
+        assert!(
+            out.events.iter().any(|e| e.container_id == side),
+            "{:?}",
+            out.events
+        );
+        let status = node.cache.status("u1").expect("read");
+        assert_eq!(status.sandboxes[0].labels, labels, "cache: {with_cache}");
+        assert_eq!(
+            calls.0,
+            u64::from(!with_cache),
+            "PodSandboxStatus only without a last read (cache: {with_cache})"
+        );
+    }
 }
