@@ -5,8 +5,8 @@
 //! most of the 17.5 MB of a 10,000-pod node's lists.
 //!
 //! An entry's fingerprint is the sum of a keyed 64-bit hash of each top-level field
-//! (key and value's bytes) that the light read below skips: it does not depend on
-//! the fields' order. A runtime does not send an unchanged entry as the same bytes:
+//! (key and value's bytes) that the light read below skips, and for a sandbox its ID
+//! field too: it does not depend on the fields' order. A runtime does not send an unchanged entry as the same bytes:
 //! containerd's Go protobuf marshals a map (labels, annotations: one top-level field
 //! per pair) in Go's random map order on every list, and plegd-sim builds a sandbox's
 //! labels anew for each list too — a hash of the entry's bytes whole would miss
@@ -23,8 +23,8 @@
 //! unchecked, and hashed. If the memo holds the sum of those hashes, that is all;
 //! otherwise the entry is fully checked, as prost checks it, and its sum remembered.
 //! So the memo never supplies a value: a fingerprint only vouches that the skipped
-//! fields were checked before (two entries that differ only in fields plegd reads
-//! share it). A collision (an entry's skipped fields summing like some remembered
+//! fields were checked before (two entries that differ only in fields plegd reads,
+//! other than a sandbox's ID, share it). A collision (an entry's skipped fields summing like some remembered
 //! entry's) could at worst let through a field plegd does not read in this path (an
 //! invalid label or annotation) that prost would have refused; it can never hide a
 //! change of what plegd reads. The hash is keyed with a per-process random seed, so a

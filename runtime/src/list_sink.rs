@@ -93,7 +93,10 @@ impl<L: PackedList> Sink<L> {
     /// the call's own bytes hold them).
     pub(crate) fn into_outcome(self, memo: &mut ListMemo) -> Option<Result<L, WireError>> {
         let mut sink = self.lock();
-        *L::parts(memo).0 = std::mem::take(&mut sink.memo);
+        let (entries, kept) = L::parts(memo);
+        *entries = std::mem::take(&mut sink.memo);
+        // The kept list, if no message took it.
+        *kept = std::mem::take(&mut sink.kept);
         match std::mem::replace(&mut sink.state, State::Idle) {
             State::Idle => None,
             State::Done(outcome) => Some(outcome),
@@ -124,7 +127,7 @@ impl<L: PackedList> Sink<L> {
                 return Err(invalid("more than one message in a unary response".into()))
             }
             Some(Ok(list)) => list,
-            None => L::default(),
+            None => std::mem::take(L::parts(memo).1),
         };
         let part = L::parts(memo).0;
         for message in through {
@@ -891,5 +894,29 @@ mod tests {
         assert!(sink.outcome("ListContainers", failed, &mut memo).is_err());
         memo.finish(false);
         assert_eq!(memo.len(), before, "the memo's entries came back");
+    }
+    /// A call whose message the sink does not take leaves the list kept for the next
+    /// read where it was.
+    #[test]
+    fn the_kept_list_goes_back_when_no_message_is_taken() {
+        let mut memo = ListMemo::default();
+        let (_, frames) = response(200, 0, 100);
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        through(frames, Some(sink.taker()));
+        let Some(Ok(list)) = sink.into_outcome(&mut memo) else {
+            panic!("taken");
+        };
+        memo.keep(NodeLists::Sunk {
+            sandboxes: Default::default(),
+            containers: list,
+        });
+        let kept = memo.heap_bytes();
+        assert!(kept > 200 * 20, "{kept}");
+        // Compressed: not taken.
+        let (_, frames) = response(3, 1, 7);
+        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+        through(frames, Some(sink.taker()));
+        assert!(sink.into_outcome(&mut memo).is_none());
+        assert_eq!(memo.heap_bytes(), kept);
     }
 }

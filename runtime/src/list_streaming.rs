@@ -126,7 +126,8 @@ impl ListStreaming {
             Some((sunk, memo)) => {
                 let sandbox_sink = Sink::<SandboxList>::streamed(limit, memo);
                 let container_sink = Sink::<ContainerList>::streamed(limit, memo);
-                let called = futures::join!(
+                // Either failing fails both (the other is not read to its end).
+                let called = futures::try_join!(
                     sunk_stream(
                         sunk,
                         "StreamPodSandboxes",
@@ -144,8 +145,12 @@ impl ListStreaming {
                         how(),
                     )
                 );
-                let sandboxes = sandbox_sink.outcome("StreamPodSandboxes", called.0, memo);
-                let containers = container_sink.outcome("StreamContainers", called.1, memo);
+                let (sandboxes, containers) = match called {
+                    Ok((s, c)) => (Ok(s), Ok(c)),
+                    Err(e) => (Err(e), Ok(Vec::new())),
+                };
+                let sandboxes = sandbox_sink.outcome("StreamPodSandboxes", sandboxes, memo);
+                let containers = container_sink.outcome("StreamContainers", containers, memo);
                 let read = match (sandboxes, containers) {
                     (Ok(sandboxes), Ok(containers)) => Ok(NodeLists::Sunk {
                         sandboxes,

@@ -236,7 +236,15 @@ fn sandbox_read<'a, const FULL: bool>(
     while !buf.is_empty() {
         let field = buf;
         match key(&mut buf)? {
-            (1, wt) => f.id = string(wt, &mut buf)?,
+            (1, wt) => {
+                f.id = string(wt, &mut buf)?;
+                // A sandbox's ID counts in its fingerprint too: an entry the memo
+                // vouches for is then a sandbox read in full before, whose labels
+                // plegd has read (`crate::packed_lists`), never a new sandbox alike.
+                if let Some(fp) = fp.as_deref_mut() {
+                    fp.field(&field[..field.len() - buf.len()]);
+                }
+            }
             (2, wt) => {
                 let mut meta = message(wt, &mut buf, depth)?;
                 f.has_metadata = true;
@@ -1194,7 +1202,8 @@ mod tests {
             let sandboxes = cri::ListPodSandboxResponse {
                 items: (0..n)
                     .map(|i| cri::PodSandbox {
-                        id: format!("s{round}-{i}"),
+                        // The same sandboxes from round to round (pod i's).
+                        id: format!("s{i}"),
                         metadata: Some(cri::PodSandboxMetadata {
                             name: format!("p{i}"),
                             uid: format!("u{i}"),
@@ -1244,6 +1253,40 @@ mod tests {
         }
         // The memo's tables alone hold ≈ 20 bytes an entry, the packed lists 80 more.
         assert!(kept_room > 900 * 90, "{kept_room}: the lists are kept");
+    }
+
+    /// After the first read (every sandbox's labels kept) the next keeps almost none:
+    /// the labels' room is let go, the rest of the sandboxes' list is kept.
+    #[test]
+    fn the_sandboxes_room_outlives_the_first_reads_labels() {
+        let sandboxes = cri::ListPodSandboxResponse {
+            items: (0..2000)
+                .map(|i| cri::PodSandbox {
+                    id: format!("{i:064x}"),
+                    metadata: Some(cri::PodSandboxMetadata {
+                        name: format!("p{i}"),
+                        uid: format!("u{i}"),
+                        namespace: "ns".into(),
+                        attempt: 0,
+                    }),
+                    labels: [("app".to_string(), "a".repeat(100))].into(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+        .encode_to_vec();
+        let mut memo = ListMemo::default();
+        let mut room = Vec::new();
+        for _ in 0..3 {
+            let lists = NodeLists::sunk(&sandboxes, &[], 100, &mut memo).expect("valid");
+            lists.view_memo(&mut memo).expect("valid");
+            memo.keep(lists);
+            room.push(memo.heap_bytes());
+        }
+        // 2,000 IDs of 64 bytes and their entries, kept; 2,000 labels of 100 bytes, not.
+        assert!(room[1] > 2000 * 100, "{room:?}");
+        assert!(room[0] > room[1] + 2000 * 100, "{room:?}");
+        assert_eq!(room[1], room[2], "{room:?}");
     }
 
     /// An entry remembered under its ID whose bytes change into ones prost refuses

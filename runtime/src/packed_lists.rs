@@ -4,10 +4,11 @@
 //! ≈ 850, ≈ 170 bytes a sandbox instead of ≈ 450.
 //!
 //! A sandbox's labels are kept only when its entry was checked in full (the list
-//! memo did not vouch for it: a sandbox not seen before, or the first read). A
-//! sandbox's labels never change (CRI sets them when it runs the sandbox), so an
-//! entry the memo vouches for is one plegd read before; its labels are then taken
-//! from that read ([`crate::SandboxRef::to_sandbox`] says which).
+//! memo did not vouch for it: a sandbox not seen before, or the first read). An entry
+//! the memo vouches for is a sandbox of the last good read, with the same ID, read in
+//! full then or before, and a sandbox's labels never change (CRI sets them when it
+//! runs the sandbox): its labels are taken from the pod's last status read
+//! ([`crate::SandboxRef::to_sandbox`] says which).
 
 use crate::list_memo::{EntryMemo, ListMemo};
 use crate::list_wire::{self, ContainerFields, SandboxFields, WireError};
@@ -214,17 +215,24 @@ impl SandboxList {
         self.entries.is_empty()
     }
 
-    /// Whether its room is worth keeping for the next read.
+    /// Whether its room is worth keeping for the next read (the labels' room aside:
+    /// [`SandboxList::clear`]).
     pub(crate) fn fits(&self) -> bool {
         fits(self.entries.capacity(), self.entries.len(), MIN_ENTRIES)
             && fits(self.text.capacity(), self.text.len(), 64 * MIN_ENTRIES)
-            && fits(self.labels.capacity(), self.labels.len(), 64 * MIN_ENTRIES)
     }
 
+    /// Empties it for the next read. The labels' room is let go on its own when over
+    /// three times what this read kept (after the first read, which keeps every
+    /// sandbox's labels, the next one keeps almost none).
     pub(crate) fn clear(&mut self) {
         self.text.clear();
-        self.labels.clear();
         self.entries.clear();
+        if fits(self.labels.capacity(), self.labels.len(), 64 * MIN_ENTRIES) {
+            self.labels.clear();
+        } else {
+            self.labels = Vec::new();
+        }
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {

@@ -750,3 +750,36 @@ async fn a_sandbox_listed_without_its_labels_is_read_with_them() {
         );
     }
 }
+
+/// A pod's sandbox re-created (the same labels and annotations, a new ID): on lists
+/// read with the memo, the new sandbox is listed with its labels, so the relist reads
+/// no PodSandboxStatus, and one gone before a status read could reach it does not
+/// fail the pod's read.
+#[tokio::test]
+async fn a_recreated_sandbox_is_listed_with_its_labels() {
+    let rt = FakeRuntime::new();
+    let labels: std::collections::BTreeMap<String, String> =
+        [("app".to_string(), "web".to_string())].into();
+    let old = rt.run_pod_with_labels("u1", "p1", "ns", labels.clone());
+    rt.run_container(&old, "app");
+    let cache = Arc::new(TestCache::default());
+    let pleg = GenericPleg::new(Arc::new(SunkLists(rt.clone())), 4).with_last_reads(cache.clone());
+    let mut node = Node { pleg, cache };
+    node.global().await;
+    rt.stop_pod(&old);
+    let new = rt.run_pod_with_labels("u1", "p1", "ns", labels.clone());
+    let (calls, out) = calls_of(&rt, node.global()).await;
+    assert!(
+        out.events.iter().any(|e| e.container_id == new),
+        "{:?}",
+        out.events
+    );
+    assert_eq!(calls.0, 0, "no PodSandboxStatus");
+    let status = node.cache.status("u1").expect("read");
+    let read = status
+        .sandboxes
+        .iter()
+        .find(|s| s.id == new)
+        .expect("listed");
+    assert_eq!(read.labels, labels);
+}
