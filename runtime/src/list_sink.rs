@@ -836,28 +836,30 @@ mod tests {
         list.iter().map(|c| c.id.to_string()).collect()
     }
 
+    /// What a call with `sink` reads of `frames`: the sink's list, then what tonic
+    /// decoded of the rest.
+    fn called(
+        sink: Sink<ContainerList>,
+        frames: Vec<Frame<Bytes>>,
+        memo: &mut ListMemo,
+    ) -> Result<ContainerList, crate::RuntimeError> {
+        let (data, _) = through(frames, Some(sink.taker()));
+        sink.outcome("ListContainers", Ok(messages_of(&data)), memo)
+    }
+
     /// A call's list is what the sink read, and then what tonic decoded of the
     /// messages the sink did not take (compressed ones: here their bytes are plain,
     /// as tonic hands them back decompressed).
     #[test]
     fn the_calls_list_holds_what_the_sink_took_and_what_tonic_decoded() {
         let mut memo = ListMemo::default();
-        // Taken whole.
-        let (_, frames) = response(3, 0, 7);
-        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
-        let (data, _) = through(frames, Some(sink.taker()));
-        let list = sink
-            .outcome("ListContainers", Ok(messages_of(&data)), &mut memo)
-            .expect("read");
-        assert_eq!(ids(&list), ["c0", "c1", "c2"]);
-        // Not taken (flagged compressed): tonic's message is read the same way.
-        let (_, frames) = response(3, 1, 7);
-        let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
-        let (data, _) = through(frames, Some(sink.taker()));
-        let list = sink
-            .outcome("ListContainers", Ok(messages_of(&data)), &mut memo)
-            .expect("read");
-        assert_eq!(ids(&list), ["c0", "c1", "c2"]);
+        // Taken whole; not taken (flagged compressed), read from tonic's message.
+        for compressed in [0, 1] {
+            let (_, frames) = response(3, compressed, 7);
+            let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
+            let list = called(sink, frames, &mut memo).expect("read");
+            assert_eq!(ids(&list), ["c0", "c1", "c2"], "compressed: {compressed}");
+        }
         // A stream whose second message was not taken: it and the later ones follow
         // the first in order.
         let (first, _) = stream(&[2], 0);
@@ -865,19 +867,13 @@ mod tests {
         let (last, _) = stream(&[2], 0);
         let bytes = [first, zipped, last].concat();
         let sink = Sink::<ContainerList>::streamed(1 << 20, &mut memo);
-        let (data, _) = through(frames_of(&bytes, &[9]), Some(sink.taker()));
-        let list = sink
-            .outcome("StreamContainers", Ok(messages_of(&data)), &mut memo)
-            .expect("read");
+        let list = called(sink, frames_of(&bytes, &[9]), &mut memo).expect("read");
         assert_eq!(ids(&list), ["c0", "c1", "c0", "c0", "c1"]);
         // A unary response with a message after the one taken.
         let (one, _) = stream(&[1], 0);
         let bytes = [one.clone(), one].concat();
         let sink = Sink::<ContainerList>::new(1 << 20, &mut memo);
-        let (data, _) = through(frames_of(&bytes, &[]), Some(sink.taker()));
-        let err = sink
-            .outcome("ListContainers", Ok(messages_of(&data)), &mut memo)
-            .expect_err("two messages");
+        let err = called(sink, frames_of(&bytes, &[]), &mut memo).expect_err("two messages");
         assert!(err.to_string().contains("more than one message"), "{err}");
         // A failed call fails, and the memo's part is given back all the same.
         memo.finish(true);
@@ -895,6 +891,7 @@ mod tests {
         memo.finish(false);
         assert_eq!(memo.len(), before, "the memo's entries came back");
     }
+
     /// A call whose message the sink does not take leaves the list kept for the next
     /// read where it was.
     #[test]

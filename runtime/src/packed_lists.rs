@@ -21,31 +21,7 @@ pub(crate) trait PackedList: Default + Send + 'static {
     fn parts(memo: &mut ListMemo) -> (&mut EntryMemo, &mut Self);
 }
 
-/// The offset where a string just pushed onto `text` ends (None: the block would
-/// outgrow u32 offsets).
-fn pushed(text: &mut String, s: &str) -> Option<u32> {
-    text.push_str(s);
-    u32::try_from(text.len()).ok()
-}
-
 const TOO_LARGE: &str = "the list's strings are over 4 GiB";
-
-/// The containers plegd reads of a `ListContainersResponse`, packed.
-#[derive(Clone, Debug, Default)]
-pub struct ContainerList {
-    text: String,
-    entries: Vec<PackedContainer>,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct PackedContainer {
-    /// Where the ID, the sandbox ID and the name end in `text` (each starts where the
-    /// one before ends).
-    ends: [u32; 3],
-    attempt: u32,
-    state: i32,
-    created_at: i64,
-}
 
 /// The room a list keeps is let go when it is over three times what it holds (a
 /// small list's is left alone).
@@ -55,76 +31,125 @@ fn fits(capacity: usize, len: usize, least: usize) -> bool {
 
 const MIN_ENTRIES: usize = 256;
 
-impl ContainerList {
-    fn push(&mut self, f: &ContainerFields<'_>) -> bool {
-        let mut ends = [0u32; 3];
-        for (end, s) in ends.iter_mut().zip([f.id, f.sandbox_id, f.name]) {
-            match pushed(&mut self.text, s) {
-                Some(at) => *end = at,
-                None => return false,
-            }
+/// Entries of `N` strings each and the rest `E`, their strings in one block.
+#[derive(Clone, Debug)]
+struct Block<E, const N: usize> {
+    text: String,
+    entries: Vec<Packed<E, N>>,
+}
+
+impl<E, const N: usize> Default for Block<E, N> {
+    fn default() -> Self {
+        Block {
+            text: String::new(),
+            entries: Vec::new(),
         }
-        self.entries.push(PackedContainer {
-            ends,
-            attempt: f.attempt,
-            state: f.state,
-            created_at: f.created_at,
-        });
-        true
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Packed<E, const N: usize> {
+    /// Where each string ends in `text` (each starts where the one before ends).
+    ends: [u32; N],
+    rest: E,
+}
+
+impl<E, const N: usize> Block<E, N> {
+    fn push(&mut self, strings: [&str; N], rest: E) -> Result<(), WireError> {
+        let mut ends = [0u32; N];
+        for (end, s) in ends.iter_mut().zip(strings) {
+            self.text.push_str(s);
+            *end = u32::try_from(self.text.len()).map_err(|_| TOO_LARGE)?;
+        }
+        self.entries.push(Packed { ends, rest });
+        Ok(())
     }
 
-    /// The entries, as [`list_wire::containers`] reads them.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = ContainerFields<'_>> {
+    fn iter(&self) -> impl Iterator<Item = ([&str; N], &E)> {
         let mut start = 0;
         self.entries.iter().map(move |e| {
-            let [id, sandbox_id, name] = e.ends.map(|end| {
+            let strings = e.ends.map(|end| {
                 let s = &self.text[start..end as usize];
                 start = end as usize;
                 s
             });
-            ContainerFields {
+            (strings, &e.rest)
+        })
+    }
+
+    fn fits(&self) -> bool {
+        fits(self.entries.capacity(), self.entries.len(), MIN_ENTRIES)
+            && fits(self.text.capacity(), self.text.len(), 64 * MIN_ENTRIES)
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.entries.clear();
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.text.capacity() + self.entries.capacity() * std::mem::size_of::<Packed<E, N>>()
+    }
+}
+
+/// The containers plegd reads of a `ListContainersResponse`, packed: their ID,
+/// sandbox ID and name, and the rest.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerList(Block<ContainerRest, 3>);
+
+#[derive(Clone, Copy, Debug)]
+struct ContainerRest {
+    attempt: u32,
+    state: i32,
+    created_at: i64,
+}
+
+impl ContainerList {
+    /// The entries, as [`list_wire::containers`] reads them.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = ContainerFields<'_>> {
+        self.0
+            .iter()
+            .map(|([id, sandbox_id, name], e)| ContainerFields {
                 id,
                 sandbox_id,
                 name,
                 attempt: e.attempt,
                 state: e.state,
                 created_at: e.created_at,
-            }
-        })
+            })
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.0.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.0.entries.is_empty()
     }
 
     /// Whether its room is worth keeping for the next read.
     pub(crate) fn fits(&self) -> bool {
-        fits(self.entries.capacity(), self.entries.len(), MIN_ENTRIES)
-            && fits(self.text.capacity(), self.text.len(), 64 * MIN_ENTRIES)
+        self.0.fits()
     }
 
     pub(crate) fn clear(&mut self) {
-        self.text.clear();
-        self.entries.clear();
+        self.0.clear();
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.text.capacity() + self.entries.capacity() * std::mem::size_of::<PackedContainer>()
+        self.0.heap_bytes()
     }
 }
 
 impl PackedList for ContainerList {
     fn read(&mut self, entry: &[u8], memo: &mut EntryMemo) -> Result<(), WireError> {
         let f = list_wire::container_entry(entry, Some(memo))?;
-        if self.push(&f) {
-            Ok(())
-        } else {
-            Err(TOO_LARGE.into())
-        }
+        let rest = ContainerRest {
+            attempt: f.attempt,
+            state: f.state,
+            created_at: f.created_at,
+        };
+        self.0.push([f.id, f.sandbox_id, f.name], rest)
     }
 
     fn parts(memo: &mut ListMemo) -> (&mut EntryMemo, &mut Self) {
@@ -132,21 +157,18 @@ impl PackedList for ContainerList {
     }
 }
 
-/// The sandboxes plegd reads of a `ListPodSandboxResponse`, packed; the labels of
-/// those checked in full.
+/// The sandboxes plegd reads of a `ListPodSandboxResponse`, packed: their ID, pod
+/// UID, name and namespace, and the rest; the labels of those checked in full.
 #[derive(Clone, Debug, Default)]
 pub struct SandboxList {
-    text: String,
+    block: Block<SandboxRest, 4>,
     /// The label fields of entries checked in full, as they came (each a
     /// `PodSandbox` field 5, key and all).
     labels: Vec<u8>,
-    entries: Vec<PackedSandbox>,
 }
 
 #[derive(Clone, Copy, Debug)]
-struct PackedSandbox {
-    /// Where the ID, the pod's UID, name and namespace end in `text`.
-    ends: [u32; 4],
+struct SandboxRest {
     /// Where its label fields are in `labels`, if they were kept.
     labels: Option<[u32; 2]>,
     attempt: u32,
@@ -157,10 +179,6 @@ struct PackedSandbox {
 
 impl SandboxList {
     fn push(&mut self, f: &SandboxFields<'_>, entry: &[u8], full: bool) -> Result<(), WireError> {
-        let mut ends = [0u32; 4];
-        for (end, s) in ends.iter_mut().zip([f.id, f.uid, f.name, f.namespace]) {
-            *end = pushed(&mut self.text, s).ok_or(TOO_LARGE)?;
-        }
         let labels = if full {
             let start = u32::try_from(self.labels.len()).map_err(|_| TOO_LARGE)?;
             list_wire::sandbox_label_fields(entry, |field| self.labels.extend_from_slice(field));
@@ -169,27 +187,20 @@ impl SandboxList {
         } else {
             None
         };
-        self.entries.push(PackedSandbox {
-            ends,
+        let rest = SandboxRest {
             labels,
             attempt: f.attempt,
             state: f.state,
             created_at: f.created_at,
             has_metadata: f.has_metadata,
-        });
-        Ok(())
+        };
+        self.block.push([f.id, f.uid, f.name, f.namespace], rest)
     }
 
     /// The entries, as [`list_wire::sandboxes`] reads them, each with its label
     /// fields if they were kept (read them with [`list_wire::sandbox_labels`]).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (SandboxFields<'_>, Option<&[u8]>)> {
-        let mut start = 0;
-        self.entries.iter().map(move |e| {
-            let [id, uid, name, namespace] = e.ends.map(|end| {
-                let s = &self.text[start..end as usize];
-                start = end as usize;
-                s
-            });
+        self.block.iter().map(|([id, uid, name, namespace], e)| {
             let fields = SandboxFields {
                 id,
                 has_metadata: e.has_metadata,
@@ -208,26 +219,24 @@ impl SandboxList {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.block.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.block.entries.is_empty()
     }
 
     /// Whether its room is worth keeping for the next read (the labels' room aside:
     /// [`SandboxList::clear`]).
     pub(crate) fn fits(&self) -> bool {
-        fits(self.entries.capacity(), self.entries.len(), MIN_ENTRIES)
-            && fits(self.text.capacity(), self.text.len(), 64 * MIN_ENTRIES)
+        self.block.fits()
     }
 
     /// Empties it for the next read. The labels' room is let go on its own when over
     /// three times what this read kept (after the first read, which keeps every
     /// sandbox's labels, the next one keeps almost none).
     pub(crate) fn clear(&mut self) {
-        self.text.clear();
-        self.entries.clear();
+        self.block.clear();
         if fits(self.labels.capacity(), self.labels.len(), 64 * MIN_ENTRIES) {
             self.labels.clear();
         } else {
@@ -236,9 +245,7 @@ impl SandboxList {
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.text.capacity()
-            + self.labels.capacity()
-            + self.entries.capacity() * std::mem::size_of::<PackedSandbox>()
+        self.block.heap_bytes() + self.labels.capacity()
     }
 }
 

@@ -54,16 +54,19 @@ async fn new_state_files_written_under_churn_keep_every_relist_and_copies_go_on_
     let copies = tempfile::tempdir().unwrap();
     let mut taken = Vec::new();
     let mut pods = Vec::new();
+    let mut removed = Vec::new();
     for round in 0..60i32 {
-        let sb = rt.run_pod(&format!("u{round}"), "w", "ns");
+        let uid = format!("u{round}");
+        let sb = rt.run_pod(&uid, "w", "ns");
         let c = rt.run_container(&sb, "app");
-        pods.push((sb, c));
+        pods.push((uid, sb, c));
         if round % 2 == 1 {
-            rt.exit_container(&pods[pods.len() - 2].1, round);
+            rt.exit_container(&pods[pods.len() - 2].2, round);
         }
         if round % 4 == 3 {
-            let (sb, _) = pods.remove(0);
+            let (uid, sb, _) = pods.remove(0);
             rt.remove_pod(&sb);
+            removed.push(uid);
         }
         let shown = p.latest_revision();
         let copy = copies.path().join(format!("c{round}"));
@@ -78,6 +81,12 @@ async fn new_state_files_written_under_churn_keep_every_relist_and_copies_go_on_
         "new state files written: {}",
         store.rewrites()
     );
+    // The last changes relisted before the stop (the records must hold the node).
+    until("the node's last changes relisted", || {
+        pods.iter().all(|(uid, ..)| p.cache().get(uid).is_some())
+            && removed.iter().all(|uid| p.cache().get(uid).is_none())
+    })
+    .await;
     p.stop();
     until("stopped", || p.stopped()).await;
     let last = p.latest_revision();
