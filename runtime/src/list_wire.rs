@@ -1176,6 +1176,21 @@ mod tests {
         out
     }
 
+    /// Pod `i`'s sandbox `id` (named p`i`, UID u`i`), labelled `app`.
+    fn pod_sandbox(id: &str, i: usize, app: String) -> cri::PodSandbox {
+        cri::PodSandbox {
+            id: id.into(),
+            metadata: Some(cri::PodSandboxMetadata {
+                name: format!("p{i}"),
+                uid: format!("u{i}"),
+                namespace: "ns".into(),
+                attempt: 0,
+            }),
+            labels: [("app".to_string(), app)].into(),
+            ..Default::default()
+        }
+    }
+
     /// The global relist keeps its read's packed lists for the next read: a read in
     /// them reads what a fresh read reads, whether the node grew, shrank or changed
     /// (a sandbox's labels kept only when the memo did not vouch for its entry); they
@@ -1194,18 +1209,8 @@ mod tests {
             let containers = containers_list(&refs);
             let sandboxes = cri::ListPodSandboxResponse {
                 items: (0..n)
-                    .map(|i| cri::PodSandbox {
-                        // The same sandboxes from round to round (pod i's).
-                        id: format!("s{i}"),
-                        metadata: Some(cri::PodSandboxMetadata {
-                            name: format!("p{i}"),
-                            uid: format!("u{i}"),
-                            namespace: "ns".into(),
-                            attempt: 0,
-                        }),
-                        labels: [("app".to_string(), format!("p{i}"))].into(),
-                        ..Default::default()
-                    })
+                    // The same sandboxes from round to round (pod i's).
+                    .map(|i| pod_sandbox(&format!("s{i}"), i, format!("p{i}")))
                     .collect(),
             }
             .encode_to_vec();
@@ -1254,17 +1259,7 @@ mod tests {
     fn the_sandboxes_room_outlives_the_first_reads_labels() {
         let sandboxes = cri::ListPodSandboxResponse {
             items: (0..2000)
-                .map(|i| cri::PodSandbox {
-                    id: format!("{i:064x}"),
-                    metadata: Some(cri::PodSandboxMetadata {
-                        name: format!("p{i}"),
-                        uid: format!("u{i}"),
-                        namespace: "ns".into(),
-                        attempt: 0,
-                    }),
-                    labels: [("app".to_string(), "a".repeat(100))].into(),
-                    ..Default::default()
-                })
+                .map(|i| pod_sandbox(&format!("{i:064x}"), i, "a".repeat(100)))
                 .collect(),
         }
         .encode_to_vec();
