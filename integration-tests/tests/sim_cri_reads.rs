@@ -313,7 +313,7 @@ async fn the_node_lists_are_in_flight_together() {
     );
     let lists = client.list_node().await.unwrap();
     let view = lists.view().unwrap();
-    assert_eq!((view.sandboxes.len(), view.containers.len()), (1, 1));
+    assert_eq!((view.sandboxes().len(), view.containers().len()), (1, 1));
 }
 
 /// Regression: the targeted relist a stop event asks for read the stopped

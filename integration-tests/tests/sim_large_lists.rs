@@ -115,7 +115,7 @@ async fn the_node_lists_read_as_bytes_are_the_list_calls_entries_under_the_same_
         .unwrap()
         .with_max_message_size(4 * MIB);
     let lists = large.list_node().await.expect("within the raised limit");
-    assert_eq!(lists.view().expect("valid lists").sandboxes.len(), 3);
+    assert_eq!(lists.view().expect("valid lists").sandboxes().len(), 3);
 }
 
 /// What the decoded list calls return, sorted by ID.
@@ -137,13 +137,13 @@ fn owned(lists: &NodeLists, memo: Option<&mut ListMemo>) -> (Vec<Sandbox>, Vec<C
     // The sandboxes here have no labels: one listed without them (its entry vouched
     // for by the memo) is the whole sandbox.
     let mut sandboxes = view
-        .sandboxes
+        .sandboxes()
         .iter()
         .map(|s| s.to_sandbox().map(|(s, _)| s))
         .collect::<Result<Vec<_>, _>>()
         .expect("owned sandboxes");
     assert!(sandboxes.iter().all(|s| s.labels.is_empty()));
-    let mut containers: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
+    let mut containers: Vec<_> = view.containers().iter().map(|c| c.to_container()).collect();
     sandboxes.sort_by(|a, b| a.id.cmp(&b.id));
     containers.sort_by(|a, b| a.id.cmp(&b.id));
     (sandboxes, containers)

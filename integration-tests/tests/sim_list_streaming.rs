@@ -61,7 +61,7 @@ fn entries_labeled(
     let view = lists.view().expect("valid lists");
     let mut unlabeled = Vec::new();
     let mut sandboxes: Vec<_> = view
-        .sandboxes
+        .sandboxes()
         .iter()
         .map(|s| {
             let (mut sandbox, labeled) = s.to_sandbox().expect("labels");
@@ -75,7 +75,7 @@ fn entries_labeled(
             sandbox
         })
         .collect();
-    let mut containers: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
+    let mut containers: Vec<_> = view.containers().iter().map(|c| c.to_container()).collect();
     sandboxes.sort_by(|a, b| a.id.cmp(&b.id));
     containers.sort_by(|a, b| a.id.cmp(&b.id));
     unlabeled.sort();
@@ -253,7 +253,7 @@ async fn a_node_over_the_send_limit_is_read_through_the_streams() {
         assert!(matches!(lists, NodeLists::Sunk { .. }), "round {round}");
         let read = {
             let view = lists.view_memo(&mut memo).expect("valid lists");
-            (view.sandboxes.len(), view.containers.len())
+            (view.sandboxes().len(), view.containers().len())
         };
         let truth = truth(&rt).await;
         let (read_entries, unlabeled) = entries_labeled(&lists, &truth.0);

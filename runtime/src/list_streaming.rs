@@ -382,14 +382,14 @@ mod tests {
             containers: appended(&c).expect("whole messages"),
         };
         let view = lists.view().expect("valid lists");
-        let ids: Vec<_> = view.sandboxes.iter().map(|s| s.id).collect();
+        let ids: Vec<_> = view.sandboxes().iter().map(|s| s.id).collect();
         let want: Vec<_> = (0..10).map(|i| format!("sb{i}")).collect();
         assert_eq!(ids, want);
         assert_eq!(
-            view.sandboxes[7].to_sandbox().expect("labels"),
+            view.sandboxes()[7].to_sandbox().expect("labels"),
             (sandbox(7), true)
         );
-        let got: Vec<_> = view.containers.iter().map(|c| c.to_container()).collect();
+        let got: Vec<_> = view.containers().iter().map(|c| c.to_container()).collect();
         assert_eq!(got, (0..10).map(container).collect::<Vec<_>>());
         // prost agrees: the appended bytes are a ListContainersResponse of every entry.
         let decoded = cri::ListContainersResponse::decode(appended(&c).expect("whole"))
@@ -426,7 +426,7 @@ mod tests {
             sandboxes: appended(&[with_unknown, s[1].clone()]).expect("whole"),
             containers: Bytes::new(),
         };
-        assert_eq!(lists.view().expect("valid").sandboxes.len(), 2);
+        assert_eq!(lists.view().expect("valid").sandboxes().len(), 2);
     }
 
     #[test]

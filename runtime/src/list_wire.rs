@@ -658,7 +658,7 @@ mod tests {
             None => lists.view()?,
         };
         let s = view
-            .sandboxes
+            .sandboxes()
             .iter()
             .map(|s| {
                 s.to_sandbox().map(|(s, labeled)| {
@@ -667,7 +667,7 @@ mod tests {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let c = view.containers.iter().map(|c| c.to_container()).collect();
+        let c = view.containers().iter().map(|c| c.to_container()).collect();
         Ok((s, c))
     }
 
@@ -1218,7 +1218,7 @@ mod tests {
             let lists = NodeLists::sunk(&sandboxes, &containers, 7, &mut memo).expect("valid");
             let view = lists.view_memo(&mut memo).expect("valid");
             let got: (Vec<_>, Vec<_>) = (
-                view.sandboxes
+                view.sandboxes()
                     .iter()
                     .enumerate()
                     .map(|(i, s)| {
@@ -1231,7 +1231,7 @@ mod tests {
                         sandbox
                     })
                     .collect(),
-                view.containers.iter().map(|c| c.to_container()).collect(),
+                view.containers().iter().map(|c| c.to_container()).collect(),
             );
             assert_eq!(got, fresh, "round {round}");
             assert_eq!(got.1.len(), n);

@@ -203,7 +203,7 @@ mod tests {
         scratch: &mut Scratch,
     ) -> Option<BTreeSet<&'a str>> {
         let view = ListView::of(sandboxes, containers);
-        changed_pods(&view.sandboxes, &view.containers, records, scratch)
+        changed_pods(view.sandboxes(), view.containers(), records, scratch)
     }
 
     fn sandbox(id: &str, uid: &str, state: SandboxState) -> Sandbox {
@@ -375,8 +375,8 @@ mod tests {
             let view = wire.view().expect("valid bytes");
             assert_eq!(
                 changed_pods(
-                    &view.sandboxes,
-                    &view.containers,
+                    view.sandboxes(),
+                    view.containers(),
                     &records,
                     &mut wire_scratch
                 ),
@@ -455,7 +455,7 @@ mod tests {
             let view = ListView::of(&s1, &c1);
             let listed = records
                 .entry_keys()
-                .of_lists(&view.sandboxes, &view.containers);
+                .of_lists(view.each_sandbox(), view.each_container());
             let sandbox_ids: HashSet<&str> = s1.iter().map(|s| s.id.as_str()).collect();
             let container_ids: HashSet<&str> = c1.iter().map(|c| c.id.as_str()).collect();
             if sandbox_ids.len() < s1.len() || container_ids.len() < c1.len() {

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use super::record::{Id, IdMap, PodName, PodRecord, RecordTable};
-use plegd_runtime::{ContainerRef, SandboxRef};
+use plegd_runtime::{ContainerRef, ListView, SandboxRef};
 
 /// Pods of a global relist read and applied at once (plegd's default). 256 pods: a
 /// chunk's transients are a few hundred KB, and each chunk still has many more status
@@ -95,8 +95,7 @@ impl<'v> Plan<'v> {
     /// must be among `uids`; `chunk`: pods per chunk (at least 1).
     pub fn by_pod(
         uids: Vec<Cow<'v, str>>,
-        sandboxes: &[SandboxRef<'v>],
-        containers: &[ContainerRef<'v>],
+        view: &ListView<'v>,
         placed: impl Fn(&str) -> bool,
         chunk: usize,
     ) -> Plan<'v> {
@@ -111,6 +110,7 @@ impl<'v> Plan<'v> {
                 chunk: chunk.max(1),
             };
         }
+        let (sandboxes, containers) = (view.sandboxes(), view.containers());
         let pod_index: HashMap<&str, u32> = uids
             .iter()
             .enumerate()
@@ -223,7 +223,7 @@ fn sorted(mut uids: Vec<Cow<'_, str>>) -> Vec<Cow<'_, str>> {
 mod tests {
     use super::super::record::tests::sandbox;
     use super::*;
-    use plegd_runtime::{Container, ContainerState, ListView};
+    use plegd_runtime::{Container, ContainerState};
 
     fn container(id: &str, sandbox_id: &str) -> Container {
         Container {
@@ -239,10 +239,11 @@ mod tests {
     #[test]
     fn chunks_cover_every_pod_once_in_uid_order_and_an_empty_plan_has_one_chunk() {
         let uids = ["c", "a", "b", "a", "e", "d"].map(Cow::Borrowed).to_vec();
-        let plan = Plan::by_pod(uids, &[], &[], |_| true, 2);
+        let none = ListView::default();
+        let plan = Plan::by_pod(uids, &none, |_| true, 2);
         assert_eq!(plan.uids, ["a", "b", "c", "d", "e"]);
         assert_eq!(plan.chunks(), [0..2, 2..4, 4..5]);
-        let empty = Plan::by_pod(Vec::new(), &[], &[], |_| true, 2);
+        let empty = Plan::by_pod(Vec::new(), &none, |_| true, 2);
         let one_empty: Vec<Range<usize>> = std::iter::once(0..0).collect();
         assert_eq!(empty.chunks(), one_empty);
         assert_eq!(Plan::all(Vec::new()).chunks(), one_empty);
@@ -269,13 +270,7 @@ mod tests {
         ];
         let view = ListView::of(&sandboxes, &containers);
         let uids = ["a", "b"].map(Cow::Borrowed).to_vec();
-        let plan = Plan::by_pod(
-            uids,
-            &view.sandboxes,
-            &view.containers,
-            |u| u != "skipped",
-            1,
-        );
+        let plan = Plan::by_pod(uids, &view, |u| u != "skipped", 1);
         let a = plan.entries_of(&(0..1)).unwrap();
         assert_eq!(a.sandboxes, [(1, false), (2, true)]);
         assert_eq!(a.containers, [(3, true)]);

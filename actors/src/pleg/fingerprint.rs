@@ -133,13 +133,15 @@ impl EntryKeys {
     /// (two sandboxes, or two containers, whose IDs hash alike). Such lists are
     /// grouped in list order, which a sum cannot see: they are left to the change
     /// check (which sends them to be grouped whole).
-    pub fn of_lists(
+    pub fn of_lists<'v>(
         &self,
-        sandboxes: &[SandboxRef<'_>],
-        containers: &[ContainerRef<'_>],
+        sandboxes: impl Iterator<Item = SandboxRef<'v>>,
+        containers: impl Iterator<Item = ContainerRef<'v>>,
     ) -> Option<Fingerprint> {
         let mut print = Fingerprint::default();
-        let mut seen = HashTable::with_capacity(sandboxes.len() + containers.len());
+        let most = |hint: (usize, Option<usize>)| hint.1.unwrap_or(hint.0);
+        let mut seen =
+            HashTable::with_capacity(most(sandboxes.size_hint()) + most(containers.size_hint()));
         let mut first =
             |(id_hash, entry): (u64, u128)| match seen.entry(id_hash, |&x| x == id_hash, |&x| x) {
                 Entry::Occupied(_) => None,

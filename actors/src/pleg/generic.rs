@@ -540,7 +540,7 @@ impl GenericPleg {
         // ≈ 40 % slower: cache misses).
         let mut records = match plan.entries {
             Entries::ByPod(_) if self.records.is_empty() => {
-                Some(group_all(&view.sandboxes, &view.containers))
+                Some(group_all(view.sandboxes(), view.containers()))
             }
             _ => None,
         };
@@ -591,7 +591,7 @@ impl GenericPleg {
                     .keys()
                     .chain(this.reinspect.iter())
                     .map(owned)
-                    .chain(view.sandboxes.iter().map(|s| Cow::Borrowed(s.uid)))
+                    .chain(view.each_sandbox().map(|s| Cow::Borrowed(s.uid)))
                     .collect(),
             )
         };
@@ -604,18 +604,11 @@ impl GenericPleg {
             // placed by the lists alone. Pods known only from a failed first read are
             // visited too, so that one that is gone gets its cache entry deleted.
             let uids: Vec<Cow<'v, str>> = view
-                .sandboxes
-                .iter()
+                .each_sandbox()
                 .map(|s| Cow::Borrowed(s.uid))
                 .chain(self.reinspect.iter().map(owned))
                 .collect();
-            let plan = Plan::by_pod(
-                uids,
-                &view.sandboxes,
-                &view.containers,
-                |_| true,
-                self.chunk_pods,
-            );
+            let plan = Plan::by_pod(uids, view, |_| true, self.chunk_pods);
             self.records.reserve(plan.uids.len());
             return plan;
         }
@@ -623,7 +616,7 @@ impl GenericPleg {
         let listed = self
             .records
             .entry_keys()
-            .of_lists(&view.sandboxes, &view.containers);
+            .of_lists(view.each_sandbox(), view.each_container());
         let changed = if listed == Some(self.records.fingerprint()) {
             #[cfg(test)]
             {
@@ -632,8 +625,8 @@ impl GenericPleg {
             Some(HashSet::new())
         } else {
             changes::changed_pods(
-                &view.sandboxes,
-                &view.containers,
+                view.sandboxes(),
+                view.containers(),
                 &self.records,
                 &mut self.scratch,
             )
@@ -656,13 +649,7 @@ impl GenericPleg {
                     .chain(self.records.keys().filter(|uid| held(uid)))
                     .map(owned)
                     .collect();
-                Plan::by_pod(
-                    uids,
-                    &view.sandboxes,
-                    &view.containers,
-                    |uid| changed.contains(uid),
-                    self.chunk_pods,
-                )
+                Plan::by_pod(uids, view, |uid| changed.contains(uid), self.chunk_pods)
             }
             None => all(self),
         }
@@ -686,12 +673,12 @@ impl GenericPleg {
                     entries
                         .sandboxes
                         .iter()
-                        .map(|&(i, _)| &view.sandboxes[i as usize]),
+                        .map(|&(i, _)| &view.sandboxes()[i as usize]),
                 )?;
                 let containers: Vec<_> = entries
                     .containers
                     .iter()
-                    .map(|&(i, _)| view.containers[i as usize].to_container())
+                    .map(|&(i, _)| view.containers()[i as usize].to_container())
                     .collect();
                 let current = match built {
                     Some(_) => HashMap::new(),
@@ -700,9 +687,9 @@ impl GenericPleg {
                 (current, sandboxes, containers, Some(entries))
             }
             None => {
-                let sandboxes = owned_sandboxes(view.sandboxes.iter())?;
+                let sandboxes = owned_sandboxes(view.sandboxes().iter())?;
                 let containers: Vec<_> = view
-                    .containers
+                    .containers()
                     .iter()
                     .map(ContainerRef::to_container)
                     .collect();
