@@ -4,9 +4,9 @@
 //! bulk of an entry that did not change — its labels, annotations and image spec,
 //! most of the 17.5 MB of a 10,000-pod node's lists.
 //!
-//! An entry's fingerprint is the sum of a keyed 64-bit hash of each top-level field
-//! (key and value's bytes) that the light read below skips, and for a sandbox its ID
-//! field too: it does not depend on the fields' order. A runtime does not send an unchanged entry as the same bytes:
+//! An entry's fingerprint is the sum of a keyed 64-bit hash of each of its top-level
+//! fields (key and value's bytes), those plegd reads as well as those the light read
+//! below skips: it does not depend on the fields' order. A runtime does not send an unchanged entry as the same bytes:
 //! containerd's Go protobuf marshals a map (labels, annotations: one top-level field
 //! per pair) in Go's random map order on every list, and plegd-sim builds a sandbox's
 //! labels anew for each list too — a hash of the entry's bytes whole would miss
@@ -23,12 +23,20 @@
 //! unchecked, and hashed. If the memo holds the sum of those hashes, that is all;
 //! otherwise the entry is fully checked, as prost checks it, and its sum remembered.
 //! So the memo never supplies a value: a fingerprint only vouches that the skipped
-//! fields were checked before (two entries that differ only in fields plegd reads,
-//! other than a sandbox's ID, share it). A collision (an entry's skipped fields summing like some remembered
-//! entry's) could at worst let through a field plegd does not read in this path (an
-//! invalid label or annotation) that prost would have refused; it can never hide a
-//! change of what plegd reads. The hash is keyed with a per-process random seed, so a
-//! pod's author, who controls its labels and annotations, cannot aim at a collision.
+//! fields were checked before. A collision (an entry's fields summing like some
+//! remembered entry's) could at worst let through a field plegd does not read in
+//! this path (an invalid label or annotation) that prost would have refused. The
+//! hash is keyed with a per-process random seed, so a pod's author, who controls its
+//! labels and annotations, cannot aim at a collision.
+//!
+//! A read also tells whether its lists are the last good read's, entry for entry, in
+//! every field ([`ListMemo::unchanged`]): every entry it read was remembered, none met
+//! twice, and it met every remembered one. The global relist then knows the lists'
+//! fingerprint against its records is the last one's. An entry that names a field
+//! plegd reads twice never counts as remembered (the last value wins, so the two
+//! fields' order counts, which the sum does not see). Here a collision could hide a
+//! change until the next change on the node, as a collision of the records'
+//! fingerprint could.
 //!
 //! The memo holds exactly the fingerprints of the last read that succeeded: a read
 //! builds the next set in place (marking remembered ones it meets, adding those of
@@ -66,6 +74,18 @@ pub(crate) struct EntryMemo {
     /// [`FRESH`]); hashed by [`slot`] (fingerprints are already random), ≈ 9–18
     /// bytes an entry.
     table: HashTable<u64>,
+    /// The read under way: its entries, the remembered ones it met (each once), the
+    /// ones it added.
+    read: Counts,
+    /// Whether the last read that ended was the one before it, entry for entry.
+    unchanged: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    entries: usize,
+    met: usize,
+    added: usize,
 }
 
 impl Default for EntryMemo {
@@ -73,6 +93,8 @@ impl Default for EntryMemo {
         EntryMemo {
             state: foldhash::quality::RandomState::default(),
             table: HashTable::new(),
+            read: Counts::default(),
+            unchanged: false,
         }
     }
 }
@@ -85,21 +107,32 @@ fn slot(value: &u64) -> u64 {
 }
 
 impl EntryMemo {
+    /// One more entry in the read under way.
+    #[inline(always)]
+    pub(crate) fn count_entry(&mut self) {
+        self.read.entries += 1;
+    }
+
     /// A fingerprint to add an entry's fields to.
     #[inline(always)]
     pub(crate) fn fingerprint(&self) -> Fingerprint<'_> {
         Fingerprint {
             state: &self.state,
             sum: 0,
+            read_tags: 0,
+            repeated: false,
         }
     }
 
-    /// Whether an entry with this key was checked before (in the last good read, or
-    /// already in this one); the read under way is marked as meeting it.
+    /// Whether an entry with this fingerprint was checked before (in the last good
+    /// read, or already in this one); the read under way is marked as meeting it.
     #[inline(always)]
     pub(crate) fn vouches(&mut self, key: u64) -> bool {
         match self.table.find_mut(slot(&key), |v| v & KEY == key) {
             Some(v) => {
+                if *v & SEEN == 0 {
+                    self.read.met += 1;
+                }
                 *v |= SEEN;
                 true
             }
@@ -112,10 +145,17 @@ impl EntryMemo {
     #[inline(always)]
     pub(crate) fn add(&mut self, key: u64) {
         self.table.insert_unique(slot(&key), key | FRESH, slot);
+        self.read.added += 1;
     }
 
     /// The read succeeded: its entries (met or added) are the memo.
     fn commit(&mut self) {
+        let Counts {
+            entries,
+            met,
+            added,
+        } = std::mem::take(&mut self.read);
+        self.unchanged = entries == met && met == self.table.len() - added;
         self.table.retain(|v| {
             let keep = *v & (SEEN | FRESH) != 0;
             *v &= KEY;
@@ -128,6 +168,8 @@ impl EntryMemo {
 
     /// The read failed: the memo is what it was before it.
     fn abandon(&mut self) {
+        self.read = Counts::default();
+        self.unchanged = false;
         self.table.retain(|v| {
             let keep = *v & FRESH == 0;
             *v &= KEY;
@@ -150,6 +192,9 @@ impl EntryMemo {
 pub(crate) struct Fingerprint<'m> {
     state: &'m foldhash::quality::RandomState,
     sum: u64,
+    /// The tags of the fields plegd reads met so far (bit n: tag n).
+    read_tags: u32,
+    repeated: bool,
 }
 
 impl Fingerprint<'_> {
@@ -159,10 +204,20 @@ impl Fingerprint<'_> {
         self.sum = self.sum.wrapping_add(self.state.hash_one(bytes));
     }
 
-    /// The entry's key for [`EntryMemo::vouches`] and [`EntryMemo::add`].
+    /// Adds a top-level field plegd reads, of tag `tag` (under 32).
     #[inline(always)]
-    pub(crate) fn key(&self) -> u64 {
-        self.sum & KEY
+    pub(crate) fn read_field(&mut self, tag: u32, bytes: &[u8]) {
+        let bit = 1 << tag;
+        self.repeated |= self.read_tags & bit != 0;
+        self.read_tags |= bit;
+        self.field(bytes);
+    }
+
+    /// The entry's key for [`EntryMemo::vouches`] and [`EntryMemo::add`]; None for
+    /// an entry that named a field plegd reads twice (never remembered).
+    #[inline(always)]
+    pub(crate) fn key(&self) -> Option<u64> {
+        (!self.repeated).then_some(self.sum & KEY)
     }
 }
 
@@ -185,6 +240,13 @@ impl ListMemo {
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == (0, 0)
+    }
+
+    /// Whether the last read, which succeeded, held the same entries as the good read
+    /// before it, each in every field (see the module's comment); false after a read
+    /// that failed or a [`ListMemo::clear`].
+    pub fn unchanged(&self) -> bool {
+        self.sandboxes.unchanged && self.containers.unchanged
     }
 
     /// Forgets every entry: the next read checks every entry in full.

@@ -815,11 +815,7 @@ mod tests {
         assert!(memo.is_empty(), "lent to the sink");
         sink.into_outcome(&mut memo).expect("taken").expect("valid");
         memo.finish(true);
-        assert_eq!(
-            memo.len().1,
-            1,
-            "three entries alike but for the fields read: one fingerprint"
-        );
+        assert_eq!(memo.len().1, 3, "three entries: three fingerprints");
     }
     /// The messages tonic would decode of what it got: each gRPC message's bytes.
     fn messages_of(mut data: &[u8]) -> Vec<Bytes> {

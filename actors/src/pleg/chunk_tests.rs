@@ -13,8 +13,8 @@ use super::record::PodRecord;
 use super::status_tests::Below;
 use super::*;
 use plegd_runtime::{
-    Container, ContainerState, ContainerStatus, EventStream, NodeLists, PodRef, RuntimeClient,
-    RuntimeError, RuntimeVersion, Sandbox, SandboxState,
+    Container, ContainerState, ContainerStatus, EventStream, ListMemo, NodeLists, PodRef,
+    RuntimeClient, RuntimeError, RuntimeVersion, Sandbox, SandboxState,
 };
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -34,8 +34,10 @@ struct Node {
     failing: HashSet<String>,
     /// Container ids whose ContainerStatus answers NotFound (gone after the list).
     gone: HashSet<String>,
-    /// Hand the lists over as CRI's bytes (`CriRuntime`'s path), else decoded.
+    /// Hand the lists over as CRI's bytes, else decoded.
     wire: bool,
+    /// Hand them over read as they arrive, with the list memo (`CriRuntime`'s path).
+    sunk: bool,
 }
 
 fn rpc(op: &'static str, code: tonic::Code) -> RuntimeError {
@@ -83,6 +85,18 @@ impl RuntimeClient for Scripted {
                 containers: node.containers.clone(),
             }
         })
+    }
+    async fn list_node_memo(&self, memo: &mut ListMemo) -> Result<NodeLists, RuntimeError> {
+        let lists = self.list_node().await?;
+        match lists {
+            NodeLists::Wire {
+                sandboxes,
+                containers,
+            } if self.node.lock().unwrap().sunk => {
+                NodeLists::sunk(&sandboxes, &containers, 64, memo)
+            }
+            lists => Ok(lists),
+        }
     }
     async fn sandbox_status(&self, id: &str) -> Result<Sandbox, RuntimeError> {
         let node = self.node.lock().unwrap();
@@ -264,10 +278,12 @@ fn state(p: &GenericPleg, pods: usize) -> Vec<(Option<PodRecord>, bool)> {
 /// change check), every relist, on the output, the records and the pods to reinspect.
 /// Few ids (ids listed twice, containers of unlisted sandboxes: the first relist is
 /// chunked, later ones group everything with the records) and many (later relists
-/// rebuild only what changed, in chunks too); decoded lists and CRI's bytes.
+/// rebuild only what changed, in chunks too); decoded lists, CRI's bytes, and the
+/// bytes read as they arrive with the list memo (lists the memo finds unchanged take
+/// the last relist's fingerprint).
 #[tokio::test]
 async fn global_relists_in_chunks_give_what_one_relist_at_once_gives() {
-    let (mut relists, mut matches) = (0, 0);
+    let (mut relists, mut matches, mut reused) = (0, 0, 0);
     for seed in 1..=24u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let (pods, ids) = if seed % 2 == 0 { (12, 6) } else { (16, 400) };
@@ -275,7 +291,11 @@ async fn global_relists_in_chunks_give_what_one_relist_at_once_gives() {
         // lists then often hold just what the records do.
         let orphans = seed % 4 != 1;
         let runtime = Arc::new(Scripted::default());
-        runtime.node.lock().unwrap().wire = seed % 3 == 0;
+        {
+            let mut node = runtime.node.lock().unwrap();
+            node.wire = seed % 3 != 1;
+            node.sunk = seed % 3 == 2;
+        }
         // The reference: every pod rebuilt at once, every relist (as before chunks).
         let mut plegs = vec![GenericPleg::new(runtime.clone(), 3).rebuilding_all_at_once()];
         plegs.extend(
@@ -325,8 +345,14 @@ async fn global_relists_in_chunks_give_what_one_relist_at_once_gives() {
                 assert_eq!(p.pod_count(), plegs[0].pod_count());
             }
         }
+        reused += plegs.iter().map(|p| p.lists_prints_reused()).sum::<usize>();
     }
     assert_eq!(relists, 24 * 40);
+    // Lists listed again unchanged often took the last relist's fingerprint.
+    assert!(
+        reused >= 400,
+        "{reused} relists took the last lists' fingerprint"
+    );
     // The fingerprint decided many of them.
     assert!(
         matches >= 40,
