@@ -20,23 +20,24 @@
 //! time) are read from the bytes and checked exactly as a full read reads and checks
 //! them (UTF-8, wire types, the last value winning; their fields unknown to plegd
 //! skipped as prost skips them), every other field is skipped by its length
-//! unchecked, and hashed. If the memo holds the sum of those hashes, that is all;
-//! otherwise the entry is fully checked, as prost checks it, and its sum remembered.
-//! So the memo never supplies a value: a fingerprint only vouches that the skipped
-//! fields were checked before. A collision (an entry's fields summing like some
-//! remembered entry's) could at worst let through a field plegd does not read in
-//! this path (an invalid label or annotation) that prost would have refused. The
-//! hash is keyed with a per-process random seed, so a pod's author, who controls its
-//! labels and annotations, cannot aim at a collision.
+//! unchecked; every field, read or skipped, is hashed. If the memo holds the sum of
+//! those hashes, that is all; otherwise the entry is fully checked, as prost checks
+//! it, and its sum remembered. So the memo never supplies a value: a fingerprint
+//! only vouches that the skipped fields were checked before. In the read itself, a
+//! collision (an entry's fields summing like some remembered entry's) could at worst
+//! let through a field plegd does not read there (an invalid label or annotation)
+//! that prost would have refused. The hash is keyed with a per-process random seed,
+//! so a pod's author, who controls its labels and annotations, cannot aim at a
+//! collision.
 //!
 //! A read also tells whether its lists are the last good read's, entry for entry, in
-//! every field ([`ListMemo::unchanged`]): every entry it read was remembered, none met
-//! twice, and it met every remembered one. The global relist then knows the lists'
-//! fingerprint against its records is the last one's. An entry that names a field
-//! plegd reads twice never counts as remembered (the last value wins, so the two
-//! fields' order counts, which the sum does not see). Here a collision could hide a
-//! change until the next change on the node, as a collision of the records'
-//! fingerprint could.
+//! every field ([`ListMemo::unchanged`]): there was a last good read, this one read
+//! as many entries, each remembered, none met twice, and it met every remembered
+//! one. The global relist then knows the lists' fingerprint against its records is
+//! the last one's. An entry that names a field plegd reads twice never counts as
+//! remembered (the last value wins, so the two fields' order counts, which the sum
+//! does not see). Here a collision could hide a change until the next change on the
+//! node, as a collision of the records' fingerprint could.
 //!
 //! The memo holds exactly the fingerprints of the last read that succeeded: a read
 //! builds the next set in place (marking remembered ones it meets, adding those of
@@ -79,6 +80,9 @@ pub(crate) struct EntryMemo {
     read: Counts,
     /// Whether the last read that ended was the one before it, entry for entry.
     unchanged: bool,
+    /// The entries of the last good read (None: no good read since the memo was
+    /// made or cleared).
+    last_entries: Option<usize>,
 }
 
 #[derive(Debug, Default)]
@@ -95,6 +99,7 @@ impl Default for EntryMemo {
             table: HashTable::new(),
             read: Counts::default(),
             unchanged: false,
+            last_entries: None,
         }
     }
 }
@@ -155,7 +160,9 @@ impl EntryMemo {
             met,
             added,
         } = std::mem::take(&mut self.read);
-        self.unchanged = entries == met && met == self.table.len() - added;
+        self.unchanged =
+            self.last_entries == Some(entries) && entries == met && met == self.table.len() - added;
+        self.last_entries = Some(entries);
         self.table.retain(|v| {
             let keep = *v & (SEEN | FRESH) != 0;
             *v &= KEY;
@@ -244,7 +251,7 @@ impl ListMemo {
 
     /// Whether the last read, which succeeded, held the same entries as the good read
     /// before it, each in every field (see the module's comment); false after a read
-    /// that failed or a [`ListMemo::clear`].
+    /// that failed or did not use the memo, and after a [`ListMemo::clear`].
     pub fn unchanged(&self) -> bool {
         self.sandboxes.unchanged && self.containers.unchanged
     }

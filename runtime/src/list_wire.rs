@@ -1521,6 +1521,21 @@ mod tests {
         assert!(read(&sandboxes(&apps), &refs(&exited)));
         memo.clear();
         assert!(!memo.unchanged());
+        // Empty lists right after a clear (or first): no good read to be the same as.
+        let mut read = |s: &[u8], c: &[u8]| {
+            via_view_memo(s, c, &mut memo).expect("valid lists");
+            memo.unchanged()
+        };
+        assert!(!read(&[], &[]));
+        assert!(read(&[], &[]));
+        // Lists that name an entry twice are never unchanged; the same without the
+        // second one are not the same lists.
+        let (a, b) = (&exited[0], &exited[1]);
+        for _ in 0..2 {
+            assert!(!read(&[], &refs(&[a.clone(), a.clone(), b.clone()])));
+        }
+        assert!(!read(&[], &refs(&[a.clone(), b.clone()])));
+        assert!(read(&[], &refs(&[a.clone(), b.clone()])));
     }
 
     /// Over many rounds of churn (pods coming and going, each a new entry) the memo
