@@ -190,10 +190,17 @@ fn a_flood_of_half_open_connections_neither_starves_nor_stops_plegd() {
     // endpoint that stopped accepting fails five in a row.
     let mut failed = 0;
     let flooding = Instant::now();
-    while held.len() < flood && failed < 5 {
+    let mut in_a_row = 0;
+    while held.len() < flood && in_a_row < 5 {
         match half_sent(port) {
-            Ok(s) => held.push(s),
-            Err(_) => failed += 1,
+            Ok(s) => {
+                held.push(s);
+                in_a_row = 0;
+            }
+            Err(_) => {
+                failed += 1;
+                in_a_row += 1;
+            }
         }
     }
     let fds = open_fds(&child);
