@@ -447,6 +447,17 @@ mod tests {
         }
     }
 
+    /// The two responses' bytes, as a CRI runtime sends them.
+    fn encoded(sandboxes: &[Sandbox], containers: &[Container]) -> (Bytes, Bytes) {
+        match NodeLists::encoded(sandboxes, containers) {
+            NodeLists::Wire {
+                sandboxes,
+                containers,
+            } => (sandboxes, containers),
+            _ => panic!("encoded lists are bytes"),
+        }
+    }
+
     /// A view of lists read as they arrived walks them in place, and gathers them
     /// only when asked: the same entries either way, and the same as a view of the
     /// responses' bytes (those plegd cannot attribute left out by all three).
@@ -454,28 +465,25 @@ mod tests {
     fn a_view_of_sunk_lists_walks_in_place_what_it_gathers() {
         let sandboxes: Vec<Sandbox> = (0..50).map(sandbox).collect();
         let containers: Vec<Container> = (0..80).map(container).collect();
-        let NodeLists::Wire {
-            sandboxes: s,
-            containers: c,
-        } = NodeLists::encoded(&sandboxes, &containers)
-        else {
-            panic!("encoded lists are bytes");
-        };
+        let (s, c) = encoded(&sandboxes, &containers);
         let wire = NodeLists::Wire {
             sandboxes: s.clone(),
             containers: c.clone(),
         };
         let wire = wire.view().expect("valid lists");
-        let expected = (
-            wire.sandboxes()
-                .iter()
-                .map(|s| s.to_sandbox().expect("labels").0)
-                .collect::<Vec<_>>(),
-            wire.containers()
-                .iter()
-                .map(ContainerRef::to_container)
-                .collect::<Vec<_>>(),
-        );
+        let gathered = |view: &ListView<'_>| {
+            (
+                view.sandboxes()
+                    .iter()
+                    .map(|s| s.to_sandbox().expect("labels").0)
+                    .collect::<Vec<_>>(),
+                view.containers()
+                    .iter()
+                    .map(ContainerRef::to_container)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let expected = gathered(&wire);
         assert_eq!(expected.0.len(), 50 - 7, "sandboxes without a pod UID");
         assert_eq!(expected.1.len(), 80 - 16, "containers without a sandbox ID");
 
@@ -498,17 +506,7 @@ mod tests {
         assert_eq!(view.each_sandbox().size_hint().1, Some(50));
         assert_eq!(view.each_container().size_hint().1, Some(80));
 
-        let gathered = (
-            view.sandboxes()
-                .iter()
-                .map(|s| s.to_sandbox().expect("labels").0)
-                .collect::<Vec<_>>(),
-            view.containers()
-                .iter()
-                .map(ContainerRef::to_container)
-                .collect::<Vec<_>>(),
-        );
-        assert_eq!(gathered, expected, "gathered");
+        assert_eq!(gathered(&view), expected, "gathered");
         assert_eq!(walk(&view), expected, "walked once gathered");
         assert_eq!(view.each_sandbox().size_hint(), (43, Some(43)));
     }
@@ -519,13 +517,7 @@ mod tests {
     fn lists_the_memo_did_not_read_are_not_unchanged() {
         let sandboxes: Vec<Sandbox> = (0..5).map(sandbox).collect();
         let containers: Vec<Container> = (0..5).map(container).collect();
-        let NodeLists::Wire {
-            sandboxes: s,
-            containers: c,
-        } = NodeLists::encoded(&sandboxes, &containers)
-        else {
-            panic!("encoded lists are bytes");
-        };
+        let (s, c) = encoded(&sandboxes, &containers);
         let mut memo = ListMemo::default();
         for _ in 0..2 {
             let lists = NodeLists::sunk(&s, &c, 100, &mut memo).expect("valid lists");
