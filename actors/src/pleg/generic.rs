@@ -119,8 +119,8 @@ pub struct GenericPleg {
     concurrency: usize,
     /// The global relist's change check's tables, reused.
     scratch: changes::Scratch,
-    /// What the last global relist's lists held, checked: an entry whose fields
-    /// other than those plegd reads are the same is not checked again.
+    /// What the last global relist's lists held, checked: an entry that did not
+    /// change is not checked again.
     memo: plegd_runtime::ListMemo,
     /// The records' fingerprint of the last global relist's lists, if it was taken
     /// (None inside: lists that may name an ID twice): the next relist's lists are
