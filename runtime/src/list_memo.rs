@@ -45,7 +45,7 @@
 //! failed read leaves the memo as it was. Its tables keep their room from read to
 //! read (they give it back when the node shrinks to a third).
 
-use std::hash::BuildHasher as _;
+use std::hash::{BuildHasher as _, Hasher as _};
 
 use hashbrown::HashTable;
 
@@ -205,10 +205,14 @@ pub(crate) struct Fingerprint<'m> {
 }
 
 impl Fingerprint<'_> {
-    /// Adds a top-level field the light read skipped (its key and its value's bytes).
+    /// Adds a top-level field (its key's and its value's bytes).
     #[inline(always)]
     pub(crate) fn field(&mut self, bytes: &[u8]) {
-        self.sum = self.sum.wrapping_add(self.state.hash_one(bytes));
+        // The bytes alone (`write` mixes their length in): `hash_one` would add a
+        // length prefix, a second mix for nothing.
+        let mut h = self.state.build_hasher();
+        h.write(bytes);
+        self.sum = self.sum.wrapping_add(h.finish());
     }
 
     /// Adds a top-level field plegd reads, of tag `tag` (under 32).
