@@ -782,16 +782,25 @@ mod tests {
         assert!(read > 100_000, "{read} read");
     }
 
-    /// Groups nested past prost's recursion limit are refused, as prost refuses them;
-    /// just under it they are skipped.
+    /// Groups nested past prost's recursion limit are refused, as prost refuses them,
+    /// whether empty or holding a length-delimited field; just under it they are
+    /// skipped.
     #[test]
     fn the_recursion_limit_is_prosts() {
-        // Per place: depths read, depths refused.
-        let mut seen = [(0, 0); 3];
-        for depth in [90, 97, 98, 99, 100, 101, 150] {
+        // Per content of the innermost group, per place: depths read, depths refused.
+        let mut seen = [[(0, 0); 3]; 2];
+        for (depth, content) in [90, 97, 98, 99, 100, 101, 150]
+            .into_iter()
+            .flat_map(|d| [(d, 0), (d, 1)])
+        {
             let mut group = Vec::new();
             for _ in 0..depth {
                 encode_key(12, WireType::StartGroup, &mut group);
+            }
+            // Empty, or a length-delimited field (skipped without a call).
+            if content == 1 {
+                encode_key(13, WireType::LengthDelimited, &mut group);
+                group.extend([1, b'x']);
             }
             for _ in 0..depth {
                 encode_key(12, WireType::EndGroup, &mut group);
@@ -826,15 +835,17 @@ mod tests {
                 let got = via_view(&bytes, &[]);
                 assert_eq!(want.is_ok(), got.is_ok(), "depth {depth}: {want:?} {got:?}");
                 if got.is_ok() {
-                    seen[place].0 += 1;
+                    seen[content][place].0 += 1;
                 } else {
-                    seen[place].1 += 1;
+                    seen[content][place].1 += 1;
                 }
             }
         }
         // The limit falls inside the depths tried, wherever the groups are.
         assert!(
-            seen.iter().all(|&(read, refused)| read > 0 && refused > 0),
+            seen.iter()
+                .flatten()
+                .all(|&(read, refused)| read > 0 && refused > 0),
             "{seen:?}"
         );
     }
