@@ -235,3 +235,36 @@ impl Killer {
         }
     }
 }
+
+/// Whether plegd at `socket` answers a Watch with its Hello (it serves its API).
+pub async fn says_hello(socket: &std::path::Path) -> bool {
+    let Ok(mut client) = plegd_api::connect(socket).await else {
+        return false;
+    };
+    let Ok(stream) = client.watch(v1::WatchRequest::default()).await else {
+        return false;
+    };
+    matches!(
+        stream.into_inner().message().await,
+        Ok(Some(v1::WatchResponse {
+            kind: Some(Kind::Hello(_))
+        }))
+    )
+}
+
+/// Waits until the plegd `child` serves its API at `socket`; panics if it exits
+/// first, or after [`TIMEOUT`].
+pub fn wait_served(child: &mut std::process::Child, socket: &std::path::Path) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let deadline = Instant::now() + TIMEOUT;
+    while !runtime.block_on(says_hello(socket)) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("plegd exited ({status}) before serving its API");
+        }
+        assert!(Instant::now() < deadline, "plegd did not serve its API");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

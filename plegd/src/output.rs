@@ -183,6 +183,23 @@ impl Target {
     }
 }
 
+/// Whether stdout is /dev/null, where event lines are lost: a redirect, or a stdout
+/// that was closed when plegd started (Rust's runtime opens /dev/null in its place).
+pub fn stdout_is_dev_null() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    match (
+        std::fs::File::from(fd).metadata(),
+        std::fs::metadata("/dev/null"),
+    ) {
+        (Ok(out), Ok(null)) => out.file_type().is_char_device() && out.rdev() == null.rdev(),
+        _ => false,
+    }
+}
+
 /// Opens (creating) a file for appending events.
 pub fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new()

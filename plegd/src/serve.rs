@@ -20,7 +20,7 @@ use plegd_telemetry::Metrics;
 
 use crate::cursor::Cursor;
 use crate::exit::{ConfigError, ExitError};
-use crate::output::{open_append, spawn_writer, Format, Target};
+use crate::output::{open_append, spawn_writer, stdout_is_dev_null, Format, Target};
 use crate::service_config::ServiceConfig;
 use crate::signals::{Asked, Signals};
 use crate::values::{ApiSocket, StateDir};
@@ -415,10 +415,19 @@ impl EventOutput {
     /// file in JSON, opened here too so that a bad path is a configuration error at
     /// start.
     fn choose(config: &ServiceConfig, default_format: Format) -> Result<EventOutput, ExitError> {
-        let stdout = |format| EventOutput {
-            target: Target::Stdout,
-            format,
-            reopen: None,
+        let stdout = |format| {
+            if stdout_is_dev_null() {
+                tracing::warn!(
+                    "events go to stdout, which is /dev/null: no event line is kept \
+                     (--events-json PATH keeps them; --events-json /dev/null says none \
+                     are wanted)"
+                );
+            }
+            EventOutput {
+                target: Target::Stdout,
+                format,
+                reopen: None,
+            }
         };
         match &config.events_json {
             None => Ok(stdout(default_format)),

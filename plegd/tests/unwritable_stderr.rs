@@ -10,28 +10,10 @@
 
 use std::fs::OpenOptions;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
-use integration_tests::process::{command, signal, wait_exit, TIMEOUT};
-use plegd_api::v1;
-use plegd_api::v1::watch_response::Kind;
+use integration_tests::api::wait_served;
+use integration_tests::process::{command, signal, wait_exit};
 use plegd_sim::{spawn_in_thread, FakeRuntime};
-
-/// plegd at `socket` answers a Watch with its Hello.
-async fn hello(socket: &std::path::Path) -> bool {
-    let Ok(mut client) = plegd_api::connect(socket).await else {
-        return false;
-    };
-    let Ok(stream) = client.watch(v1::WatchRequest::default()).await else {
-        return false;
-    };
-    matches!(
-        stream.into_inner().message().await,
-        Ok(Some(v1::WatchResponse {
-            kind: Some(Kind::Hello(_))
-        }))
-    )
-}
 
 #[test]
 fn plegd_runs_on_when_its_stderr_fails_with_enospc() {
@@ -57,21 +39,8 @@ fn plegd_runs_on_when_its_stderr_fails_with_enospc() {
         .stderr(Stdio::from(full))
         .spawn()
         .expect("plegd starts");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("plegd exited ({status}) because its stderr failed");
-        }
-        if runtime.block_on(hello(&socket)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "plegd did not serve its API");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // A plegd that died of its failing stderr never serves.
+    wait_served(&mut child, &socket);
     signal(&child, "TERM");
     let (status, _) = wait_exit(&mut child);
     assert!(status.success(), "plegd exited {status} after SIGTERM");
