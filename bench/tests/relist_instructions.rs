@@ -10,7 +10,9 @@
 //! client hands them over: so the count is plegd's relist logic — the lists read in
 //! place, compared with the records — not tonic's transport (plegd-bench measures that
 //! end to end) nor the fake runtime's copies. Callgrind counts only inside
-//! `measured_relists`.
+//! `measured_relists`. A dev build counts them, with the lists' reader (plegd-runtime)
+//! and the hash and UTF-8 check it calls optimized as in a release build (the
+//! workspace's Cargo.toml says why).
 //!
 //! After an intended change: `PLEGD_UPDATE_BASELINE=1 cargo test -p plegd-bench --test
 //! relist_instructions` rewrites the baseline (commit it with the change's reason).

@@ -4,27 +4,33 @@
 //! bulk of an entry that did not change — its labels, annotations and image spec,
 //! most of the 17.5 MB of a 10,000-pod node's lists.
 //!
-//! An entry's fingerprint is the sum of a keyed 64-bit hash of each of its top-level
-//! fields (key and value's bytes), those plegd reads as well as those the light read
-//! below skips: it does not depend on the fields' order. A runtime does not send an unchanged entry as the same bytes:
-//! containerd's Go protobuf marshals a map (labels, annotations: one top-level field
-//! per pair) in Go's random map order on every list, and plegd-sim builds a sandbox's
-//! labels anew for each list too — a hash of the entry's bytes whole would miss
-//! nearly every entry. Whether a message is valid does not depend on its fields'
-//! order either: prost checks each field on its own (its key's wire type, its
-//! strings' UTF-8, its embedded messages and map entries, all at the entry's
-//! recursion depth), so any order of fields each checked before is valid.
+//! An entry's fingerprint is the sum of a keyed 64-bit hash of each of its parts:
+//! each map field (a label, an annotation: one top-level field per pair) on its own,
+//! and each run of the other top-level fields between them as one (keys and values'
+//! bytes, the fields plegd reads as well as those the light read below skips). It
+//! does not depend on the map fields' order. A runtime does not send an unchanged
+//! entry as the same bytes: containerd's Go protobuf marshals a map in Go's random
+//! map order on every list, and plegd-sim builds a sandbox's labels anew for each
+//! list too — a hash of the entry's bytes whole would miss nearly every entry. The
+//! other fields come in the order of their numbers (Go marshals them so); in another
+//! order they make another fingerprint, and the entry is checked in full: time, never
+//! a wrong read. (A run hashed as one part costs fewer instructions than a hash a
+//! field: a kubelet container's 17 fields are 11 parts.) Whether a message is valid
+//! does not depend on the order of its fields either: prost checks each field on its
+//! own (its key's wire type, its strings' UTF-8, its embedded messages and map
+//! entries, all at the entry's recursion depth), so any order of parts, each whole
+//! fields checked before, is valid.
 //!
 //! The contract ([`crate::list_wire`] applies it): every entry is walked field by
 //! field; the fields plegd reads (IDs, the pod's identity, state, attempt, creation
 //! time) are read from the bytes and checked exactly as a full read reads and checks
 //! them (UTF-8, wire types, the last value winning; their fields unknown to plegd
 //! skipped as prost skips them), every other field is skipped by its length
-//! unchecked; every field, read or skipped, is hashed. If the memo holds the sum of
-//! those hashes, that is all; otherwise the entry is fully checked, as prost checks
+//! unchecked; every field, read or skipped, is hashed in its part. If the memo holds
+//! the sum of those hashes, that is all; otherwise the entry is fully checked, as prost checks
 //! it, and its sum remembered. So the memo never supplies a value: a fingerprint
 //! only vouches that the skipped fields were checked before. In the read itself, a
-//! collision (an entry's fields summing like some remembered entry's) could at worst
+//! collision (an entry's parts summing like some remembered entry's) could at worst
 //! let through a field plegd does not read there (an invalid label or annotation)
 //! that prost would have refused. The hash is keyed with a per-process random seed,
 //! so a pod's author, who controls its labels and annotations, cannot aim at a
@@ -36,7 +42,7 @@
 //! one. The global relist then knows the lists' fingerprint against its records is
 //! the last one's. An entry that names a field plegd reads twice never counts as
 //! remembered (the last value wins, so the two fields' order counts, which the sum
-//! does not see). Here a collision could hide a change until the next change on the
+//! of parts need not see). Here a collision could hide a change until the next change on the
 //! node, as a collision of the records' fingerprint could.
 //!
 //! The memo holds exactly the fingerprints of the last read that succeeded: a read
@@ -68,8 +74,8 @@ pub(crate) struct EntryMemo {
     /// foldhash's quality hasher, seeded at random per process (and per memo):
     /// keyed, unlike a plain hash of the bytes. Its fast variant has the same seeds
     /// and byte loop (21 GB/s on whole entries of the realistic node, against 20 for
-    /// quality) and leaves out the final mix; fingerprints add the fields' hashes up,
-    /// which wants each one fully mixed, for one multiply a field.
+    /// quality) and leaves out the final mix; fingerprints add the parts' hashes up,
+    /// which wants each one fully mixed, for one multiply a part.
     state: foldhash::quality::RandomState,
     /// Entries' fingerprints (the [`KEY`] bits) with the read's flags ([`SEEN`],
     /// [`FRESH`]); hashed by [`slot`] (fingerprints are already random), ≈ 9–18
@@ -205,7 +211,7 @@ pub(crate) struct Fingerprint<'m> {
 }
 
 impl Fingerprint<'_> {
-    /// Adds a top-level field (its key's and its value's bytes).
+    /// Adds a part of an entry (a field's or a run of fields' bytes, keys and all).
     #[inline(always)]
     pub(crate) fn field(&mut self, bytes: &[u8]) {
         // The bytes alone (`write` mixes their length in): `hash_one` would add a
@@ -215,13 +221,12 @@ impl Fingerprint<'_> {
         self.sum = self.sum.wrapping_add(h.finish());
     }
 
-    /// Adds a top-level field plegd reads, of tag `tag` (under 32).
+    /// Notes a top-level field plegd reads, of tag `tag` (under 32), without hashing it.
     #[inline(always)]
-    pub(crate) fn read_field(&mut self, tag: u32, bytes: &[u8]) {
+    pub(crate) fn note_read(&mut self, tag: u32) {
         let bit = 1 << tag;
         self.repeated |= self.read_tags & bit != 0;
         self.read_tags |= bit;
-        self.field(bytes);
     }
 
     /// The entry's key for [`EntryMemo::vouches`] and [`EntryMemo::add`]; None for

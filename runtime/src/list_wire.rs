@@ -14,9 +14,9 @@
 //!
 //! With a [`ListMemo`] (the global relist's), every entry is first read lightly: the
 //! fields plegd uses are read and checked as above, the others skipped by their
-//! length unchecked and hashed; an entry whose skipped fields (in any order) are
-//! those of an entry fully checked in the last good read is not checked further, any
-//! other is then fully checked. So for entries seen before, "accepts exactly what prost accepts" becomes
+//! length unchecked and hashed; an entry whose fields (its labels and annotations in
+//! any order) are those of an entry fully checked in the last good read is not
+//! checked further, any other is then fully checked. So for entries seen before, "accepts exactly what prost accepts" becomes
 //! "reads exactly what prost reads, and accepts what prost accepted before": see
 //! [`crate::list_memo`] for why a hash collision can never hide a change.
 
@@ -96,8 +96,35 @@ fn varint(buf: &mut &[u8]) -> Res<u64> {
             *buf = &buf[2..];
             Ok(u64::from(b0 & 0x7f) | u64::from(b1) << 7)
         }
-        _ => decode_varint(buf).map_err(|e| e.to_string()),
+        _ => long_varint(buf),
     }
+}
+
+/// A varint of more than two bytes: of up to 9 (a time in nanoseconds) with 9 bytes
+/// in view, its 7-bit groups gathered from one word (half the instructions of
+/// prost's general path); any other by prost.
+#[inline(never)]
+fn long_varint(buf: &mut &[u8]) -> Res<u64> {
+    if let Some((word, [b8, ..])) = buf.split_first_chunk::<8>() {
+        let word = u64::from_le_bytes(*word);
+        let ends = !word & 0x8080_8080_8080_8080;
+        if ends != 0 || *b8 < 0x80 {
+            let (len, top) = match ends {
+                0 => (9, u64::from(*b8) << 56),
+                _ => (ends.trailing_zeros() as usize / 8 + 1, 0),
+            };
+            let mut v = match len {
+                8.. => word,
+                _ => word & ((1 << (8 * len)) - 1),
+            } & 0x7f7f_7f7f_7f7f_7f7f;
+            v = (v & 0x007f_007f_007f_007f) | (v & 0x7f00_7f00_7f00_7f00) >> 1;
+            v = (v & 0x0000_3fff_0000_3fff) | (v & 0x3fff_0000_3fff_0000) >> 2;
+            v = (v & 0x0000_0000_0fff_ffff) | (v & 0x0fff_ffff_0000_0000) >> 4;
+            *buf = &buf[len..];
+            return Ok(v | top);
+        }
+    }
+    decode_varint(buf).map_err(|e| e.to_string())
 }
 
 #[inline(always)]
@@ -145,6 +172,46 @@ fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8], depth: u32) -> Res<()> {
         return Ok(());
     }
     skip_any(wire_type, tag, buf, depth)
+}
+
+/// The tag and the length (key and value) of the first field of `buf` (not empty),
+/// checked as [`key`] and [`skip`] check it. The usual fields (a length-delimited one
+/// of a length under 16 KiB, a varint of up to 9 bytes, with a one-byte key) are
+/// measured without a call: a light read's loop is most of a no-change relist.
+#[inline(always)]
+fn field_len(buf: &[u8], depth: u32) -> Res<(u32, usize)> {
+    if let ([b0 @ 0x08..=0x7f, rest @ ..], true) = (buf, depth != 0) {
+        let len = match (b0 & 7, rest) {
+            (2, [l0 @ 0..=0x7f, ..]) => Some(2 + usize::from(*l0)),
+            (2, [l0, l1 @ 0..=0x7f, ..]) => {
+                Some(3 + (usize::from(l0 & 0x7f) | usize::from(*l1) << 7))
+            }
+            (0, [0..=0x7f, ..]) => Some(2),
+            // Longer (a time in nanoseconds: 9 bytes), with 9 bytes in view: the first
+            // byte without the continuation bit ends it.
+            (0, _) => rest.first_chunk::<9>().and_then(|bytes| {
+                let (word, last) = bytes.split_first_chunk::<8>()?;
+                match !u64::from_le_bytes(*word) & 0x8080_8080_8080_8080 {
+                    0 => (last[0] < 0x80).then_some(10),
+                    ends => Some(2 + (ends.trailing_zeros() / 8) as usize),
+                }
+            }),
+            _ => None,
+        };
+        if let Some(len) = len.filter(|&len| len <= buf.len()) {
+            return Ok((u32::from(b0 >> 3), len));
+        }
+    }
+    field_len_slow(buf, depth)
+}
+
+#[cold]
+#[inline(never)]
+fn field_len_slow(buf: &[u8], depth: u32) -> Res<(u32, usize)> {
+    let mut rest = buf;
+    let (tag, wire_type) = key(&mut rest)?;
+    skip(wire_type, tag, &mut rest, depth)?;
+    Ok((tag, buf.len() - rest.len()))
 }
 
 fn skip_any(wire_type: WireType, tag: u32, buf: &mut &[u8], depth: u32) -> Res<()> {
@@ -235,75 +302,68 @@ pub fn sandbox_fields<'a>(
     depth: u32,
     labels: Option<&mut BTreeMap<String, String>>,
 ) -> Res<SandboxFields<'a>> {
-    sandbox_read::<true>(buf, depth, labels, None)
+    sandbox_read(buf, depth, labels)
 }
 
-/// Reads `cri::PodSandbox` bytes: checked fully (`FULL`), or only the fields it
-/// returns, the others skipped by length and added to `fp`.
+/// Reads a field of `cri::PodSandbox` that plegd reads (tags 1 to 4: ID, metadata,
+/// state, creation time) into `f`, after its key; false for any other field (left
+/// unread).
 #[inline(always)]
-fn sandbox_read<'a, const FULL: bool>(
+fn sandbox_field<'a>(
+    f: &mut SandboxFields<'a>,
+    (tag, wt): (u32, WireType),
+    buf: &mut &'a [u8],
+    depth: u32,
+) -> Res<bool> {
+    match tag {
+        // Its ID counts in its fingerprint, as every field does: an entry the memo
+        // vouches for is a sandbox read in full before, whose labels plegd has
+        // read (`crate::packed_lists`), never a new sandbox alike.
+        1 => f.id = string(wt, buf)?,
+        2 => {
+            let mut meta = message(wt, buf, depth)?;
+            f.has_metadata = true;
+            while !meta.is_empty() {
+                match key(&mut meta)? {
+                    (1, wt) => f.name = string(wt, &mut meta)?,
+                    (2, wt) => f.uid = string(wt, &mut meta)?,
+                    (3, wt) => f.namespace = string(wt, &mut meta)?,
+                    (4, wt) => f.attempt = int(wt, &mut meta)? as u32,
+                    (tag, wt) => skip(wt, tag, &mut meta, depth - 1)?,
+                }
+            }
+        }
+        3 => f.state = int(wt, buf)? as i32,
+        4 => f.created_at = int(wt, buf)? as i64,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Reads `cri::PodSandbox` bytes, every field checked; its labels into `labels`
+/// when given.
+#[inline(always)]
+fn sandbox_read<'a>(
     mut buf: &'a [u8],
     depth: u32,
     mut labels: Option<&mut BTreeMap<String, String>>,
-    mut fp: Option<&mut Fingerprint<'_>>,
 ) -> Res<SandboxFields<'a>> {
     let mut f = SandboxFields::default();
     while !buf.is_empty() {
-        let field = buf;
-        let (tag, wt) = key(&mut buf)?;
-        match (tag, wt) {
-            // Its ID counts in its fingerprint, as every field does: an entry the memo
-            // vouches for is a sandbox read in full before, whose labels plegd has
-            // read (`crate::packed_lists`), never a new sandbox alike.
-            (1, wt) => f.id = string(wt, &mut buf)?,
-            (2, wt) => {
-                let mut meta = message(wt, &mut buf, depth)?;
-                f.has_metadata = true;
-                while !meta.is_empty() {
-                    match key(&mut meta)? {
-                        (1, wt) => f.name = string(wt, &mut meta)?,
-                        (2, wt) => f.uid = string(wt, &mut meta)?,
-                        (3, wt) => f.namespace = string(wt, &mut meta)?,
-                        (4, wt) => f.attempt = int(wt, &mut meta)? as u32,
-                        (tag, wt) => skip(wt, tag, &mut meta, depth - 1)?,
-                    }
-                }
-            }
-            (3, wt) => f.state = int(wt, &mut buf)? as i32,
-            (4, wt) => f.created_at = int(wt, &mut buf)? as i64,
-            (5, wt) if FULL => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
-            (6, wt) if FULL => string_map(wt, &mut buf, depth, None)?,
-            (7, wt) if FULL => {
+        let key = key(&mut buf)?;
+        if sandbox_field(&mut f, key, &mut buf, depth)? {
+            continue;
+        }
+        match key {
+            (5, wt) => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
+            (6, wt) => string_map(wt, &mut buf, depth, None)?,
+            (7, wt) => {
                 string(wt, &mut buf)?;
             }
             (tag, wt) => skip(wt, tag, &mut buf, depth)?,
         }
-        fingerprint(
-            &mut fp,
-            tag,
-            &field[..field.len() - buf.len()],
-            SANDBOX_READS,
-        );
     }
     Ok(f)
-}
-
-/// The top-level fields of a `PodSandbox` that plegd reads (bit n: tag n).
-const SANDBOX_READS: u32 = 1 << 1 | 1 << 2 | 1 << 3 | 1 << 4;
-/// The same of a `Container`.
-const CONTAINER_READS: u32 = 1 << 1 | 1 << 2 | 1 << 3 | 1 << 6 | 1 << 7;
-
-/// Adds a top-level field of tag `tag` (its key's and value's bytes) to a light
-/// read's fingerprint; `reads`: the tags plegd reads.
-#[inline(always)]
-fn fingerprint(fp: &mut Option<&mut Fingerprint<'_>>, tag: u32, bytes: &[u8], reads: u32) {
-    if let Some(fp) = fp.as_deref_mut() {
-        if tag < 32 && reads & 1 << tag != 0 {
-            fp.read_field(tag, bytes);
-        } else {
-            fp.field(bytes);
-        }
-    }
 }
 
 /// Reads `cri::ImageSpec` bytes (checked only: plegd takes no field of it).
@@ -322,49 +382,108 @@ fn image_spec(mut buf: &[u8], depth: u32) -> Res<()> {
 
 /// Reads `cri::Container` bytes (with the budget `depth`).
 pub fn container_fields(buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
-    container_read::<true>(buf, depth, None)
+    container_read(buf, depth)
 }
 
-/// Reads `cri::Container` bytes: checked fully (`FULL`), or only the fields it
-/// returns, the others skipped by length and added to `fp`.
+/// Reads a field of `cri::Container` that plegd reads (tags 1, 2, 3, 6, 7: IDs,
+/// metadata, state, creation time) into `f`, after its key; false for any other
+/// field (left unread).
 #[inline(always)]
-fn container_read<'a, const FULL: bool>(
-    mut buf: &'a [u8],
+fn container_field<'a>(
+    f: &mut ContainerFields<'a>,
+    (tag, wt): (u32, WireType),
+    buf: &mut &'a [u8],
     depth: u32,
-    mut fp: Option<&mut Fingerprint<'_>>,
-) -> Res<ContainerFields<'a>> {
-    let mut f = ContainerFields::default();
-    while !buf.is_empty() {
-        let field = buf;
-        let (tag, wt) = key(&mut buf)?;
-        match (tag, wt) {
-            (1, wt) => f.id = string(wt, &mut buf)?,
-            (2, wt) => f.sandbox_id = string(wt, &mut buf)?,
-            (3, wt) => {
-                let mut meta = message(wt, &mut buf, depth)?;
-                while !meta.is_empty() {
-                    match key(&mut meta)? {
-                        (1, wt) => f.name = string(wt, &mut meta)?,
-                        (2, wt) => f.attempt = int(wt, &mut meta)? as u32,
-                        (tag, wt) => skip(wt, tag, &mut meta, depth - 1)?,
-                    }
+) -> Res<bool> {
+    match tag {
+        1 => f.id = string(wt, buf)?,
+        2 => f.sandbox_id = string(wt, buf)?,
+        3 => {
+            let mut meta = message(wt, buf, depth)?;
+            while !meta.is_empty() {
+                match key(&mut meta)? {
+                    (1, wt) => f.name = string(wt, &mut meta)?,
+                    (2, wt) => f.attempt = int(wt, &mut meta)? as u32,
+                    (tag, wt) => skip(wt, tag, &mut meta, depth - 1)?,
                 }
             }
-            (4, wt) if FULL => image_spec(message(wt, &mut buf, depth)?, depth - 1)?,
-            (5 | 10, wt) if FULL => {
+        }
+        6 => f.state = int(wt, buf)? as i32,
+        7 => f.created_at = int(wt, buf)? as i64,
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Reads `cri::Container` bytes, every field checked.
+#[inline(always)]
+fn container_read(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
+    let mut f = ContainerFields::default();
+    while !buf.is_empty() {
+        let key = key(&mut buf)?;
+        if container_field(&mut f, key, &mut buf, depth)? {
+            continue;
+        }
+        match key {
+            (4, wt) => image_spec(message(wt, &mut buf, depth)?, depth - 1)?,
+            (5 | 10, wt) => {
                 string(wt, &mut buf)?;
             }
-            (6, wt) => f.state = int(wt, &mut buf)? as i32,
-            (7, wt) => f.created_at = int(wt, &mut buf)? as i64,
-            (8 | 9, wt) if FULL => string_map(wt, &mut buf, depth, None)?,
+            (8 | 9, wt) => string_map(wt, &mut buf, depth, None)?,
             (tag, wt) => skip(wt, tag, &mut buf, depth)?,
         }
-        fingerprint(
-            &mut fp,
-            tag,
-            &field[..field.len() - buf.len()],
-            CONTAINER_READS,
-        );
+    }
+    Ok(f)
+}
+
+/// An entry's fields as a light read meets them: those plegd reads, by tag (bit n:
+/// tag n), and its two map fields (labels and annotations), by tag.
+struct Light {
+    reads: u32,
+    maps: [u32; 2],
+}
+
+const SANDBOX_LIGHT: Light = Light {
+    reads: 1 << 1 | 1 << 2 | 1 << 3 | 1 << 4,
+    maps: [5, 6],
+};
+const CONTAINER_LIGHT: Light = Light {
+    reads: 1 << 1 | 1 << 2 | 1 << 3 | 1 << 6 | 1 << 7,
+    maps: [8, 9],
+};
+
+/// Reads an entry lightly: only the fields plegd reads are read (by `read`) and
+/// checked, the others measured by their length. Each map field (a label, an
+/// annotation: Go marshals them in random order) is added to `fp` on its own, each
+/// run of the other fields between them as one part.
+#[inline(always)]
+fn light_read<'a, F: Default>(
+    mut buf: &'a [u8],
+    depth: u32,
+    fp: &mut Fingerprint<'_>,
+    kind: Light,
+    read: impl Fn(&mut F, (u32, WireType), &mut &'a [u8], u32) -> Res<bool>,
+) -> Res<F> {
+    let mut f = F::default();
+    let mut run = buf;
+    while !buf.is_empty() {
+        let (tag, len) = field_len(buf, depth)?;
+        let (field, rest) = buf.split_at(len);
+        if kind.maps.contains(&tag) {
+            if run.len() != buf.len() {
+                fp.field(&run[..run.len() - buf.len()]);
+            }
+            fp.field(field);
+            run = rest;
+        } else if tag < 32 && kind.reads & 1 << tag != 0 {
+            let mut value = field;
+            read(&mut f, key(&mut value)?, &mut value, depth)?;
+            fp.note_read(tag);
+        }
+        buf = rest;
+    }
+    if !run.is_empty() {
+        fp.field(run);
     }
     Ok(f)
 }
@@ -425,8 +544,8 @@ pub(crate) fn sandbox_entry<'a>(
 ) -> Res<(SandboxFields<'a>, bool)> {
     let depth = RECURSION_LIMIT - 1;
     let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
-        None => sandbox_read::<true>(entry, depth, None, None),
-        fp => sandbox_read::<false>(entry, depth, None, fp),
+        None => sandbox_read(entry, depth, None),
+        Some(fp) => light_read(entry, depth, fp, SANDBOX_LIGHT, sandbox_field),
     };
     memoized(memo, read)
 }
@@ -435,15 +554,13 @@ pub(crate) fn sandbox_entry<'a>(
 /// came: together they read as the entry's labels ([`sandbox_labels`]).
 pub(crate) fn sandbox_label_fields(mut entry: &[u8], mut each: impl FnMut(&[u8])) {
     while !entry.is_empty() {
-        let field = entry;
-        let Ok((tag, wt)) = key(&mut entry) else {
+        let Ok((tag, len)) = field_len(entry, RECURSION_LIMIT) else {
             return;
         };
-        if skip(wt, tag, &mut entry, RECURSION_LIMIT).is_err() {
-            return;
-        }
+        let (field, rest) = entry.split_at(len);
+        entry = rest;
         if tag == 5 {
-            each(&field[..field.len() - entry.len()]);
+            each(field);
         }
     }
 }
@@ -488,8 +605,8 @@ pub(crate) fn container_entry<'a>(
 ) -> Res<ContainerFields<'a>> {
     let depth = RECURSION_LIMIT - 1;
     let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
-        None => container_read::<true>(entry, depth, None),
-        fp => container_read::<false>(entry, depth, fp),
+        None => container_read(entry, depth),
+        Some(fp) => light_read(entry, depth, fp, CONTAINER_LIGHT, container_field),
     };
     memoized(memo, read).map(|(fields, _)| fields)
 }
@@ -767,6 +884,20 @@ mod tests {
         for _ in 0..20_000 {
             let n = 1 + rng.below(12) as usize;
             inputs.push((0..n).map(|_| rng.below(256) as u8).collect());
+            // Long ones (a time in nanoseconds takes 9 bytes), with bytes after them
+            // or not, and runs of continuation bits of every length.
+            let bits = 1 + rng.below(64);
+            let value = (rng.below(1 << 32) << 32 | rng.below(1 << 32)) >> (64 - bits);
+            let mut long = Vec::new();
+            prost::encoding::encode_varint(value, &mut long);
+            long.extend((0..rng.below(10)).map(|_| rng.below(256) as u8));
+            inputs.push(long);
+            let n = 1 + rng.below(12) as usize;
+            inputs.push(
+                (0..n)
+                    .map(|_| rng.below(256) as u8 | (0x80 * u8::from(rng.chance(90))))
+                    .collect(),
+            );
         }
         let mut read = 0;
         for input in &inputs {
@@ -780,6 +911,58 @@ mod tests {
             }
         }
         assert!(read > 100_000, "{read} read");
+    }
+
+    /// A field's length without a call is the one its key and a skip measure, and
+    /// what they refuse, it refuses: on every field the generators make, broken or
+    /// cut off, with varints of every length, at every recursion budget that counts.
+    #[test]
+    fn a_fields_length_is_what_key_and_skip_measure() {
+        let mut rng = Rng::seeded(0x2545_f491_4f6c_dd1d);
+        let (mut fast, mut measured) = (0, 0);
+        for _ in 0..20_000 {
+            let mut fields = match rng.below(4) {
+                0 => sandbox_fields_encoded(&mut rng),
+                1 => container_fields_encoded(&mut rng),
+                2 => vec![unknown_field(&mut rng, 3)],
+                // Lengths of two bytes and more (a large annotation).
+                _ => {
+                    let mut field = Vec::new();
+                    let len = rng.below(20_000) as usize;
+                    encode_key(
+                        1 + rng.below(20) as u32,
+                        WireType::LengthDelimited,
+                        &mut field,
+                    );
+                    prost::encoding::encode_varint(len as u64, &mut field);
+                    field.resize(field.len() + len, b'a');
+                    vec![field]
+                }
+            };
+            let bits = 1 + rng.below(64);
+            let value = (rng.below(1 << 32) << 32 | rng.below(1 << 32)) >> (64 - bits);
+            fields.push(varint_field(1 + rng.below(20) as u32, value));
+            let mut bytes = fields.swap_remove(rng.below(fields.len() as u64) as usize);
+            // More after it: a few random bytes, or fields as long as itself.
+            match rng.chance(50) {
+                true => bytes.extend((0..rng.below(12)).map(|_| rng.below(256) as u8)),
+                false => bytes.extend(bytes.repeat(2)),
+            }
+            let bytes = match rng.chance(30) {
+                true => mangle(&mut rng, bytes),
+                false => bytes,
+            };
+            for depth in [0, 1, 2, RECURSION_LIMIT - 1] {
+                let got = field_len(&bytes, depth);
+                assert_eq!(got, field_len_slow(&bytes, depth), "{bytes:?} at {depth}");
+                measured += usize::from(got.is_ok());
+            }
+            fast += usize::from(field_len(&bytes, 1).is_ok() && bytes[0] < 0x80);
+        }
+        assert!(
+            fast > 10_000 && measured > 40_000,
+            "{fast} fast, {measured} measured"
+        );
     }
 
     /// Groups nested past prost's recursion limit are refused, as prost refuses them,
@@ -916,57 +1099,106 @@ mod tests {
         out
     }
 
-    /// The fields plegd reads of a sandbox and of a container entry (by tag).
-    const SANDBOX_READS: &[u32] = &[1, 2, 3, 4];
-    const CONTAINER_READS: &[u32] = &[1, 2, 3, 6, 7];
+    /// An entry's kind: the fields plegd reads, and its map fields (by tag).
+    struct Kind {
+        reads: &'static [u32],
+        maps: &'static [u32],
+    }
+    const SANDBOX: Kind = Kind {
+        reads: &[1, 2, 3, 4],
+        maps: &[5, 6],
+    };
+    const CONTAINER: Kind = Kind {
+        reads: &[1, 2, 3, 6, 7],
+        maps: &[8, 9],
+    };
+
+    /// The parts of an entry its fingerprint sums: each map field, and each run of
+    /// the other fields between them.
+    fn parts_of<'e>(entry: &'e [u8], kind: &Kind) -> Vec<&'e [u8]> {
+        let (mut parts, mut run) = (Vec::new(), 0);
+        let mut at = 0;
+        for field in fields_of(entry) {
+            if kind.maps.contains(&tag_of(field)) {
+                if run < at {
+                    parts.push(&entry[run..at]);
+                }
+                parts.push(field);
+                run = at + field.len();
+            }
+            at += field.len();
+        }
+        if run < at {
+            parts.push(&entry[run..]);
+        }
+        parts
+    }
+
+    /// The entry with its map fields in reverse order (the other fields in place).
+    fn maps_reversed(entry: &[u8], kind: &Kind) -> Vec<u8> {
+        let fields = fields_of(entry);
+        let mut maps = fields
+            .iter()
+            .filter(|f| kind.maps.contains(&tag_of(f)))
+            .rev();
+        fields
+            .iter()
+            .map(|f| match kind.maps.contains(&tag_of(f)) {
+                true => maps.next().expect("as many"),
+                false => f,
+            })
+            .flat_map(|f| f.iter().copied())
+            .collect()
+    }
 
     fn tag_of(field: &[u8]) -> u32 {
         key(&mut &field[..]).expect("a key").0
     }
 
     /// Whether an entry names a field plegd reads twice (the memo never keeps it).
-    fn repeats_a_read(entry: &[u8], reads: &[u32]) -> bool {
+    fn repeats_a_read(entry: &[u8], kind: &Kind) -> bool {
         let tags: Vec<u32> = fields_of(entry).into_iter().map(tag_of).collect();
-        reads
+        kind.reads
             .iter()
             .any(|r| tags.iter().filter(|&t| t == r).count() > 1)
     }
 
-    /// The fingerprint a memo keeps of an entry: of all its fields; None for one that
+    /// The fingerprint a memo keeps of an entry: of all its parts; None for one that
     /// names a field plegd reads twice.
-    fn fingerprint(memo: &EntryMemo, reads: &[u32], entry: &[u8]) -> Option<u64> {
+    fn fingerprint(memo: &EntryMemo, kind: &Kind, entry: &[u8]) -> Option<u64> {
         let mut fp = memo.fingerprint();
+        for part in parts_of(entry, kind) {
+            fp.field(part);
+        }
         for field in fields_of(entry) {
             let tag = tag_of(field);
-            if reads.contains(&tag) {
-                fp.read_field(tag, field);
-            } else {
-                fp.field(field);
+            if kind.reads.contains(&tag) {
+                fp.note_read(tag);
             }
         }
-        assert_eq!(fp.key().is_none(), repeats_a_read(entry, reads));
+        assert_eq!(fp.key().is_none(), repeats_a_read(entry, kind));
         fp.key()
     }
 
     fn remembers(memo: &ListMemo, entry: &[u8], container: bool) -> bool {
-        let (part, reads) = if container {
-            (&memo.containers, CONTAINER_READS)
+        let (part, kind) = if container {
+            (&memo.containers, &CONTAINER)
         } else {
-            (&memo.sandboxes, SANDBOX_READS)
+            (&memo.sandboxes, &SANDBOX)
         };
-        fingerprint(part, reads, entry).is_some_and(|key| part.holds(key))
+        fingerprint(part, kind, entry).is_some_and(|key| part.holds(key))
     }
 
-    /// How many fingerprints entries have: multisets of their fields, those that
-    /// name a field plegd reads twice left out.
-    fn distinct(entries: &[Vec<u8>], reads: &[u32]) -> usize {
+    /// How many fingerprints entries have: multisets of their parts, those that name
+    /// a field plegd reads twice left out.
+    fn distinct(entries: &[Vec<u8>], kind: &Kind) -> usize {
         entries
             .iter()
-            .filter(|e| !repeats_a_read(e, reads))
+            .filter(|e| !repeats_a_read(e, kind))
             .map(|e| {
-                let mut fields = fields_of(e);
-                fields.sort();
-                fields
+                let mut parts = parts_of(e, kind);
+                parts.sort();
+                parts
             })
             .collect::<std::collections::HashSet<_>>()
             .len()
@@ -1085,7 +1317,7 @@ mod tests {
                 let mut whole = Vec::new();
                 sandboxes_memo(bytes, None, |f, entry| {
                     let labels = sandbox_labels(entry).expect("a valid entry's labels");
-                    let repeats = repeats_a_read(entry, SANDBOX_READS);
+                    let repeats = repeats_a_read(entry, &SANDBOX);
                     whole.push((format!("{f:?}"), labels, repeats))
                 })
                 .map(|()| whole)
@@ -1123,7 +1355,7 @@ mod tests {
     /// reordered (containerd sends maps in Go's random order), added and removed, and
     /// now and then broken — give
     /// what reads without it give, and what prost decodes; after each good read the
-    /// memo holds exactly that read's entries (an entry being its fields, in any
+    /// memo holds exactly that read's entries (an entry being its parts, in any
     /// order), after a failed one what it held.
     #[test]
     fn a_memo_reads_what_a_read_without_it_reads() {
@@ -1162,10 +1394,16 @@ mod tests {
                         }
                     }
                     6 => {
-                        // Each entry's fields in another order (as containerd sends
-                        // its maps).
-                        for list in [&mut sandboxes, &mut containers] {
+                        // Each entry's map fields in another order (as containerd
+                        // sends them), now and then all its fields.
+                        for (list, kind) in
+                            [(&mut sandboxes, &SANDBOX), (&mut containers, &CONTAINER)]
+                        {
                             for e in list.iter_mut() {
+                                if rng.chance(75) {
+                                    *e = maps_reversed(e, kind);
+                                    continue;
+                                }
                                 let mut fields = fields_of(e);
                                 for i in (1..fields.len()).rev() {
                                     fields.swap(i, rng.below(i as u64 + 1) as usize);
@@ -1224,8 +1462,8 @@ mod tests {
                 assert_eq!(
                     memo.len(),
                     (
-                        distinct(&sandboxes, SANDBOX_READS),
-                        distinct(&containers, CONTAINER_READS)
+                        distinct(&sandboxes, &SANDBOX),
+                        distinct(&containers, &CONTAINER)
                     )
                 );
             }
@@ -1451,7 +1689,7 @@ mod tests {
         // A collision: the memo vouches for bytes never checked.
         let collide = |memo: &mut ListMemo, entry: &[u8]| {
             // (None: an entry naming a field plegd reads twice, never vouched for.)
-            if let Some(key) = fingerprint(&memo.containers, CONTAINER_READS, entry) {
+            if let Some(key) = fingerprint(&memo.containers, &CONTAINER, entry) {
                 memo.containers.add(key);
             }
             memo.finish(true);
@@ -1477,31 +1715,38 @@ mod tests {
         assert!(matches!(got, Err(RuntimeError::Invalid { .. })), "{got:?}");
     }
 
-    /// An entry listed again with its fields in another order (containerd marshals
-    /// labels and annotations in Go's random map order on every list) is still the
-    /// entry remembered, and read as without the memo; a changed annotation is not.
+    /// An entry listed again with its map fields in another order (containerd
+    /// marshals labels and annotations in Go's random map order on every list) is
+    /// still the entry remembered, and read as without the memo; a changed
+    /// annotation is not, nor the same fields in another order otherwise (read fully,
+    /// as without the memo, then remembered too).
     #[test]
-    fn an_entry_is_its_fields_in_any_order() {
+    fn an_entry_is_its_map_entries_in_any_order() {
         let mut two = container_entry("c1", 1, b"v");
         two.extend(&container_entry("c1", 1, b"w")[fields_of(&two)[..4].concat().len()..]);
         assert_eq!(fields_of(&two).len(), 6);
         let mut memo = ListMemo::default();
         via_view_memo(&[], &containers_list(&[&two]), &mut memo).expect("valid");
-        let mut reordered = fields_of(&two);
-        reordered.reverse();
-        let reordered = reordered.concat();
-        assert_ne!(reordered, two);
-        assert!(remembers(&memo, &reordered, true));
-        let list = containers_list(&[&reordered]);
-        assert_eq!(
-            via_view_memo(&[], &list, &mut memo).expect("valid"),
-            via_view(&[], &list).expect("valid")
-        );
+        let swapped = maps_reversed(&two, &CONTAINER);
+        assert_ne!(swapped, two);
+        assert!(remembers(&memo, &swapped, true));
+        let mut reversed = fields_of(&two);
+        reversed.reverse();
+        let reversed = reversed.concat();
+        assert!(!remembers(&memo, &reversed, true));
+        for entry in [&swapped, &reversed] {
+            let list = containers_list(&[entry]);
+            assert_eq!(
+                via_view_memo(&[], &list, &mut memo).expect("valid"),
+                via_view(&[], &list).expect("valid")
+            );
+            assert!(remembers(&memo, entry, true));
+        }
         assert!(!remembers(&memo, &container_entry("c1", 1, b"x"), true));
     }
 
     /// The memo tells a read whose lists are the last good read's, entry for entry
-    /// in every field, in any order of entries and of fields; any change, an entry
+    /// in every field, in any order of entries and of map fields; any change, an entry
     /// more or less, one listed twice, one that names a field plegd reads twice, a
     /// failed read, a cleared memo: not.
     #[test]
@@ -1530,13 +1775,27 @@ mod tests {
         let apps = ["a", "b", "c"];
         assert!(!read(&sandboxes(&apps), &refs(&entries)), "the first read");
         assert!(read(&sandboxes(&apps), &refs(&entries)));
-        // Entries in another order, each one's fields in another order.
-        let mut shuffled: Vec<Vec<u8>> = entries
+        // Entries in another order, each one's map fields in another order.
+        let mut two = entries.clone();
+        for (i, e) in two.iter_mut().enumerate() {
+            let more = container_entry(&format!("c{i}"), 1, b"w");
+            e.extend(&more[fields_of(&more)[..4].concat().len()..]);
+        }
+        assert!(!read(&sandboxes(&apps), &refs(&two)));
+        assert!(read(&sandboxes(&apps), &refs(&two)));
+        let mut shuffled: Vec<Vec<u8>> = two.iter().map(|e| maps_reversed(e, &CONTAINER)).collect();
+        assert_ne!(shuffled, two);
+        shuffled.rotate_left(2);
+        assert!(read(&sandboxes(&apps), &refs(&shuffled)));
+        // Their other fields in another order: other fingerprints, then the same.
+        let reversed: Vec<Vec<u8>> = two
             .iter()
             .map(|e| fields_of(e).into_iter().rev().collect::<Vec<_>>().concat())
             .collect();
-        shuffled.rotate_left(2);
-        assert!(read(&sandboxes(&apps), &refs(&shuffled)));
+        assert!(!read(&sandboxes(&apps), &refs(&reversed)));
+        assert!(read(&sandboxes(&apps), &refs(&reversed)));
+        assert!(!read(&sandboxes(&apps), &refs(&entries)));
+        assert!(read(&sandboxes(&apps), &refs(&entries)));
         // A container's state changed, then the same lists again.
         let mut exited = entries.clone();
         exited[3] = container_entry("c3", 2, b"v3");
