@@ -204,21 +204,32 @@ fn extent(buf: &[u8], left: usize) -> Extent {
         Some(_) => return Extent::Other,
     }
     let len = &buf[1..];
-    // A varint ends at its first byte under 0x80, within 10 bytes.
-    let Some(end) = len.iter().take(10).position(|&b| b < 0x80) else {
-        return if len.len() < 10 {
-            Extent::Short
-        } else {
-            Extent::Other
-        };
+    let (end, n) = match *len {
+        // A length of one or two bytes (an entry under 16 KiB) without prost's
+        // general path.
+        [b0 @ 0..=0x7f, ..] => (0, u64::from(b0)),
+        [b0, b1 @ 0..=0x7f, ..] => (1, u64::from(b0 & 0x7f) | u64::from(b1) << 7),
+        _ => {
+            // A varint ends at its first byte under 0x80, within 10 bytes.
+            let Some(end) = len.iter().take(10).position(|&b| b < 0x80) else {
+                return if len.len() < 10 {
+                    Extent::Short
+                } else {
+                    Extent::Other
+                };
+            };
+            match prost::encoding::decode_varint(&mut &len[..=end]) {
+                Ok(n) => (end, n),
+                Err(_) => return Extent::Other,
+            }
+        }
     };
-    let mut digits = &len[..=end];
-    match prost::encoding::decode_varint(&mut digits) {
-        Ok(n) if n <= (left - 2 - end) as u64 => Extent::Entry {
+    match n <= (left - 2 - end) as u64 {
+        true => Extent::Entry {
             head: 2 + end,
             len: n as usize,
         },
-        _ => Extent::Other,
+        false => Extent::Other,
     }
 }
 
