@@ -248,7 +248,7 @@ pub struct ListMemo {
 
 impl ListMemo {
     /// The fingerprints remembered: (sandboxes', containers'), one per entry of the
-    /// last good read (entries that differ only in fields plegd reads share one).
+    /// last good read (entries alike share one).
     pub fn len(&self) -> (usize, usize) {
         (self.sandboxes.len(), self.containers.len())
     }

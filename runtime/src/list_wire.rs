@@ -265,7 +265,15 @@ fn string_map(
     if depth == 0 {
         return Err(err("recursion limit reached"));
     }
-    let mut entry = delimited(buf)?;
+    let (k, v) = map_entry(delimited(buf)?, depth)?;
+    if let Some(map) = into {
+        map.insert(k.to_string(), v.to_string());
+    }
+    Ok(())
+}
+
+/// A `map<string, string>` entry's bytes: its key and value.
+fn map_entry(mut entry: &[u8], depth: u32) -> Res<(&str, &str)> {
     let (mut k, mut v) = ("", "");
     while !entry.is_empty() {
         match key(&mut entry)? {
@@ -274,10 +282,7 @@ fn string_map(
             (tag, wt) => skip(wt, tag, &mut entry, depth - 1)?,
         }
     }
-    if let Some(map) = into {
-        map.insert(k.to_string(), v.to_string());
-    }
-    Ok(())
+    Ok((k, v))
 }
 
 /// The entries (field 1, each an embedded message) of a list response, each with the
@@ -496,6 +501,7 @@ fn light_read<'a, F: Default>(
 fn memoized<T>(
     memo: Option<&mut EntryMemo>,
     read: impl Fn(Option<&mut Fingerprint<'_>>) -> Res<T>,
+    rememberable: impl Fn() -> bool,
 ) -> Res<(T, bool)> {
     let Some(memo) = memo else {
         return Ok((read(None)?, true));
@@ -509,7 +515,9 @@ fn memoized<T>(
             return Ok((fields, false));
         }
         let fields = read(None)?;
-        memo.add(key);
+        if rememberable() {
+            memo.add(key);
+        }
         return Ok((fields, true));
     }
     Ok((read(None)?, true))
@@ -547,12 +555,28 @@ pub(crate) fn sandbox_entry<'a>(
         None => sandbox_read(entry, depth, None),
         Some(fp) => light_read(entry, depth, fp, SANDBOX_LIGHT, sandbox_field),
     };
-    memoized(memo, read)
+    memoized(memo, read, || labels_name_each_key_once(entry))
+}
+
+/// Whether no two label fields of a sandbox entry (read in full) name one key. The
+/// last field of a key gives its value, so the same fields in another order would be
+/// other labels with the same fingerprint: such an entry is not remembered.
+fn labels_name_each_key_once(entry: &[u8]) -> bool {
+    let mut keys = Vec::new();
+    sandbox_label_fields(entry, |mut field| {
+        let named = key(&mut field)
+            .and_then(|_| delimited(&mut field))
+            .and_then(|e| map_entry(e, RECURSION_LIMIT - 1));
+        // The full read has checked each of them.
+        keys.push(named.ok().map(|(k, _)| k));
+    });
+    keys.sort_unstable();
+    keys.windows(2).all(|w| w[0] != w[1])
 }
 
 /// Each label field (field 5, key and all) of a sandbox entry already read, as it
 /// came: together they read as the entry's labels ([`sandbox_labels`]).
-pub(crate) fn sandbox_label_fields(mut entry: &[u8], mut each: impl FnMut(&[u8])) {
+pub(crate) fn sandbox_label_fields<'a>(mut entry: &'a [u8], mut each: impl FnMut(&'a [u8])) {
     while !entry.is_empty() {
         let Ok((tag, len)) = field_len(entry, RECURSION_LIMIT) else {
             return;
@@ -608,7 +632,8 @@ pub(crate) fn container_entry<'a>(
         None => container_read(entry, depth),
         Some(fp) => light_read(entry, depth, fp, CONTAINER_LIGHT, container_field),
     };
-    memoized(memo, read).map(|(fields, _)| fields)
+    // plegd keeps none of a container's map fields.
+    memoized(memo, read, || true).map(|(fields, _)| fields)
 }
 
 /// The labels of a sandbox entry returned by [`sandboxes`] (read again: only the
@@ -1749,6 +1774,40 @@ mod tests {
     /// in every field, in any order of entries and of map fields; any change, an entry
     /// more or less, one listed twice, one that names a field plegd reads twice, a
     /// failed read, a cleared memo: not.
+    #[test]
+    fn a_sandbox_naming_a_label_twice_is_read_in_full_every_time() {
+        // Label `a` twice: the last field gives its value, so the same fields swapped
+        // are other labels, with the same parts.
+        let label = |v: &[u8]| {
+            let mut kv = vec![0x0a, 1, b'a', 0x12, v.len() as u8];
+            kv.extend(v);
+            let mut field = vec![0x2a, kv.len() as u8];
+            field.extend(kv);
+            field
+        };
+        let list = |first: &[u8], second: &[u8]| {
+            let mut entry = pod_sandbox("s0", 0, "web".into()).encode_to_vec();
+            entry.extend(label(first));
+            entry.extend(label(second));
+            containers_list(&[&entry])
+        };
+        let containers = containers_list(&[&container_entry("c0", 1, b"v")]);
+        let mut memo = ListMemo::default();
+        let mut read = |s: &[u8]| {
+            let (sandboxes, _) = via_view_memo(s, &containers, &mut memo).expect("valid lists");
+            (memo.unchanged(), sandboxes[0].labels["a"].clone())
+        };
+        assert_eq!(read(&list(b"1", b"2")), (false, "2".to_string()));
+        assert_eq!(read(&list(b"2", b"1")), (false, "1".to_string()));
+        assert_eq!(read(&list(b"2", b"1")), (false, "1".to_string()));
+        // Its control: a key named once is remembered.
+        let mut entry = pod_sandbox("s0", 0, "web".into()).encode_to_vec();
+        entry.extend(label(b"1"));
+        let once = containers_list(&[&entry]);
+        assert_eq!(read(&once), (false, "1".to_string()));
+        assert_eq!(read(&once), (true, "1".to_string()));
+    }
+
     #[test]
     fn the_memo_tells_lists_that_did_not_change() {
         let sandboxes = |apps: &[&str]| {
