@@ -41,8 +41,8 @@
 //! as many entries, each remembered, none met twice, and it met every remembered
 //! one. The global relist then knows the lists' fingerprint against its records is
 //! the last one's. An entry that names a field plegd reads twice never counts as
-//! remembered (the last value wins, so the two fields' order counts, which the sum
-//! of parts need not see). Here a collision could hide a change until the next change on the
+//! remembered, nor is a sandbox whose labels name one key twice (the last value
+//! wins, so the two fields' order counts, which the sum of parts need not see). Here a collision could hide a change until the next change on the
 //! node, as a collision of the records' fingerprint could.
 //!
 //! The memo holds exactly the fingerprints of the last read that succeeded: a read
