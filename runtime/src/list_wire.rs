@@ -349,23 +349,32 @@ fn sandbox_field<'a>(
 /// when given.
 #[inline(always)]
 fn sandbox_read<'a>(
-    mut buf: &'a [u8],
+    buf: &'a [u8],
     depth: u32,
     mut labels: Option<&mut BTreeMap<String, String>>,
 ) -> Res<SandboxFields<'a>> {
-    let mut f = SandboxFields::default();
+    full_read(buf, depth, sandbox_field, |key, buf| match key {
+        (5, wt) => string_map(wt, buf, depth, labels.as_deref_mut()),
+        (6, wt) => string_map(wt, buf, depth, None),
+        (7, wt) => string(wt, buf).map(drop),
+        (tag, wt) => skip(wt, tag, buf, depth),
+    })
+}
+
+/// Reads an entry in full: the fields plegd reads by `read`, every other field
+/// checked by `other`, after its key.
+#[inline(always)]
+fn full_read<'a, F: Default>(
+    mut buf: &'a [u8],
+    depth: u32,
+    read: impl Fn(&mut F, (u32, WireType), &mut &'a [u8], u32) -> Res<bool>,
+    mut other: impl FnMut((u32, WireType), &mut &'a [u8]) -> Res<()>,
+) -> Res<F> {
+    let mut f = F::default();
     while !buf.is_empty() {
         let key = key(&mut buf)?;
-        if sandbox_field(&mut f, key, &mut buf, depth)? {
-            continue;
-        }
-        match key {
-            (5, wt) => string_map(wt, &mut buf, depth, labels.as_deref_mut())?,
-            (6, wt) => string_map(wt, &mut buf, depth, None)?,
-            (7, wt) => {
-                string(wt, &mut buf)?;
-            }
-            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
+        if !read(&mut f, key, &mut buf, depth)? {
+            other(key, &mut buf)?;
         }
     }
     Ok(f)
@@ -422,23 +431,13 @@ fn container_field<'a>(
 
 /// Reads `cri::Container` bytes, every field checked.
 #[inline(always)]
-fn container_read(mut buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
-    let mut f = ContainerFields::default();
-    while !buf.is_empty() {
-        let key = key(&mut buf)?;
-        if container_field(&mut f, key, &mut buf, depth)? {
-            continue;
-        }
-        match key {
-            (4, wt) => image_spec(message(wt, &mut buf, depth)?, depth - 1)?,
-            (5 | 10, wt) => {
-                string(wt, &mut buf)?;
-            }
-            (8 | 9, wt) => string_map(wt, &mut buf, depth, None)?,
-            (tag, wt) => skip(wt, tag, &mut buf, depth)?,
-        }
-    }
-    Ok(f)
+fn container_read(buf: &[u8], depth: u32) -> Res<ContainerFields<'_>> {
+    full_read(buf, depth, container_field, |key, buf| match key {
+        (4, wt) => image_spec(message(wt, buf, depth)?, depth - 1),
+        (5 | 10, wt) => string(wt, buf).map(drop),
+        (8 | 9, wt) => string_map(wt, buf, depth, None),
+        (tag, wt) => skip(wt, tag, buf, depth),
+    })
 }
 
 /// An entry's fields as a light read meets them: those plegd reads, by tag (bit n:
