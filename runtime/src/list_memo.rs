@@ -27,12 +27,14 @@
 //! them (UTF-8, wire types, the last value winning; their fields unknown to plegd
 //! skipped as prost skips them), every other field is skipped by its length
 //! unchecked; every field, read or skipped, is hashed in its part. If the memo holds
-//! the sum of those hashes, that is all; otherwise the entry is fully checked, as prost checks
-//! it, and its sum remembered. So the memo never supplies a value: a fingerprint
-//! only vouches that the skipped fields were checked before. In the read itself, a
-//! collision (an entry's parts summing like some remembered entry's) could at worst
-//! let through a field plegd does not read there (an invalid label or annotation)
-//! that prost would have refused. The hash is keyed with a per-process random seed,
+//! the sum of those hashes, that is all; otherwise the entry is fully checked, as
+//! prost checks it, and its sum remembered. So a fingerprint only vouches that the
+//! skipped fields were checked before; the one value it stands for is a vouched
+//! sandbox's labels, which the packed lists take from the read that remembered it
+//! (`crate::packed_lists`). In the read itself, a collision (an entry's parts summing
+//! like some remembered entry's) could at worst let through a field plegd does not
+//! read there (an invalid label or annotation) that prost would have refused, or
+//! keep a sandbox's old labels. The hash is keyed with a per-process random seed,
 //! so a pod's author, who controls its labels and annotations, cannot aim at a
 //! collision.
 //!
@@ -42,8 +44,9 @@
 //! one. The global relist then knows the lists' fingerprint against its records is
 //! the last one's. An entry that names a field plegd reads twice never counts as
 //! remembered, nor is a sandbox whose labels name one key twice (the last value
-//! wins, so the two fields' order counts, which the sum of parts need not see). Here a collision could hide a change until the next change on the
-//! node, as a collision of the records' fingerprint could.
+//! wins, so the two fields' order counts, which the sum of parts need not see). Here
+//! a collision could hide a change until the next change on the node, as a
+//! collision of the records' fingerprint could.
 //!
 //! The memo holds exactly the fingerprints of the last read that succeeded: a read
 //! builds the next set in place (marking remembered ones it meets, adding those of

@@ -1769,10 +1769,6 @@ mod tests {
         assert!(!remembers(&memo, &container_entry("c1", 1, b"x"), true));
     }
 
-    /// The memo tells a read whose lists are the last good read's, entry for entry
-    /// in every field, in any order of entries and of map fields; any change, an entry
-    /// more or less, one listed twice, one that names a field plegd reads twice, a
-    /// failed read, a cleared memo: not.
     #[test]
     fn a_sandbox_naming_a_label_twice_is_read_in_full_every_time() {
         // Label `a` twice: the last field gives its value, so the same fields swapped
@@ -1805,8 +1801,25 @@ mod tests {
         let once = containers_list(&[&entry]);
         assert_eq!(read(&once), (false, "1".to_string()));
         assert_eq!(read(&once), (true, "1".to_string()));
+        // The packed lists keep no labels of a sandbox the memo vouched for (they are
+        // taken from an earlier read): the swapped labels are read.
+        let mut memo = ListMemo::default();
+        let mut packed = |s: &[u8]| {
+            let lists = NodeLists::sunk(s, &containers, 7, &mut memo).expect("valid lists");
+            let view = lists.view_memo(&mut memo).expect("valid lists");
+            let (sandbox, labeled) = view.sandboxes()[0].to_sandbox().expect("labels");
+            (labeled, sandbox.labels.get("a").cloned())
+        };
+        assert_eq!(packed(&list(b"1", b"2")), (true, Some("2".to_string())));
+        assert_eq!(packed(&list(b"2", b"1")), (true, Some("1".to_string())));
+        assert_eq!(packed(&once), (true, Some("1".to_string())));
+        assert_eq!(packed(&once), (false, None));
     }
 
+    /// The memo tells a read whose lists are the last good read's, entry for entry
+    /// in every field, in any order of entries and of map fields; any change, an entry
+    /// more or less, one listed twice, one that names a field plegd reads twice, a
+    /// failed read, a cleared memo: not.
     #[test]
     fn the_memo_tells_lists_that_did_not_change() {
         let sandboxes = |apps: &[&str]| {
