@@ -133,3 +133,42 @@ async fn new_state_files_written_under_churn_keep_every_relist_and_copies_go_on_
     // The records agree with the node: the pods still there.
     assert_eq!(loaded.pods(), pods.len());
 }
+
+/// A commit is written in place, except while a job of the writer thread is pending:
+/// one made right after a new state file was asked for goes into that file, after its
+/// snapshot, not into the old file the rename replaces. (Asked for again and again:
+/// the thread is sometimes still waking up when the commit comes, sometimes not.)
+#[test]
+fn a_commit_made_while_a_new_file_is_written_goes_into_it() {
+    use futures::executor::block_on;
+    let dir = tempfile::tempdir().unwrap();
+    let store = opened(dir.path()).store;
+    let commit = super::CommitRef {
+        revision: 9,
+        global: None,
+        more: false,
+        held: &[],
+        updates: &[],
+        events: &[],
+        records: &[],
+    };
+    assert!(block_on(store.rewrite(b"first".to_vec())));
+    assert!(block_on(store.commit(&commit, &mut Vec::new())));
+    let one = std::fs::read(dir.path().join("state")).unwrap().len() - b"first".len();
+    assert!(one > 0, "a commit in place is in the file");
+    for round in 0..200u32 {
+        let snapshot = round.to_le_bytes().repeat(1024);
+        let rewrite = store.rewrite(snapshot.clone());
+        let committed = block_on(store.commit(&commit, &mut Vec::new()));
+        assert!(block_on(rewrite));
+        assert!(committed);
+        let file = std::fs::read(dir.path().join("state")).unwrap();
+        assert!(file.starts_with(&snapshot));
+        assert_eq!(
+            file.len(),
+            snapshot.len() + one,
+            "round {round}: the commit is in the new file"
+        );
+        assert_eq!(store.size(), file.len() as u64);
+    }
+}
