@@ -23,6 +23,8 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::containerd_events::{self, EventsClient, SubscribeRequest, TaskEventStream};
 use crate::convert;
+use crate::event_read::EventRead;
+use crate::list_read::{ContainersRead, SandboxesRead};
 use crate::list_sink::{Sink, SinkChannel};
 use crate::list_streaming::ListStreaming;
 use crate::packed_lists::{ContainerList, PackedList, SandboxList};
@@ -32,6 +34,7 @@ use crate::{
     Container, ContainerStatus, EventStream, ListMemo, NodeLists, RuntimeClient, RuntimeError,
     RuntimeVersion, Sandbox,
 };
+use prost::Message as _;
 
 /// Parses `unix:///absolute/path` into the socket path. Anything else is refused with
 /// a reason (plegd talks to a node-local runtime only).
@@ -72,7 +75,8 @@ pub struct CriRuntime {
     /// The same channel, for a call whose response's message goes to a [`Sink`] (the
     /// global relist's ListContainers, read as it arrives).
     sunk: tonic::client::Grpc<SinkChannel<Channel>>,
-    stream: RuntimeServiceClient<Channel>,
+    /// The streams' channel: GetContainerEvents, each event read as `event_read` says.
+    stream: tonic::client::Grpc<Channel>,
     /// containerd's event service, on the streams' channel.
     events: EventsClient<Channel>,
     timeout: Duration,
@@ -102,26 +106,29 @@ pub fn unix_channel(socket: &Path) -> Channel {
 }
 
 impl CriRuntime {
-    /// ListContainers with this filter, each entry converted (one plegd cannot read is
-    /// left out, logged at debug).
+    /// ListContainers with this filter, read as `list_read` says, each entry converted
+    /// (one plegd cannot read is left out, logged at debug).
     async fn list_containers_by(
         &self,
         filter: Option<cri::ContainerFilter>,
     ) -> Result<Vec<Container>, RuntimeError> {
-        let resp = self
-            .unary("ListContainers", |mut c, t| {
-                let filter = filter.clone();
-                async move {
-                    c.list_containers(request(cri::ListContainersRequest { filter }, t))
-                        .await
-                }
-            })
+        const OP: &str = "ListContainers";
+        let bytes = self
+            .raw_unary(
+                OP,
+                "/runtime.v1.RuntimeService/ListContainers",
+                cri::ListContainersRequest { filter },
+            )
             .await?;
+        let resp = ContainersRead::decode(bytes).map_err(|e| RuntimeError::Invalid {
+            op: OP,
+            reason: e.to_string(),
+        })?;
         Ok(resp
             .containers
             .into_iter()
             .filter_map(|c| {
-                convert::container_from_listed(c)
+                convert::container_from_listed(c.into())
                     .map_err(|e| tracing::debug!(error = %e, "ignoring a listed container"))
                     .ok()
             })
@@ -141,7 +148,7 @@ impl CriRuntime {
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
             unary: RuntimeServiceClient::new(unary)
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
-            stream: RuntimeServiceClient::new(streams.clone())
+            stream: tonic::client::Grpc::new(streams.clone())
                 .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
             events: EventsClient::new(streams).max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE),
             socket,
@@ -435,12 +442,14 @@ impl RuntimeClient for CriRuntime {
                 ..Default::default()
             }),
         };
-        let resp = self
-            .unary("ListPodSandbox", |mut c, t| {
-                let req = req.clone();
-                async move { c.list_pod_sandbox(request(req, t)).await }
-            })
+        const OP: &str = "ListPodSandbox";
+        let bytes = self
+            .raw_unary(OP, "/runtime.v1.RuntimeService/ListPodSandbox", req)
             .await?;
+        let resp = SandboxesRead::decode(bytes).map_err(|e| RuntimeError::Invalid {
+            op: OP,
+            reason: e.to_string(),
+        })?;
         // One sandbox plegd cannot attribute (no metadata or an empty UID, e.g. run by
         // crictl: containerd only requires metadata) must not fail the whole node's
         // relist; its containers are left out with it.
@@ -448,7 +457,7 @@ impl RuntimeClient for CriRuntime {
             .items
             .into_iter()
             .filter_map(|s| {
-                convert::sandbox_from_listed(s)
+                convert::sandbox_from_listed(s.into())
                     .map_err(|e| tracing::debug!(error = %e, "ignoring a listed sandbox"))
                     .ok()
             })
@@ -579,15 +588,30 @@ impl RuntimeClient for CriRuntime {
     }
 
     async fn container_events(&self) -> Result<EventStream, RuntimeError> {
-        let mut client = self.stream.clone();
-        let resp = client
-            .get_container_events(cri::GetEventsRequest::default())
-            .await
-            .map_err(|s| status_error("GetContainerEvents", self.max_message_size, s))?;
+        const OP: &str = "GetContainerEvents";
+        let mut grpc = self.stream.clone();
         let limit = self.max_message_size;
+        grpc.ready().await.map_err(|e| {
+            status_error(
+                OP,
+                limit,
+                tonic::Status::unknown(format!("Service was not ready: {e}")),
+            )
+        })?;
+        let resp = grpc
+            .server_streaming(
+                tonic::Request::new(cri::GetEventsRequest::default()),
+                PathAndQuery::from_static("/runtime.v1.RuntimeService/GetContainerEvents"),
+                tonic_prost::ProstCodec::<cri::GetEventsRequest, EventRead>::default(),
+            )
+            .await
+            .map_err(|s| status_error(OP, limit, s))?;
         Ok(resp
             .into_inner()
-            .map(move |item| item.map_err(|s| status_error("GetContainerEvents", limit, s)))
+            .map(move |item| {
+                item.map(cri::ContainerEventResponse::from)
+                    .map_err(|s| status_error(OP, limit, s))
+            })
             .boxed())
     }
 

@@ -10,7 +10,9 @@
 pub mod containerd_events;
 pub mod convert;
 mod cri_client;
+pub mod event_read;
 pub mod list_memo;
+pub mod list_read;
 mod list_sink;
 pub mod list_streaming;
 pub mod list_wire;
