@@ -738,11 +738,12 @@ fn print_table(
         }
         if let Some(s) = &r.storm {
             println!(
-                "| storm of {} stops: all published after; latency; requests dropped | {p} | {}; {}; {} |",
+                "| storm of {} stops: all published after; latency; requests dropped; plegd's CPU meanwhile | {p} | {}; {}; {}; {} |",
                 s.exits.latencies.len() + s.exits.missing,
                 ms(s.total),
                 exits_cell(&s.exits),
-                s.dropped
+                s.dropped,
+                ms(s.cpu)
             );
         }
         if let Some(f) = &r.storm_floor {

@@ -156,6 +156,9 @@ pub struct Storm {
     pub exits: Exits,
     pub total: Duration,
     pub dropped: f64,
+    /// plegd's CPU from the first stop until every exit was published (or given up
+    /// on): the storm's targeted relists, and the global relists that fell in it.
+    pub cpu: Duration,
 }
 
 pub fn storm(
@@ -166,8 +169,10 @@ pub fn storm(
     window: Duration,
 ) -> Result<Storm> {
     let before = plegd.metrics()?;
+    let cpu_before = plegd.cpu()?;
     let (start, stopped) = spread_stops(rt, cri, ids, window)?;
     let ex = exits(plegd, ids, &stopped, PATIENCE);
+    let cpu = plegd.cpu()?.saturating_sub(cpu_before);
     let last = ex
         .latencies
         .iter()
@@ -182,6 +187,7 @@ pub fn storm(
         exits: ex,
         total: last - start,
         dropped,
+        cpu,
     })
 }
 
