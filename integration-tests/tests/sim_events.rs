@@ -8,7 +8,7 @@ use plegd_runtime::cri;
 use plegd_runtime::{EventStream, RuntimeClient};
 use plegd_sim::FakeRuntime;
 
-use integration_tests::sim::serve;
+use integration_tests::sim::{raw_client, serve};
 use integration_tests::wait::wait_until;
 use integration_tests::wait::TIMEOUT;
 
@@ -20,12 +20,29 @@ async fn next_event(events: &mut EventStream) -> cri::ContainerEventResponse {
         .expect("stream failed")
 }
 
+async fn next_raw(
+    events: &mut tonic::Streaming<cri::ContainerEventResponse>,
+) -> cri::ContainerEventResponse {
+    tokio::time::timeout(TIMEOUT, events.next())
+        .await
+        .expect("no event in time")
+        .expect("stream ended")
+        .expect("stream failed")
+}
+
 #[tokio::test]
 async fn events_carry_the_pod_identity() {
     let rt = FakeRuntime::new();
-    let (_dir, _server, client) = serve(&rt).await;
+    let (_dir, server, client) = serve(&rt).await;
     let mut events = client.container_events().await.unwrap();
     assert_eq!(rt.event_streams(), 1);
+    // The same stream decoded whole, as the wire carries it.
+    let mut raw = raw_client(server.path())
+        .get_container_events(cri::GetEventsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rt.event_streams(), 2);
 
     let sb = rt.run_pod("uid-1", "web-1", "ns");
     let c = rt.run_container(&sb, "app");
@@ -41,6 +58,11 @@ async fn events_carry_the_pod_identity() {
     ];
     for (id, kind) in expected {
         let ev = next_event(&mut events).await;
+        let whole = next_raw(&mut raw).await;
+        assert_eq!(
+            (&whole.container_id, whole.container_event_type),
+            (id, kind as i32)
+        );
         assert_eq!(&ev.container_id, id);
         assert_eq!(ev.container_event_type, kind as i32);
         let status = ev.pod_sandbox_status.expect("pod_sandbox_status");
@@ -48,14 +70,19 @@ async fn events_carry_the_pod_identity() {
         let meta = status.metadata.expect("metadata");
         assert_eq!((meta.uid.as_str(), meta.name.as_str()), ("uid-1", "web-1"));
     }
-    // The last event shows the container's exit.
+    // The last event shows the container's exit on the wire, as containerd 2.x sends
+    // it; plegd's client reads only what a hint uses (`event_read`), not the statuses.
     rt.remove_container(&c);
+    let whole = next_raw(&mut raw).await;
+    assert_eq!(whole.container_event_type, ContainerDeletedEvent as i32);
+    assert_eq!(whole.containers_statuses.len(), 1);
+    assert_eq!(whole.containers_statuses[0].exit_code, 1);
     let ev = next_event(&mut events).await;
     assert_eq!(ev.container_event_type, ContainerDeletedEvent as i32);
-    assert_eq!(ev.containers_statuses.len(), 1);
-    assert_eq!(ev.containers_statuses[0].exit_code, 1);
+    assert_eq!(ev.container_id, c);
+    assert!(ev.containers_statuses.is_empty());
 
-    drop(events);
+    drop((events, raw));
     wait_until("the server to drop its subscription", || {
         rt.event_streams() == 0
     })

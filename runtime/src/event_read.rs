@@ -61,13 +61,19 @@ mod tests {
     use super::*;
     use crate::wire_testing::{entry, mangle, unknown_field, Rng};
 
-    /// What this reader must read of an event prost decoded whole.
+    /// What this reader must read of an event prost decoded whole: the skipped
+    /// fields cleared.
     fn read_of(e: cri::ContainerEventResponse) -> cri::ContainerEventResponse {
         cri::ContainerEventResponse {
             pod_sandbox_status: e.pod_sandbox_status.map(|s| cri::PodSandboxStatus {
-                id: s.id,
-                metadata: s.metadata,
-                ..Default::default()
+                state: 0,
+                created_at: 0,
+                network: None,
+                linux: None,
+                labels: Default::default(),
+                annotations: Default::default(),
+                runtime_handler: String::new(),
+                ..s
             }),
             containers_statuses: Vec::new(),
             ..e
@@ -108,6 +114,15 @@ mod tests {
                     additional_ips: vec![cri::PodIp { ip: rng.text() }],
                 }),
                 runtime_handler: rng.text(),
+                linux: Some(cri::LinuxPodSandboxStatus {
+                    namespaces: Some(cri::Namespace {
+                        options: Some(cri::NamespaceOption {
+                            network: rng.below(3) as i32,
+                            target_id: rng.text(),
+                            ..Default::default()
+                        }),
+                    }),
+                }),
                 ..Default::default()
             });
         }

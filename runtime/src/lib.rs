@@ -124,8 +124,9 @@ pub struct RuntimeVersion {
     pub runtime_api_version: String,
 }
 
-/// The raw CRI event stream. Items are the wire messages, unvalidated: the
-/// StreamWatcher validates them and never stores their payload.
+/// The raw CRI event stream. Items carry what a hint uses of each wire message
+/// (`event_read`), unvalidated: the StreamWatcher validates them and never stores
+/// their payload.
 pub type EventStream = BoxStream<'static, Result<ContainerEventResponse, RuntimeError>>;
 
 /// Every way a runtime call can fail. `code` is the gRPC status code where there is

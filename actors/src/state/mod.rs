@@ -18,7 +18,7 @@
 //!   fresh, saying why once.
 //!
 //! `frame`: the file's records; `codec`: their bytes; `snapshot`: a new file's;
-//! `load`: reading one back; `store`: the dir, its lock and the writer thread.
+//! `load`: reading one back; `store`: the dir, its lock, the commits and the writer thread of new files.
 
 mod codec;
 mod frame;

@@ -3,7 +3,8 @@
 //! dispatcher, in place: one `write(2)` into the page cache (not a sync: a killed
 //! process loses nothing the page cache holds), as the publisher writes its history
 //! file. New state files and the stop, which sync, are written by a thread of their
-//! own (`StateStore`), so that no actor waits for the disk.
+//! own (`StateStore`), so that no actor waits for a sync (but once when writing starts
+//! to fail: the behind marker is synced before the revision is shown).
 //!
 //! Files in the dir: `lock` (held for the process's life, with its pid), `state`
 //! (header, snapshot, commits, and a stop record after a clean stop), `behind` (one
@@ -215,7 +216,9 @@ impl StateStore {
     /// it). False: not written (the store is failing, see [`Self::failing`]).
     /// Written in place unless a job of the writer thread is pending (it goes after
     /// that job): the hop to the thread and back cost a commit 250 µs on average in
-    /// a storm of targeted relists on a busy node, the `write(2)` a few.
+    /// a storm of targeted relists on a busy node, the `write(2)` a few. The check and
+    /// the write are not one step: commits, new files and the stop are asked for by
+    /// one caller at a time (the dispatcher).
     pub(crate) async fn commit(&self, commit: &codec::CommitRef<'_>, buf: &mut Vec<u8>) -> bool {
         let mut bytes = Vec::new();
         frame::put(&mut bytes, codec::COMMIT, &codec::commit(commit, buf));
