@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use plegd_actors::{EventKind, GenericPleg, RelistOutput, RelistScope};
 use plegd_runtime::CriRuntime;
-use plegd_sim::{serve_unix, FakeRuntime, Kubelet};
+use plegd_sim::{serve_unix, FakeRuntime, Kubelet, ListServing};
 use rand::{Rng as _, SeedableRng as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{UnixListener, UnixStream};
@@ -110,8 +110,26 @@ fn client(path: &Path) -> CriRuntime {
 
 #[tokio::test]
 async fn a_relist_cut_anywhere_in_its_lists_changes_nothing_and_the_next_reads_the_node() {
+    cut_anywhere(ListServing::default()).await;
+}
+
+/// The same through CRI's streaming list calls, 50 entries a message: a cut between
+/// two messages must fail the read too, not end the list there.
+#[tokio::test]
+async fn a_relist_cut_anywhere_in_its_streamed_lists_changes_nothing_and_the_next_reads_the_node() {
+    cut_anywhere(ListServing {
+        streaming: true,
+        stream_batch: 50,
+        ..ListServing::default()
+    })
+    .await;
+}
+
+async fn cut_anywhere(serving: ListServing) {
+    let streamed = serving.streaming;
     let dir = tempfile::tempdir().unwrap();
     let rt = FakeRuntime::with_kubelet(Kubelet::default());
+    rt.set_list_serving(serving);
     let sandboxes = plegd_sim::kubelet::run_deployment_pods(
         &rt,
         300,
@@ -123,11 +141,13 @@ async fn a_relist_cut_anywhere_in_its_lists_changes_nothing_and_the_next_reads_t
         .await
         .expect("the simulated CRI server starts");
     let proxy = CutProxy::start(dir.path().join("proxy.sock"), server.path().to_path_buf()).await;
-    let mut pleg = GenericPleg::new(Arc::new(client(&proxy.path)), 8);
+    let client = Arc::new(client(&proxy.path));
+    let mut pleg = GenericPleg::new(client.clone(), 8);
     let global = RelistScope::Global;
     pleg.relist(&global, &|_| false)
         .await
         .expect("the first relist");
+    assert_eq!(client.list_streaming_in_use(), streamed);
     // A no-change relist: the bytes of the two lists (the memo's first use).
     let before = proxy.sent.load(Ordering::SeqCst);
     let out = pleg.relist(&global, &|_| false).await.expect("a relist");
@@ -180,4 +200,5 @@ async fn a_relist_cut_anywhere_in_its_lists_changes_nothing_and_the_next_reads_t
         let out = pleg.relist(&global, &|_| false).await.expect("a relist");
         assert!(out.events.is_empty(), "round {round}: {:?}", out.events);
     }
+    assert_eq!(client.list_streaming_in_use(), streamed);
 }
