@@ -55,11 +55,10 @@ impl From<EventRead> for cri::ContainerEventResponse {
 
 #[cfg(test)]
 mod tests {
-    use prost::encoding::{encode_key, encode_varint, WireType};
     use prost::Message;
 
     use super::*;
-    use crate::wire_testing::{entry, mangle, unknown_field, Rng};
+    use crate::wire_testing::{embedded, mangle, shuffled, AgainstProst, Rng};
 
     /// What this reader must read of an event prost decoded whole: the skipped
     /// fields cleared.
@@ -145,20 +144,8 @@ mod tests {
                 .encode_to_vec(),
             );
         }
-        let mut fields = sandbox_fields(rng);
-        let at = rng.below(fields.len() as u64 + 1) as usize;
-        let second = fields.split_off(at);
-        for group in [fields, second] {
-            if group.is_empty() && rng.chance(50) {
-                continue;
-            }
-            let status = entry(rng, group);
-            let mut out = Vec::new();
-            encode_key(4, WireType::LengthDelimited, &mut out);
-            encode_varint(status.len() as u64, &mut out);
-            out.extend(status);
-            parts.push(out);
-        }
+        let fields = sandbox_fields(rng);
+        parts.extend(embedded(rng, 4, fields));
         for _ in 0..rng.below(3) {
             parts.push(
                 cri::ContainerEventResponse {
@@ -174,13 +161,7 @@ mod tests {
                 .encode_to_vec(),
             );
         }
-        for _ in 0..rng.below(2) {
-            parts.push(unknown_field(rng, 3));
-        }
-        for i in (1..parts.len()).rev() {
-            parts.swap(i, rng.below(i as u64 + 1) as usize);
-        }
-        parts.concat()
+        shuffled(rng, parts)
     }
 
     /// Against prost's decoding of the whole event, on generated events and the same
@@ -190,31 +171,16 @@ mod tests {
     #[test]
     fn reads_what_prost_reads_and_accepts_all_it_accepts() {
         let mut rng = Rng::seeded(0xbb67_ae85_84ca_a73b);
-        let (mut same, mut both_refuse, mut only_prost_refuses) = (0, 0, 0);
+        let mut against = AgainstProst::default();
         for _ in 0..20_000 {
             let mut bytes = event(&mut rng);
             if rng.chance(60) {
                 bytes = mangle(&mut rng, bytes);
             }
-            let whole = cri::ContainerEventResponse::decode(bytes.as_slice());
-            let read = EventRead::decode(bytes.as_slice());
-            match (whole, read) {
-                (Ok(whole), Ok(read)) => {
-                    assert_eq!(
-                        cri::ContainerEventResponse::from(read),
-                        read_of(whole),
-                        "{bytes:?}"
-                    );
-                    same += 1;
-                }
-                (Err(_), Err(_)) => both_refuse += 1,
-                (Err(_), Ok(_)) => only_prost_refuses += 1,
-                (Ok(whole), Err(e)) => panic!("prost read {whole:?}, this refused: {e}\n{bytes:?}"),
-            }
+            against.check(&bytes, read_of, |r: EventRead| {
+                cri::ContainerEventResponse::from(r)
+            });
         }
-        assert!(
-            same > 5_000 && both_refuse > 1_000 && only_prost_refuses > 100,
-            "{same} read alike, {both_refuse} refused by both, {only_prost_refuses} by prost only"
-        );
+        against.assert_at_least(5_000, 1_000, 100);
     }
 }

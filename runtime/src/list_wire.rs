@@ -745,12 +745,7 @@ mod tests {
         }
         for _ in 0..rng.below(3) {
             out.push(one(cri::Container {
-                image: Some(cri::ImageSpec {
-                    image: rng.text(),
-                    annotations: rng.map(),
-                    user_specified_image: rng.text(),
-                    runtime_handler: rng.text(),
-                }),
+                image: Some(rng.image_spec()),
                 image_ref: rng.text(),
                 image_id: rng.text(),
                 ..Default::default()

@@ -72,11 +72,10 @@ pub fn container_status(bytes: &[u8], container_id: &str) -> Result<ContainerSta
 
 #[cfg(test)]
 mod tests {
-    use prost::encoding::{encode_key, encode_varint, WireType};
     use prost::Message;
 
     use super::*;
-    use crate::wire_testing::{entry, mangle, unknown_field, Rng};
+    use crate::wire_testing::{embedded, mangle, shuffled, AgainstProst, Rng};
 
     /// What this reader must read of a status prost decoded whole.
     fn read_of(s: cri::ContainerStatus) -> StatusRead {
@@ -134,12 +133,7 @@ mod tests {
             one(cri::ContainerStatus {
                 reason: rng.text(),
                 message: rng.text(),
-                image: Some(cri::ImageSpec {
-                    image: rng.text(),
-                    annotations: rng.map(),
-                    user_specified_image: rng.text(),
-                    runtime_handler: rng.text(),
-                }),
+                image: Some(rng.image_spec()),
                 ..Default::default()
             });
         }
@@ -200,21 +194,8 @@ mod tests {
     /// A response: its status in one or more field-1 parts (prost merges them), with
     /// `info` entries and unknown fields between them.
     fn response(rng: &mut Rng) -> Vec<u8> {
-        let mut fields = status_fields_encoded(rng);
-        let at = rng.below(fields.len() as u64 + 1) as usize;
-        let second = fields.split_off(at);
-        let mut parts: Vec<Vec<u8>> = Vec::new();
-        for group in [fields, second] {
-            if group.is_empty() && rng.chance(50) {
-                continue;
-            }
-            let status = entry(rng, group);
-            let mut out = Vec::new();
-            encode_key(1, WireType::LengthDelimited, &mut out);
-            encode_varint(status.len() as u64, &mut out);
-            out.extend(status);
-            parts.push(out);
-        }
+        let fields = status_fields_encoded(rng);
+        let mut parts = embedded(rng, 1, fields);
         for _ in 0..rng.below(2) {
             parts.push(
                 cri::ContainerStatusResponse {
@@ -236,13 +217,7 @@ mod tests {
                 .encode_to_vec(),
             );
         }
-        for _ in 0..rng.below(2) {
-            parts.push(unknown_field(rng, 3));
-        }
-        for i in (1..parts.len()).rev() {
-            parts.swap(i, rng.below(i as u64 + 1) as usize);
-        }
-        parts.concat()
+        shuffled(rng, parts)
     }
 
     /// Against prost's decoding of the whole response, on generated responses and
@@ -252,28 +227,19 @@ mod tests {
     #[test]
     fn reads_what_prost_reads_and_accepts_all_it_accepts() {
         let mut rng = Rng::seeded(0x6a09_e667_f3bc_c908);
-        let (mut same, mut both_refuse, mut only_prost_refuses) = (0, 0, 0);
+        let mut against = AgainstProst::default();
         for _ in 0..20_000 {
             let mut bytes = response(&mut rng);
             if rng.chance(60) {
                 bytes = mangle(&mut rng, bytes);
             }
-            let whole = cri::ContainerStatusResponse::decode(bytes.as_slice());
-            let read = ContainerStatusRead::decode(bytes.as_slice());
-            match (whole, read) {
-                (Ok(whole), Ok(read)) => {
-                    assert_eq!(read.status, whole.status.map(read_of), "{bytes:?}");
-                    same += 1;
-                }
-                (Err(_), Err(_)) => both_refuse += 1,
-                (Err(_), Ok(_)) => only_prost_refuses += 1,
-                (Ok(whole), Err(e)) => panic!("prost read {whole:?}, this refused: {e}\n{bytes:?}"),
-            }
+            against.check(
+                &bytes,
+                |w: cri::ContainerStatusResponse| w.status.map(read_of),
+                |r: ContainerStatusRead| r.status,
+            );
         }
-        assert!(
-            same > 5_000 && both_refuse > 1_000 && only_prost_refuses > 100,
-            "{same} read alike, {both_refuse} refused by both, {only_prost_refuses} by prost only"
-        );
+        against.assert_at_least(5_000, 1_000, 100);
     }
 
     /// A response's bytes become plegd's status: the image's name, else its

@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use prost::encoding::{encode_key, WireType};
+use prost::encoding::{encode_key, encode_varint, WireType};
+use prost::Message;
 use rand::{Rng as _, SeedableRng as _};
 use rand_chacha::ChaCha8Rng;
 
@@ -41,6 +42,15 @@ impl Rng {
         (0..self.below(4))
             .map(|_| (self.text(), self.text()))
             .collect()
+    }
+    /// An image spec with every field CRI defines.
+    pub(crate) fn image_spec(&mut self) -> crate::cri::ImageSpec {
+        crate::cri::ImageSpec {
+            image: self.text(),
+            annotations: self.map(),
+            user_specified_image: self.text(),
+            runtime_handler: self.text(),
+        }
     }
 }
 
@@ -109,4 +119,90 @@ pub(crate) fn mangle(rng: &mut Rng, mut bytes: Vec<u8>) -> Vec<u8> {
         _ => {}
     }
     bytes
+}
+
+/// An embedded message's fields (each encoded as a message of its own) as one or two
+/// occurrences of field `tag` (prost merges them), each with its fields shuffled and
+/// unknown fields among them; at times none when it has no field.
+pub(crate) fn embedded(rng: &mut Rng, tag: u32, mut fields: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    let at = rng.below(fields.len() as u64 + 1) as usize;
+    let second = fields.split_off(at);
+    let mut parts = Vec::new();
+    for group in [fields, second] {
+        if group.is_empty() && rng.chance(50) {
+            continue;
+        }
+        let body = entry(rng, group);
+        let mut out = Vec::new();
+        encode_key(tag, WireType::LengthDelimited, &mut out);
+        encode_varint(body.len() as u64, &mut out);
+        out.extend(body);
+        parts.push(out);
+    }
+    parts
+}
+
+/// A message's parts (fields, or runs of them) in any order, an unknown field at
+/// times among them.
+pub(crate) fn shuffled(rng: &mut Rng, mut parts: Vec<Vec<u8>>) -> Vec<u8> {
+    for _ in 0..rng.below(2) {
+        parts.push(unknown_field(rng, 3));
+    }
+    for i in (1..parts.len()).rev() {
+        parts.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    parts.concat()
+}
+
+/// A reader of some of a message's fields (prost messages that declare only those)
+/// against prost's decoding of the whole message, on the same bytes: what prost
+/// reads, the reader reads the same; what prost accepts, the reader accepts.
+#[derive(Debug, Default)]
+pub(crate) struct AgainstProst {
+    read_alike: u32,
+    both_refuse: u32,
+    only_prost_refuses: u32,
+}
+
+impl AgainstProst {
+    /// Decodes `bytes` both ways: `whole` (prost's message as the reader must read
+    /// it) and `read` (the reader's) must agree.
+    pub(crate) fn check<W, R, T>(
+        &mut self,
+        bytes: &[u8],
+        whole: impl FnOnce(W) -> T,
+        read: impl FnOnce(R) -> T,
+    ) where
+        W: Message + Default,
+        R: Message + Default,
+        T: PartialEq + std::fmt::Debug,
+    {
+        match (W::decode(bytes), R::decode(bytes)) {
+            (Ok(w), Ok(r)) => {
+                assert_eq!(read(r), whole(w), "{bytes:?}");
+                self.read_alike += 1;
+            }
+            (Err(_), Err(_)) => self.both_refuse += 1,
+            (Err(_), Ok(_)) => self.only_prost_refuses += 1,
+            (Ok(w), Err(e)) => panic!(
+                "prost read {:?}, the reader refused: {e}\n{bytes:?}",
+                whole(w)
+            ),
+        }
+    }
+
+    /// Each outcome came at least this often: the run tried them all.
+    pub(crate) fn assert_at_least(
+        &self,
+        read_alike: u32,
+        both_refuse: u32,
+        only_prost_refuses: u32,
+    ) {
+        assert!(
+            self.read_alike >= read_alike
+                && self.both_refuse >= both_refuse
+                && self.only_prost_refuses >= only_prost_refuses,
+            "{self:?}"
+        );
+    }
 }
