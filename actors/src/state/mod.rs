@@ -18,7 +18,8 @@
 //!   fresh, saying why once.
 //!
 //! `frame`: the file's records; `codec`: their bytes; `snapshot`: a new file's;
-//! `load`: reading one back; `store`: the dir, its lock, the commits and the writer thread of new files.
+//! `load`: reading one back; `store`: the dir, its lock, the commits and the writer
+//! thread of new files.
 
 mod codec;
 mod frame;
