@@ -8,14 +8,17 @@
 //! each map field (a label, an annotation: one top-level field per pair) on its own,
 //! and each run of the other top-level fields between them as one (keys and values'
 //! bytes, the fields plegd reads as well as those the light read below skips). It
-//! does not depend on the map fields' order. A runtime does not send an unchanged
+//! does not depend on the map fields' order. A container's map fields are not among
+//! its parts: plegd keeps none of them, and CRI sets them when it creates the
+//! container, so they are checked when the memo first meets its other fields (a new
+//! container, or one whose state changed) and not hashed again on every read. A runtime does not send an unchanged
 //! entry as the same bytes: containerd's Go protobuf marshals a map in Go's random
 //! map order on every list, and plegd-sim builds a sandbox's labels anew for each
 //! list too — a hash of the entry's bytes whole would miss nearly every entry. The
 //! other fields come in the order of their numbers (Go marshals them so); in another
 //! order they make another fingerprint, and the entry is checked in full: time, never
 //! a wrong read. (A run hashed as one part costs fewer instructions than a hash a
-//! field: a kubelet container's 17 fields are 11 parts.) Whether a message is valid
+//! field.) Whether a message is valid
 //! does not depend on the order of its fields either: prost checks each field on its
 //! own (its key's wire type, its strings' UTF-8, its embedded messages and map
 //! entries, all at the entry's recursion depth), so any order of parts, each whole
@@ -26,10 +29,13 @@
 //! time) are read from the bytes and checked exactly as a full read reads and checks
 //! them (UTF-8, wire types, the last value winning; their fields unknown to plegd
 //! skipped as prost skips them), every other field is skipped by its length
-//! unchecked; every field, read or skipped, is hashed in its part. If the memo holds
-//! the sum of those hashes, that is all; otherwise the entry is fully checked, as
-//! prost checks it, and its sum remembered. So a fingerprint only vouches that the
-//! skipped fields were checked before; the one value it stands for is a vouched
+//! unchecked; every field, read or skipped, is hashed in its part (but a container's
+//! map fields). If the memo holds the sum of those hashes, that is all; otherwise the
+//! entry is fully checked, as prost checks it, and its sum remembered. So a
+//! fingerprint only vouches that the skipped fields were checked before (a
+//! container's labels and annotations: as they were listed then, which a runtime
+//! changing them in place, against CRI, would not be told); the one value it stands
+//! for is a vouched
 //! sandbox's labels, which the packed lists take from the read that remembered it
 //! (`crate::packed_lists`). In the read itself, a collision (an entry's parts summing
 //! like some remembered entry's) could at worst let through a field plegd does not
@@ -39,7 +45,7 @@
 //! collision.
 //!
 //! A read also tells whether its lists are the last good read's, entry for entry, in
-//! every field ([`ListMemo::unchanged`]): there was a last good read, this one read
+//! every field its parts hold ([`ListMemo::unchanged`]): there was a last good read, this one read
 //! as many entries, each remembered, none met twice, and it met every remembered
 //! one. The global relist then knows the lists' fingerprint against its records is
 //! the last one's. An entry that names a field plegd reads twice never counts as
