@@ -39,7 +39,8 @@
 //! sandbox's labels, which the packed lists take from the read that remembered it
 //! (`crate::packed_lists`). In the read itself, a collision (an entry's parts summing
 //! like some remembered entry's) could at worst let through a field plegd does not
-//! read there (an invalid label or annotation) that prost would have refused, or
+//! read there (an invalid image spec, a sandbox's invalid label) that prost would
+//! have refused, or
 //! keep a sandbox's old labels. The hash is keyed with a per-process random seed,
 //! so a pod's author, who controls its labels and annotations, cannot aim at a
 //! collision.
@@ -144,24 +145,28 @@ impl EntryMemo {
         }
     }
 
-    /// Whether an entry with this fingerprint was checked before (in the last good
-    /// read, or already in this one); the read under way is marked as meeting it.
+    /// Whether an entry with this fingerprint was checked before, and when; the read
+    /// under way is marked as meeting it.
     #[inline(always)]
-    pub(crate) fn vouches(&mut self, key: u64) -> bool {
+    pub(crate) fn knows(&mut self, key: u64) -> Known {
         match self.table.find_mut(slot(&key), |v| v & KEY == key) {
             Some(v) => {
                 if *v & SEEN == 0 {
                     self.read.met += 1;
                 }
+                let known = match *v & FRESH {
+                    0 => Known::LastRead,
+                    _ => Known::ThisRead,
+                };
                 *v |= SEEN;
-                true
+                known
             }
-            None => false,
+            None => Known::No,
         }
     }
 
-    /// Remembers an entry this read checked fully (one [`EntryMemo::vouches`] did not
-    /// vouch for).
+    /// Remembers an entry this read checked fully (one [`EntryMemo::knows`] did not
+    /// know).
     #[inline(always)]
     pub(crate) fn add(&mut self, key: u64) {
         self.table.insert_unique(slot(&key), key | FRESH, slot);
@@ -210,6 +215,15 @@ impl EntryMemo {
     }
 }
 
+/// Whether a memo holds a fingerprint: no, from the last good read, or from an entry
+/// checked earlier in the read under way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Known {
+    No,
+    LastRead,
+    ThisRead,
+}
+
 /// An entry's fingerprint, being summed up.
 pub(crate) struct Fingerprint<'m> {
     state: &'m foldhash::quality::RandomState,
@@ -238,7 +252,7 @@ impl Fingerprint<'_> {
         self.read_tags |= bit;
     }
 
-    /// The entry's key for [`EntryMemo::vouches`] and [`EntryMemo::add`]; None for
+    /// The entry's key for [`EntryMemo::knows`] and [`EntryMemo::add`]; None for
     /// an entry that named a field plegd reads twice (never remembered).
     #[inline(always)]
     pub(crate) fn key(&self) -> Option<u64> {
@@ -268,7 +282,7 @@ impl ListMemo {
     }
 
     /// Whether the last read, which succeeded, held the same entries as the good read
-    /// before it, each in every field (see the module's comment); false after a read
+    /// before it, each in every field its fingerprint holds (see the module's comment); false after a read
     /// that failed or did not use the memo, and after a [`ListMemo::clear`].
     pub fn unchanged(&self) -> bool {
         self.sandboxes.unchanged && self.containers.unchanged

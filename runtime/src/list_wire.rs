@@ -21,13 +21,13 @@
 //! prost accepts" becomes "reads exactly what prost reads, and accepts what prost
 //! accepted before" — for a container, before with the same other fields: CRI sets
 //! its labels and annotations when it creates it, and plegd reads neither. See
-//! [`crate::list_memo`] for why a hash collision can never hide a change.
+//! [`crate::list_memo`] for why a hash collision can never hide a change plegd reads.
 
 use std::collections::BTreeMap;
 
 use prost::encoding::{decode_key, decode_varint, WireType};
 
-use crate::list_memo::{EntryMemo, Fingerprint, ListMemo};
+use crate::list_memo::{EntryMemo, Fingerprint, Known, ListMemo};
 
 /// Why bytes are not a valid message (what prost would have refused).
 pub type WireError = String;
@@ -331,7 +331,7 @@ fn sandbox_field<'a>(
     depth: u32,
 ) -> Res<bool> {
     match tag {
-        // Its ID counts in its fingerprint, as every field does: an entry the memo
+        // Its ID counts in its fingerprint, as every field of a sandbox does: an entry the memo
         // vouches for is a sandbox read in full before, whose labels plegd has
         // read (`crate::packed_lists`), never a new sandbox alike.
         1 => f.id = string(wt, buf)?,
@@ -483,7 +483,7 @@ fn light_read<'a, F: Default>(
     mut buf: &'a [u8],
     depth: u32,
     fp: &mut Fingerprint<'_>,
-    kind: Light,
+    kind: &Light,
     read: impl Fn(&mut F, (u32, WireType), &mut &'a [u8], u32) -> Res<bool>,
 ) -> Res<F> {
     let mut f = F::default();
@@ -516,9 +516,14 @@ fn light_read<'a, F: Default>(
 /// does not hold its fingerprint, then fully (`read(None)`) and remembered. (A light
 /// read checks a part of what a full one checks: when it fails, so would the full
 /// one, which is done to fail with prost's error.) Also whether it was read fully.
+/// An entry whose fingerprint leaves its map fields out (`kind`) and that an entry
+/// earlier in the same read shares is read fully too: the two may differ there, and
+/// the read has met neither before (a read with a fresh memo accepts exactly what
+/// prost accepts).
 #[inline(always)]
 fn memoized<T>(
     memo: Option<&mut EntryMemo>,
+    kind: &Light,
     read: impl Fn(Option<&mut Fingerprint<'_>>) -> Res<T>,
     rememberable: impl Fn() -> bool,
 ) -> Res<(T, bool)> {
@@ -530,8 +535,10 @@ fn memoized<T>(
     let light = read(Some(&mut fp));
     let key = fp.key();
     if let (Ok(fields), Some(key)) = (light, key) {
-        if memo.vouches(key) {
-            return Ok((fields, false));
+        match (memo.knows(key), kind.hash_maps) {
+            (Known::LastRead, _) | (Known::ThisRead, true) => return Ok((fields, false)),
+            (Known::ThisRead, false) => return Ok((read(None)?, true)),
+            (Known::No, _) => {}
         }
         let fields = read(None)?;
         if rememberable() {
@@ -574,11 +581,13 @@ pub(crate) fn sandbox_entry<'a>(
         None => sandbox_read(entry, depth, None),
         // A closure, not the fn item: its call is inlined (the fn item's was not, 5 %
         // of a no-change relist's instructions).
-        Some(fp) => light_read(entry, depth, fp, SANDBOX_LIGHT, |f, k, b, d| {
+        Some(fp) => light_read(entry, depth, fp, &SANDBOX_LIGHT, |f, k, b, d| {
             sandbox_field(f, k, b, d)
         }),
     };
-    memoized(memo, read, || labels_name_each_key_once(entry))
+    memoized(memo, &SANDBOX_LIGHT, read, || {
+        labels_name_each_key_once(entry)
+    })
 }
 
 /// Whether no two label fields of a sandbox entry (read in full) name one key. The
@@ -654,12 +663,12 @@ pub(crate) fn container_entry<'a>(
     let read = |fp: Option<&mut Fingerprint<'_>>| match fp {
         None => container_read(entry, depth),
         // A closure, as for a sandbox.
-        Some(fp) => light_read(entry, depth, fp, CONTAINER_LIGHT, |f, k, b, d| {
+        Some(fp) => light_read(entry, depth, fp, &CONTAINER_LIGHT, |f, k, b, d| {
             container_field(f, k, b, d)
         }),
     };
     // plegd keeps none of a container's map fields.
-    memoized(memo, read, || true).map(|(fields, _)| fields)
+    memoized(memo, &CONTAINER_LIGHT, read, || true).map(|(fields, _)| fields)
 }
 
 /// The labels of a sandbox entry returned by [`sandboxes`] (read again: only the
@@ -1134,8 +1143,8 @@ mod tests {
     }
 
     /// A containers list with the map fields left out of each entry the memo
-    /// vouches for in its read (by its other fields: remembered, or met earlier in
-    /// this list and valid); the list as is where it does not split into entries.
+    /// remembers by its other fields; the list as is where it does not split into
+    /// entries.
     fn maps_left_out_where_remembered(memo: &ListMemo, list: &[u8]) -> Vec<u8> {
         let mut entries = Vec::new();
         let split = list_entries(list, |e| {
@@ -1145,7 +1154,7 @@ mod tests {
         if split.is_err() {
             return list.to_vec();
         }
-        let (mut out, mut met) = (Vec::new(), std::collections::HashSet::new());
+        let mut out = Vec::new();
         for entry in entries {
             let mut fields = Vec::new();
             let mut rest = entry;
@@ -1161,16 +1170,13 @@ mod tests {
                 false => None,
             };
             let kept = match key {
-                Some(k) if memo.containers.holds(k) || met.contains(&k) => fields
+                Some(k) if memo.containers.holds(k) => fields
                     .into_iter()
                     .filter(|f| !CONTAINER.maps.contains(&tag_of(f)))
                     .collect::<Vec<_>>()
                     .concat(),
                 _ => entry.to_vec(),
             };
-            if let Some(k) = key.filter(|_| container_fields(entry, RECURSION_LIMIT - 1).is_ok()) {
-                met.insert(k);
-            }
             encode_key(1, WireType::LengthDelimited, &mut out);
             prost::encoding::encode_varint(kept.len() as u64, &mut out);
             out.extend(kept);
@@ -1450,8 +1456,9 @@ mod tests {
     /// Reads with one memo over rounds of a changing node — the same bytes, entries
     /// changed (another state appended: the last one wins), reordered, their fields
     /// reordered (containerd sends maps in Go's random order), added and removed, and
-    /// now and then broken — give
-    /// what reads without it give, and what prost decodes; after each good read the
+    /// now and then broken — give what reads without it give (a broken round: of the
+    /// bytes with the map fields of each container the memo remembers by its other
+    /// fields left out), and what prost decodes; after each good read the
     /// memo holds exactly that read's entries (an entry being its parts, in any
     /// order), after a failed one what it held.
     #[test]
@@ -1710,10 +1717,12 @@ mod tests {
     }
 
     /// An entry remembered under its ID whose bytes change into ones prost refuses
-    /// (an annotation's value not UTF-8; a labels field of the wrong wire type) fails
-    /// the read; the memo is left as it was (neither the refused entry nor a new one
-    /// checked before it is remembered), and the next good read still finds the
-    /// remembered entries.
+    /// (its state changed and an annotation's value not UTF-8; its image spec of the
+    /// wrong wire type) fails the read; the memo is left as it was (neither the
+    /// refused entry nor a new one checked before it is remembered), and the next good
+    /// read still finds the remembered entries. A container whose map fields alone
+    /// changed so is read (they are checked when its other fields are first met);
+    /// met twice in one read, the second is checked again.
     #[test]
     fn a_changed_entry_prost_refuses_fails_the_read_though_its_id_is_remembered() {
         let good = container_entry("c1", 1, b"v");
@@ -1779,7 +1788,21 @@ mod tests {
             );
             let got = via_view_memo(&[], &list, &mut ListMemo::default());
             assert!(matches!(got, Err(RuntimeError::Invalid { .. })), "{got:?}");
+            // After the entry it repeats, in one read: checked, and refused, with a
+            // fresh memo as with one that does not remember it.
+            let twice = containers_list(&[&other, bad]);
+            for mut memo in [ListMemo::default(), memo_of(&new)] {
+                let got = via_view_memo(&[], &twice, &mut memo);
+                assert!(matches!(got, Err(RuntimeError::Invalid { .. })), "{got:?}");
+            }
         }
+    }
+
+    /// A memo that remembers the container `entry` alone.
+    fn memo_of(entry: &[u8]) -> ListMemo {
+        let mut memo = ListMemo::default();
+        via_view_memo(&[], &containers_list(&[entry]), &mut memo).expect("valid");
+        memo
     }
 
     /// The memo never supplies a field: an entry remembered with one state, listed
@@ -1814,9 +1837,12 @@ mod tests {
             }
             memo.finish(true);
         };
-        let invalid_annotation = container_entry("c9", 2, &[0xc3]);
-        collide(&mut memo, &invalid_annotation);
-        let (_, c) = via_view_memo(&[], &containers_list(&[&invalid_annotation]), &mut memo)
+        // Its image spec's image not UTF-8.
+        let mut invalid_image = container_entry("c9", 2, b"v");
+        invalid_image.extend([0x22, 3, 0x0a, 1, 0xff]);
+        assert!(cri::ListContainersResponse::decode(&*containers_list(&[&invalid_image])).is_err());
+        collide(&mut memo, &invalid_image);
+        let (_, c) = via_view_memo(&[], &containers_list(&[&invalid_image]), &mut memo)
             .expect("what plegd does not read goes unchecked");
         assert_eq!(
             (c[0].id.as_str(), c[0].state),
@@ -1924,9 +1950,10 @@ mod tests {
     }
 
     /// The memo tells a read whose lists are the last good read's, entry for entry
-    /// in every field, in any order of entries and of map fields; any change, an entry
-    /// more or less, one listed twice, one that names a field plegd reads twice, a
-    /// failed read, a cleared memo: not.
+    /// in every field (but a container's map fields, which do not count), in any order
+    /// of entries and of a sandbox's map fields; any change, an entry more or less, one
+    /// listed twice, one that names a field plegd reads twice, a failed read, a
+    /// cleared memo: not.
     #[test]
     fn the_memo_tells_lists_that_did_not_change() {
         let sandboxes = |apps: &[&str]| {
@@ -1953,18 +1980,38 @@ mod tests {
         let apps = ["a", "b", "c"];
         assert!(!read(&sandboxes(&apps), &refs(&entries)), "the first read");
         assert!(read(&sandboxes(&apps), &refs(&entries)));
-        // Entries in another order, each one's map fields in another order.
+        // An annotation more on each container: the same entries (a container's map
+        // fields do not count).
         let mut two = entries.clone();
         for (i, e) in two.iter_mut().enumerate() {
             let more = container_entry(&format!("c{i}"), 1, b"w");
             e.extend(&more[fields_of(&more)[..4].concat().len()..]);
         }
-        // (A container's map fields are not among its parts: an annotation more is the
-        // same entry.)
         assert!(read(&sandboxes(&apps), &refs(&two)));
+        // Entries in another order, each one's map fields in another order.
         let mut shuffled: Vec<Vec<u8>> = two.iter().map(|e| maps_reversed(e, &CONTAINER)).collect();
         assert_ne!(shuffled, two);
         shuffled.rotate_left(2);
+        assert!(read(&sandboxes(&apps), &refs(&shuffled)));
+        // Sandboxes of two labels, then the same with each one's labels in another
+        // order: the same lists; then one label again: not.
+        let labelled: Vec<Vec<u8>> = apps
+            .iter()
+            .enumerate()
+            .map(|(i, app)| {
+                let mut e = pod_sandbox(&format!("s{i}"), i, app.to_string()).encode_to_vec();
+                e.extend([0x2a, 6, 0x0a, 1, b'b', 0x12, 1, b'w']);
+                e
+            })
+            .collect();
+        let reordered: Vec<Vec<u8>> = labelled
+            .iter()
+            .map(|e| maps_reversed(e, &SANDBOX))
+            .collect();
+        assert_ne!(reordered, labelled);
+        assert!(!read(&refs(&labelled), &refs(&shuffled)));
+        assert!(read(&refs(&reordered), &refs(&shuffled)));
+        assert!(!read(&sandboxes(&apps), &refs(&shuffled)));
         assert!(read(&sandboxes(&apps), &refs(&shuffled)));
         // Their other fields in another order: other fingerprints, then the same.
         let reversed: Vec<Vec<u8>> = two
