@@ -140,11 +140,14 @@ fn fail(e: ExitError) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    // First, while plegd has one thread (see plegd_telemetry::malloc).
+    // First, while plegd has one thread (see plegd_telemetry::malloc; the mask is
+    // inherited by every thread started later).
+    let signals_held = signals::hold();
     let malloc_fixed = plegd_telemetry::malloc::fix_thresholds();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Client(command) = cli.command {
+        signals::release();
         return match client::run(command) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e),
@@ -156,6 +159,9 @@ fn main() -> ExitCode {
         Err(e) => return fail(e),
     };
     start_logging(checked.log_format, checked.endpoint_ignored);
+    if !signals_held {
+        tracing::warn!("could not hold signals back during start-up: one sent now kills plegd");
+    }
     if !malloc_fixed {
         tracing::warn!(
             "glibc refused the fixed mmap/trim thresholds; memory may grow with its defaults"

@@ -1,9 +1,11 @@
-//! The signals plegd answers, installed before any start-up work (so a SIGTERM while
-//! the demo sets up still ends in a clean shutdown that removes its socket directory):
-//! SIGTERM and SIGINT stop plegd gracefully; SIGHUP reopens the `--events-json` file,
-//! the way log rotation expects (it never stops plegd).
+//! The signals plegd answers, held back from `main`'s first line until their handlers
+//! are in, and installed before any start-up work (so a SIGTERM while the settings
+//! are read or the demo sets up still ends in a clean shutdown that removes its
+//! socket directory): SIGTERM and SIGINT stop plegd gracefully; SIGHUP reopens the
+//! `--events-json` file, the way log rotation expects (it never stops plegd).
 
 use actix_rt::signal::unix::{signal, Signal, SignalKind};
+use nix::sys::signal::{SigSet, Signal as Sig};
 
 use crate::exit::ExitError;
 
@@ -20,9 +22,33 @@ pub struct Signals {
     hup: Signal,
 }
 
+/// The signals plegd answers, as a set.
+fn answered() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in [Sig::SIGTERM, Sig::SIGINT, Sig::SIGHUP] {
+        set.add(sig);
+    }
+    set
+}
+
+/// Holds the signals plegd answers back (blocked on this thread and on every thread it
+/// starts from now on) until [`Signals::install`] or [`release`]: `main`'s first
+/// line, so one sent while plegd starts waits for its handler instead of killing
+/// plegd. False if the mask could not be set (plegd then starts without it).
+pub fn hold() -> bool {
+    answered().thread_block().is_ok()
+}
+
+/// Lets the held signals through again with their default action (a command that
+/// installs no handler: the API client's).
+pub fn release() {
+    let _ = answered().thread_unblock();
+}
+
 impl Signals {
-    /// Installs the handlers (inside the runtime). From now on these signals are
-    /// queued for [`Self::next`] instead of killing the process.
+    /// Installs the handlers (inside the runtime, on the thread that called [`hold`]),
+    /// then lets the held signals through. From now on these signals are queued for
+    /// [`Self::next`] instead of killing the process; one sent before is taken now.
     pub fn install() -> Result<Signals, ExitError> {
         let install = |kind, name| {
             signal(kind).map_err(ExitError::runtime(match name {
@@ -31,11 +57,13 @@ impl Signals {
                 _ => "cannot install the SIGHUP handler",
             }))
         };
-        Ok(Signals {
+        let signals = Signals {
             term: install(SignalKind::terminate(), "SIGTERM")?,
             int: install(SignalKind::interrupt(), "SIGINT")?,
             hup: install(SignalKind::hangup(), "SIGHUP")?,
-        })
+        };
+        release();
+        Ok(signals)
     }
 
     /// Runs `work` to its end, unless SIGTERM or SIGINT comes first: then None, said in
