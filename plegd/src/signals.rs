@@ -1,7 +1,7 @@
-//! The signals plegd answers, held back from `main`'s first line until their handlers
-//! are in, and installed before any start-up work (so a SIGTERM while the settings
-//! are read or the demo sets up still ends in a clean shutdown that removes its
-//! socket directory): SIGTERM and SIGINT stop plegd gracefully; SIGHUP reopens the
+//! The signals plegd answers, held back from `main`'s first line and handled from the
+//! first thing plegd does in its runtime, before the service or the demo starts (so a
+//! SIGTERM while the settings are read or the demo sets up still ends in a clean
+//! shutdown that removes its socket directory): SIGTERM and SIGINT stop plegd gracefully; SIGHUP reopens the
 //! `--events-json` file, the way log rotation expects (it never stops plegd).
 
 use actix_rt::signal::unix::{signal, Signal, SignalKind};
@@ -32,9 +32,12 @@ fn answered() -> SigSet {
 }
 
 /// Holds the signals plegd answers back (blocked on this thread and on every thread it
-/// starts from now on) until [`Signals::install`] or [`release`]: `main`'s first
-/// line, so one sent while plegd starts waits for its handler instead of killing
-/// plegd. False if the mask could not be set (plegd then starts without it).
+/// starts from now on) until [`Signals::install`] or [`release`] lets them through on
+/// this thread: `main`'s first line, so one sent while plegd starts waits for its
+/// handler instead of killing plegd. A thread started meanwhile (the trim thread)
+/// keeps them blocked for good, which is harmless while this thread takes them and no
+/// such thread starts a process (it would inherit the mask). False if the mask could
+/// not be set (plegd then starts without it).
 pub fn hold() -> bool {
     answered().thread_block().is_ok()
 }
@@ -57,13 +60,15 @@ impl Signals {
                 _ => "cannot install the SIGHUP handler",
             }))
         };
-        let signals = Signals {
-            term: install(SignalKind::terminate(), "SIGTERM")?,
-            int: install(SignalKind::interrupt(), "SIGINT")?,
-            hup: install(SignalKind::hangup(), "SIGHUP")?,
-        };
+        let installed = (|| {
+            Ok(Signals {
+                term: install(SignalKind::terminate(), "SIGTERM")?,
+                int: install(SignalKind::interrupt(), "SIGINT")?,
+                hup: install(SignalKind::hangup(), "SIGHUP")?,
+            })
+        })();
         release();
-        Ok(signals)
+        installed
     }
 
     /// Runs `work` to its end, unless SIGTERM or SIGINT comes first: then None, said in
