@@ -30,7 +30,10 @@ fn step<T>(s: PodStep<T>) -> Step {
 }
 
 /// Pod `u1` with one running container `c`, its first relist done, behind `runtime`.
-async fn one_pod(rt: &FakeRuntime, runtime: Arc<dyn RuntimeClient>) -> (GenericPleg, String) {
+pub(super) async fn one_pod(
+    rt: &FakeRuntime,
+    runtime: Arc<dyn RuntimeClient>,
+) -> (GenericPleg, String) {
     let sb = rt.run_pod("u1", "web", "ns");
     let c = rt.run_container(&sb, "app");
     let mut p = GenericPleg::new(runtime, 4);
@@ -101,7 +104,7 @@ async fn early_before_the_lists(
     (steps.into_inner().unwrap(), events, cache)
 }
 
-fn died(c: &str) -> Vec<(EventKind, String)> {
+pub(super) fn died(c: &str) -> Vec<(EventKind, String)> {
     vec![(EventKind::ContainerDied, c.to_string())]
 }
 
@@ -238,14 +241,14 @@ async fn a_pod_awaiting_reinspection_reports_no_death_early() {
 /// Once, or with `sticky` every time (a runtime gone wrong: e.g. the ID listed again,
 /// running, under another sandbox, while ContainerStatus says exited).
 #[derive(Clone)]
-struct Stale {
+pub(super) struct Stale {
     inner: FakeRuntime,
     kept: Arc<Mutex<Option<Vec<Container>>>>,
     sticky: bool,
 }
 
 impl Stale {
-    fn new(rt: &FakeRuntime, sticky: bool) -> Stale {
+    pub(super) fn new(rt: &FakeRuntime, sticky: bool) -> Stale {
         Stale {
             inner: rt.clone(),
             kept: Arc::default(),
@@ -253,7 +256,7 @@ impl Stale {
         }
     }
 
-    async fn keep(&self, sandbox: &str) {
+    pub(super) async fn keep(&self, sandbox: &str) {
         let list = self.inner.list_containers(Some(sandbox)).await.unwrap();
         *self.kept.lock().unwrap() = Some(list);
     }

@@ -23,11 +23,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::Either;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::Semaphore;
 
+use super::beside::{Beside, BesideAsk, BesideCounts, GlobalStep};
 use super::changes;
 use super::chunks::{group_all, Entries, Plan, CHUNK_PODS};
 use super::diff::pod_events;
@@ -38,7 +40,8 @@ use super::output::{CacheUpdate, RelistOutput};
 use super::pod_read::{listed_of, PodPlan, PodRead, Reader, Work, WHOLE_NODE_LISTS};
 use super::record::{group, Id, PlegState, RecordTable, Records};
 use super::status::{
-    index_containers, index_sandboxes, read_disagrees, LastReads, PodStatus, EXIT_SETTLE,
+    index_containers, index_sandboxes, read_disagrees, LastReads, PodStatus, PrefetchCounts,
+    EXIT_SETTLE,
 };
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use crate::room::give_back_room;
@@ -487,30 +490,14 @@ impl GenericPleg {
     /// holds the pod or it awaits reinspection; what to apply to the cache and
     /// publish.
     fn early_deaths(&mut self, exits: EarlyExits, held: &dyn Fn(&str) -> bool) -> RelistOutput {
-        // A pod awaiting reinspection (its last status read failed) reports nothing
-        // early: its cache entry holds the error, and the read that clears it says
-        // what changed (or PodSync).
-        if held(&exits.uid) || self.reinspect.contains(&exits.uid) {
-            return RelistOutput::default();
-        }
-        let uid = exits.uid.clone();
-        let Some(mut out) = self
-            .records
-            .update(&uid, |record| early::apply(record, exits))
-        else {
-            return RelistOutput::default();
-        };
-        if self.keep_records && !out.events.is_empty() {
-            out.records
-                .push((uid.clone(), self.records.get(&uid).cloned()));
-        }
-        if !out.events.is_empty() {
-            self.early
-                .entry(uid)
-                .or_default()
-                .extend(out.events.iter().map(|e| e.container_id.clone()));
-        }
-        out
+        early_deaths(
+            &mut self.records,
+            &self.reinspect,
+            &mut self.early,
+            self.keep_records,
+            exits,
+            held,
+        )
     }
 
     /// What a read of `ask`'s pod needs of the state (`pod_read`).
@@ -550,7 +537,63 @@ impl GenericPleg {
         F: FnMut(RelistOutput, bool) -> Fut,
         Fut: Future<Output = ()>,
     {
-        let lists = self.runtime.list_node_memo(&mut self.memo).await?;
+        self.relist_global_hearing(held, None, |step| match step {
+            GlobalStep::Chunk { out, last } => Either::Left(each(out, last)),
+            // Only what is read beside comes early: nothing is.
+            GlobalStep::Early(_) => Either::Right(std::future::ready(())),
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// [`Self::relist_global`], reading beside it the containers `asks` names while
+    /// it runs (`beside` module): `each` gets each chunk as
+    /// [`GlobalStep::Chunk`], and the deaths those reads show, at once, as
+    /// [`GlobalStep::Early`] (between two chunks, or before the first). On success,
+    /// what it read beside.
+    pub async fn relist_global_hearing<F, Fut>(
+        &mut self,
+        held: &dyn Fn(&str) -> bool,
+        asks: Option<&mut UnboundedReceiver<BesideAsk>>,
+        mut each: F,
+    ) -> Result<BesideCounts, RuntimeError>
+    where
+        F: FnMut(GlobalStep) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut beside = Beside::new(asks, self.runtime.clone());
+        let result = self.global_parts(held, &mut beside, &mut each).await;
+        // What was read beside holds against this relist's lists only.
+        self.early.clear();
+        result.map(|()| beside.counts)
+    }
+
+    async fn global_parts<F, Fut>(
+        &mut self,
+        held: &dyn Fn(&str) -> bool,
+        beside: &mut Beside<'_>,
+        each: &mut F,
+    ) -> Result<(), RuntimeError>
+    where
+        F: FnMut(GlobalStep) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let lists = beside
+            .during(
+                self.runtime.list_node_memo(&mut self.memo),
+                &mut |exits| {
+                    early_deaths(
+                        &mut self.records,
+                        &self.reinspect,
+                        &mut self.early,
+                        self.keep_records,
+                        exits,
+                        held,
+                    )
+                },
+                each,
+            )
+            .await?;
         let view = lists.view_memo(&mut self.memo)?;
         let plan = self.global_plan(&view, held);
         // The first relist builds every pod's record first, from the lists in place
@@ -582,9 +625,13 @@ impl GenericPleg {
                     return Err(e);
                 }
             };
-            let mut out = self.process(work, held).await;
+            let mut out = self.process(work, held, beside, each).await;
             out.held.extend(left_held);
-            each(out, i == last).await;
+            each(GlobalStep::Chunk {
+                out,
+                last: i == last,
+            })
+            .await;
         }
         // A churn of short-lived pods leaves the records' table at the size its peak
         // grew it to (a hash table that removes and inserts at over half its capacity
@@ -796,15 +843,44 @@ impl GenericPleg {
 
     /// Reads the status of every pod of `work` (`concurrency` at once, one bound on
     /// the calls in flight for the whole relist), then commits them in order.
-    async fn process(&mut self, work: Vec<Work>, held: &dyn Fn(&str) -> bool) -> RelistOutput {
+    async fn process<F, Fut>(
+        &mut self,
+        work: Vec<Work>,
+        held: &dyn Fn(&str) -> bool,
+        beside: &mut Beside<'_>,
+        each: &mut F,
+    ) -> RelistOutput
+    where
+        F: FnMut(GlobalStep) -> Fut,
+        Fut: Future<Output = ()>,
+    {
         let reader = self.reader();
         let calls = Semaphore::new(self.concurrency);
-        let mut out = RelistOutput::default();
+        let mut prefetch = PrefetchCounts::default();
         let reads = futures::stream::iter(work)
-            .map(|w| reader.read_status(w, &calls, &mut out.prefetch))
+            .map(|w| reader.read_status(w, &calls, &mut prefetch))
             .buffered(self.concurrency)
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>();
+        let reads = beside
+            .during(
+                reads,
+                &mut |exits| {
+                    early_deaths(
+                        &mut self.records,
+                        &self.reinspect,
+                        &mut self.early,
+                        self.keep_records,
+                        exits,
+                        held,
+                    )
+                },
+                each,
+            )
             .await;
+        let mut out = RelistOutput {
+            prefetch,
+            ..RelistOutput::default()
+        };
         for read in reads {
             self.commit(read, held, &mut out);
         }
@@ -976,6 +1052,38 @@ impl GenericPleg {
             });
         }
     }
+}
+
+/// [`GenericPleg::early_deaths`], on the fields it needs (a global relist's lists
+/// borrow others meanwhile).
+fn early_deaths(
+    records: &mut Records,
+    reinspect: &HashSet<String>,
+    early: &mut HashMap<String, Vec<String>>,
+    keep_records: bool,
+    exits: EarlyExits,
+    held: &dyn Fn(&str) -> bool,
+) -> RelistOutput {
+    // A pod awaiting reinspection (its last status read failed) reports nothing
+    // early: its cache entry holds the error, and the read that clears it says
+    // what changed (or PodSync).
+    if held(&exits.uid) || reinspect.contains(&exits.uid) {
+        return RelistOutput::default();
+    }
+    let uid = exits.uid.clone();
+    let Some(mut out) = records.update(&uid, |record| early::apply(record, exits)) else {
+        return RelistOutput::default();
+    };
+    if keep_records && !out.events.is_empty() {
+        out.records.push((uid.clone(), records.get(&uid).cloned()));
+    }
+    if !out.events.is_empty() {
+        early
+            .entry(uid)
+            .or_default()
+            .extend(out.events.iter().map(|e| e.container_id.clone()));
+    }
+    out
 }
 
 /// The listed sandboxes `refs`, owned, and the IDs of those listed without their

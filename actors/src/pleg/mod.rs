@@ -7,6 +7,7 @@
 //! record; a global relist starts here) → `PodRead` (with its status) →
 //! [`RelistOutput`] (cache updates and events), handed over as a [`PodStep`].
 
+mod beside;
 mod changes;
 mod chunks;
 mod diff;
@@ -18,6 +19,7 @@ mod pod_read;
 mod record;
 mod status;
 
+pub use beside::{BesideAsk, BesideCounts, GlobalStep};
 pub use generic::{GenericPleg, PodAsk, PodStep, RelistScope};
 pub use output::{CacheUpdate, RelistOutput};
 pub(crate) use record::Records;
@@ -29,6 +31,8 @@ pub use status::{LastRead, LastReads, PodStatus, PrefetchCounts};
 #[cfg(feature = "fuzzing")]
 pub use {diff::pod_events, record::group, record::PlegState, record::PodRecord};
 
+#[cfg(test)]
+mod beside_tests;
 #[cfg(test)]
 mod chunk_tests;
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The global relist goes first (KEP-3386: the dispatcher "gives the periodic global
 //! relist priority"). The dispatcher publishes here when the next global relist is due
 //! and whether one is running; hint sources take no stream item while one is due or
-//! running. On a busy thread a storm of hints would otherwise take the time the global
+//! running, unless the running one hears them (it reads what the first few name beside
+//! its own reads, `relist::machine`). On a busy thread a storm of hints would otherwise take the time the global
 //! relist needs: it then waits in the sources' streams (and the runtime's buffers),
 //! not in plegd, and costs latency, never correctness (the global relist reads every
 //! pod anyway).
@@ -29,6 +30,8 @@ struct Inner {
     /// When the next global relist is due, in nanoseconds since `base`.
     due: AtomicU64,
     running: AtomicBool,
+    /// The running global relist takes hints.
+    hearing: AtomicBool,
     changed: Notify,
 }
 
@@ -39,26 +42,30 @@ impl Default for GlobalPriority {
             base: Instant::now(),
             due: AtomicU64::new(NEVER),
             running: AtomicBool::new(false),
+            hearing: AtomicBool::new(false),
             changed: Notify::new(),
         }))
     }
 }
 
 impl GlobalPriority {
-    /// The dispatcher's view: whether a global relist is running, when the next is due.
-    pub(crate) fn set(&self, running: bool, next_due: Instant) {
+    /// The dispatcher's view: whether a global relist is running and whether it hears
+    /// hints, when the next is due.
+    pub(crate) fn set(&self, running: bool, hearing: bool, next_due: Instant) {
         let nanos = next_due.saturating_duration_since(self.0.base).as_nanos();
         self.0
             .due
             .store(u64::try_from(nanos).unwrap_or(NEVER - 1), Ordering::SeqCst);
+        self.0.hearing.store(hearing, Ordering::SeqCst);
         self.0.running.store(running, Ordering::SeqCst);
         self.0.changed.notify_waiters();
     }
 
-    /// True while a global relist is due at `now` or running: hints wait.
+    /// True while a global relist is due at `now`, or running and not hearing them:
+    /// hints wait.
     pub fn first(&self, now: Instant) -> bool {
         if self.0.running.load(Ordering::SeqCst) {
-            return true;
+            return !self.0.hearing.load(Ordering::SeqCst);
         }
         let due = self.0.due.load(Ordering::SeqCst);
         due != NEVER && now.saturating_duration_since(self.0.base).as_nanos() >= u128::from(due)
@@ -102,19 +109,25 @@ mod tests {
         let p = GlobalPriority::default();
         let t0 = Instant::now();
         assert!(!p.first(t0), "no dispatcher: never");
-        p.set(false, t0 + Duration::from_millis(100));
+        p.set(false, false, t0 + Duration::from_millis(100));
         assert!(!p.first(t0));
         assert!(p.first(t0 + Duration::from_millis(100)), "due");
-        p.set(true, t0 + Duration::from_millis(100));
+        p.set(true, false, t0 + Duration::from_millis(100));
         assert!(p.first(t0), "running");
-        p.set(false, t0 + Duration::from_secs(1));
+        p.set(true, true, t0 + Duration::from_millis(100));
+        assert!(!p.first(t0), "running and hearing");
+        assert!(
+            !p.first(t0 + Duration::from_millis(100)),
+            "running and hearing"
+        );
+        p.set(false, false, t0 + Duration::from_secs(1));
         assert!(!p.first(t0 + Duration::from_millis(999)));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_waiting_hint_goes_on_when_the_global_relist_ends() {
         let p = GlobalPriority::default();
-        p.set(true, Instant::now());
+        p.set(true, false, Instant::now());
         let start = tokio::time::Instant::now();
         let waiter = tokio::spawn({
             let p = p.clone();
@@ -122,7 +135,7 @@ mod tests {
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
-        p.set(false, Instant::now() + Duration::from_secs(3600));
+        p.set(false, false, Instant::now() + Duration::from_secs(3600));
         waiter.await.unwrap();
         assert!(start.elapsed() < MAX_WAIT, "woken, not timed out");
     }
@@ -130,7 +143,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stalled_dispatcher_delays_hints_by_the_longest_wait_only() {
         let p = GlobalPriority::default();
-        p.set(true, Instant::now());
+        p.set(true, false, Instant::now());
         let start = tokio::time::Instant::now();
         p.wait().await;
         assert_eq!(start.elapsed(), MAX_WAIT);

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use actix::prelude::*;
-use plegd_sim::FakeRuntime;
+use plegd_runtime::{ContainerStatus, RuntimeClient, RuntimeError};
+use plegd_sim::{FakeRuntime, Intercept, Intercepted};
 use plegd_telemetry::Metrics;
 
 use super::dispatcher::{DispatcherConfig, DispatcherDeps, DispatcherHandle, RelistDispatcher};
@@ -60,9 +61,19 @@ fn start(
     publisher: Recipient<Publish>,
     held: HeldPods,
 ) -> Plegd {
+    start_on(Arc::new(rt.clone()), chunk_pods, cache, publisher, held)
+}
+
+fn start_on(
+    runtime: Arc<dyn RuntimeClient>,
+    chunk_pods: usize,
+    cache: Recipient<ApplyRelist>,
+    publisher: Recipient<Publish>,
+    held: HeldPods,
+) -> Plegd {
     let health = Health::new(Duration::from_secs(180));
     let dispatcher = RelistDispatcher::start(
-        GenericPleg::new(Arc::new(rt.clone()), 4).with_chunk_pods(chunk_pods),
+        GenericPleg::new(runtime, 4).with_chunk_pods(chunk_pods),
         DispatcherConfig {
             // Only the first global relist runs.
             relist_period: Duration::from_secs(3600),
@@ -347,4 +358,113 @@ async fn a_stop_in_the_middle_of_a_chunked_relist_lets_it_finish() {
     assert_eq!(more, [true, true, true, false]);
     assert_eq!(published.len(), 4);
     assert!(p.health.ready());
+}
+
+/// The fake runtime, whose ContainerStatus of the second of `gated` asked waits
+/// until the test opens the gate: a global relist stopped between two chunks.
+#[derive(Clone)]
+struct Gate {
+    inner: FakeRuntime,
+    gated: Arc<std::sync::Mutex<(Vec<String>, usize)>>,
+    open: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl Intercept for Gate {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+
+    async fn container_status(&self, id: &str) -> Result<ContainerStatus, RuntimeError> {
+        let second = {
+            let mut g = self.gated.lock().unwrap();
+            let asked = g.0.iter().any(|c| c == id);
+            if asked {
+                g.1 += 1;
+            }
+            asked && g.1 == 2
+        };
+        if second {
+            self.open.notified().await;
+        }
+        self.inner.container_status(id).await
+    }
+}
+
+/// A death read beside a global relist between two of its chunks is applied with
+/// `more` (the cache still answers no snapshot of the relist half applied), before
+/// the next chunk; the last chunk then ends the relist.
+#[actix_rt::test]
+async fn a_death_read_beside_between_two_chunks_keeps_the_relist_open() {
+    let rt = FakeRuntime::new();
+    let mut apps = Vec::new();
+    for uid in ["a", "b", "c"] {
+        let sb = rt.run_pod(uid, uid, "ns");
+        apps.push((sb.clone(), rt.run_container(&sb, "app")));
+    }
+    let gate = Gate {
+        inner: rt.clone(),
+        gated: Arc::default(),
+        open: Arc::default(),
+    };
+    let (cache_addr, cache) = Recorder::<ApplyRelist>::start(RecorderConfig::default());
+    let (publisher, published) = Recorder::<Publish>::start(RecorderConfig::default());
+    let p = start_on(
+        Arc::new(Intercepted(gate.clone())),
+        1,
+        cache_addr.recipient(),
+        publisher.recipient(),
+        HeldPods::default(),
+    );
+    wait_until("first global relist", || p.health.ready()).await;
+    // Pods a and b change: a chunk each, the second stopped at its status read.
+    let new: Vec<String> = apps[..2]
+        .iter()
+        .map(|(sb, _)| rt.run_container(sb, "side"))
+        .collect();
+    gate.gated.lock().unwrap().0 = new;
+    let applied = cache.len();
+    p.dispatcher.queue.bring_forward();
+    wait_until("the first chunk applied, the second waiting", || {
+        gate.gated.lock().unwrap().1 == 2 && cache.len() == applied + 1
+    })
+    .await;
+    assert!(cache.all()[applied].more, "a chunk, not the last");
+    let dead = &apps[2].1;
+    rt.exit_container(dead, 9);
+    assert!(p.dispatcher.queue.request(
+        "c",
+        crate::event::RelistSource::EventedPleg,
+        None,
+        Some(dead)
+    ));
+    wait_until("the death applied", || cache.len() == applied + 2).await;
+    let early = copy(&cache.all()[applied + 1]);
+    assert!(
+        early.0.iter().any(|u| matches!(u,
+            CacheUpdate::Container { status, .. } if &status.id == dead)),
+        "{early:?}"
+    );
+    assert!(
+        early.4,
+        "applied with more: the relist is still half applied"
+    );
+    assert!(early.1.is_none(), "no global timestamp");
+    wait_until("published", || {
+        published
+            .all()
+            .iter()
+            .flat_map(|p| p.0.iter())
+            .any(|e| e.kind == EventKind::ContainerDied && &e.container_id == dead)
+    })
+    .await;
+    gate.open.notify_one();
+    wait_until("the last chunk", || {
+        cache
+            .all()
+            .iter()
+            .skip(applied + 2)
+            .any(|a| !a.more && a.global_timestamp.is_some())
+    })
+    .await;
 }

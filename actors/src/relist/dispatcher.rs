@@ -11,7 +11,8 @@
 //!   takes the Generic PLEG, runs as a spawned future (the inbox keeps being drained
 //!   meanwhile) and puts it back when it ends. A batch reports each pod it read; the
 //!   requests it may take while it runs reach it through its own channel, closed when
-//!   the machine says it has nothing left to read.
+//!   the machine says it has nothing left to read. A global relist takes the
+//!   containers to read beside it the same way.
 //! - Each relist's output is applied by `apply`: revisions, then the cache
 //!   (acknowledged), then the events.
 //! - Stop: the queue refuses new requests at once (dropped, counted); the unit in
@@ -33,7 +34,7 @@ pub(crate) use super::apply::DispatcherDeps;
 use super::batch::{targeted_relists, Batch, BatchSummary, Taken};
 use super::global::global_relist;
 use super::machine::{Action, Input, Machine, Rules};
-use crate::pleg::GenericPleg;
+use crate::pleg::{BesideAsk, GenericPleg};
 use crate::queue::BringForward;
 use crate::queue::{GlobalPriority, Inbox, RelistQueue, RequestRelist, Wake};
 use crate::stop::Stop;
@@ -63,6 +64,8 @@ pub struct RelistDispatcher {
     timer: Option<SpawnHandle>,
     /// Where the batch in progress takes more requests (dropped: it takes no more).
     batch_input: Option<UnboundedSender<Taken>>,
+    /// Where the global relist in progress takes containers to read beside it.
+    beside: Option<UnboundedSender<BesideAsk>>,
     logs: Logs,
 }
 
@@ -130,7 +133,7 @@ impl RelistDispatcher {
             Instant::now(),
         );
         let priority = GlobalPriority::default();
-        priority.set(false, machine.next_due());
+        priority.set(false, false, machine.next_due());
         let actor = RelistDispatcher {
             machine,
             core: Some(core),
@@ -141,6 +144,7 @@ impl RelistDispatcher {
             priority: priority.clone(),
             timer: None,
             batch_input: None,
+            beside: None,
             logs: Logs {
                 unit: RateLimiter::for_event_lines(),
                 pod: RateLimiter::for_event_lines(),
@@ -208,7 +212,17 @@ impl RelistDispatcher {
                 }));
             }
             Action::ArmTimer(at) => self.arm_timer(at, ctx),
-            Action::SetPriority { running, next_due } => self.priority.set(running, next_due),
+            Action::SetPriority {
+                running,
+                hearing,
+                next_due,
+            } => self.priority.set(running, hearing, next_due),
+            Action::ReadBeside(ask) => {
+                if let Some(asks) = &self.beside {
+                    // Refused only once the relist has ended: the request still waits.
+                    let _ = asks.send(ask);
+                }
+            }
             Action::Count(result, source) => metrics.count_request(result, source),
             Action::SetPending(n) => metrics.relist_pending.set(n as i64),
             Action::ObserveInterval(d) => metrics.relist_interval.observe(d.as_secs_f64()),
@@ -262,13 +276,16 @@ impl RelistDispatcher {
             return;
         };
         let deps = self.deps.clone();
+        let (asks, mut beside) = unbounded_channel();
+        self.beside = Some(asks);
         let fut = async move {
-            let (start, result) = global_relist(&mut core, &deps).await;
+            let (start, result) = global_relist(&mut core, &deps, &mut beside).await;
             (core, start, result)
         };
         ctx.spawn(
             fut.into_actor(self)
                 .map(move |(core, start, result), act, ctx| {
+                    act.beside = None;
                     let known_pods = core.pod_count();
                     act.core = Some(core);
                     let not_read = match result {
@@ -277,6 +294,9 @@ impl RelistDispatcher {
                                 tracing::debug!(
                                     pods_inspected = summary.pods_inspected,
                                     events = summary.events,
+                                    early_deaths = summary.early,
+                                    asked_beside = summary.beside.asked,
+                                    read_beside = summary.beside.answered,
                                     status_errors = summary.status_errors,
                                     took_ms = summary.took.as_secs_f64() * 1e3,
                                     pending = act.machine.pending(),

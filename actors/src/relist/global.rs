@@ -7,15 +7,20 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use opentelemetry::trace::Span as _;
 use opentelemetry::KeyValue;
 use plegd_telemetry::RelistPhase;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::apply::{apply, DispatcherDeps};
-use crate::pleg::{CacheUpdate, GenericPleg, RelistOutput};
+use crate::pleg::{BesideAsk, BesideCounts, CacheUpdate, GenericPleg, GlobalStep, RelistOutput};
 use crate::spans;
 
 /// What a global relist did, for its debug line.
 pub(super) struct GlobalSummary {
     pub(super) pods_inspected: usize,
     pub(super) events: usize,
+    /// Of `events`, the deaths read beside the relist.
+    pub(super) early: usize,
+    /// The containers read beside it.
+    pub(super) beside: BesideCounts,
     pub(super) status_errors: usize,
     pub(super) took: Duration,
 }
@@ -24,7 +29,8 @@ pub(super) struct GlobalSummary {
 pub(super) type GlobalResult =
     Result<(HashSet<String>, GlobalSummary), plegd_runtime::RuntimeError>;
 
-/// One global relist; on success, the pods it did not read (held, or read failed).
+/// One global relist, reading beside it what `beside` asks (`pleg::beside`); on
+/// success, the pods it did not read (held, or read failed).
 /// Applied chunk by chunk (`GenericPleg::relist_global`): each chunk's revisions,
 /// cache updates and events in turn; the global timestamp and the pods held go with
 /// the last chunk, and only then is plegd ready (the cache answers no snapshot while
@@ -32,6 +38,7 @@ pub(super) type GlobalResult =
 pub(super) async fn global_relist(
     core: &mut GenericPleg,
     deps: &DispatcherDeps,
+    beside: &mut UnboundedReceiver<BesideAsk>,
 ) -> (Instant, GlobalResult) {
     let start = Instant::now();
     let started_wall = SystemTime::now();
@@ -40,6 +47,8 @@ pub(super) async fn global_relist(
     let mut summary = GlobalSummary {
         pods_inspected: 0,
         events: 0,
+        early: 0,
+        beside: BesideCounts::default(),
         status_errors: 0,
         took: Duration::ZERO,
     };
@@ -48,7 +57,16 @@ pub(super) async fn global_relist(
     // A chunk that is not the last has been applied: the cache waits for the rest.
     let mut open = false;
     let result = core
-        .relist_global(&|uid| held.contains(uid), |mut out, last| {
+        .relist_global_hearing(&|uid| held.contains(uid), Some(beside), |step| {
+            let (mut out, last) = match step {
+                GlobalStep::Chunk { out, last } => (out, last),
+                GlobalStep::Early(out) => {
+                    summary.events += out.events.len();
+                    summary.early += out.events.len();
+                    // Between two chunks, the cache still waits for the rest.
+                    return apply(deps, out, None, open);
+                }
+            };
             summary.pods_inspected += out.pods_inspected;
             summary.events += out.events.len();
             summary.status_errors += out.status_errors;
@@ -70,7 +88,8 @@ pub(super) async fn global_relist(
         })
         .await;
     let result = match result {
-        Ok(()) => {
+        Ok(beside) => {
+            summary.beside = beside;
             span.set_attributes([
                 KeyValue::new("pods_inspected", summary.pods_inspected as i64),
                 KeyValue::new("events", summary.events as i64),

@@ -20,6 +20,11 @@
 //!   requests that come, unless a global relist is due, the pod already waits, or the
 //!   batch is full. A request for a pod whose read is in progress runs again once that
 //!   read ends (later ones merge into it). A batch ends once every pod it took is read.
+//! - While a global relist runs, the hint sources are heard (the first
+//!   [`HEARD_BESIDE`] requests; then they wait for its end): the containers a request
+//!   names are read beside it, each once, at most [`READ_BESIDE`] of them (the
+//!   `pleg::beside` module: a death they show is published at once). The request
+//!   waits all the same.
 //! - A request enqueued before the start of a completed global relist is skipped (that
 //!   relist saw the pod), unless that relist did not read the pod (a sync held it, or
 //!   its read failed). A request for a pod a sync holds is coalesced into the gate's
@@ -34,10 +39,18 @@ use plegd_telemetry::RequestResult;
 
 use super::schedule::{GlobalSchedule, Verdict};
 use crate::event::RelistSource;
+use crate::pleg::BesideAsk;
 use crate::queue::request::{merge, Added, PodRequests, RequestRelist};
 
 /// The most pods one batch takes.
 pub const MAX_BATCH: usize = 256;
+
+/// The most requests a running global relist hears (takes from the hint sources)
+/// before they wait for its end: a storm's hints then take no more of its time.
+pub const HEARD_BESIDE: usize = 64;
+
+/// The most containers read beside one global relist.
+pub const READ_BESIDE: usize = 32;
 
 /// What the machine is told at start.
 #[derive(Clone, Debug)]
@@ -105,8 +118,15 @@ pub enum Action {
     ScheduleRun,
     /// Feed [`Input::Tick`] at this instant (replacing the timer armed before).
     ArmTimer(Instant),
-    /// Tell the hint sources whether a global relist runs and when the next is due.
-    SetPriority { running: bool, next_due: Instant },
+    /// Tell the hint sources whether a global relist runs, whether it hears them,
+    /// and when the next is due.
+    SetPriority {
+        running: bool,
+        hearing: bool,
+        next_due: Instant,
+    },
+    /// Read these containers beside the global relist in progress.
+    ReadBeside(BesideAsk),
     /// Count a request's result.
     Count(RequestResult, RelistSource),
     /// The pending requests' gauge.
@@ -121,8 +141,19 @@ pub enum Action {
 
 /// The unit of work in progress.
 enum Unit {
-    Global,
+    Global(Hearing),
     Batch(OpenBatch),
+}
+
+/// What a running global relist has heard.
+#[derive(Default)]
+struct Hearing {
+    /// Requests taken while it runs.
+    heard: usize,
+    /// Containers read beside it.
+    read: HashSet<String>,
+    /// It hears no more (the hint sources wait for its end).
+    deaf: bool,
 }
 
 /// The batch in progress: the pods it took and has not read yet, each with the
@@ -219,10 +250,7 @@ impl Machine {
             }
             Input::BringForward => {
                 if !self.wind_down(&mut out) && self.schedule.bring_forward(now) {
-                    out.push(Action::SetPriority {
-                        running: matches!(self.unit, Some(Unit::Global)),
-                        next_due: self.next_due(),
-                    });
+                    out.push(self.priority());
                     out.push(Action::ArmTimer(self.next_due()));
                 }
             }
@@ -264,6 +292,7 @@ impl Machine {
         held: &dyn Fn(&str) -> bool,
         out: &mut Vec<Action>,
     ) {
+        self.hear(&req, out);
         let waits = if self.admissible(&req, now) {
             self.settle(req, held, out)
                 .and_then(|req| self.admit(req, out))
@@ -277,6 +306,54 @@ impl Machine {
             if self.unit.is_none() {
                 self.schedule_run(out);
             }
+        }
+    }
+
+    /// A request taken while a global relist runs and hears: the containers it names
+    /// that are not read beside it yet are, up to [`READ_BESIDE`] in all; once it has
+    /// heard [`HEARD_BESIDE`] requests or asked [`READ_BESIDE`] reads, the hint
+    /// sources wait.
+    fn hear(&mut self, req: &RequestRelist, out: &mut Vec<Action>) {
+        let Some(Unit::Global(hearing)) = &mut self.unit else {
+            return;
+        };
+        if hearing.deaf {
+            return;
+        }
+        hearing.heard += 1;
+        let mut containers = Vec::new();
+        for id in &req.prefetch {
+            if hearing.read.len() == READ_BESIDE {
+                break;
+            }
+            if hearing.read.insert(id.clone()) {
+                containers.push(id.clone());
+            }
+        }
+        if !containers.is_empty() {
+            out.push(Action::ReadBeside(BesideAsk {
+                uid: req.uid.clone(),
+                source: req.source,
+                containers,
+            }));
+        }
+        if hearing.heard >= HEARD_BESIDE || hearing.read.len() >= READ_BESIDE {
+            hearing.deaf = true;
+            out.push(self.priority());
+        }
+    }
+
+    /// What the hint sources are told: whether a global relist runs and hears them,
+    /// and when the next is due.
+    fn priority(&self) -> Action {
+        let (running, hearing) = match &self.unit {
+            Some(Unit::Global(h)) => (true, !h.deaf),
+            _ => (false, false),
+        };
+        Action::SetPriority {
+            running,
+            hearing,
+            next_due: self.next_due(),
         }
     }
 
@@ -395,11 +472,8 @@ impl Machine {
         let owed = self.batch_next && !self.pending.is_empty();
         self.batch_next = false;
         if !self.stopping && !owed && self.schedule.due(now) {
-            self.unit = Some(Unit::Global);
-            out.push(Action::SetPriority {
-                running: true,
-                next_due: self.next_due(),
-            });
+            self.unit = Some(Unit::Global(Hearing::default()));
+            out.push(self.priority());
             out.push(Action::StartGlobal);
         } else if !self.pending.is_empty() {
             self.batch(held, out);
@@ -458,7 +532,7 @@ impl Machine {
         known_pods: usize,
         out: &mut Vec<Action>,
     ) {
-        if !matches!(self.unit, Some(Unit::Global)) {
+        if !matches!(self.unit, Some(Unit::Global(_))) {
             return;
         }
         self.unit = None;
@@ -466,10 +540,7 @@ impl Machine {
         if let Some(interval) = self.schedule.completed(start, not_read.is_some()) {
             out.push(Action::ObserveInterval(interval));
         }
-        out.push(Action::SetPriority {
-            running: false,
-            next_due: self.next_due(),
-        });
+        out.push(self.priority());
         if let Some(not_read) = not_read {
             self.not_read = not_read;
         }

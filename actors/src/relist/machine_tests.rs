@@ -186,7 +186,11 @@ fn the_first_global_relist_is_due_at_start_and_tells_the_hint_sources_it_runs() 
     assert!(matches!(
         tick[..],
         [
-            Action::SetPriority { running: true, .. },
+            Action::SetPriority {
+                running: true,
+                hearing: true,
+                ..
+            },
             Action::StartGlobal
         ]
     ));
@@ -203,7 +207,7 @@ fn a_global_relist_is_due_one_period_after_the_last_started_and_its_interval_obs
     ));
     assert!(has(
         &ended,
-        |a| matches!(a, Action::SetPriority { running: false, next_due } if *next_due == s.t0 + 2 * PERIOD)
+        |a| matches!(a, Action::SetPriority { running: false, hearing: false, next_due } if *next_due == s.t0 + 2 * PERIOD)
     ));
     assert!(has(
         &ended,
@@ -570,4 +574,110 @@ fn an_actor_about_to_stop_with_requests_waiting_runs_them_first() {
         batches(&s.step(Input::Run, ms(23))),
         vec![vec!["u1".to_string()]]
     );
+}
+
+/// A request for `uid` naming `containers`, enqueued at `t0 + enqueued`.
+fn naming(s: &Spec, uid: &str, containers: &[&str], enqueued: Duration) -> RequestRelist {
+    RequestRelist {
+        prefetch: containers.iter().map(|c| c.to_string()).collect(),
+        ..req(uid, s.t0 + enqueued)
+    }
+}
+
+/// The containers handed to the running global relist to read beside it.
+fn read_beside(actions: &[Action]) -> Vec<(String, Vec<String>)> {
+    pick(actions, |a| match a {
+        Action::ReadBeside(ask) => Some((ask.uid.clone(), ask.containers.clone())),
+        _ => None,
+    })
+}
+
+/// What the hint sources were told last: (running, hearing).
+fn told(actions: &[Action]) -> Option<(bool, bool)> {
+    pick(actions, |a| match a {
+        Action::SetPriority {
+            running, hearing, ..
+        } => Some((*running, *hearing)),
+        _ => None,
+    })
+    .pop()
+}
+
+#[test]
+fn a_running_global_relist_reads_the_containers_a_request_names_beside_it_and_the_request_still_runs(
+) {
+    let mut s = Spec::after_first_global(2);
+    let started = s.step(Input::Tick, PERIOD);
+    assert_eq!(told(&started), Some((true, true)), "hint sources heard");
+    let r = naming(&s, "u1", &["c1", "c2"], PERIOD + ms(1));
+    let heard = s.step(Input::Request(r), PERIOD + ms(1));
+    assert_eq!(
+        read_beside(&heard),
+        vec![("u1".to_string(), vec!["c1".to_string(), "c2".to_string()])]
+    );
+    assert!(counts(&heard).is_empty(), "not settled: it waits");
+    // The same container again (another hint source's), and one more.
+    let r = naming(&s, "u1", &["c2", "c3"], PERIOD + ms(2));
+    let again = s.step(Input::Request(r), PERIOD + ms(2));
+    assert_eq!(
+        read_beside(&again),
+        vec![("u1".to_string(), vec!["c3".to_string()])],
+        "each container once"
+    );
+    assert_eq!(counts(&again), vec![Merged]);
+    let ended = s.global_ended(PERIOD, Some(&[]), PERIOD + ms(20));
+    assert_eq!(told(&ended), Some((false, false)));
+    let run = s.step(Input::Run, PERIOD + ms(20));
+    assert_eq!(
+        batches(&run),
+        vec![vec!["u1".to_string()]],
+        "its own relist runs: the global relist's lists may be older than its cause"
+    );
+    // Nothing is read beside a batch.
+    let r = naming(&s, "u2", &["c9"], PERIOD + ms(21));
+    assert!(read_beside(&s.step(Input::Request(r), PERIOD + ms(21))).is_empty());
+}
+
+#[test]
+fn a_global_relist_hears_a_bounded_number_of_requests_then_the_hint_sources_wait() {
+    use super::machine::{HEARD_BESIDE, READ_BESIDE};
+    // Containers: the reads beside it end once READ_BESIDE are asked.
+    let mut s = Spec::after_first_global(1000);
+    s.step(Input::Tick, PERIOD);
+    let mut read = 0;
+    let mut deaf_after = None;
+    for i in 0..READ_BESIDE + 5 {
+        let c = format!("c{i}");
+        let r = naming(&s, &format!("u{i}"), &[&c], PERIOD + ms(1));
+        let out = s.step(Input::Request(r), PERIOD + ms(1));
+        read += read_beside(&out).len();
+        if told(&out) == Some((true, false)) {
+            deaf_after.get_or_insert(i + 1);
+        }
+    }
+    assert_eq!(read, READ_BESIDE);
+    assert_eq!(deaf_after, Some(READ_BESIDE), "told once the last is read");
+    // Requests: heard up to HEARD_BESIDE, whatever they name.
+    let mut s = Spec::after_first_global(1000);
+    s.step(Input::Tick, PERIOD);
+    let mut deaf_after = None;
+    for i in 0..HEARD_BESIDE + 5 {
+        let out = s.request(&format!("u{i}"), PERIOD + ms(1), PERIOD + ms(1));
+        if told(&out) == Some((true, false)) {
+            deaf_after.get_or_insert(i + 1);
+        }
+    }
+    assert_eq!(deaf_after, Some(HEARD_BESIDE));
+    let r = naming(&s, "late", &["c"], PERIOD + ms(2));
+    assert!(
+        read_beside(&s.step(Input::Request(r), PERIOD + ms(2))).is_empty(),
+        "nothing more is read beside it"
+    );
+    // The next global relist hears again.
+    s.global_ended(PERIOD, Some(&[]), PERIOD + ms(20));
+    s.step(Input::Run, PERIOD + ms(20));
+    s.batch_ended(Vec::new(), PERIOD + ms(30));
+    let next = s.step(Input::Tick, 2 * PERIOD);
+    assert!(starts_global(&next));
+    assert_eq!(told(&next), Some((true, true)));
 }

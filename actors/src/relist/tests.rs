@@ -875,3 +875,55 @@ fn rand_uid(thread: usize, i: usize) -> u128 {
     h.write_usize(i);
     (u128::from(h.finish()) << 64) | (thread as u128) << 32 | i as u128
 }
+
+/// The whole way: a hint that comes while a global relist waits for its lists has
+/// its container read beside it, the death is published (cache first) before the
+/// lists answer, with the hint's source, and once only; the request still runs its
+/// own relist after the global one (which may have listed before the exit).
+#[actix_rt::test]
+async fn a_hinted_death_is_published_while_a_global_relist_waits_for_its_lists() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let b = start(&rt, Setup::default());
+    let q = &b.dispatcher.queue;
+    wait_until("first global relist", || b.global_relists() == 1).await;
+    rt.hold(Op::ListContainers);
+    let lists = rt.calls(Op::ListContainers);
+    q.bring_forward();
+    wait_until("the next global relist lists", || {
+        rt.calls(Op::ListContainers) > lists
+    })
+    .await;
+    assert!(
+        !q.priority().first(Instant::now()),
+        "it hears the hint sources"
+    );
+    rt.exit_container(&c, 7);
+    let before = b.published.len();
+    assert!(q.request("u1", RelistSource::EventedPleg, None, Some(&c)));
+    nth_publish_after_its_cache_update(&b, before + 1).await;
+    assert_eq!(
+        rt.calls(Op::ListContainers),
+        lists + 1,
+        "before the lists answered"
+    );
+    let first = &b.published.all()[before].0;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].kind, EventKind::ContainerDied);
+    assert_eq!(first[0].container_id, c);
+    assert_eq!(first[0].relist_source, RelistSource::EventedPleg);
+    assert_eq!(first[0].exit.as_ref().map(|e| e.code), Some(7));
+    assert_eq!(b.global_relists(), 1, "the global relist still waits");
+    rt.release(Op::ListContainers);
+    wait_until("the request's own relist", || {
+        b.requests(RequestResult::Done) == 1
+    })
+    .await;
+    assert_eq!(b.global_relists(), 2);
+    assert_eq!(
+        deaths(&b),
+        [(c.clone(), vec![RelistSource::EventedPleg])].into(),
+        "published once"
+    );
+}

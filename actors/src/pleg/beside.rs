@@ -1,0 +1,160 @@
+//! Reads beside a global relist: while its lists and its statuses are read, the
+//! containers a hint names are read too (ContainerStatus alone, a few at a time), and
+//! an exit the pod's record does not have is published at once, as a batch's early
+//! death is (`early` module), rather than when the relist ends and the hint's own
+//! targeted relist runs. The request stays pending all the same: this only publishes
+//! sooner what that relist would find.
+//!
+//! A global relist's lists may be older than such a read (asked before it): the
+//! containers reported are kept exited in every pod the relist commits meanwhile
+//! (`GenericPleg::early`, as for a batch), and forgotten when it ends.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt as _, StreamExt as _};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::Semaphore;
+
+use super::early::EarlyExits;
+use super::output::RelistOutput;
+use crate::event::RelistSource;
+use plegd_runtime::{ContainerState, RuntimeClient};
+
+/// ContainerStatus calls in flight beside a global relist, at most: its own reads
+/// come first.
+const BESIDE_CALLS: usize = 2;
+
+/// Containers a hint names, to read beside the global relist in progress.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BesideAsk {
+    pub uid: String,
+    /// The hint's source: the events' `relist_source`.
+    pub source: RelistSource,
+    pub containers: Vec<String>,
+}
+
+/// What a global relist hands over as it goes.
+#[derive(Debug)]
+pub enum GlobalStep {
+    /// A chunk of the relist; `last`: the relist's last.
+    Chunk { out: RelistOutput, last: bool },
+    /// Deaths read beside it: already in the records, to be applied and published.
+    Early(RelistOutput),
+}
+
+/// What was read beside one global relist, for its debug line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BesideCounts {
+    /// Containers asked.
+    pub asked: usize,
+    /// Of those, read before the relist ended (the others' reads were dropped).
+    pub answered: usize,
+}
+
+/// The asks of one global relist and their reads in flight.
+pub(super) struct Beside<'a> {
+    asks: Option<&'a mut UnboundedReceiver<BesideAsk>>,
+    reads: FuturesUnordered<BoxFuture<'static, (EarlyExits, usize)>>,
+    pub(super) counts: BesideCounts,
+    runtime: Arc<dyn RuntimeClient>,
+    calls: Arc<Semaphore>,
+}
+
+impl<'a> Beside<'a> {
+    /// `asks`: None, the relist reads nothing beside.
+    pub(super) fn new(
+        asks: Option<&'a mut UnboundedReceiver<BesideAsk>>,
+        runtime: Arc<dyn RuntimeClient>,
+    ) -> Self {
+        Beside {
+            asks,
+            reads: FuturesUnordered::new(),
+            counts: BesideCounts::default(),
+            runtime,
+            calls: Arc::new(Semaphore::new(BESIDE_CALLS)),
+        }
+    }
+
+    /// Runs `work` (a part of the relist) to its end while reading what is asked
+    /// meanwhile; each read's exits go through `deaths` (to the records) and what
+    /// that gives is handed to `each` at once. Reads still in flight when `work`
+    /// ends go on during the next part (or are dropped with the relist: their
+    /// requests are still pending).
+    pub(super) async fn during<T, D, F, Fut>(
+        &mut self,
+        work: impl Future<Output = T>,
+        deaths: &mut D,
+        each: &mut F,
+    ) -> T
+    where
+        D: FnMut(EarlyExits) -> RelistOutput,
+        F: FnMut(GlobalStep) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        tokio::pin!(work);
+        loop {
+            let open = self.asks.is_some();
+            let next_ask = async {
+                match self.asks.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                t = &mut work => return t,
+                Some((exits, answered)) = self.reads.next() => {
+                    self.counts.answered += answered;
+                    let out = deaths(exits);
+                    if !out.is_empty() {
+                        each(GlobalStep::Early(out)).await;
+                    }
+                }
+                ask = next_ask, if open => match ask {
+                    Some(ask) => self.read(ask),
+                    None => self.asks = None,
+                },
+            }
+        }
+    }
+
+    fn read(&mut self, ask: BesideAsk) {
+        self.counts.asked += ask.containers.len();
+        let runtime = self.runtime.clone();
+        let calls = self.calls.clone();
+        self.reads.push(
+            async move {
+                let read_at = SystemTime::now();
+                let mut exited = Vec::new();
+                let mut answered = 0;
+                for id in &ask.containers {
+                    let Ok(_permit) = calls.acquire().await else {
+                        break;
+                    };
+                    let read = runtime.container_status(id).await;
+                    answered += 1;
+                    match read {
+                        Ok(st) if st.state == ContainerState::Exited => exited.push(st),
+                        Ok(_) => {}
+                        // Nothing to publish early: the pending request reads it again.
+                        Err(e) => {
+                            tracing::debug!(container = %id, error = %e, "status read beside a global relist failed")
+                        }
+                    }
+                }
+                let exits = EarlyExits {
+                    uid: ask.uid,
+                    source: ask.source,
+                    read_at,
+                    exited,
+                };
+                (exits, answered)
+            }
+            .boxed(),
+        );
+    }
+}
