@@ -235,7 +235,8 @@ impl<S: HintSource> HintWatcher<S> {
             Action::ReadStream { attempt } => {
                 if let Some(stream) = stream.take() {
                     let live = self.live.token();
-                    // No item is taken while a global relist is due or running.
+                    // No item is taken while a global relist is due or running
+                    // (but the few one hears: `queue::priority`).
                     let tagged = self
                         .deps
                         .router

@@ -1,13 +1,15 @@
-//! Reads beside a global relist: while its lists and its statuses are read, the
-//! containers a hint names are read too (ContainerStatus alone, a few at a time), and
-//! an exit the pod's record does not have is published at once, as a batch's early
-//! death is (`early` module), rather than when the relist ends and the hint's own
-//! targeted relist runs. The request stays pending all the same: this only publishes
-//! sooner what that relist would find.
+//! Reads beside a unit of work: while a global relist reads its lists and statuses,
+//! or a batch reads a pod that a hint then asks about again, the containers the hint
+//! names are read too (ContainerStatus alone, a few at a time), and an exit the pod's
+//! record does not have is published at once, as a prefetch's early death is (`early`
+//! module), rather than when the unit ends and the hint's own targeted relist runs.
+//! The request stays pending all the same: this only publishes sooner what that
+//! relist would find.
 //!
-//! A global relist's lists may be older than such a read (asked before it): the
-//! containers reported are kept exited in every pod the relist commits meanwhile
-//! (`GenericPleg::early`, as for a batch), and forgotten when it ends.
+//! The unit's lists, and its status reads, may be older than such a read (asked
+//! before it): the containers reported are kept exited, with the status read beside,
+//! in every pod the unit commits meanwhile (`GenericPleg::early`), and forgotten when
+//! it ends.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,8 +26,8 @@ use super::output::RelistOutput;
 use crate::event::RelistSource;
 use plegd_runtime::{ContainerState, RuntimeClient};
 
-/// ContainerStatus calls in flight beside a global relist, at most: its own reads
-/// come first.
+/// ContainerStatus calls in flight beside a unit of work, at most (its own reads have
+/// their own bound).
 const BESIDE_CALLS: usize = 2;
 
 /// Containers a hint names, to read beside the global relist in progress.
@@ -51,14 +53,15 @@ pub enum GlobalStep {
 pub struct BesideCounts {
     /// Containers asked.
     pub asked: usize,
-    /// Of those, read before the relist ended (the others' reads were dropped).
+    /// Of those, read and handled before the relist ended (the others' reads were
+    /// dropped).
     pub answered: usize,
 }
 
 /// The asks of one global relist and their reads in flight.
 pub(super) struct Beside<'a> {
     asks: Option<&'a mut UnboundedReceiver<BesideAsk>>,
-    reads: FuturesUnordered<BoxFuture<'static, (EarlyExits, usize)>>,
+    reads: FuturesUnordered<BoxFuture<'static, EarlyExits>>,
     pub(super) counts: BesideCounts,
     runtime: Arc<dyn RuntimeClient>,
     calls: Arc<Semaphore>,
@@ -97,6 +100,23 @@ impl<'a> Beside<'a> {
     {
         tokio::pin!(work);
         loop {
+            tokio::select! {
+                biased;
+                t = &mut work => return t,
+                exits = self.next_exits() => {
+                    let out = deaths(exits);
+                    if !out.is_empty() {
+                        each(GlobalStep::Early(out)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The exits of the next read to end, reading what is asked meanwhile; pending
+    /// for ever once nothing is asked or read.
+    pub(super) async fn next_exits(&mut self) -> EarlyExits {
+        loop {
             let open = self.asks.is_some();
             let next_ask = async {
                 match self.asks.as_mut() {
@@ -105,56 +125,48 @@ impl<'a> Beside<'a> {
                 }
             };
             tokio::select! {
-                biased;
-                t = &mut work => return t,
-                Some((exits, answered)) = self.reads.next() => {
-                    self.counts.answered += answered;
-                    let out = deaths(exits);
-                    if !out.is_empty() {
-                        each(GlobalStep::Early(out)).await;
-                    }
+                Some(exits) = self.reads.next() => {
+                    self.counts.answered += 1;
+                    return exits;
                 }
                 ask = next_ask, if open => match ask {
                     Some(ask) => self.read(ask),
                     None => self.asks = None,
                 },
+                else => std::future::pending::<()>().await,
             }
         }
     }
 
+    /// One read per container, each timed from its own call (the event's time).
     fn read(&mut self, ask: BesideAsk) {
         self.counts.asked += ask.containers.len();
-        let runtime = self.runtime.clone();
-        let calls = self.calls.clone();
-        self.reads.push(
-            async move {
-                let read_at = SystemTime::now();
-                let mut exited = Vec::new();
-                let mut answered = 0;
-                for id in &ask.containers {
-                    let Ok(_permit) = calls.acquire().await else {
-                        break;
-                    };
-                    let read = runtime.container_status(id).await;
-                    answered += 1;
-                    match read {
-                        Ok(st) if st.state == ContainerState::Exited => exited.push(st),
-                        Ok(_) => {}
+        for id in ask.containers {
+            let runtime = self.runtime.clone();
+            let calls = self.calls.clone();
+            let (uid, source) = (ask.uid.clone(), ask.source);
+            self.reads.push(
+                async move {
+                    let _permit = calls.acquire_owned().await;
+                    let read_at = SystemTime::now();
+                    let exited = match runtime.container_status(&id).await {
+                        Ok(st) if st.state == ContainerState::Exited => vec![st],
+                        Ok(_) => Vec::new(),
                         // Nothing to publish early: the pending request reads it again.
                         Err(e) => {
-                            tracing::debug!(container = %id, error = %e, "status read beside a global relist failed")
+                            tracing::debug!(container = %id, error = %e, "status read beside a relist failed");
+                            Vec::new()
                         }
+                    };
+                    EarlyExits {
+                        uid,
+                        source,
+                        read_at,
+                        exited,
                     }
                 }
-                let exits = EarlyExits {
-                    uid: ask.uid,
-                    source: ask.source,
-                    read_at,
-                    exited,
-                };
-                (exits, answered)
-            }
-            .boxed(),
-        );
+                .boxed(),
+            );
+        }
     }
 }

@@ -10,7 +10,7 @@ use super::tests::global;
 use super::*;
 use crate::event::{EventKind, RelistSource};
 use crate::testing::wait_until;
-use plegd_runtime::ContainerState;
+use plegd_runtime::{ContainerState, RuntimeClient as _};
 use plegd_sim::{FakeRuntime, Intercepted, Op};
 
 /// What a global relist handed over, in order: ("early" | "chunk", events as (kind,
@@ -146,7 +146,14 @@ async fn a_container_still_running_or_unknown_gives_nothing_early() {
         rt.release(Op::ListContainers);
     };
     let (result, ()) = tokio::join!(run, release);
-    result.unwrap();
+    assert_eq!(
+        result.unwrap(),
+        BesideCounts {
+            asked: 3,
+            answered: 3
+        },
+        "all read"
+    );
     let steps = steps.into_inner().unwrap();
     assert!(
         !steps.iter().any(|s| s.0 == "early"),
@@ -183,11 +190,215 @@ async fn a_held_pod_reports_nothing_beside() {
         rt.release(Op::ListContainers);
     };
     let (result, ()) = tokio::join!(run, release);
-    result.unwrap();
+    assert_eq!(
+        result.unwrap(),
+        BesideCounts {
+            asked: 1,
+            answered: 1
+        },
+        "read"
+    );
     assert_eq!(*early.lock().unwrap(), 0);
     assert_eq!(
         p.record("u1").map(|r| r.state_of(&c)),
         Some(super::record::PlegState::Running),
         "the record of a held pod is left alone"
     );
+}
+
+/// A batch reading a pod whose prefetch showed its container still running is asked
+/// (a later hint) to read that container again: the death goes out before the pod's
+/// lists answer, and the read, when they do, reports nothing more.
+#[tokio::test]
+async fn a_death_read_beside_a_batch_is_handed_over_before_the_pods_lists_answer() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.hold(Op::ListContainers);
+    let statuses = rt.calls(Op::ContainerStatus);
+    let (tx, mut rx) = unbounded_channel();
+    let steps = Mutex::new(Vec::new());
+    let asked = vec![("u1".to_string(), RelistSource::Nri, vec![c.clone()])];
+    let run = p.relist_pods_each(
+        asked,
+        None,
+        None,
+        &|_| false,
+        EarlyDeaths::On(Some(&mut rx)),
+        |s| {
+            let (what, out) = match s {
+                PodStep::Early(out) => ("early", out),
+                PodStep::Read(_, out, _) => ("read", out),
+            };
+            let events: Vec<_> = out
+                .events
+                .iter()
+                .map(|e| (e.kind, e.container_id.clone(), e.relist_source))
+                .collect();
+            steps.lock().unwrap().push((what, events));
+            std::future::ready(())
+        },
+    );
+    let meanwhile = async {
+        wait_until("the prefetch read, the container running", || {
+            rt.calls(Op::ContainerStatus) > statuses
+        })
+        .await;
+        rt.exit_container(&c, 2);
+        tx.send(ask(&c)).unwrap();
+        wait_until("something handed over", || {
+            !steps.lock().unwrap().is_empty()
+        })
+        .await;
+        rt.release(Op::ListContainers);
+    };
+    tokio::join!(run, meanwhile);
+    assert_eq!(
+        steps.into_inner().unwrap(),
+        vec![
+            (
+                "early",
+                vec![(
+                    EventKind::ContainerDied,
+                    c.clone(),
+                    RelistSource::EventedPleg
+                )]
+            ),
+            ("read", vec![])
+        ]
+    );
+    assert!(global(&mut p).await.events.is_empty());
+}
+
+/// The fake runtime, whose ContainerStatus of one container waits until the test
+/// opens the gate.
+#[derive(Clone)]
+struct GateOne {
+    inner: FakeRuntime,
+    gated: Arc<Mutex<Option<String>>>,
+    /// The gated call was asked.
+    reached: Arc<std::sync::atomic::AtomicBool>,
+    open: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl plegd_sim::Intercept for GateOne {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+
+    async fn container_status(
+        &self,
+        id: &str,
+    ) -> Result<plegd_runtime::ContainerStatus, plegd_runtime::RuntimeError> {
+        let gated = self.gated.lock().unwrap().as_deref() == Some(id);
+        if gated {
+            self.reached
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.open.notified().await;
+        }
+        self.inner.container_status(id).await
+    }
+}
+
+/// A pod the global relist reads for another change read its container's status
+/// before that container died; the death, read beside, goes out first. The pod's
+/// status the relist then commits says the container exited, not what it read.
+#[tokio::test]
+async fn a_status_read_before_a_death_read_beside_does_not_bring_it_back_in_the_cache() {
+    let rt = FakeRuntime::new();
+    let gate = GateOne {
+        inner: rt.clone(),
+        gated: Arc::default(),
+        reached: Arc::default(),
+        open: Arc::default(),
+    };
+    let (mut p, c) = one_pod(&rt, Arc::new(Intercepted(gate.clone()))).await;
+    let sb = rt.sandboxes_of("u1").remove(0);
+    let d = rt.run_container(&sb, "side");
+    *gate.gated.lock().unwrap() = Some(d.clone());
+    let statuses = rt.calls(Op::ContainerStatus);
+    let (tx, mut rx) = unbounded_channel();
+    let steps = Mutex::new(Vec::new());
+    let run = p.relist_global_hearing(&|_| false, Some(&mut rx), |step| {
+        steps.lock().unwrap().push(step);
+        std::future::ready(())
+    });
+    let meanwhile = async {
+        // The pod's read has c's status (running) and waits for d's.
+        wait_until("c read, d asked", || {
+            rt.calls(Op::ContainerStatus) > statuses
+                && gate.reached.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await;
+        rt.exit_container(&c, 5);
+        tx.send(ask(&c)).unwrap();
+        wait_until("the death read beside", || {
+            !steps.lock().unwrap().is_empty()
+        })
+        .await;
+        gate.open.notify_one();
+    };
+    let (result, ()) = tokio::join!(run, meanwhile);
+    assert_eq!(
+        result.unwrap(),
+        BesideCounts {
+            asked: 1,
+            answered: 1
+        }
+    );
+    let steps = steps.into_inner().unwrap();
+    let [GlobalStep::Early(early), GlobalStep::Chunk { out, last: true }] = &steps[..] else {
+        panic!("an early death, then the chunk: {steps:?}");
+    };
+    assert_eq!(early.events.len(), 1);
+    let kinds: Vec<_> = out
+        .events
+        .iter()
+        .map(|e| (e.kind, e.container_id.clone()))
+        .collect();
+    assert_eq!(kinds, vec![(EventKind::ContainerStarted, d.clone())]);
+    assert!(
+        out.events[0].time >= early.events[0].time,
+        "a pod's events never go back in time (its read began before the death's)"
+    );
+    let set = out.cache.iter().find_map(|u| match u {
+        CacheUpdate::Set { status: Ok(st), .. } => Some(st),
+        _ => None,
+    });
+    let c_state = set
+        .and_then(|st| st.containers.iter().find(|x| x.id == c))
+        .map(|x| (x.state, x.exit_code));
+    assert_eq!(c_state, Some((ContainerState::Exited, 5)));
+}
+
+/// Lists that fail after a death was read beside: the death stands, once; the
+/// relist changes nothing else, and the pod's own relist then finds nothing new.
+#[tokio::test]
+async fn a_death_read_beside_a_global_relist_whose_lists_fail_is_reported_once() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.exit_container(&c, 1);
+    rt.hold(Op::ListContainers);
+    let (tx, mut rx) = unbounded_channel();
+    let early = Mutex::new(0);
+    let lists = rt.calls(Op::ListContainers);
+    let run = p.relist_global_hearing(&|_| false, Some(&mut rx), |step| {
+        if let GlobalStep::Early(out) = step {
+            *early.lock().unwrap() += out.events.len();
+        }
+        std::future::ready(())
+    });
+    let meanwhile = async {
+        wait_until("lists asked", || rt.calls(Op::ListContainers) > lists).await;
+        tx.send(ask(&c)).unwrap();
+        wait_until("the death read beside", || *early.lock().unwrap() == 1).await;
+        rt.fail(Op::ListContainers, tonic::Code::Unavailable, Some(1));
+        rt.release(Op::ListContainers);
+    };
+    let (result, ()) = tokio::join!(run, meanwhile);
+    assert!(result.is_err());
+    assert_eq!(p.early_pending(), 0);
+    let next = super::tests::try_targeted(&mut p, "u1").await.unwrap();
+    assert!(next.events.is_empty(), "{:?}", next.events);
+    assert!(global(&mut p).await.events.is_empty());
 }

@@ -59,7 +59,7 @@ async fn batch(
     meanwhile: impl std::future::Future<Output = ()>,
 ) -> Vec<Step> {
     let steps = Mutex::new(Vec::new());
-    let run = p.relist_pods_each(vec![ask(c)], None, None, held, true, |s| {
+    let run = p.relist_pods_each(vec![ask(c)], None, None, held, EarlyDeaths::On(None), |s| {
         steps.lock().unwrap().push(step(s));
         std::future::ready(())
     });
@@ -78,15 +78,22 @@ async fn early_before_the_lists(
     rt.hold(Op::ListContainers);
     let steps = Mutex::new(Vec::new());
     let early = Mutex::new((Vec::new(), Vec::new()));
-    let run = p.relist_pods_each(vec![ask(c)], None, None, &|_| false, true, |s| {
-        if let PodStep::Early(out) = &s {
-            let mut early = early.lock().unwrap();
-            early.0.extend(out.events.iter().cloned());
-            early.1.extend(out.cache.iter().cloned());
-        }
-        steps.lock().unwrap().push(step(s));
-        std::future::ready(())
-    });
+    let run = p.relist_pods_each(
+        vec![ask(c)],
+        None,
+        None,
+        &|_| false,
+        EarlyDeaths::On(None),
+        |s| {
+            if let PodStep::Early(out) = &s {
+                let mut early = early.lock().unwrap();
+                early.0.extend(out.events.iter().cloned());
+                early.1.extend(out.cache.iter().cloned());
+            }
+            steps.lock().unwrap().push(step(s));
+            std::future::ready(())
+        },
+    );
     let release = async {
         wait_until("something handed over", || {
             !steps.lock().unwrap().is_empty()
@@ -350,17 +357,24 @@ async fn a_list_taken_before_the_exit_leaves_no_running_status_in_the_cache() {
     stale.keep(&sb).await;
     rt.exit_container(&c, 1);
     let published = Mutex::new(Vec::new());
-    p.relist_pods_each(vec![ask(&c)], None, None, &|_| false, true, |s| {
-        let out = match s {
-            PodStep::Early(out) | PodStep::Read(_, out, _) => out,
-        };
-        published
-            .lock()
-            .unwrap()
-            .extend(out.events.iter().map(|e| e.kind));
-        let applied = apply(out);
-        async move { applied.await.unwrap() }
-    })
+    p.relist_pods_each(
+        vec![ask(&c)],
+        None,
+        None,
+        &|_| false,
+        EarlyDeaths::On(None),
+        |s| {
+            let out = match s {
+                PodStep::Early(out) | PodStep::Read(_, out, _) => out,
+            };
+            published
+                .lock()
+                .unwrap()
+                .extend(out.events.iter().map(|e| e.kind));
+            let applied = apply(out);
+            async move { applied.await.unwrap() }
+        },
+    )
     .await;
     assert_eq!(published.into_inner().unwrap(), [EventKind::ContainerDied]);
     let state_in_cache = || {
@@ -384,10 +398,17 @@ async fn a_pod_asked_twice_in_one_batch_reports_its_death_once() {
     let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
     rt.exit_container(&c, 1);
     let steps = Mutex::new(Vec::new());
-    p.relist_pods_each(vec![ask(&c), ask(&c)], None, None, &|_| false, true, |s| {
-        steps.lock().unwrap().push(step(s));
-        std::future::ready(())
-    })
+    p.relist_pods_each(
+        vec![ask(&c), ask(&c)],
+        None,
+        None,
+        &|_| false,
+        EarlyDeaths::On(None),
+        |s| {
+            steps.lock().unwrap().push(step(s));
+            std::future::ready(())
+        },
+    )
     .await;
     let deaths: Vec<_> = steps
         .into_inner()
@@ -421,21 +442,28 @@ async fn a_pod_read_again_in_the_batch_does_not_undo_its_early_death() {
     let tx = Mutex::new(Some(tx));
     let steps = Mutex::new(Vec::new());
     let reads = AtomicUsize::new(0);
-    let run = p.relist_pods_each(vec![ask(&c)], Some(&mut rx), None, &|_| false, true, |s| {
-        if let PodStep::Read(..) = &s {
-            // Asked again once its read is handed over (a CRI event came meanwhile).
-            let mut tx = tx.lock().unwrap();
-            match reads.fetch_add(1, Ordering::SeqCst) {
-                0 => {
-                    let again = ("u1".to_string(), RelistSource::EventedPleg, Vec::new());
-                    tx.as_ref().unwrap().send(again).unwrap()
+    let run = p.relist_pods_each(
+        vec![ask(&c)],
+        Some(&mut rx),
+        None,
+        &|_| false,
+        EarlyDeaths::On(None),
+        |s| {
+            if let PodStep::Read(..) = &s {
+                // Asked again once its read is handed over (a CRI event came meanwhile).
+                let mut tx = tx.lock().unwrap();
+                match reads.fetch_add(1, Ordering::SeqCst) {
+                    0 => {
+                        let again = ("u1".to_string(), RelistSource::EventedPleg, Vec::new());
+                        tx.as_ref().unwrap().send(again).unwrap()
+                    }
+                    _ => drop(tx.take()),
                 }
-                _ => drop(tx.take()),
             }
-        }
-        steps.lock().unwrap().push(step(s));
-        std::future::ready(())
-    });
+            steps.lock().unwrap().push(step(s));
+            std::future::ready(())
+        },
+    );
     let release = async {
         wait_until("the early death", || !steps.lock().unwrap().is_empty()).await;
         assert_eq!(steps.lock().unwrap()[0].0, "early");

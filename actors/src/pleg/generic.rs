@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::future::Either;
 use futures::stream::FuturesUnordered;
@@ -46,7 +46,8 @@ use super::status::{
 use crate::event::{EventKind, Exit, LifecycleEvent, RelistSource};
 use crate::room::give_back_room;
 use plegd_runtime::{
-    ContainerRef, ContainerState, ListView, RuntimeClient, RuntimeError, Sandbox, SandboxRef,
+    ContainerRef, ContainerState, ContainerStatus, ListView, RuntimeClient, RuntimeError, Sandbox,
+    SandboxRef,
 };
 
 /// What to relist.
@@ -97,6 +98,15 @@ impl PodAsk for (String, RelistSource, Vec<String>) {
     }
 }
 
+/// Whether a batch of targeted relists ([`GenericPleg::relist_pods_each`]) hands over
+/// the deaths its prefetches show before the pods' lists answer (`early` module), and
+/// where it takes containers to read beside its reads (`beside` module: for pods
+/// whose read is in progress).
+pub enum EarlyDeaths<'a> {
+    Off,
+    On(Option<&'a mut UnboundedReceiver<BesideAsk>>),
+}
+
 /// What a batch of targeted relists hands over ([`GenericPleg::relist_pods_each`]).
 #[derive(Debug)]
 pub enum PodStep<T> {
@@ -141,10 +151,8 @@ pub struct GenericPleg {
     chunk_pods: usize,
     /// How long after its exit a container's status is read again ([`EXIT_SETTLE`]).
     exit_settle: Duration,
-    /// Containers whose death a batch reported early (`early` module), by pod, until
-    /// the batch ends: the diff of each read of the pod committed meanwhile is taken
-    /// again against the record, and they stay exited whatever its lists said.
-    early: HashMap<String, Vec<String>>,
+    /// What the unit of work in progress reported early, until it ends.
+    early: Reported,
     /// Each output lists the records it changed ([`RelistOutput::records`]): the
     /// state dir stores them.
     keep_records: bool,
@@ -178,7 +186,7 @@ impl GenericPleg {
             read_every_status: false,
             chunk_pods: CHUNK_PODS,
             exit_settle: EXIT_SETTLE,
-            early: HashMap::new(),
+            early: Reported::default(),
             keep_records: false,
             #[cfg(test)]
             rebuild_all: false,
@@ -319,7 +327,7 @@ impl GenericPleg {
         let pods = vec![(uid.clone(), *source, prefetch.clone())];
         let mut result = Ok(RelistOutput::default());
         // No early deaths: an error here must mean that nothing changed.
-        self.relist_pods_each(pods, None, None, held, false, |step| {
+        self.relist_pods_each(pods, None, None, held, EarlyDeaths::Off, |step| {
             if let PodStep::Read(_, out, error) = step {
                 result = match error {
                     Some(e) => Err(e),
@@ -344,7 +352,8 @@ impl GenericPleg {
     /// `early`: a prefetch that shows a death of a container the record knows is
     /// handed over at once, as `each(PodStep::Early(output))`, before the pod's lists
     /// answer (`early` module). Such a pod's read may then fail with some of its
-    /// deaths already applied.
+    /// deaths already applied. So is a death that a read asked beside the batch shows
+    /// (`beside` module; reads still in flight when the batch ends are dropped).
     ///
     /// `more`: pods asked while the others are read (the dispatcher's requests that
     /// come meanwhile) join them; the call ends once nothing is being read and `more`
@@ -366,7 +375,7 @@ impl GenericPleg {
         mut more: Option<&mut UnboundedReceiver<T>>,
         give_way: Option<&dyn Fn() -> bool>,
         held: &dyn Fn(&str) -> bool,
-        early: bool,
+        early: EarlyDeaths<'_>,
         mut each: F,
     ) -> Vec<T>
     where
@@ -378,7 +387,11 @@ impl GenericPleg {
         let calls = Semaphore::new(self.concurrency);
         let whole_node = Semaphore::new(WHOLE_NODE_LISTS);
         let (early_tx, mut early_rx) = unbounded_channel();
-        let early_tx = early.then_some(&early_tx);
+        let (early_tx, asks) = match early {
+            EarlyDeaths::Off => (None, None),
+            EarlyDeaths::On(asks) => (Some(&early_tx), asks),
+        };
+        let mut beside = Beside::new(asks, self.runtime.clone());
         let (reader, calls, whole_node) = (&reader, &calls, &whole_node);
         let mut asked: VecDeque<T> = pods.into();
         let mut reads = FuturesUnordered::new();
@@ -438,6 +451,12 @@ impl GenericPleg {
                         each(PodStep::Early(out)).await;
                     }
                 }
+                exits = beside.next_exits() => {
+                    let out = self.early_deaths(exits, held);
+                    if !out.is_empty() {
+                        each(PodStep::Early(out)).await;
+                    }
+                }
                 Some((tag, (read, prefetch))) = reads.next() => {
                     reading.remove(tag.uid());
                     let mut out = RelistOutput {
@@ -479,11 +498,11 @@ impl GenericPleg {
         left
     }
 
-    /// Containers reported early in the batch in progress (none once a batch has
+    /// Containers reported early in the unit of work in progress (none once it has
     /// ended).
     #[cfg(test)]
     pub(crate) fn early_pending(&self) -> usize {
-        self.early.values().map(Vec::len).sum()
+        self.early.deaths.values().map(Vec::len).sum()
     }
 
     /// Applies a pod's early deaths (`early` module) to its record, unless a sync
@@ -903,13 +922,13 @@ impl GenericPleg {
             return;
         }
         // Deaths reported while this pod was read (or an earlier read of it in this
-        // batch: the message may come after that read's commit): the record has
+        // unit: the message may come after that read's commit): the record has
         // them, and a container never comes back from its exit (a list read before
-        // it says otherwise). Kept until the batch ends.
-        let early = self.early.get(&w.uid).cloned();
-        if let Some(ids) = &early {
+        // it says otherwise). Kept until the unit ends.
+        let early = self.early.deaths.get(&w.uid).cloned();
+        if let Some(statuses) = &early {
             if let Some(new) = &mut w.new {
-                for id in ids {
+                for id in statuses.iter().map(|st| &st.id) {
                     if let Some((_, state)) = new.containers.get_mut(id) {
                         if *state != PlegState::NonExistent {
                             *state = PlegState::Exited;
@@ -974,7 +993,14 @@ impl GenericPleg {
                 self.reinspect.insert(w.uid);
                 return;
             }
-            Some(Ok(status)) => {
+            Some(Ok(mut status)) => {
+                // A status read before a death reported early says what was.
+                for st in early.iter().flatten() {
+                    let read = status.containers.iter_mut().find(|c| c.id == st.id);
+                    if let Some(read) = read.filter(|c| c.state != ContainerState::Exited) {
+                        *read = st.clone();
+                    }
+                }
                 let record = w.new.as_ref().or_else(|| self.records.get(&w.uid));
                 if record.is_some_and(|r| read_disagrees(r, &status)) {
                     self.reread.insert(w.uid.clone());
@@ -998,8 +1024,11 @@ impl GenericPleg {
                 }
             }
         }
-        // The event's time is when this relist read the pod (the read's start).
-        let now = read_at;
+        // The event's time is when this relist read the pod (the read's start), or
+        // that of the pod's last event in this unit if later (a death read beside
+        // this read, after it began).
+        let now = self.early.event_time(&pod.uid, read_at);
+        let events_before = out.events.len();
         let source = w.source;
         let published: Vec<_> = w
             .changes
@@ -1051,6 +1080,9 @@ impl GenericPleg {
                 },
             });
         }
+        if out.events.len() > events_before {
+            self.early.published(&pod.uid, now);
+        }
     }
 }
 
@@ -1059,9 +1091,9 @@ impl GenericPleg {
 fn early_deaths(
     records: &mut Records,
     reinspect: &HashSet<String>,
-    early: &mut HashMap<String, Vec<String>>,
+    early: &mut Reported,
     keep_records: bool,
-    exits: EarlyExits,
+    mut exits: EarlyExits,
     held: &dyn Fn(&str) -> bool,
 ) -> RelistOutput {
     // A pod awaiting reinspection (its last status read failed) reports nothing
@@ -1071,19 +1103,66 @@ fn early_deaths(
         return RelistOutput::default();
     }
     let uid = exits.uid.clone();
+    // Not before the pod's last event in this unit (a read committed meanwhile).
+    exits.read_at = early.event_time(&uid, exits.read_at);
+    let time = exits.read_at;
     let Some(mut out) = records.update(&uid, |record| early::apply(record, exits)) else {
         return RelistOutput::default();
     };
+    if !out.events.is_empty() {
+        early.published(&uid, time);
+    }
     if keep_records && !out.events.is_empty() {
         out.records.push((uid.clone(), records.get(&uid).cloned()));
     }
-    if !out.events.is_empty() {
-        early
-            .entry(uid)
-            .or_default()
-            .extend(out.events.iter().map(|e| e.container_id.clone()));
+    let statuses: Vec<ContainerStatus> = out
+        .cache
+        .iter()
+        .filter_map(|u| match u {
+            CacheUpdate::Container { status, .. } => Some(status.clone()),
+            _ => None,
+        })
+        .collect();
+    if !statuses.is_empty() {
+        early.deaths.entry(uid).or_default().extend(statuses);
     }
     out
+}
+
+/// What a unit of work reported early (`early` and `beside` modules), until it ends.
+#[derive(Default)]
+struct Reported {
+    /// The statuses of containers whose death it reported early, by pod: the diff of
+    /// each read of the pod committed meanwhile is taken again against the record,
+    /// they stay exited whatever its lists said, and a status that read took before
+    /// the exit gives way to them.
+    deaths: HashMap<String, Vec<ContainerStatus>>,
+    /// The time of each pod's last event in the unit (where deaths come early, a
+    /// read's events may otherwise go back before them).
+    times: HashMap<String, SystemTime>,
+}
+
+impl Reported {
+    /// The time of an event of `uid` from a read that began at `read_at`: not before
+    /// the pod's last event in this unit.
+    fn event_time(&self, uid: &str, read_at: SystemTime) -> SystemTime {
+        match self.times.get(uid) {
+            Some(last) => read_at.max(*last),
+            None => read_at,
+        }
+    }
+
+    /// `uid` got events of `time` in this unit.
+    fn published(&mut self, uid: &str, time: SystemTime) {
+        self.times.insert(uid.to_string(), time);
+    }
+
+    /// The unit ended: nothing kept (nor the room a storm's pods took).
+    fn clear(&mut self) {
+        if !self.deaths.is_empty() || !self.times.is_empty() {
+            *self = Reported::default();
+        }
+    }
 }
 
 /// The listed sandboxes `refs`, owned, and the IDs of those listed without their

@@ -20,7 +20,7 @@ mod record;
 mod status;
 
 pub use beside::{BesideAsk, BesideCounts, GlobalStep};
-pub use generic::{GenericPleg, PodAsk, PodStep, RelistScope};
+pub use generic::{EarlyDeaths, GenericPleg, PodAsk, PodStep, RelistScope};
 pub use output::{CacheUpdate, RelistOutput};
 pub(crate) use record::Records;
 #[cfg(not(feature = "fuzzing"))]

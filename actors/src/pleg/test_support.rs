@@ -1,6 +1,6 @@
 //! Tests: entry points of the Generic PLEG that only tests use.
 
-use super::generic::{GenericPleg, PodStep};
+use super::generic::{EarlyDeaths, GenericPleg, PodStep};
 use super::output::RelistOutput;
 use crate::event::RelistSource;
 use plegd_runtime::RuntimeError;
@@ -16,7 +16,7 @@ impl GenericPleg {
     ) -> (RelistOutput, Vec<(String, RuntimeError)>) {
         let mut all = RelistOutput::default();
         let mut failed = Vec::new();
-        self.relist_pods_each(pods.to_vec(), None, None, held, false, |step| {
+        self.relist_pods_each(pods.to_vec(), None, None, held, EarlyDeaths::Off, |step| {
             if let PodStep::Read((uid, ..), out, error) = step {
                 all.append(out);
                 if let Some(e) = error {

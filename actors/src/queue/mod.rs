@@ -200,7 +200,8 @@ pub struct RelistQueue {
     metrics: Arc<Metrics>,
     /// Set when the dispatcher is asked to stop: requests are refused from then on.
     closed: Arc<AtomicBool>,
-    /// Whether a global relist is due or running (hint sources wait then).
+    /// Whether a global relist is due or running (hint sources wait then, but for the
+    /// few items a running one hears).
     priority: GlobalPriority,
     /// The API clients' requests' own budget.
     api: ApiBudget,

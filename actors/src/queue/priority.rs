@@ -1,13 +1,14 @@
 //! The global relist goes first (KEP-3386: the dispatcher "gives the periodic global
 //! relist priority"). The dispatcher publishes here when the next global relist is due
-//! and whether one is running; hint sources take no stream item while one is due or
-//! running, unless the running one hears them (it reads what the first few name beside
-//! its own reads, `relist::machine`). On a busy thread a storm of hints would otherwise take the time the global
-//! relist needs: it then waits in the sources' streams (and the runtime's buffers),
-//! not in plegd, and costs latency, never correctness (the global relist reads every
-//! pod anyway).
+//! and whether one is running; hint sources take no stream item while one is due, nor
+//! while one runs, but for the first [`HEARD_BESIDE`] items of a running one that
+//! hears them (it reads the containers they name beside its own reads,
+//! `relist::machine`). On a busy thread a storm of hints would otherwise take the time
+//! the global relist needs: it then waits in the sources' streams (and the runtime's
+//! buffers), not in plegd, and costs latency, never correctness (the global relist
+//! reads every pod anyway).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,11 @@ use tokio::sync::Notify;
 /// The longest a hint source waits at once: a dispatcher that never gets to its due
 /// global relist (stalled, stopping) slows hints, never stops them.
 const MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// The stream items the hint sources take, all together, while a global relist runs
+/// and hears them (each source may also take one it was already waiting for when the
+/// relist started).
+pub const HEARD_BESIDE: usize = 64;
 
 /// Not due (a queue that no dispatcher reads).
 const NEVER: u64 = u64::MAX;
@@ -30,8 +36,8 @@ struct Inner {
     /// When the next global relist is due, in nanoseconds since `base`.
     due: AtomicU64,
     running: AtomicBool,
-    /// The running global relist takes hints.
-    hearing: AtomicBool,
+    /// The items the running global relist still takes from the hint sources.
+    hearing: AtomicUsize,
     changed: Notify,
 }
 
@@ -42,7 +48,7 @@ impl Default for GlobalPriority {
             base: Instant::now(),
             due: AtomicU64::new(NEVER),
             running: AtomicBool::new(false),
-            hearing: AtomicBool::new(false),
+            hearing: AtomicUsize::new(0),
             changed: Notify::new(),
         }))
     }
@@ -50,13 +56,19 @@ impl Default for GlobalPriority {
 
 impl GlobalPriority {
     /// The dispatcher's view: whether a global relist is running and whether it hears
-    /// hints, when the next is due.
+    /// hints, when the next is due. A relist that starts hearing takes
+    /// [`HEARD_BESIDE`] items; told it no longer hears, it takes none.
     pub(crate) fn set(&self, running: bool, hearing: bool, next_due: Instant) {
         let nanos = next_due.saturating_duration_since(self.0.base).as_nanos();
         self.0
             .due
             .store(u64::try_from(nanos).unwrap_or(NEVER - 1), Ordering::SeqCst);
-        self.0.hearing.store(hearing, Ordering::SeqCst);
+        let started = running && !self.0.running.load(Ordering::SeqCst);
+        if !(running && hearing) {
+            self.0.hearing.store(0, Ordering::SeqCst);
+        } else if started {
+            self.0.hearing.store(HEARD_BESIDE, Ordering::SeqCst);
+        }
         self.0.running.store(running, Ordering::SeqCst);
         self.0.changed.notify_waiters();
     }
@@ -65,20 +77,34 @@ impl GlobalPriority {
     /// hints wait.
     pub fn first(&self, now: Instant) -> bool {
         if self.0.running.load(Ordering::SeqCst) {
-            return !self.0.hearing.load(Ordering::SeqCst);
+            return self.0.hearing.load(Ordering::SeqCst) == 0;
         }
         let due = self.0.due.load(Ordering::SeqCst);
         due != NEVER && now.saturating_duration_since(self.0.base).as_nanos() >= u128::from(due)
     }
 
-    /// Returns once no global relist is due or running (or after [`MAX_WAIT`]).
+    /// A hint source's turn to take an item at `now`: no global relist is due or
+    /// running, or the running one hears it (one of its items taken).
+    fn turn(&self, now: Instant) -> bool {
+        if self.0.running.load(Ordering::SeqCst) {
+            return self
+                .0
+                .hearing
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        }
+        !self.first(now)
+    }
+
+    /// Returns once it is a hint source's turn to take an item (or after
+    /// [`MAX_WAIT`]).
     pub async fn wait(&self) {
         let deadline = tokio::time::Instant::now() + MAX_WAIT;
         loop {
             let changed = self.0.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if !self.first(Instant::now()) {
+            if self.turn(Instant::now()) {
                 return;
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
@@ -114,6 +140,7 @@ mod tests {
         assert!(p.first(t0 + Duration::from_millis(100)), "due");
         p.set(true, false, t0 + Duration::from_millis(100));
         assert!(p.first(t0), "running");
+        p.set(false, false, t0 + Duration::from_millis(100));
         p.set(true, true, t0 + Duration::from_millis(100));
         assert!(!p.first(t0), "running and hearing");
         assert!(
@@ -147,5 +174,33 @@ mod tests {
         let start = tokio::time::Instant::now();
         p.wait().await;
         assert_eq!(start.elapsed(), MAX_WAIT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hearing_global_relist_takes_a_bounded_number_of_items() {
+        let p = GlobalPriority::default();
+        p.set(true, true, Instant::now() + Duration::from_secs(1));
+        let start = tokio::time::Instant::now();
+        for _ in 0..HEARD_BESIDE {
+            p.wait().await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "heard at once");
+        assert!(p.first(Instant::now()), "then the sources wait");
+        // Told again while it runs (a relist brought forward): no new items.
+        p.set(true, true, Instant::now() + Duration::from_secs(1));
+        let waiter = tokio::spawn({
+            let p = p.clone();
+            async move { p.wait().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        p.set(false, false, Instant::now() + Duration::from_secs(1));
+        waiter.await.unwrap();
+        assert!(start.elapsed() < MAX_WAIT, "woken at its end");
+        // The next relist hears again; told it no longer hears, it takes nothing.
+        p.set(true, true, Instant::now() + Duration::from_secs(1));
+        assert!(!p.first(Instant::now()));
+        p.set(true, false, Instant::now() + Duration::from_secs(1));
+        assert!(p.first(Instant::now()));
     }
 }

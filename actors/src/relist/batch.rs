@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::apply::{apply, DispatcherDeps};
 use crate::event::RelistSource;
-use crate::pleg::{GenericPleg, PodAsk, PodStep};
+use crate::pleg::{BesideAsk, EarlyDeaths, GenericPleg, PodAsk, PodStep};
 use crate::queue::{GlobalPriority, RequestRelist};
 use crate::spans;
 
@@ -55,6 +55,8 @@ pub(super) struct Batch {
     pub(super) reqs: Vec<RequestRelist>,
     pub(super) priority: GlobalPriority,
     pub(super) more: UnboundedReceiver<Taken>,
+    /// Containers to read beside the batch (of pods whose read is in progress).
+    pub(super) beside: UnboundedReceiver<BesideAsk>,
     pub(super) read: futures::channel::mpsc::UnboundedSender<String>,
 }
 
@@ -113,6 +115,7 @@ pub(super) async fn targeted_relists(
         reqs,
         priority,
         mut more,
+        mut beside,
         read,
     } = batch;
     let start = Instant::now();
@@ -137,7 +140,7 @@ pub(super) async fn targeted_relists(
             Some(&mut more),
             Some(&give_way),
             &held,
-            true,
+            EarlyDeaths::On(Some(&mut beside)),
             |step| {
                 let (taken, out, error) = match step {
                     PodStep::Early(out) => {

@@ -11,8 +11,8 @@
 //!   takes the Generic PLEG, runs as a spawned future (the inbox keeps being drained
 //!   meanwhile) and puts it back when it ends. A batch reports each pod it read; the
 //!   requests it may take while it runs reach it through its own channel, closed when
-//!   the machine says it has nothing left to read. A global relist takes the
-//!   containers to read beside it the same way.
+//!   the machine says it has nothing left to read. Either unit takes the containers
+//!   to read beside it the same way.
 //! - Each relist's output is applied by `apply`: revisions, then the cache
 //!   (acknowledged), then the events.
 //! - Stop: the queue refuses new requests at once (dropped, counted); the unit in
@@ -59,12 +59,13 @@ pub struct RelistDispatcher {
     inbox: Arc<Inbox>,
     /// A drain of the inbox is scheduled (after the mailbox).
     drain_scheduled: bool,
-    /// Tells hint sources when a global relist is due or running (they wait then).
+    /// Tells hint sources when a global relist is due or running (they wait then, but
+    /// for the few items a running one hears).
     priority: GlobalPriority,
     timer: Option<SpawnHandle>,
     /// Where the batch in progress takes more requests (dropped: it takes no more).
     batch_input: Option<UnboundedSender<Taken>>,
-    /// Where the global relist in progress takes containers to read beside it.
+    /// Where the unit in progress takes containers to read beside it.
     beside: Option<UnboundedSender<BesideAsk>>,
     logs: Logs,
 }
@@ -335,6 +336,8 @@ impl RelistDispatcher {
         let detail = tracing::enabled!(tracing::Level::DEBUG);
         let (input, more) = unbounded_channel();
         self.batch_input = Some(input);
+        let (asks, beside) = unbounded_channel();
+        self.beside = Some(asks);
         let (read, reads) = futures::channel::mpsc::unbounded();
         ctx.spawn(
             fut::wrap_stream::<_, Self>(reads)
@@ -345,6 +348,7 @@ impl RelistDispatcher {
             reqs,
             priority: self.priority.clone(),
             more,
+            beside,
             read,
         };
         let fut = async move {
@@ -355,6 +359,7 @@ impl RelistDispatcher {
             fut.into_actor(self)
                 .map(move |(core, mut summary), act, ctx| {
                     act.batch_input = None;
+                    act.beside = None;
                     let known_pods = core.pod_count();
                     act.core = Some(core);
                     let deferred = std::mem::take(&mut summary.deferred);

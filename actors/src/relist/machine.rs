@@ -19,12 +19,14 @@
 //! - A batch takes at most [`MAX_BATCH`] pods. While it runs it takes (admits) the
 //!   requests that come, unless a global relist is due, the pod already waits, or the
 //!   batch is full. A request for a pod whose read is in progress runs again once that
-//!   read ends (later ones merge into it). A batch ends once every pod it took is read.
-//! - While a global relist runs, the hint sources are heard (the first
-//!   [`HEARD_BESIDE`] requests; then they wait for its end): the containers a request
-//!   names are read beside it, each once, at most [`READ_BESIDE`] of them (the
-//!   `pleg::beside` module: a death they show is published at once). The request
-//!   waits all the same.
+//!   read ends (later ones merge into it); the containers it names are read beside the
+//!   batch meanwhile (as beside a global relist, below). A batch ends once every pod
+//!   it took is read.
+//! - While a global relist runs, the hint sources are heard (a bounded number of their
+//!   items: `queue::priority`): the containers a request names are read beside it,
+//!   each once per source, at most [`READ_BESIDE`] reads (the `pleg::beside` module: a
+//!   death they show is published at once); then, or once a stop is asked, the hint
+//!   sources wait for its end. The request waits all the same.
 //! - A request enqueued before the start of a completed global relist is skipped (that
 //!   relist saw the pod), unless that relist did not read the pod (a sync held it, or
 //!   its read failed). A request for a pod a sync holds is coalesced into the gate's
@@ -45,11 +47,7 @@ use crate::queue::request::{merge, Added, PodRequests, RequestRelist};
 /// The most pods one batch takes.
 pub const MAX_BATCH: usize = 256;
 
-/// The most requests a running global relist hears (takes from the hint sources)
-/// before they wait for its end: a storm's hints then take no more of its time.
-pub const HEARD_BESIDE: usize = 64;
-
-/// The most containers read beside one global relist.
+/// The most containers read beside one unit of work.
 pub const READ_BESIDE: usize = 32;
 
 /// What the machine is told at start.
@@ -148,13 +146,16 @@ enum Unit {
 /// What a running global relist has heard.
 #[derive(Default)]
 struct Hearing {
-    /// Requests taken while it runs.
-    heard: usize,
     /// Containers read beside it.
-    read: HashSet<String>,
+    read: ReadBeside,
     /// It hears no more (the hint sources wait for its end).
     deaf: bool,
 }
+
+/// The containers read beside a unit of work, by the source that asked: a later
+/// hint of another source (a CRI stop after a task exit) is read again, as the
+/// first may have come before the runtime's status said it.
+type ReadBeside = HashSet<(RelistSource, String)>;
 
 /// The batch in progress: the pods it took and has not read yet, each with the
 /// request to run again once its read ends.
@@ -165,6 +166,27 @@ struct OpenBatch {
     taken: usize,
     /// Told to take nothing more ([`Action::CloseBatch`]).
     closed: bool,
+    /// Containers read beside it.
+    read_beside: ReadBeside,
+}
+
+/// The containers `req` names that the unit in progress has not read beside it yet
+/// for `req`'s source ([`READ_BESIDE`] in all), to read now; they are marked read.
+fn beside_ask(read: &mut ReadBeside, req: &RequestRelist) -> Option<BesideAsk> {
+    let mut containers = Vec::new();
+    for id in &req.prefetch {
+        if read.len() == READ_BESIDE {
+            break;
+        }
+        if read.insert((req.source, id.clone())) {
+            containers.push(id.clone());
+        }
+    }
+    (!containers.is_empty()).then(|| BesideAsk {
+        uid: req.uid.clone(),
+        source: req.source,
+        containers,
+    })
 }
 
 pub struct Machine {
@@ -256,6 +278,7 @@ impl Machine {
             }
             Input::Stop => {
                 self.stopping = true;
+                self.deafen(&mut out);
                 self.wind_down(&mut out);
             }
             Input::GlobalEnded {
@@ -310,9 +333,8 @@ impl Machine {
     }
 
     /// A request taken while a global relist runs and hears: the containers it names
-    /// that are not read beside it yet are, up to [`READ_BESIDE`] in all; once it has
-    /// heard [`HEARD_BESIDE`] requests or asked [`READ_BESIDE`] reads, the hint
-    /// sources wait.
+    /// that are not read beside it yet are, up to [`READ_BESIDE`] in all; once that
+    /// many are, the hint sources wait.
     fn hear(&mut self, req: &RequestRelist, out: &mut Vec<Action>) {
         let Some(Unit::Global(hearing)) = &mut self.unit else {
             return;
@@ -320,26 +342,21 @@ impl Machine {
         if hearing.deaf {
             return;
         }
-        hearing.heard += 1;
-        let mut containers = Vec::new();
-        for id in &req.prefetch {
-            if hearing.read.len() == READ_BESIDE {
-                break;
-            }
-            if hearing.read.insert(id.clone()) {
-                containers.push(id.clone());
-            }
+        if let Some(ask) = beside_ask(&mut hearing.read, req) {
+            out.push(Action::ReadBeside(ask));
         }
-        if !containers.is_empty() {
-            out.push(Action::ReadBeside(BesideAsk {
-                uid: req.uid.clone(),
-                source: req.source,
-                containers,
-            }));
+        if hearing.read.len() >= READ_BESIDE {
+            self.deafen(out);
         }
-        if hearing.heard >= HEARD_BESIDE || hearing.read.len() >= READ_BESIDE {
-            hearing.deaf = true;
-            out.push(self.priority());
+    }
+
+    /// The running global relist hears no more: the hint sources wait for its end.
+    fn deafen(&mut self, out: &mut Vec<Action>) {
+        if let Some(Unit::Global(hearing)) = &mut self.unit {
+            if !hearing.deaf {
+                hearing.deaf = true;
+                out.push(self.priority());
+            }
         }
     }
 
@@ -373,12 +390,16 @@ impl Machine {
 
     /// Hands a request that must run to the batch in progress. One for a pod whose
     /// read is in progress (it may have begun before the request's cause) runs again
-    /// once that read ends, merged with any other that comes meanwhile.
+    /// once that read ends, merged with any other that comes meanwhile; the containers
+    /// it names are read beside the batch at once.
     fn admit(&mut self, req: RequestRelist, out: &mut Vec<Action>) -> Option<RequestRelist> {
         let Some(Unit::Batch(open)) = &mut self.unit else {
             return Some(req);
         };
         if let Some(again) = open.pods.get_mut(&req.uid) {
+            if let Some(ask) = beside_ask(&mut open.read_beside, &req) {
+                out.push(Action::ReadBeside(ask));
+            }
             match again {
                 Some(kept) => {
                     let merged = merge(kept, req);
@@ -505,6 +526,7 @@ impl Machine {
             pods: requests.iter().map(|r| (r.uid.clone(), None)).collect(),
             taken: requests.len(),
             closed: false,
+            read_beside: ReadBeside::new(),
         }));
         out.push(Action::StartBatch {
             batch: self.batches,

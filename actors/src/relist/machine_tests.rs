@@ -639,9 +639,8 @@ fn a_running_global_relist_reads_the_containers_a_request_names_beside_it_and_th
 }
 
 #[test]
-fn a_global_relist_hears_a_bounded_number_of_requests_then_the_hint_sources_wait() {
-    use super::machine::{HEARD_BESIDE, READ_BESIDE};
-    // Containers: the reads beside it end once READ_BESIDE are asked.
+fn a_global_relist_reads_a_bounded_number_of_containers_beside_it_then_the_hint_sources_wait() {
+    use super::machine::READ_BESIDE;
     let mut s = Spec::after_first_global(1000);
     s.step(Input::Tick, PERIOD);
     let mut read = 0;
@@ -656,23 +655,7 @@ fn a_global_relist_hears_a_bounded_number_of_requests_then_the_hint_sources_wait
         }
     }
     assert_eq!(read, READ_BESIDE);
-    assert_eq!(deaf_after, Some(READ_BESIDE), "told once the last is read");
-    // Requests: heard up to HEARD_BESIDE, whatever they name.
-    let mut s = Spec::after_first_global(1000);
-    s.step(Input::Tick, PERIOD);
-    let mut deaf_after = None;
-    for i in 0..HEARD_BESIDE + 5 {
-        let out = s.request(&format!("u{i}"), PERIOD + ms(1), PERIOD + ms(1));
-        if told(&out) == Some((true, false)) {
-            deaf_after.get_or_insert(i + 1);
-        }
-    }
-    assert_eq!(deaf_after, Some(HEARD_BESIDE));
-    let r = naming(&s, "late", &["c"], PERIOD + ms(2));
-    assert!(
-        read_beside(&s.step(Input::Request(r), PERIOD + ms(2))).is_empty(),
-        "nothing more is read beside it"
-    );
+    assert_eq!(deaf_after, Some(READ_BESIDE), "told once the last is asked");
     // The next global relist hears again.
     s.global_ended(PERIOD, Some(&[]), PERIOD + ms(20));
     s.step(Input::Run, PERIOD + ms(20));
@@ -680,4 +663,66 @@ fn a_global_relist_hears_a_bounded_number_of_requests_then_the_hint_sources_wait
     let next = s.step(Input::Tick, 2 * PERIOD);
     assert!(starts_global(&next));
     assert_eq!(told(&next), Some((true, true)));
+}
+
+#[test]
+fn a_container_named_again_by_another_source_is_read_again() {
+    let mut s = Spec::after_first_global(2);
+    s.step(Input::Tick, PERIOD);
+    // A task exit first (its status may still say running), then the CRI stop.
+    let r = RequestRelist {
+        source: RelistSource::ContainerdEvents,
+        ..naming(&s, "u1", &["c1"], PERIOD + ms(1))
+    };
+    assert_eq!(
+        read_beside(&s.step(Input::Request(r), PERIOD + ms(1))).len(),
+        1
+    );
+    let r = naming(&s, "u1", &["c1"], PERIOD + ms(2));
+    let out = s.step(Input::Request(r), PERIOD + ms(2));
+    assert_eq!(
+        read_beside(&out),
+        vec![("u1".to_string(), vec!["c1".to_string()])]
+    );
+    let r = naming(&s, "u1", &["c1"], PERIOD + ms(3));
+    assert!(read_beside(&s.step(Input::Request(r), PERIOD + ms(3))).is_empty());
+}
+
+#[test]
+fn a_stop_asked_during_a_global_relist_has_the_hint_sources_wait_for_its_end() {
+    let mut s = Spec::after_first_global(2);
+    s.step(Input::Tick, PERIOD);
+    let stop = s.step(Input::Stop, PERIOD + ms(1));
+    assert_eq!(told(&stop), Some((true, false)));
+    let r = naming(&s, "u1", &["c1"], PERIOD + ms(2));
+    assert!(read_beside(&s.step(Input::Request(r), PERIOD + ms(2))).is_empty());
+}
+
+#[test]
+fn a_request_for_a_pod_whose_read_is_in_progress_has_its_containers_read_beside_the_batch() {
+    let mut s = Spec::after_first_global(2);
+    s.batch_of(&["u1"], ms(100));
+    let r = naming(&s, "u1", &["c1"], ms(101));
+    let again = s.step(Input::Request(r), ms(101));
+    assert_eq!(
+        read_beside(&again),
+        vec![("u1".to_string(), vec!["c1".to_string()])]
+    );
+    assert!(
+        admitted(&again).is_empty(),
+        "it runs again once the read ends"
+    );
+    let r = naming(&s, "u1", &["c1"], ms(102));
+    assert!(
+        read_beside(&s.step(Input::Request(r), ms(102))).is_empty(),
+        "each container once"
+    );
+    // A pod the batch is not reading: taken into the batch, its prefetch read with
+    // its lists.
+    let r = naming(&s, "u2", &["c2"], ms(103));
+    let taken = s.step(Input::Request(r), ms(103));
+    assert_eq!(admitted(&taken), vec!["u2".to_string()]);
+    assert!(read_beside(&taken).is_empty());
+    // Read: the request that came meanwhile runs.
+    assert_eq!(admitted(&s.pod_read("u1", ms(110))), vec!["u1".to_string()]);
 }

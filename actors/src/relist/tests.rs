@@ -927,3 +927,46 @@ async fn a_hinted_death_is_published_while_a_global_relist_waits_for_its_lists()
         "published once"
     );
 }
+
+/// As beside a global relist: a hint naming a container of a pod whose targeted read
+/// waits for its lists has that container read at once, and the death is published
+/// before those lists answer, once.
+#[actix_rt::test]
+async fn a_hinted_death_is_published_while_its_pods_read_waits_for_its_lists() {
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let b = start(&rt, Setup::default());
+    let q = &b.dispatcher.queue;
+    wait_until("first global relist", || b.global_relists() == 1).await;
+    rt.hold(Op::ListContainers);
+    let lists = rt.calls(Op::ListContainers);
+    // A hint that names no container (a sandbox's): the pod's read waits for its lists.
+    assert!(q.request("u1", RelistSource::Nri, None, None));
+    wait_until("u1's read lists", || rt.calls(Op::ListContainers) > lists).await;
+    rt.exit_container(&c, 4);
+    let before = b.published.len();
+    assert!(q.request("u1", RelistSource::EventedPleg, None, Some(&c)));
+    nth_publish_after_its_cache_update(&b, before + 1).await;
+    assert_eq!(
+        rt.calls(Op::ListContainers),
+        lists + 1,
+        "its lists still wait"
+    );
+    let first = &b.published.all()[before].0;
+    assert_eq!(
+        (first.len(), first[0].kind, first[0].relist_source),
+        (1, EventKind::ContainerDied, RelistSource::EventedPleg)
+    );
+    rt.release(Op::ListContainers);
+    wait_until("both requests done", || {
+        b.metrics.requests(RequestResult::Done, RelistSource::Nri) == 1
+            && b.requests(RequestResult::Done) == 1
+    })
+    .await;
+    assert_eq!(
+        deaths(&b),
+        [(c.clone(), vec![RelistSource::EventedPleg])].into(),
+        "published once"
+    );
+}
