@@ -50,7 +50,8 @@ pub struct LifecycleEvent {
     /// Node-wide, strictly increasing per plegd instance; given by the dispatcher
     /// just before the relist's cache update (0 until then; see `revision`).
     pub revision: u64,
-    /// When the relist that found the change had read the pod's status.
+    /// When the relist that found the change had read the pod's status, or, if later,
+    /// the time of the pod's previous event (a death read beside that read).
     pub time: SystemTime,
     pub pod: PodRef,
     pub kind: EventKind,

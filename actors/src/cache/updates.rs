@@ -9,6 +9,7 @@ use super::{CacheOwner, StoredPod};
 use crate::event::{EventKind, RelistSource};
 use crate::packed_status::{PackedReported, PackedStatus};
 use crate::pleg::CacheUpdate;
+use plegd_runtime::ContainerState;
 
 impl CacheOwner {
     pub(crate) fn apply(&mut self, update: CacheUpdate) {
@@ -62,16 +63,21 @@ impl CacheOwner {
                 let Some(mut entry) = self.shared.pods.get_mut(uid.as_str()) else {
                     return;
                 };
-                // A read of the whole pod that began later has it already.
-                if ReadStamp::new(read_at, RelistSource::Global).at < entry.read.at {
-                    return;
-                }
+                let older = ReadStamp::new(read_at, RelistSource::Global).at < entry.read.at;
                 let Some(mut pod) = entry.status.as_ref().and_then(PackedStatus::unpack) else {
                     return;
                 };
                 let Some(old) = pod.containers.iter_mut().find(|c| c.id == status.id) else {
                     return;
                 };
+                // A read of the whole pod that began later has it already, unless that
+                // read still saw the container before its exit (it may have reused an
+                // earlier status): an exit is final, and an ID names one container.
+                let exit_unseen =
+                    status.state == ContainerState::Exited && old.state != ContainerState::Exited;
+                if older && !exit_unseen {
+                    return;
+                }
                 *old = status;
                 // `read` stays the pod's last read's: the other containers were
                 // not read again (what `LastReads` reuses is judged by it).
@@ -200,8 +206,9 @@ mod tests {
     use crate::pleg::CacheUpdate;
 
     /// An early death (`pleg::early`): one container's status replaced, the pod's
-    /// read time kept; nothing for a read older than the pod's, an unknown container
-    /// or an unknown pod.
+    /// read time kept, even from a read older than the pod's when that still says
+    /// the container runs (an exit is final); nothing else from an older read, nor
+    /// for an unknown container or an unknown pod.
     #[test]
     fn a_container_update_replaces_that_container_only() {
         use plegd_runtime::ContainerState::{Exited, Running};
@@ -231,11 +238,19 @@ mod tests {
         owner.apply(update(at(4), container(Exited, 9)));
         assert_eq!(
             state_of("c"),
-            (Running, 0, at(5)),
-            "older than the pod's read"
+            (Exited, 9, at(5)),
+            "older than the pod's read, which saw it running"
         );
         owner.apply(update(at(6), container(Exited, 2)));
         assert_eq!(state_of("c"), (Exited, 2, at(5)));
+        owner.apply(update(at(4), container(Exited, 7)));
+        assert_eq!(
+            state_of("c"),
+            (Exited, 2, at(5)),
+            "an older read of the exit"
+        );
+        owner.apply(update(at(4), container(Running, 0)));
+        assert_eq!(state_of("c"), (Exited, 2, at(5)), "an older read");
         assert_eq!(state_of("d"), (Running, 0, at(5)));
         let mut unknown = container(Exited, 1);
         unknown.id = "x".into();

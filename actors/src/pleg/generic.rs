@@ -391,6 +391,7 @@ impl GenericPleg {
             EarlyDeaths::Off => (None, None),
             EarlyDeaths::On(asks) => (Some(&early_tx), asks),
         };
+        self.early.timing = early_tx.is_some();
         let mut beside = Beside::new(asks, self.runtime.clone());
         let (reader, calls, whole_node) = (&reader, &calls, &whole_node);
         let mut asked: VecDeque<T> = pods.into();
@@ -580,6 +581,8 @@ impl GenericPleg {
         F: FnMut(GlobalStep) -> Fut,
         Fut: Future<Output = ()>,
     {
+        // No death can come early to a pod with no record (the first relist's).
+        self.early.timing = asks.is_some() && !self.records.is_empty();
         let mut beside = Beside::new(asks, self.runtime.clone());
         let result = self.global_parts(held, &mut beside, &mut each).await;
         // What was read beside holds against this relist's lists only.
@@ -1140,6 +1143,8 @@ struct Reported {
     /// The time of each pod's last event in the unit (where deaths come early, a
     /// read's events may otherwise go back before them).
     times: HashMap<String, SystemTime>,
+    /// Deaths may come early in this unit: `times` is kept.
+    timing: bool,
 }
 
 impl Reported {
@@ -1154,7 +1159,9 @@ impl Reported {
 
     /// `uid` got events of `time` in this unit.
     fn published(&mut self, uid: &str, time: SystemTime) {
-        self.times.insert(uid.to_string(), time);
+        if self.timing {
+            self.times.insert(uid.to_string(), time);
+        }
     }
 
     /// The unit ended: nothing kept (nor the room a storm's pods took).
@@ -1162,6 +1169,7 @@ impl Reported {
         if !self.deaths.is_empty() || !self.times.is_empty() {
             *self = Reported::default();
         }
+        self.timing = false;
     }
 }
 
