@@ -884,20 +884,7 @@ impl GenericPleg {
             .buffered(self.concurrency)
             .collect::<Vec<_>>();
         let reads = beside
-            .during(
-                reads,
-                &mut |exits| {
-                    early_deaths(
-                        &mut self.records,
-                        &self.reinspect,
-                        &mut self.early,
-                        self.keep_records,
-                        exits,
-                        held,
-                    )
-                },
-                each,
-            )
+            .during(reads, &mut |exits| self.early_deaths(exits, held), each)
             .await;
         let mut out = RelistOutput {
             prefetch,
