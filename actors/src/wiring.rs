@@ -378,6 +378,18 @@ impl Pleg {
         self.router.request(uid, source, None, None)
     }
 
+    /// [`Self::request_relist`] naming the container the hint is about (as the hint
+    /// sources name it).
+    #[cfg(test)]
+    pub(crate) fn request_relist_of(
+        &self,
+        uid: &str,
+        source: RelistSource,
+        container: &str,
+    ) -> bool {
+        self.router.request(uid, source, None, Some(container))
+    }
+
     /// An API client's RequestRelist: under the API clients' own budget
     /// (`api_relist_budget` pods waiting), never crowding out the runtime's hints; a
     /// held pod's request joins its gate's pending relist. Never blocks. Unless

@@ -172,3 +172,101 @@ fn a_commit_made_while_a_new_file_is_written_goes_into_it() {
         assert_eq!(store.size(), file.len() as u64);
     }
 }
+
+/// A process killed after a death read beside a global relist was published, before
+/// that relist ends, goes on from the state it left: the death is stored with the
+/// container's record, so the relists after the restart publish it no second time,
+/// and the pod's events still never go back in time.
+#[actix_rt::test]
+async fn a_death_read_beside_a_global_relist_is_not_published_again_after_a_kill() {
+    use plegd_sim::Op;
+
+    use plegd_telemetry::RequestResult;
+
+    use crate::event::{EventKind, RelistSource};
+
+    let config = PlegConfig {
+        relist_period: Duration::from_secs(3600),
+        ..config()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rt = FakeRuntime::new();
+    let sb = rt.run_pod("u1", "web", "ns");
+    let c = rt.run_container(&sb, "app");
+    let open_in =
+        |d: &std::path::Path| open(d, config.history_events, TTL).unwrap_or_else(|e| panic!("{e}"));
+    let p = Pleg::start_with_state(
+        Arc::new(rt.clone()),
+        &config,
+        Arc::new(Metrics::new()),
+        Some(open_in(dir.path())),
+    );
+    let sub = p.subscribe("t", 1 << 10).await.unwrap();
+    until("the first global relist", || p.cache().get("u1").is_some()).await;
+    rt.hold(Op::ListContainers);
+    let lists = rt.calls(Op::ListContainers);
+    p.bring_global_relist_forward();
+    until("the next global relist lists", || {
+        rt.calls(Op::ListContainers) > lists
+    })
+    .await;
+    rt.exit_container(&c, 7);
+    assert!(p.request_relist_of("u1", RelistSource::EventedPleg, &c));
+    let mut seen = Vec::new();
+    until("the death read beside it", || {
+        seen.extend(sub.try_iter().map(|d| (*d.event).clone()));
+        seen.iter().any(|e| e.kind == EventKind::ContainerDied)
+    })
+    .await;
+    assert_eq!(
+        rt.calls(Op::ListContainers),
+        lists + 1,
+        "the relist still waits"
+    );
+    // What a kill now leaves.
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(dir.path().join("state"), copy.path().join("state")).unwrap();
+    let shown = p.latest_revision();
+    rt.release(Op::ListContainers);
+    p.stop();
+    until("stopped", || p.stopped()).await;
+
+    let again = Pleg::start_with_state(
+        Arc::new(rt.clone()),
+        &config,
+        Arc::new(Metrics::new()),
+        Some(open_in(copy.path())),
+    );
+    let resumed = again.subscribe_after("t", 1 << 10, Some(0)).await.unwrap();
+    assert!(again.latest_revision() >= shown, "nothing shown is lost");
+    let global = || again.metrics().relist_duration.get_sample_count();
+    until("the restart's first global relist", || global() >= 1).await;
+    // And a targeted relist of the pod after it, as the hint would bring.
+    let done = || {
+        again
+            .metrics()
+            .requests(RequestResult::Done, RelistSource::EventedPleg)
+    };
+    assert!(again.request_relist("u1", RelistSource::EventedPleg));
+    until("the pod read again", || done() == 1).await;
+    again.stop();
+    until("stopped again", || again.stopped()).await;
+    let events: Vec<_> = resumed.try_iter().map(|d| (*d.event).clone()).collect();
+    let revisions: Vec<u64> = events.iter().map(|e| e.revision).collect();
+    assert_eq!(
+        revisions,
+        (1..=again.latest_revision()).collect::<Vec<_>>(),
+        "every revision once"
+    );
+    let deaths = events
+        .iter()
+        .filter(|e| e.kind == EventKind::ContainerDied && e.container_id == c)
+        .count();
+    assert_eq!(deaths, 1, "{events:#?}");
+    let times: Vec<_> = events
+        .iter()
+        .filter(|e| e.pod.uid == "u1")
+        .map(|e| e.time)
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{events:#?}");
+}
