@@ -1,5 +1,6 @@
-//! Deaths read beside a global relist (`beside` module): handed over before its lists
-//! answer, never undone by those lists, never twice, and forgotten with the relist.
+//! Deaths read beside a global relist or a batch (`beside` module): handed over before
+//! the lists answer, never undone by them, never twice, never older than the pod's
+//! events, and forgotten with the unit.
 
 use std::sync::{Arc, Mutex};
 
@@ -401,4 +402,205 @@ async fn a_death_read_beside_a_global_relist_whose_lists_fail_is_reported_once()
     let next = super::tests::try_targeted(&mut p, "u1").await.unwrap();
     assert!(next.events.is_empty(), "{:?}", next.events);
     assert!(global(&mut p).await.events.is_empty());
+}
+
+/// As [`a_status_read_before_a_death_read_beside_does_not_bring_it_back_in_the_cache`],
+/// beside a batch: a pod's targeted read (for another change) read the
+/// container's status before it died; the death, read beside, goes out first, and the
+/// pod's status the read then commits says the container exited, with its events no
+/// older than the death.
+#[tokio::test]
+async fn a_status_a_pods_read_took_before_a_death_read_beside_it_gives_way_to_the_death() {
+    let rt = FakeRuntime::new();
+    let gate = GateOne {
+        inner: rt.clone(),
+        gated: Arc::default(),
+        reached: Arc::default(),
+        open: Arc::default(),
+    };
+    let (mut p, c) = one_pod(&rt, Arc::new(Intercepted(gate.clone()))).await;
+    let sb = rt.sandboxes_of("u1").remove(0);
+    let d = rt.run_container(&sb, "side");
+    *gate.gated.lock().unwrap() = Some(d.clone());
+    let statuses = rt.calls(Op::ContainerStatus);
+    let (tx, mut rx) = unbounded_channel();
+    let steps = Mutex::new(Vec::new());
+    // A hint naming no container (a sandbox's): the pod's read lists, then reads both
+    // statuses.
+    let asked = vec![("u1".to_string(), RelistSource::Nri, vec![])];
+    let run = p.relist_pods_each(
+        asked,
+        None,
+        None,
+        &|_| false,
+        EarlyDeaths::On(Some(&mut rx)),
+        |s| {
+            let step = match s {
+                PodStep::Early(out) => ("early", out),
+                PodStep::Read(_, out, _) => ("read", out),
+            };
+            steps.lock().unwrap().push(step);
+            std::future::ready(())
+        },
+    );
+    let meanwhile = async {
+        wait_until("c read, d asked", || {
+            rt.calls(Op::ContainerStatus) > statuses
+                && gate.reached.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await;
+        rt.exit_container(&c, 6);
+        tx.send(ask(&c)).unwrap();
+        wait_until("the death read beside", || {
+            !steps.lock().unwrap().is_empty()
+        })
+        .await;
+        gate.open.notify_one();
+    };
+    tokio::join!(run, meanwhile);
+    let steps = steps.into_inner().unwrap();
+    let [("early", early), ("read", read)] = &steps[..] else {
+        panic!("an early death, then the pod's read: {steps:?}");
+    };
+    let kinds = |out: &RelistOutput| -> Vec<_> {
+        out.events
+            .iter()
+            .map(|e| (e.kind, e.container_id.clone()))
+            .collect()
+    };
+    assert_eq!(kinds(early), vec![(EventKind::ContainerDied, c.clone())]);
+    assert_eq!(kinds(read), vec![(EventKind::ContainerStarted, d.clone())]);
+    assert!(
+        read.events[0].time >= early.events[0].time,
+        "a pod's events never go back in time (its read began before the death's)"
+    );
+    let c_state = read
+        .cache
+        .iter()
+        .find_map(|u| match u {
+            CacheUpdate::Set { status: Ok(st), .. } => Some(st),
+            _ => None,
+        })
+        .and_then(|st| st.containers.iter().find(|x| x.id == c))
+        .map(|x| (x.state, x.exit_code));
+    assert_eq!(c_state, Some((ContainerState::Exited, 6)));
+    assert!(global(&mut p).await.events.is_empty());
+}
+
+/// The fake runtime, whose first ContainerStatus of each container named here (after
+/// it is named) waits until the test opens its gate.
+#[derive(Clone, Default)]
+struct FirstReadGates {
+    inner: FakeRuntime,
+    gates: Arc<Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>>,
+    reached: Arc<Mutex<Vec<String>>>,
+}
+
+impl FirstReadGates {
+    fn gate(&self, id: &str) -> Arc<tokio::sync::Notify> {
+        let open = Arc::new(tokio::sync::Notify::new());
+        self.gates.lock().unwrap().insert(id.into(), open.clone());
+        open
+    }
+
+    fn reached(&self, id: &str) -> bool {
+        self.reached.lock().unwrap().iter().any(|r| r == id)
+    }
+}
+
+#[async_trait::async_trait]
+impl plegd_sim::Intercept for FirstReadGates {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+
+    async fn container_status(
+        &self,
+        id: &str,
+    ) -> Result<plegd_runtime::ContainerStatus, plegd_runtime::RuntimeError> {
+        let gate = self.gates.lock().unwrap().remove(id);
+        if let Some(open) = gate {
+            self.reached.lock().unwrap().push(id.into());
+            open.notified().await;
+        }
+        self.inner.container_status(id).await
+    }
+}
+
+/// The other way round: a death read beside a batch by a call that began before a
+/// pod's read, answered after that read committed, is no older than the read's
+/// events (the batch still runs: another pod's read waits).
+#[tokio::test]
+async fn a_death_read_beside_answered_after_its_pods_read_is_no_older_than_that_reads_events() {
+    let rt = FakeRuntime::new();
+    let gates = FirstReadGates {
+        inner: rt.clone(),
+        ..FirstReadGates::default()
+    };
+    let (mut p, c) = one_pod(&rt, Arc::new(Intercepted(gates.clone()))).await;
+    let sb2 = rt.run_pod("u2", "db", "ns");
+    rt.run_container(&sb2, "app");
+    global(&mut p).await;
+    let d = rt.run_container(&rt.sandboxes_of("u1").remove(0), "side");
+    let e = rt.run_container(&sb2, "side");
+    let open_c = gates.gate(&c);
+    let open_e = gates.gate(&e);
+    rt.hold(Op::ListContainers);
+    let lists = rt.calls(Op::ListContainers);
+    let (tx, mut rx) = unbounded_channel();
+    let steps = Mutex::new(Vec::new());
+    let asked = vec![
+        ("u1".to_string(), RelistSource::Nri, vec![]),
+        ("u2".to_string(), RelistSource::Nri, vec![]),
+    ];
+    let run = p.relist_pods_each(
+        asked,
+        None,
+        None,
+        &|_| false,
+        EarlyDeaths::On(Some(&mut rx)),
+        |s| {
+            let step = match s {
+                PodStep::Early(out) => ("early", out),
+                PodStep::Read(_, out, _) => ("read", out),
+            };
+            steps.lock().unwrap().push(step);
+            std::future::ready(())
+        },
+    );
+    let meanwhile = async {
+        wait_until("both pods' lists asked", || {
+            rt.calls(Op::ListContainers) >= lists + 2
+        })
+        .await;
+        // Asked while c still runs: the call begins now and waits at its gate.
+        tx.send(ask(&c)).unwrap();
+        wait_until("c's read beside asked", || gates.reached(&c)).await;
+        rt.release(Op::ListContainers);
+        wait_until("u1's read committed, u2's waits for e", || {
+            gates.reached(&e) && !steps.lock().unwrap().is_empty()
+        })
+        .await;
+        rt.exit_container(&c, 3);
+        open_c.notify_one();
+        wait_until("the death read beside", || steps.lock().unwrap().len() == 2).await;
+        open_e.notify_one();
+    };
+    tokio::join!(run, meanwhile);
+    let steps = steps.into_inner().unwrap();
+    let kinds = |out: &RelistOutput| -> Vec<_> {
+        out.events
+            .iter()
+            .map(|e| (e.kind, e.container_id.clone()))
+            .collect()
+    };
+    let [("read", read), ("early", early), ("read", _)] = &steps[..] else {
+        panic!("u1's read, the death, then u2's read: {steps:?}");
+    };
+    assert_eq!(kinds(read), vec![(EventKind::ContainerStarted, d.clone())]);
+    assert_eq!(kinds(early), vec![(EventKind::ContainerDied, c.clone())]);
+    assert!(
+        early.events[0].time >= read.events[0].time,
+        "a pod's events never go back in time (the death's call began before the read)"
+    );
 }
