@@ -9,8 +9,10 @@ Environment (set by plegd/tests/conformance.rs):
   PLEGD_HISTORY_EVENTS  plegd's --history-events (required: the too-old case)
 """
 
+import atexit
 import importlib
 import os
+import shutil
 import sys
 import tempfile
 
@@ -21,6 +23,8 @@ from grpc_tools import protoc
 
 def _generate(proto_dir):
     out = tempfile.mkdtemp(prefix="plegd-py-stubs-")
+    # Imported by then: the directory is not needed after the process ends.
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
     code = protoc.main(
         [

@@ -1,7 +1,7 @@
 //! Testing plegd as a process (the binary's tests in plegd/tests): starting it,
 //! signalling it, waiting for its exit or for a condition, running it to its end.
 //! The binary's path comes from the caller (`env!("CARGO_BIN_EXE_plegd")` exists only
-//! in the plegd package). The child killed on drop, the one-shot HTTP GET and the
+//! in the plegd package). The child stopped on drop, the one-shot HTTP GET and the
 //! `/proc` reads are the test kit's (`plegd_testkit::process`), shared with the
 //! benchmark.
 

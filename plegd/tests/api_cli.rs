@@ -24,9 +24,11 @@ fn demo(socket: &Path, events: &Path) -> Reaped {
     demo_with(socket, events, &[])
 }
 
-/// [`demo`] with more flags.
+/// [`demo`] with more flags. The demo's temporary directory goes beside `events`, in
+/// the test's own: a demo killed on purpose leaves it behind.
 fn demo_with(socket: &Path, events: &Path, extra: &[&str]) -> Reaped {
     let child = plegd()
+        .env("TMPDIR", events.parent().expect("events in a directory"))
         .args(["demo", "--metrics-addr", "off", "--node-name", "cli-node"])
         .args(extra)
         .args([

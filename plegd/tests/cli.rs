@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use plegd_sim::{spawn_in_thread, FakeRuntime};
 
 use integration_tests::process::{
-    self, command, exit_and_stderr, free_port, http_get, signal, wait_exit, TIMEOUT,
+    self, command, exit_and_stderr, free_port, http_get, signal, wait_exit, wait_until, Reaped,
+    TIMEOUT,
 };
 
 /// The binary under test.
@@ -876,6 +877,37 @@ fn a_signal_during_demo_start_up_still_cleans_up() {
     assert_eq!(status.code(), Some(0));
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Regression: a test's `Reaped` demo, dropped, was killed with SIGKILL and left its
+/// `plegd-demo-*` directory in the temporary directory (hundreds in /tmp). The drop
+/// now sends SIGTERM first, and the demo removes it.
+#[test]
+fn a_dropped_reaped_demo_leaves_no_directory_behind() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("api.sock");
+    let demo_dirs = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().starts_with("plegd-demo-"))
+            .count()
+    };
+    let child = plegd()
+        .args(["demo", "--pods", "2", "--metrics-addr", "off"])
+        .arg("--api-socket")
+        .arg(&socket)
+        .env("TMPDIR", tmp.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Reaped(child);
+    wait_until("the demo's API socket", || socket.exists());
+    assert_eq!(demo_dirs(), 1, "the demo makes its directory in TMPDIR");
+    drop(child);
+    assert_eq!(demo_dirs(), 0, "the dropped demo left its directory behind");
 }
 
 /// Regression: a SIGTERM while the runtime had not answered the start-up check went

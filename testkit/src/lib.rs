@@ -6,7 +6,7 @@
 //!
 //! - [`cri`]: the busybox host-network pod and a CRI client that makes, reads and
 //!   removes such pods.
-//! - [`process`]: a child process killed on drop, a free port, a one-shot HTTP GET,
+//! - [`process`]: a child process stopped on drop, a free port, a one-shot HTTP GET,
 //!   a process's `/proc` figures.
 //! - [`metrics`]: Prometheus text, read.
 

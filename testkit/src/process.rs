@@ -1,21 +1,41 @@
-//! A process from outside: a child killed and reaped on drop, a free port for it to
+//! A process from outside: a child stopped and reaped on drop, a free port for it to
 //! serve on, one HTTP GET of what it serves, its figures in `/proc`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Child;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// A running child that is killed and reaped when dropped, so that a failed
-/// assertion or an error leaves no process behind.
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// A running child stopped and reaped when dropped, so that a failed assertion or an
+/// error leaves no process behind: SIGTERM first, so that it can clean up after
+/// itself (`plegd demo` removes its temporary directory), then SIGKILL if it still
+/// runs after [`STOP_DEADLINE`]. A test that means to kill it calls `.0.kill()`.
 pub struct Reaped(pub Child);
+
+/// How long a dropped [`Reaped`] child has to exit after its SIGTERM.
+pub const STOP_DEADLINE: Duration = Duration::from_secs(10);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+        if !matches!(self.0.try_wait(), Ok(None)) {
+            return;
         }
+        // Not reaped yet, so the pid is still this child's.
+        let pid = Pid::from_raw(self.0.id() as i32);
+        if kill(pid, Signal::SIGTERM).is_ok() {
+            let deadline = Instant::now() + STOP_DEADLINE;
+            while Instant::now() < deadline {
+                if !matches!(self.0.try_wait(), Ok(None)) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
