@@ -27,8 +27,9 @@ use crate::event::RelistSource;
 use plegd_runtime::{ContainerState, RuntimeClient};
 
 /// ContainerStatus calls in flight beside a unit of work, at most (its own reads have
-/// their own bound).
-const BESIDE_CALLS: usize = 2;
+/// their own bound). Two at a time queued them behind each other in a burst, when
+/// containerd answers each in tens of milliseconds (docs/architecture.md).
+const BESIDE_CALLS: usize = 16;
 
 /// Containers a hint names, to read beside the global relist in progress.
 #[derive(Clone, Debug, PartialEq, Eq)]

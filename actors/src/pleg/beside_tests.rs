@@ -604,3 +604,40 @@ async fn a_death_read_beside_answered_after_its_pods_read_is_no_older_than_that_
         "a pod's events never go back in time (the death's call began before the read)"
     );
 }
+
+/// The containers a burst's hints name are read side by side, not one pair after
+/// another: on a busy containerd each read takes tens of milliseconds.
+#[tokio::test]
+async fn the_reads_beside_a_global_relist_run_side_by_side() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    let sb = rt.sandboxes_of("u1").remove(0);
+    let mut named = vec![c];
+    named.extend((0..7).map(|i| rt.run_container(&sb, &format!("side-{i}"))));
+    global(&mut p).await;
+    rt.hold(Op::ListContainers);
+    rt.hold(Op::ContainerStatus);
+    let (statuses, lists) = (rt.calls(Op::ContainerStatus), rt.calls(Op::ListContainers));
+    let (tx, mut rx) = unbounded_channel();
+    let run = p.relist_global_hearing(&|_| false, Some(&mut rx), |_| std::future::ready(()));
+    let meanwhile = async {
+        wait_until("the relist's lists asked", || {
+            rt.calls(Op::ListContainers) > lists
+        })
+        .await;
+        tx.send(BesideAsk {
+            uid: "u1".into(),
+            source: RelistSource::EventedPleg,
+            containers: named.clone(),
+        })
+        .unwrap();
+        wait_until("all eight reads in flight at once", || {
+            rt.calls(Op::ContainerStatus) >= statuses + 8
+        })
+        .await;
+        rt.release(Op::ContainerStatus);
+        rt.release(Op::ListContainers);
+    };
+    let (result, ()) = tokio::join!(run, meanwhile);
+    assert_eq!(result.unwrap().asked, 8);
+}
