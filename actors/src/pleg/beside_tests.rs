@@ -404,6 +404,35 @@ async fn a_death_read_beside_a_global_relist_whose_lists_fail_is_reported_once()
     assert!(global(&mut p).await.events.is_empty());
 }
 
+/// What a batch hands over, in order: ("early" | "read", output).
+type BatchSteps = Mutex<Vec<(&'static str, RelistOutput)>>;
+
+/// A batch of `asked` with early deaths, the containers `asks` names read beside it;
+/// each step into `steps`.
+async fn batch_hearing(
+    p: &mut GenericPleg,
+    asked: Vec<(String, RelistSource, Vec<String>)>,
+    asks: &mut tokio::sync::mpsc::UnboundedReceiver<BesideAsk>,
+    steps: &BatchSteps,
+) {
+    p.relist_pods_each(
+        asked,
+        None,
+        None,
+        &|_| false,
+        EarlyDeaths::On(Some(asks)),
+        |s| {
+            let step = match s {
+                PodStep::Early(out) => ("early", out),
+                PodStep::Read(_, out, _) => ("read", out),
+            };
+            steps.lock().unwrap().push(step);
+            std::future::ready(())
+        },
+    )
+    .await;
+}
+
 /// As [`a_status_read_before_a_death_read_beside_does_not_bring_it_back_in_the_cache`],
 /// beside a batch: a pod's targeted read (for another change) read the
 /// container's status before it died; the death, read beside, goes out first, and the
@@ -428,21 +457,7 @@ async fn a_status_a_pods_read_took_before_a_death_read_beside_it_gives_way_to_th
     // A hint naming no container (a sandbox's): the pod's read lists, then reads both
     // statuses.
     let asked = vec![("u1".to_string(), RelistSource::Nri, vec![])];
-    let run = p.relist_pods_each(
-        asked,
-        None,
-        None,
-        &|_| false,
-        EarlyDeaths::On(Some(&mut rx)),
-        |s| {
-            let step = match s {
-                PodStep::Early(out) => ("early", out),
-                PodStep::Read(_, out, _) => ("read", out),
-            };
-            steps.lock().unwrap().push(step);
-            std::future::ready(())
-        },
-    );
+    let run = batch_hearing(&mut p, asked, &mut rx, &steps);
     let meanwhile = async {
         wait_until("c read, d asked", || {
             rt.calls(Op::ContainerStatus) > statuses
@@ -553,21 +568,7 @@ async fn a_death_read_beside_answered_after_its_pods_read_is_no_older_than_that_
         ("u1".to_string(), RelistSource::Nri, vec![]),
         ("u2".to_string(), RelistSource::Nri, vec![]),
     ];
-    let run = p.relist_pods_each(
-        asked,
-        None,
-        None,
-        &|_| false,
-        EarlyDeaths::On(Some(&mut rx)),
-        |s| {
-            let step = match s {
-                PodStep::Early(out) => ("early", out),
-                PodStep::Read(_, out, _) => ("read", out),
-            };
-            steps.lock().unwrap().push(step);
-            std::future::ready(())
-        },
-    );
+    let run = batch_hearing(&mut p, asked, &mut rx, &steps);
     let meanwhile = async {
         wait_until("both pods' lists asked", || {
             rt.calls(Op::ListContainers) >= lists + 2
