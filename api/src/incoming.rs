@@ -22,9 +22,9 @@
 //! - A served connection with no stream open for [`Limits::idle_timeout`] is closed
 //!   (a client's channel reconnects on its next call).
 //! - Out of file descriptors, a handshaking connection is closed to make room (the same
-//!   one);
-//!   with none, a spare descriptor kept for this is given up to accept and close the
-//!   next connection (so neither the kernel's backlog nor the accept loop is stuck).
+//!   one); with none, a spare descriptor kept for this is given up to accept and end
+//!   the next connection, whose descriptor is the spare from then on (so neither the
+//!   kernel's backlog nor the accept loop is stuck).
 //!
 //! Each closing is counted in `plegd_api_connections_closed_total{reason}`.
 
@@ -309,10 +309,14 @@ async fn accept_loop(
                 }
                 Err(e) => {
                     if out_of_fds(&e) && spare.give_up() {
-                        // Closed at once: its descriptor is the spare's again.
-                        let took = accept_now(&listener).is_some();
+                        // Ended at once: its descriptor is the spare's again.
+                        let took = accept_now(&listener).map(|stream| {
+                            if let Ok(stream) = stream.into_std() {
+                                spare.take_back(stream);
+                            }
+                        });
                         spare.restore();
-                        if took {
+                        if took.is_some() {
                             metrics.count_api_connection_closed(ApiConnectionClose::OutOfFds);
                             continue;
                         }

@@ -38,8 +38,10 @@ fn plegd_bin() -> &'static str {
     env!("CARGO_BIN_EXE_plegd")
 }
 
-/// `plegd demo` with its API at `socket` and its endpoint on `port`.
+/// `plegd demo` with its API at `socket` and its endpoint on `port`; its log goes to
+/// [`log_of`]`(socket)`.
 fn demo(mut cmd: std::process::Command, socket: &Path, port: u16) -> Reaped {
+    let log = std::fs::File::create(log_of(socket)).unwrap();
     let child = cmd
         .args([
             "demo",
@@ -52,12 +54,17 @@ fn demo(mut cmd: std::process::Command, socket: &Path, port: u16) -> Reaped {
         .arg("--api-socket")
         .arg(socket)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     wait_until("the API socket", || socket.exists());
     wait_until("the endpoint", || http_get(port, "/healthz").is_some());
     Reaped(child)
+}
+
+/// Where [`demo`] writes the log of the plegd serving `socket`.
+fn log_of(socket: &Path) -> PathBuf {
+    socket.with_extension("log")
 }
 
 /// This process's soft limit on open files, raised to `at_least` if lower (with
@@ -359,8 +366,12 @@ fn healthz_answers_while_plegd_is_out_of_file_descriptors() {
         let start = Instant::now();
         let answer = http_get(port, "/healthz");
         let took = start.elapsed();
-        let (code, body) =
-            answer.unwrap_or_else(|| panic!("round {round}: no answer after {took:?}"));
+        let (code, body) = answer.unwrap_or_else(|| {
+            panic!(
+                "round {round}: no answer after {took:?}; plegd's log:\n{}",
+                std::fs::read_to_string(log_of(&socket)).unwrap_or_default()
+            )
+        });
         assert_eq!(code, 200, "round {round}: {body}");
         flood.wait_for_more(20);
     }
@@ -399,8 +410,12 @@ fn healthz_answers_while_served_connections_take_every_descriptor() {
         let start = Instant::now();
         let answer = http_get(port, "/healthz");
         let took = start.elapsed();
-        let (code, body) =
-            answer.unwrap_or_else(|| panic!("round {round}: no answer after {took:?}"));
+        let (code, body) = answer.unwrap_or_else(|| {
+            panic!(
+                "round {round}: no answer after {took:?}; plegd's log:\n{}",
+                std::fs::read_to_string(log_of(&socket)).unwrap_or_default()
+            )
+        });
         assert_eq!(code, 200, "round {round}: {body}");
     }
     // Those left in the backlog were accepted and closed, not left hanging.

@@ -15,9 +15,11 @@
 //! `/healthz` and `/readyz` still answer (one at a time) while plegd has none left.
 
 use std::future::Future;
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -28,6 +30,7 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -222,7 +225,7 @@ impl MetricsServer {
                             ));
                         }
                         Err(_) => {
-                            refuse(stream);
+                            drop(refuse(stream));
                             if let Some(more) = refused_log.allow(Instant::now()) {
                                 tracing::warn!(
                                     limit = limits.max_connections,
@@ -234,27 +237,24 @@ impl MetricsServer {
                     },
                     Err(error) => {
                         // Out of descriptors: the spare's is given to the connection
-                        // waiting, so a probe is still answered.
+                        // waiting, so a probe is still answered, and taken back when
+                        // that connection ends.
                         if out_of_fds(&error) && spare.give_up() {
                             if let Some(stream) = accept_now(&listener) {
                                 match permits.clone().try_acquire_owned() {
                                     Ok(permit) => {
-                                        let conn = connection(
-                                            stream,
+                                        connections.spawn(connection(
+                                            OnSpare::new(stream, spare.clone()),
                                             permit,
                                             router.clone(),
                                             limits,
                                             closing_rx.clone(),
-                                        );
-                                        let spare = spare.clone();
-                                        connections.spawn(async move {
-                                            conn.await;
-                                            spare.restore();
-                                        });
+                                        ));
                                     }
                                     Err(_) => {
-                                        refuse(stream);
-                                        spare.restore();
+                                        if let Some(stream) = refuse(stream) {
+                                            spare.take_back(stream);
+                                        }
                                     }
                                 }
                                 continue;
@@ -294,7 +294,7 @@ impl MetricsServer {
 /// Serves one connection within the limits; `_permit` is its place under
 /// [`Limits::max_connections`], given back when the connection ends.
 async fn connection(
-    stream: TcpStream,
+    stream: impl AsyncRead + AsyncWrite + Unpin + Send + 'static,
     _permit: OwnedSemaphorePermit,
     router: Router,
     limits: Limits,
@@ -319,27 +319,87 @@ async fn connection(
     let _ = tokio::time::timeout(limits.shutdown_grace, conn).await;
 }
 
+/// A connection accepted on the spare's descriptor. Dropped (the connection ended or
+/// its task was aborted), it gives that descriptor back to the spare.
+struct OnSpare {
+    /// Always there until dropped.
+    stream: Option<TcpStream>,
+    spare: SpareFd,
+}
+
+impl OnSpare {
+    fn new(stream: TcpStream, spare: SpareFd) -> Self {
+        OnSpare {
+            stream: Some(stream),
+            spare,
+        }
+    }
+
+    fn stream(&mut self) -> io::Result<Pin<&mut TcpStream>> {
+        self.stream
+            .as_mut()
+            .map(Pin::new)
+            .ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+}
+
+impl Drop for OnSpare {
+    fn drop(&mut self) {
+        if let Some(Ok(stream)) = self.stream.take().map(TcpStream::into_std) {
+            self.spare.take_back(stream);
+        }
+    }
+}
+
+impl AsyncRead for OnSpare {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.stream()?.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for OnSpare {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.stream()?.poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.stream()?.poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.stream()?.poll_shutdown(cx)
+    }
+}
+
 /// One accept that does not wait: the connection already waiting, if any.
 fn accept_now(listener: &TcpListener) -> Option<TcpStream> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut cx = Context::from_waker(std::task::Waker::noop());
     match listener.poll_accept(&mut cx) {
-        std::task::Poll::Ready(Ok((stream, _))) => Some(stream),
+        Poll::Ready(Ok((stream, _))) => Some(stream),
         _ => None,
     }
 }
 
 /// Answers a connection beyond the bound with 503 and closes it, without waiting on
 /// the client: both calls are non-blocking, and a fresh socket's send buffer is empty.
-fn refuse(stream: TcpStream) {
-    let Ok(mut stream) = stream.into_std() else {
-        return;
-    };
+/// Returns the socket, for the caller to close or keep.
+fn refuse(stream: TcpStream) -> Option<std::net::TcpStream> {
+    let mut stream = stream.into_std().ok()?;
     // Whatever the request has sent so far is read first, so closing sends a FIN the
     // client can read the answer before, not a reset that may discard it.
     let mut sink = [0u8; 1024];
     let _ = stream.read(&mut sink);
     let _ = stream.write(REFUSED);
     let _ = stream.shutdown(std::net::Shutdown::Write);
+    Some(stream)
 }
 
 #[cfg(test)]
@@ -575,6 +635,35 @@ mod tests {
         assert!(response.starts_with("HTTP/1.1 200"), "{response}");
         assert!(took >= short().header_read_timeout - Duration::from_millis(50));
         assert!(took < short().header_read_timeout + Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_connection_served_on_the_spare_leaves_its_descriptor_as_the_spare() {
+        use std::os::fd::AsRawFd;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (stream, _) = listener.accept().await.unwrap();
+            let number = stream.as_raw_fd();
+            let spare = SpareFd::open();
+            assert!(spare.give_up());
+            let mut conn = OnSpare::new(stream, spare.clone());
+            conn.write_all(b"ok\n").await.unwrap();
+            drop(conn);
+            // Never closed, so never free for another accept or open to take.
+            assert_eq!(spare.number(), Some(number));
+            let mut answer = String::new();
+            client.read_to_string(&mut answer).await.unwrap();
+            assert_eq!(answer, "ok\n", "the client reads the answer, then the end");
+        });
     }
 
     #[test]
