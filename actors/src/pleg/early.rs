@@ -34,10 +34,19 @@ pub(super) struct EarlyExits {
 
 /// True if a status read saying `st` is a death of a container `record` knows.
 fn is_death(record: &PodRecord, st: &ContainerStatus) -> bool {
-    st.state == ContainerState::Exited
-        && record.containers.contains_key(&st.id)
-        && events_for(record.state_of(&st.id), PlegState::Exited)
-            .contains(&EventKind::ContainerDied)
+    st.state == ContainerState::Exited && may_die(record, &st.id)
+}
+
+/// True if an exit of container `id` would be a death `record` does not have yet.
+fn may_die(record: &PodRecord, id: &str) -> bool {
+    record.containers.contains_key(id)
+        && events_for(record.state_of(id), PlegState::Exited).contains(&EventKind::ContainerDied)
+}
+
+/// True if a status read of `ids` could report a death early: a container `record`
+/// knows and has not seen exit.
+pub(super) fn a_death_possible(record: Option<&PodRecord>, ids: &[String]) -> bool {
+    record.is_some_and(|record| ids.iter().any(|id| may_die(record, id)))
 }
 
 /// The statuses of `statuses` that report a death of a container `record` knows

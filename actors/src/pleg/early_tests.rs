@@ -314,6 +314,53 @@ async fn a_list_read_before_the_exit_does_not_undo_an_early_death() {
     );
 }
 
+/// The pod's list calls so far.
+fn list_calls(rt: &FakeRuntime) -> u64 {
+    rt.calls(Op::ListSandboxes) + rt.calls(Op::ListContainers)
+}
+
+#[tokio::test]
+async fn a_status_that_may_report_a_death_is_read_before_the_lists() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.exit_container(&c, 0);
+    let (lists, statuses) = (list_calls(&rt), rt.calls(Op::ContainerStatus));
+    rt.hold(Op::ContainerStatus);
+    let steps = batch(&mut p, &c, &|_| false, async {
+        wait_until("the prefetch in flight", || {
+            rt.calls(Op::ContainerStatus) > statuses
+        })
+        .await;
+        assert_eq!(list_calls(&rt), lists, "no list before the status answers");
+        rt.release(Op::ContainerStatus);
+    })
+    .await;
+    assert!(list_calls(&rt) > lists, "the lists once it has");
+    // The lists answer in the poll the status does: the read is committed first.
+    let events: Vec<_> = steps.into_iter().flat_map(|s| s.1).collect();
+    assert_eq!(events, died(&c), "one ContainerDied");
+}
+
+#[tokio::test]
+async fn a_status_that_cannot_report_a_death_goes_with_the_lists() {
+    let rt = FakeRuntime::new();
+    let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;
+    rt.exit_container(&c, 0);
+    global(&mut p).await;
+    // The record has the exit: a status read of the container can report no death.
+    let lists = list_calls(&rt);
+    rt.hold(Op::ContainerStatus);
+    let steps = batch(&mut p, &c, &|_| false, async {
+        wait_until("the lists while the status is held", || {
+            list_calls(&rt) > lists
+        })
+        .await;
+        rt.release(Op::ContainerStatus);
+    })
+    .await;
+    assert_eq!(steps, vec![("read", vec![], vec![], false)]);
+}
+
 #[tokio::test]
 async fn a_status_that_says_running_waits_for_the_lists() {
     let rt = FakeRuntime::new();

@@ -18,7 +18,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Semaphore;
 
 use super::diff::pod_events;
-use super::early::{deaths_in, EarlyExits};
+use super::early::{a_death_possible, deaths_in, EarlyExits};
 use super::record::{group, Id, PodRecord};
 use super::status::{
     index_containers, index_sandboxes, read_pod_status, reusable, take_prefetched, unsettled_exits,
@@ -176,7 +176,10 @@ impl Reader {
 
     /// A targeted read of one pod: its lists (a known pod's by sandbox id, all at once;
     /// a pod plegd has not seen yet can only be found in the whole list) together with
-    /// the prefetches, then its status. Always re-reads the status (that is what was
+    /// the prefetches, then its status. A prefetch that may report a death early goes
+    /// first, alone, and the lists once it has answered: on containerd 2.1 a
+    /// ContainerStatus sent with the pod's two lists answers later than one sent alone
+    /// (docs/architecture.md). Always re-reads the status (that is what was
     /// asked for); a pod that is gone and unknown is a no-op. A new sandbox of a known
     /// pod (a recreated sandbox) is found by the next global relist. A prefetch that
     /// fails only means "not prefetched".
@@ -217,7 +220,15 @@ impl Reader {
             }
             read
         };
-        let (lists, (prefetched, mut counts)) = futures::join!(lists, prefetch);
+        let status_first = early.is_some()
+            && !plan.reinspect
+            && a_death_possible(plan.previous.as_ref(), &plan.prefetch);
+        let (lists, (prefetched, mut counts)) = if status_first {
+            let prefetched = prefetch.await;
+            (lists.await, prefetched)
+        } else {
+            futures::join!(lists, prefetch)
+        };
         let (sandboxes, containers) = match lists {
             Ok(lists) => lists,
             Err(e) => {
