@@ -27,10 +27,10 @@
 //! First, before plegd starts, containerd's own floor: on 1.x, exit → a raw CRI event
 //! (the stream's only subscriber); on 2.x, a raw CRI event's arrival → the answers of
 //! the reads a client must make before it reports that exit as true (both filtered
-//! lists and the container's ContainerStatus, sent together on arrival, as plegd's
-//! targeted relist does), for single exits and bursts. plegd treats every event as a
-//! hint and reports what those reads say, so that floor is the least its ContainerDied
-//! can trail the raw event by.
+//! lists and the container's ContainerStatus, sent together on arrival: what plegd's
+//! targeted relist reads), for single exits and bursts. plegd treats every event as a
+//! hint and reports what its reads say (a death on the status read alone, which it
+//! sends first), so the status poller beside it is the closer mark.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -78,8 +78,8 @@ struct Checked {
 }
 
 /// The checking raw CRI subscribers beside plegd (containerd 2.x only): one that
-/// checks each event with the reads of plegd's targeted relist (the event's arrival
-/// in the rows is its), and a status poller.
+/// checks each event with the reads of plegd's targeted relist, all three at once (the
+/// event's arrival in the rows is its), and a status poller.
 const CHECKS: [Check; 2] = [Check::PodReads, Check::Status];
 
 /// How the rows name a checking subscriber: (its answer, beside plegd; its answer,
