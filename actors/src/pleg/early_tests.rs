@@ -362,6 +362,57 @@ async fn a_status_that_cannot_report_a_death_goes_with_the_lists() {
 }
 
 #[tokio::test]
+async fn with_pods_waiting_for_a_place_a_read_sends_its_status_with_the_lists() {
+    let rt = FakeRuntime::new();
+    let c1 = rt.run_container(&rt.run_pod("u1", "web", "ns"), "app");
+    let c2 = rt.run_container(&rt.run_pod("u2", "db", "ns"), "app");
+    // One read at a time: u2 waits while u1 is read.
+    let mut p = GenericPleg::new(Arc::new(rt.clone()), 1);
+    global(&mut p).await;
+    rt.exit_container(&c1, 0);
+    rt.exit_container(&c2, 0);
+    let lists = list_calls(&rt);
+    rt.hold(Op::ContainerStatus);
+    let asks = vec![
+        (
+            "u1".to_string(),
+            RelistSource::EventedPleg,
+            vec![c1.clone()],
+        ),
+        (
+            "u2".to_string(),
+            RelistSource::EventedPleg,
+            vec![c2.clone()],
+        ),
+    ];
+    let events = Mutex::new(Vec::new());
+    let run = p.relist_pods_each(asks, None, None, &|_| false, EarlyDeaths::On(None), |s| {
+        events.lock().unwrap().extend(step(s).1);
+        std::future::ready(())
+    });
+    tokio::join!(run, async {
+        wait_until("u1's lists while its status is held", || {
+            list_calls(&rt) > lists
+        })
+        .await;
+        rt.release(Op::ContainerStatus);
+    });
+    let mut ids: Vec<String> = events
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|(kind, id)| {
+            assert_eq!(kind, EventKind::ContainerDied);
+            id
+        })
+        .collect();
+    ids.sort();
+    let mut want = vec![c1, c2];
+    want.sort();
+    assert_eq!(ids, want, "one ContainerDied each");
+}
+
+#[tokio::test]
 async fn a_status_that_says_running_waits_for_the_lists() {
     let rt = FakeRuntime::new();
     let (mut p, c) = one_pod(&rt, Arc::new(rt.clone())).await;

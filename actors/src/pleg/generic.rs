@@ -427,8 +427,12 @@ impl GenericPleg {
                 let plan = self.plan(&ask);
                 reading.insert(ask.uid().to_string());
                 started += 1;
+                // Others waiting for a place: this read holds its place the shortest.
+                let unhurried = asked.is_empty();
                 reads.push(async move {
-                    let read = reader.read_pod(plan, calls, whole_node, early_tx).await;
+                    let read = reader
+                        .read_pod(plan, calls, whole_node, early_tx, unhurried)
+                        .await;
                     (ask, read)
                 });
             }

@@ -176,10 +176,12 @@ impl Reader {
 
     /// A targeted read of one pod: its lists (a known pod's by sandbox id, all at once;
     /// a pod plegd has not seen yet can only be found in the whole list) together with
-    /// the prefetches, then its status. A prefetch that may report a death early goes
+    /// the prefetches, then its status. When `unhurried` (no other pod waits for a
+    /// place among the batch's reads), a prefetch that may report a death early goes
     /// first, alone, and the lists once it has answered: on containerd 2.1 a
     /// ContainerStatus sent with the pod's two lists answers later than one sent alone
-    /// (docs/architecture.md). Always re-reads the status (that is what was
+    /// (docs/architecture.md). Otherwise all go at once, holding the read's place the
+    /// shortest. Always re-reads the status (that is what was
     /// asked for); a pod that is gone and unknown is a no-op. A new sandbox of a known
     /// pod (a recreated sandbox) is found by the next global relist. A prefetch that
     /// fails only means "not prefetched".
@@ -195,6 +197,7 @@ impl Reader {
         calls: &Semaphore,
         whole_node: &Semaphore,
         early: Option<&UnboundedSender<EarlyExits>>,
+        unhurried: bool,
     ) -> (Result<Option<PodRead>, RuntimeError>, PrefetchCounts) {
         let lists = async {
             if plan.known.is_empty() {
@@ -220,7 +223,8 @@ impl Reader {
             }
             read
         };
-        let status_first = early.is_some()
+        let status_first = unhurried
+            && early.is_some()
             && !plan.reinspect
             && a_death_possible(plan.previous.as_ref(), &plan.prefetch);
         let (lists, (prefetched, mut counts)) = if status_first {
