@@ -147,7 +147,6 @@ fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Command::Client(command) = cli.command {
-        signals::release();
         return match client::run(command) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e),

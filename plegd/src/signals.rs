@@ -42,8 +42,9 @@ pub fn hold() -> bool {
     answered().thread_block().is_ok()
 }
 
-/// Lets the held signals through again with their default action (a command that
-/// installs no handler: the API client's).
+/// Lets the held signals through again: with their default action for a command that
+/// installs no handler (the API client's `pods` and `status`), else once its handlers
+/// are in (`watch`).
 pub fn release() {
     let _ = answered().thread_unblock();
 }

@@ -853,6 +853,54 @@ fn a_sigterm_at_any_moment_of_start_up_stops_plegd_cleanly() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
+/// Regression: `plegd watch` let the held signals through before its handlers were in,
+/// so a SIGTERM in that gap killed it (by the signal, not exit 0). Sent 0 to 1.05 ms
+/// after its signals are held, every SIGTERM ends it with exit 0. Its plegd never
+/// answers (a listener that accepts nothing), so the watch waits for it throughout.
+#[test]
+fn a_sigterm_at_any_moment_of_watch_start_up_ends_it_with_exit_0() {
+    use nix::sys::signal::{kill, Signal};
+    use std::os::unix::process::ExitStatusExt as _;
+    let term = 1u64 << (Signal::SIGTERM as i32 - 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("silent.sock");
+    let _silent = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut before_handler = 0;
+    for round in 0..40u64 {
+        let mut child = plegd()
+            .arg("watch")
+            .arg("--api-socket")
+            .arg(&socket)
+            .args(["--timeout", "1h"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while status_field(child.id(), "SigBlk").unwrap_or(0) & term == 0
+            && status_field(child.id(), "SigCgt").unwrap_or(0) & term == 0
+        {
+            if start.elapsed() > TIMEOUT || child.try_wait().unwrap().is_some() {
+                let _ = child.kill();
+                panic!(
+                    "round {round}: plegd watch never started: {:?}",
+                    child.wait()
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_micros(round % 8 * 150));
+        let unhandled = status_field(child.id(), "SigCgt").is_some_and(|m| m & term == 0);
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        kill(pid, Signal::SIGTERM).unwrap();
+        before_handler += usize::from(unhandled);
+        let (status, err) = exit_and_stderr(&mut child);
+        assert_eq!(status.signal(), None, "round {round}: killed: {err}");
+        assert_eq!(status.code(), Some(0), "round {round}: {err}");
+    }
+    println!("{before_handler} of 40 SIGTERMs sent before the handler was in");
+    assert!(before_handler > 0, "no SIGTERM came before the handler");
+}
+
 /// Regression: a signal during the demo's start-up left its socket directory behind.
 #[test]
 fn a_signal_during_demo_start_up_still_cleans_up() {

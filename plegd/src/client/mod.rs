@@ -76,8 +76,13 @@ pub enum ClientCommand {
     Status(StatusArgs),
 }
 
-/// Runs a client command on a small runtime of its own.
+/// Runs a client command on a small runtime of its own. The signals `main` held are
+/// let through by `watch` once its handlers are in, by the others at once (their
+/// default action ends them).
 pub fn run(command: ClientCommand) -> Result<(), ExitError> {
+    if !matches!(command, ClientCommand::Watch(_)) {
+        crate::signals::release();
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -115,10 +115,16 @@ struct JsonGap {
 
 pub async fn run(args: WatchArgs) -> Result<(), ExitError> {
     let socket = args.socket.api_socket.clone();
-    let mut term =
-        signal(SignalKind::terminate()).map_err(ExitError::runtime("installing SIGTERM"))?;
-    let mut int =
-        signal(SignalKind::interrupt()).map_err(ExitError::runtime("installing SIGINT"))?;
+    let handlers = signal(SignalKind::terminate())
+        .map_err(ExitError::runtime("installing SIGTERM"))
+        .and_then(|term| {
+            let int =
+                signal(SignalKind::interrupt()).map_err(ExitError::runtime("installing SIGINT"))?;
+            Ok((term, int))
+        });
+    // Held since `main`'s first line: one sent meanwhile is taken by the handlers now.
+    crate::signals::release();
+    let (mut term, mut int) = handlers?;
     let format = if args.json {
         Format::Json
     } else {
