@@ -813,42 +813,18 @@ fn status_field(pid: u32, field: &str) -> Option<u64> {
 /// round; in some, before the handler is in (seen in its status).
 #[test]
 fn a_sigterm_at_any_moment_of_start_up_stops_plegd_cleanly() {
-    use nix::sys::signal::{kill, Signal};
-    use std::os::unix::process::ExitStatusExt as _;
-    let term = 1u64 << (Signal::SIGTERM as i32 - 1);
     let tmp = tempfile::tempdir().unwrap();
-    let mut before_handler = 0;
-    for round in 0..40u64 {
-        let mut child = plegd()
+    let spawn = || {
+        plegd()
             .args(["demo", "--pods", "10", "--metrics-addr", "off"])
             .args(["--memory-trim-period", "10s"])
             .env("TMPDIR", tmp.path())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap();
-        // Watched without a pause: start-up takes a millisecond or two.
-        let start = Instant::now();
-        while status_field(child.id(), "Threads").unwrap_or(0) < 2
-            && status_field(child.id(), "SigCgt").unwrap_or(0) & term == 0
-        {
-            if start.elapsed() > TIMEOUT || child.try_wait().unwrap().is_some() {
-                let _ = child.kill();
-                panic!("round {round}: plegd never started: {:?}", child.wait());
-            }
-        }
-        // The moment of start-up attacked, not a wait.
-        std::thread::sleep(Duration::from_micros(round % 8 * 150));
-        let unhandled = status_field(child.id(), "SigCgt").is_some_and(|m| m & term == 0);
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        kill(pid, Signal::SIGTERM).unwrap();
-        before_handler += usize::from(unhandled);
-        let (status, err) = exit_and_stderr(&mut child);
-        assert_eq!(status.signal(), None, "round {round}: killed: {err}");
-        assert_eq!(status.code(), Some(0), "round {round}: {err}");
-    }
-    println!("{before_handler} of 40 SIGTERMs sent before the handler was in");
-    assert!(before_handler > 0, "no SIGTERM came before the handler");
+            .unwrap()
+    };
+    sigterms_at_start_up(spawn, |pid| status_field(pid, "Threads").unwrap_or(0) >= 2);
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
@@ -859,15 +835,11 @@ fn a_sigterm_at_any_moment_of_start_up_stops_plegd_cleanly() {
 /// answers (a listener that accepts nothing), so the watch waits for it throughout.
 #[test]
 fn a_sigterm_at_any_moment_of_watch_start_up_ends_it_with_exit_0() {
-    use nix::sys::signal::{kill, Signal};
-    use std::os::unix::process::ExitStatusExt as _;
-    let term = 1u64 << (Signal::SIGTERM as i32 - 1);
     let tmp = tempfile::tempdir().unwrap();
     let socket = tmp.path().join("silent.sock");
     let _silent = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    let mut before_handler = 0;
-    for round in 0..40u64 {
-        let mut child = plegd()
+    let spawn = || {
+        plegd()
             .arg("watch")
             .arg("--api-socket")
             .arg(&socket)
@@ -875,24 +847,39 @@ fn a_sigterm_at_any_moment_of_watch_start_up_ends_it_with_exit_0() {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap();
+            .unwrap()
+    };
+    sigterms_at_start_up(spawn, |pid| {
+        status_field(pid, "SigBlk").unwrap_or(0) & SIGTERM_BIT != 0
+    });
+}
+
+/// SIGTERM's bit in the masks of a process's status.
+const SIGTERM_BIT: u64 = 1 << (nix::sys::signal::Signal::SIGTERM as i32 - 1);
+
+/// 40 rounds: `spawn` a plegd, wait (without a pause) until `started(pid)` or its
+/// SIGTERM handler is in, send SIGTERM 0 to 1.05 ms later, and assert it ends with
+/// exit 0, not by the signal. Asserts that some SIGTERMs came before the handler (the
+/// moment attacked).
+fn sigterms_at_start_up(spawn: impl Fn() -> std::process::Child, started: impl Fn(u32) -> bool) {
+    use nix::sys::signal::{kill, Signal};
+    use std::os::unix::process::ExitStatusExt as _;
+    let handled = |pid| status_field(pid, "SigCgt").unwrap_or(0) & SIGTERM_BIT != 0;
+    let mut before_handler = 0;
+    for round in 0..40u64 {
+        let mut child = spawn();
         let start = Instant::now();
-        while status_field(child.id(), "SigBlk").unwrap_or(0) & term == 0
-            && status_field(child.id(), "SigCgt").unwrap_or(0) & term == 0
-        {
+        while !started(child.id()) && !handled(child.id()) {
             if start.elapsed() > TIMEOUT || child.try_wait().unwrap().is_some() {
                 let _ = child.kill();
-                panic!(
-                    "round {round}: plegd watch never started: {:?}",
-                    child.wait()
-                );
+                panic!("round {round}: never started: {:?}", child.wait());
             }
         }
+        // The moment of start-up attacked, not a wait.
         std::thread::sleep(Duration::from_micros(round % 8 * 150));
-        let unhandled = status_field(child.id(), "SigCgt").is_some_and(|m| m & term == 0);
+        before_handler += usize::from(!handled(child.id()));
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         kill(pid, Signal::SIGTERM).unwrap();
-        before_handler += usize::from(unhandled);
         let (status, err) = exit_and_stderr(&mut child);
         assert_eq!(status.signal(), None, "round {round}: killed: {err}");
         assert_eq!(status.code(), Some(0), "round {round}: {err}");
