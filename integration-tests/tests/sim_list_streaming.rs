@@ -10,7 +10,7 @@
 use integration_tests::sim::{serve, REQUEST_TIMEOUT};
 use plegd_runtime::{cri, CriRuntime, ListMemo, NodeLists, RuntimeClient, RuntimeError};
 use plegd_sim::kubelet::{self, Kubelet};
-use plegd_sim::{FakeRuntime, ListServing};
+use plegd_sim::{FakeRuntime, ListServing, ListStreamCalls};
 use prost::Message;
 
 const PODS: usize = 120;
@@ -163,7 +163,8 @@ async fn a_list_over_the_runtimes_send_limit_names_the_call_and_the_runtimes_lim
         assert!(text.contains(part), "{part:?} not in {text}");
     }
     assert!(!text.contains("--runtime-max-message-size"), "{text}");
-    assert_eq!(rt.list_stream_calls(), 2, "each stream asked once");
+    let calls = rt.list_stream_calls();
+    assert!(calls.asked_once(), "{calls:?}");
 
     // The decoded list call says the same of itself; the sandboxes are read.
     let err = client
@@ -226,7 +227,13 @@ async fn a_node_over_the_send_limit_is_read_through_the_streams() {
     ));
     let lists = client.list_node().await.expect("read through the streams");
     assert!(client.list_streaming_in_use());
-    assert_eq!(rt.list_stream_calls(), 2);
+    assert_eq!(
+        rt.list_stream_calls(),
+        ListStreamCalls {
+            sandboxes: 1,
+            containers: 1
+        }
+    );
     assert_eq!(entries(&lists), truth(&rt).await);
     assert_eq!(entries(&lists).1.len(), 2 * PODS);
 
@@ -234,7 +241,13 @@ async fn a_node_over_the_send_limit_is_read_through_the_streams() {
     let sb = rt.run_pod("uid-new", "new", "ns");
     rt.run_container(&sb, "app");
     let lists = client.list_node().await.expect("read through the streams");
-    assert_eq!(rt.list_stream_calls(), 4);
+    assert_eq!(
+        rt.list_stream_calls(),
+        ListStreamCalls {
+            sandboxes: 2,
+            containers: 2
+        }
+    );
     assert_eq!(entries(&lists), truth(&rt).await);
     assert_eq!(entries(&lists).0.len(), PODS + 1);
 
@@ -275,7 +288,13 @@ async fn a_node_over_the_send_limit_is_read_through_the_streams() {
         // kubelet's labels name each pod: one fingerprint an entry.
         assert_eq!(memo.len(), read, "round {round}");
     }
-    assert_eq!(rt.list_stream_calls(), 10);
+    assert_eq!(
+        rt.list_stream_calls(),
+        ListStreamCalls {
+            sandboxes: 5,
+            containers: 5
+        }
+    );
 }
 
 #[tokio::test]
@@ -285,7 +304,8 @@ async fn a_runtime_without_the_streams_is_read_with_the_unary_lists_and_not_aske
     let lists = client.list_node().await.expect("the unary lists");
     assert!(!client.list_streaming_in_use());
     assert_eq!(entries(&lists), truth(&rt).await);
-    assert_eq!(rt.list_stream_calls(), 2);
+    let calls = rt.list_stream_calls();
+    assert!(calls.asked_once(), "{calls:?}");
     // Remembered: the streams are not asked again, even once the runtime has them
     // (as kubelet, until plegd restarts).
     rt.set_list_serving(ListServing {
@@ -296,7 +316,8 @@ async fn a_runtime_without_the_streams_is_read_with_the_unary_lists_and_not_aske
         let lists = client.list_node().await.expect("the unary lists");
         assert_eq!(entries(&lists), truth(&rt).await);
     }
-    assert_eq!(rt.list_stream_calls(), 2);
+    let calls = rt.list_stream_calls();
+    assert!(calls.asked_once(), "{calls:?}");
     assert!(!client.list_streaming_in_use());
 }
 
@@ -320,7 +341,7 @@ async fn streaming_turned_off_is_never_asked_and_named_when_a_list_is_too_large(
         err.to_string().contains("--runtime-list-streaming=false"),
         "{err}"
     );
-    assert_eq!(rt.list_stream_calls(), 0);
+    assert_eq!(rt.list_stream_calls(), ListStreamCalls::default());
 }
 
 #[tokio::test]

@@ -127,7 +127,8 @@ fn a_node_over_the_runtimes_send_limit_is_named_without_streams_and_read_with_th
         1,
         "said once: {text}"
     );
-    assert_eq!(rt.list_stream_calls(), 2, "the streams were asked once");
+    let calls = rt.list_stream_calls();
+    assert!(calls.asked_once(), "{calls:?}");
 
     // The same node on a runtime with the streams: read, ready.
     rt.set_list_serving(ListServing {

@@ -108,7 +108,27 @@ pub(crate) struct State {
     /// How the CRI server sends lists: see [`ListServing`].
     pub(crate) lists: ListServing,
     /// Streaming list calls received (served or refused).
-    list_stream_calls: u64,
+    list_stream_calls: ListStreamCalls,
+}
+
+/// Streaming list calls the simulated CRI server received, served or refused, by
+/// stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListStreamCalls {
+    /// StreamPodSandboxes calls.
+    pub sandboxes: u64,
+    /// StreamContainers calls.
+    pub containers: u64,
+}
+
+impl ListStreamCalls {
+    /// Whether the pair was asked once, as a client asks a runtime that refuses
+    /// them: each stream at most once, one at least. The client sends both at once
+    /// and drops the second when the first is refused, which may be before the
+    /// server has it.
+    pub fn asked_once(&self) -> bool {
+        self.sandboxes <= 1 && self.containers <= 1 && self.sandboxes + self.containers >= 1
+    }
 }
 
 /// How the simulated CRI server sends lists, as a real runtime's gRPC server would.
@@ -643,14 +663,20 @@ impl FakeRuntime {
     }
 
     /// Streaming list calls the simulated CRI server received (served or refused).
-    pub fn list_stream_calls(&self) -> u64 {
+    pub fn list_stream_calls(&self) -> ListStreamCalls {
         self.lock().list_stream_calls
     }
 
-    /// Counts a streaming list call; returns how lists are served now.
-    pub(crate) fn list_stream_called(&self) -> ListServing {
+    /// Counts a call of StreamContainers (`containers`) or StreamPodSandboxes;
+    /// returns how lists are served now.
+    pub(crate) fn list_stream_called(&self, containers: bool) -> ListServing {
         let mut st = self.lock();
-        st.list_stream_calls += 1;
+        let calls = &mut st.list_stream_calls;
+        if containers {
+            calls.containers += 1;
+        } else {
+            calls.sandboxes += 1;
+        }
         st.lists
     }
 

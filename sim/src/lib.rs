@@ -31,7 +31,7 @@ pub use churn::{
 };
 pub use cri_writes::{KILL_EXIT_CODE, STOP_EXIT_CODE};
 pub use error::SimError;
-pub use fake::{EventFilter, FakeRuntime, ListServing, Op, CONTAINERD_SEND_LIMIT};
+pub use fake::{EventFilter, FakeRuntime, ListServing, ListStreamCalls, Op, CONTAINERD_SEND_LIMIT};
 pub use intercept::{Intercept, Intercepted};
 pub use kubelet::{ContainerMeta, Kubelet};
 pub use server::CriServer;

@@ -129,7 +129,7 @@ impl streaming::RuntimeService for StreamingLists {
         &self,
         req: Request<StreamPodSandboxesRequest>,
     ) -> Result<Response<Self::StreamPodSandboxesStream>, Status> {
-        let serving = self.0.runtime().list_stream_called();
+        let serving = self.0.runtime().list_stream_called(false);
         if !serving.streaming {
             return Err(unknown_method("StreamPodSandboxes"));
         }
@@ -146,7 +146,7 @@ impl streaming::RuntimeService for StreamingLists {
         &self,
         req: Request<StreamContainersRequest>,
     ) -> Result<Response<Self::StreamContainersStream>, Status> {
-        let serving = self.0.runtime().list_stream_called();
+        let serving = self.0.runtime().list_stream_called(true);
         if !serving.streaming {
             return Err(unknown_method("StreamContainers"));
         }
