@@ -14,7 +14,10 @@
 //!   adds; and when that subscriber's own check of the event (the reads of plegd's
 //!   targeted relist, sent on arrival) was answered, side by side with plegd's; and
 //!   when a second such subscriber, a status poller (the container's ContainerStatus
-//!   alone, sent on arrival and again until it says EXITED), had its EXITED answer.
+//!   alone, sent on arrival and again until it says EXITED), had its EXITED answer;
+//!   and a second status poller the same as the first, whose answers − the first's
+//!   show how far apart two identical clients fall (what plegd − poller is read
+//!   against).
 //!   Their reads load containerd at the moment plegd reads too, so every other single
 //!   exit is made with them quiet (stamping arrivals only): plegd − raw without them;
 //! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
@@ -77,25 +80,41 @@ struct Checked {
     answered: Option<Instant>,
 }
 
-/// The checking raw CRI subscribers beside plegd (containerd 2.x only): one that
-/// checks each event with the reads of plegd's targeted relist, all three at once (the
-/// event's arrival in the rows is its), and a status poller.
-const CHECKS: [Check; 2] = [Check::PodReads, Check::Status];
-
-/// How the rows name a checking subscriber: (its answer, beside plegd; its answer,
-/// after "plegd's ContainerDied −").
-fn check_names(check: Check) -> (&'static str, &'static str) {
-    match check {
-        Check::PodReads => (
-            "the raw subscriber's own check of the event answered",
-            "the raw subscriber's check answered",
-        ),
-        Check::Status => (
-            "the status poller's EXITED answer (ContainerStatus alone, sent on arrival and again until EXITED)",
-            "the status poller's EXITED answer",
-        ),
-    }
+/// A checking raw CRI subscriber beside plegd (containerd 2.x only) and how the rows
+/// name it.
+struct Checker {
+    check: Check,
+    /// Its answer, beside plegd.
+    client: &'static str,
+    /// Its answer, after "plegd's ContainerDied −".
+    answer: &'static str,
 }
+
+/// The checking raw CRI subscribers beside plegd: one that checks each event with the
+/// reads of plegd's targeted relist, all three at once (the event's arrival in the
+/// rows is its); a status poller; and a second status poller the same as the first,
+/// so that the rows show how far apart two identical clients' answers fall (the tail
+/// plegd − the poller is read against).
+const CHECKS: [Checker; 3] = [
+    Checker {
+        check: Check::PodReads,
+        client: "the raw subscriber's own check of the event answered",
+        answer: "the raw subscriber's check answered",
+    },
+    Checker {
+        check: Check::Status,
+        client: "the status poller's EXITED answer (ContainerStatus alone, sent on arrival and again until EXITED)",
+        answer: "the status poller's EXITED answer",
+    },
+    Checker {
+        check: Check::Status,
+        client: "a second status poller's EXITED answer (the same as the first)",
+        answer: "the second status poller's EXITED answer",
+    },
+];
+/// Where the status pollers are in [`CHECKS`].
+const POLLER: usize = 1;
+const SECOND_POLLER: usize = 2;
 
 /// The raw subscribers.
 struct Raws {
@@ -187,7 +206,7 @@ pub fn run(
     let quiet = Arc::new(AtomicBool::new(false));
     let raws = Raws {
         cri: broadcast
-            .then(|| CHECKS.map(|c| cri.checked_stopped_events(watch_rt, c, quiet.clone()))),
+            .then(|| CHECKS.map(|c| cri.checked_stopped_events(watch_rt, c.check, quiet.clone()))),
         quiet,
         task: cri.raw_task_exits(watch_rt),
     };
@@ -567,8 +586,7 @@ fn print_rows(
                 "| {what}: plegd's ContainerDied − the raw CRI CONTAINER_STOPPED_EVENT (arrival) | {} |",
                 cell(&minus(|s| s.checked[0].arrived))
             );
-            for (k, check) in CHECKS.into_iter().enumerate() {
-                let (client, answer) = check_names(check);
+            for (k, Checker { client, answer, .. }) in CHECKS.iter().enumerate() {
                 let answered: Vec<f64> = set
                     .iter()
                     .filter_map(|s| Some(ms_between(s.checked[k].answered?, s.checked[k].arrived?)))
@@ -590,6 +608,23 @@ fn print_rows(
                     behind(&died)
                 );
             }
+            let twins: Vec<f64> = set
+                .iter()
+                .filter_map(|s| {
+                    Some(ms_between(
+                        s.checked[SECOND_POLLER].answered?,
+                        s.checked[POLLER].answered?,
+                    ))
+                })
+                .collect();
+            println!(
+                "| {what}: two identical clients apart: the second status poller's EXITED answer − the first's | {} |",
+                cell(&twins)
+            );
+            println!(
+                "| {what}: the second status poller's EXITED answer more than 5 / 10 / 20 ms after the first's | {} |",
+                behind(&twins)
+            );
         }
         println!(
             "| {what}: plegd's ContainerDied − the raw /tasks/exit of containerd's event service (arrival) | {} |",
@@ -669,7 +704,7 @@ fn print_rows(
                 format!(
                     "; {}; {}",
                     last(|s| s.checked[0].arrived),
-                    last(|s| s.checked[1].answered)
+                    last(|s| s.checked[POLLER].answered)
                 ),
             )
         } else {
