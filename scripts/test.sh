@@ -65,3 +65,10 @@ echo "[test] benchmark harness smoke run (plegd-bench --smoke; checks the harnes
 # proves that every workload still runs end to end (BENCHMARKS.md).
 cargo build --locked -p plegd -p plegd-sim -p plegd-bench
 target/debug/plegd-bench --smoke
+# The same against the real containerd 2.1 and 1.7 started above (the harness's pods,
+# kills and raw subscribers; about 10 s each). Nothing else runs on them by now: the
+# harness's own CRI event streams share neither runtime with a test's.
+for sock in "$PLEGD_CRI_BASE-2.1/containerd.sock" "$PLEGD_CRI_BASE/containerd.sock"; do
+    echo "[test] benchmark harness smoke run on the real containerd at $sock (plegd-bench --containerd --smoke)" >&2
+    target/debug/plegd-bench --containerd "unix://$sock" --smoke
+done
