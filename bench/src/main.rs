@@ -19,6 +19,7 @@ mod cri;
 mod fanout;
 mod fanout_row;
 mod floor;
+mod poller_process;
 mod procs;
 mod real;
 mod real_cri;
@@ -87,6 +88,10 @@ struct Args {
     /// as plegd's; --floor-reads raw reads; prints their CPU per read in ns).
     #[arg(long, hide = true)]
     floor_child: Option<String>,
+    /// Internal: be a status poller in a process of its own at this CRI endpoint
+    /// (`--containerd`'s second poller; poller_process.rs).
+    #[arg(long, hide = true)]
+    status_poller_child: Option<String>,
     /// Node sizes (pods, 2 containers each); 0 measures the empty node's memory.
     #[arg(long, value_delimiter = ',', default_value = "0,100,1000,5000,10000")]
     sizes: Vec<usize>,
@@ -864,6 +869,9 @@ fn main() -> Result<()> {
     let mut args = Args::parse();
     if let Some(endpoint) = &args.floor_child {
         return floor::child(endpoint, args.floor_reads, args.floor_pace);
+    }
+    if let Some(endpoint) = &args.status_poller_child {
+        return poller_process::run_child(endpoint);
     }
     if args.smoke {
         args = args.smoke();

@@ -15,9 +15,9 @@
 //!   targeted relist, sent on arrival) was answered, side by side with plegd's; and
 //!   when a second such subscriber, a status poller (the container's ContainerStatus
 //!   alone, sent on arrival and again until it says EXITED), had its EXITED answer;
-//!   and a second status poller the same as the first, whose answers − the first's
-//!   show how far apart two identical clients fall (what plegd − poller is read
-//!   against).
+//!   and a second status poller the same as the first but in a process of its own
+//!   (`poller_process`), whose answers − the first's show how far apart two identical
+//!   clients fall (what plegd − poller is read against).
 //!   Their reads load containerd at the moment plegd reads too, so every other single
 //!   exit is made with them quiet (stamping arrivals only): plegd − raw without them;
 //! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
@@ -45,6 +45,7 @@ use futures::future::join_all;
 use futures::StreamExt as _;
 
 use crate::fanout_row::percentile;
+use crate::poller_process;
 use crate::procs::{epoch_ns, Plegd, Seen};
 use crate::real_cri::{kill, Check, Pod, RawExits, RealCri};
 use crate::workloads;
@@ -84,6 +85,9 @@ struct Checked {
 /// name it.
 struct Checker {
     check: Check,
+    /// In a process of its own (`poller_process`; a status poller only), not on the
+    /// harness's runtime.
+    own_process: bool,
     /// Its answer, beside plegd.
     client: &'static str,
     /// Its answer, after "plegd's ContainerDied −".
@@ -93,22 +97,25 @@ struct Checker {
 /// The checking raw CRI subscribers beside plegd: one that checks each event with the
 /// reads of plegd's targeted relist, all three at once (the event's arrival in the
 /// rows is its); a status poller; and a second status poller the same as the first,
-/// so that the rows show how far apart two identical clients' answers fall (the tail
-/// plegd − the poller is read against).
+/// in a process of its own as plegd is, so that the rows show how far apart two
+/// identical clients' answers fall (the tail plegd − the poller is read against).
 const CHECKS: [Checker; 3] = [
     Checker {
         check: Check::PodReads,
+        own_process: false,
         client: "the raw subscriber's own check of the event answered",
         answer: "the raw subscriber's check answered",
     },
     Checker {
         check: Check::Status,
+        own_process: false,
         client: "the status poller's EXITED answer (ContainerStatus alone, sent on arrival and again until EXITED)",
         answer: "the status poller's EXITED answer",
     },
     Checker {
         check: Check::Status,
-        client: "a second status poller's EXITED answer (the same as the first)",
+        own_process: true,
+        client: "a second status poller's EXITED answer (the same as the first, in a process of its own)",
         answer: "the second status poller's EXITED answer",
     },
 ];
@@ -126,6 +133,16 @@ struct Raws {
 }
 
 impl Raws {
+    /// Quiets the checking CRI subscribers (or lets them check again), each once it
+    /// has taken it.
+    fn set_quiet(&self, quiet: bool) -> Result<()> {
+        self.quiet.store(quiet, Ordering::SeqCst);
+        for r in self.cri.iter().flatten() {
+            r.set_quiet(quiet)?;
+        }
+        Ok(())
+    }
+
     /// What the checking CRI subscribers saw of `ids` (waiting up to `patience` for
     /// each), in the order of `ids`.
     fn checked(&self, ids: &[String], patience: Duration) -> Result<Vec<[Checked; CHECKS.len()]>> {
@@ -204,9 +221,16 @@ pub fn run(
         }
     };
     let quiet = Arc::new(AtomicBool::new(false));
+    let checkers = match broadcast.then(|| checkers(o.endpoint, &cri, watch_rt, &quiet)) {
+        Some(Err(e)) => {
+            remove_pods(rt, &cri, &pods);
+            return Err(e);
+        }
+        Some(Ok(c)) => Some(c),
+        None => None,
+    };
     let raws = Raws {
-        cri: broadcast
-            .then(|| CHECKS.map(|c| cri.checked_stopped_events(watch_rt, c.check, quiet.clone()))),
+        cri: checkers,
         quiet,
         task: cri.raw_task_exits(watch_rt),
     };
@@ -239,6 +263,25 @@ pub fn run(
     print_rows(&singles, &quiet, &bursts, broadcast, &floor);
     println!("at the end: {}", crate::machine());
     Ok(())
+}
+
+/// The checking CRI subscribers of [`CHECKS`], in its order.
+fn checkers(
+    endpoint: &str,
+    cri: &RealCri,
+    watch_rt: &tokio::runtime::Runtime,
+    quiet: &Arc<AtomicBool>,
+) -> Result<[RawExits; CHECKS.len()]> {
+    let mut out = Vec::with_capacity(CHECKS.len());
+    for c in &CHECKS {
+        out.push(if c.own_process {
+            poller_process::spawn(endpoint)?
+        } else {
+            cri.checked_stopped_events(watch_rt, c.check, quiet.clone())
+        });
+    }
+    out.try_into()
+        .map_err(|_| anyhow!("not one subscriber for each checker"))
 }
 
 /// Removes the pods the harness made (errors are told, not fatal: the figures stand).
@@ -382,9 +425,9 @@ fn measure(
     let (mut singles, mut quiet) = (Vec::new(), Vec::new());
     for (i, id) in singles_ids.iter().enumerate() {
         let alone = quiet_too && i % 2 == 1;
-        raws.quiet.store(alone, Ordering::SeqCst);
+        raws.set_quiet(alone)?;
         let s = exits(rt, cri, plegd, raws, std::slice::from_ref(id));
-        raws.quiet.store(false, Ordering::SeqCst);
+        raws.set_quiet(false)?;
         if alone { &mut quiet } else { &mut singles }.extend(s?);
     }
     eprintln!("plegd-bench: {} bursts of {BURST}", burst_ids.len());

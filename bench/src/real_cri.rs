@@ -284,10 +284,13 @@ struct RawState {
     /// A verifying stream's event arrivals (`stopped` then holds the reads' end).
     arrived: HashMap<String, Instant>,
     ended: Option<String>,
+    /// Also tell each arrival, record and the end on stdout, as they happen (a poller
+    /// in a process of its own: `poller_process`).
+    echo: bool,
 }
 
 #[derive(Default)]
-struct RawSeen {
+pub(crate) struct RawSeen {
     state: Mutex<RawState>,
     changed: Condvar,
 }
@@ -298,22 +301,63 @@ impl RawSeen {
     }
 
     /// A verifying stream's first exit event of `id` arrived `at`.
-    fn arrive(&self, id: String, at: Instant) {
-        self.lock().arrived.entry(id).or_insert(at);
+    pub(crate) fn arrive(&self, id: String, at: Instant) {
+        let mut s = self.lock();
+        if s.echo {
+            crate::poller_process::tell(ARRIVED, &id);
+        }
+        s.arrived.entry(id).or_insert(at);
     }
 
     /// The first exit event of `id` arrived `at`.
-    fn record(&self, id: String, at: Instant) {
-        self.lock().stopped.entry(id).or_insert(at);
+    pub(crate) fn record(&self, id: String, at: Instant) {
+        let mut s = self.lock();
+        if s.echo {
+            crate::poller_process::tell(RECORDED, &id);
+        }
+        s.stopped.entry(id).or_insert(at);
         self.changed.notify_all();
     }
+
+    /// The stream is over, for `why`.
+    pub(crate) fn end(&self, why: String) {
+        let mut s = self.lock();
+        if s.echo {
+            crate::poller_process::tell(crate::poller_process::ENDED, &why);
+        }
+        s.ended = Some(why);
+        self.changed.notify_all();
+    }
+
+    /// When the first exit event of `id` arrived.
+    pub(crate) fn arrived(&self, id: &str) -> Option<Instant> {
+        self.lock().arrived.get(id).copied()
+    }
+
+    /// When `id` was first recorded.
+    #[cfg(test)]
+    pub(crate) fn recorded(&self, id: &str) -> Option<Instant> {
+        self.lock().stopped.get(id).copied()
+    }
+}
+
+/// How [`RawSeen`]'s echo names an arrival and a record.
+pub(crate) const ARRIVED: &str = "arrived";
+pub(crate) const RECORDED: &str = "recorded";
+
+/// What ends a raw subscriber when its [`RawExits`] is dropped.
+enum Subscriber {
+    /// A task on the harness's runtime.
+    Task(tokio::task::JoinHandle<()>),
+    /// A process of its own (`poller_process`).
+    Process(crate::poller_process::Child),
 }
 
 /// A raw event subscriber (no plegd) recording when each container's exit event
 /// arrived; closed on drop.
 pub struct RawExits {
     seen: Arc<RawSeen>,
-    task: tokio::task::JoinHandle<()>,
+    subscriber: Subscriber,
 }
 
 impl RawExits {
@@ -331,15 +375,44 @@ impl RawExits {
                 Ok(()) => "the stream ended".to_string(),
                 Err(e) => format!("{:?}: {}", e.code(), e.message()),
             };
-            sink.lock().ended = Some(why);
-            sink.changed.notify_all();
+            sink.end(why);
         });
-        RawExits { seen, task }
+        RawExits {
+            seen,
+            subscriber: Subscriber::Task(task),
+        }
+    }
+
+    /// A subscriber in `child`, which tells what it sees into `seen`.
+    pub(crate) fn in_process(seen: Arc<RawSeen>, child: crate::poller_process::Child) -> RawExits {
+        RawExits {
+            seen,
+            subscriber: Subscriber::Process(child),
+        }
+    }
+
+    /// Tells each arrival, record and the end on stdout from now on (the end at once
+    /// if it came already).
+    pub(crate) fn echo(&self) {
+        let mut s = self.seen.lock();
+        s.echo = true;
+        if let Some(why) = &s.ended {
+            crate::poller_process::tell(crate::poller_process::ENDED, why);
+        }
+    }
+
+    /// Quiets a subscriber in a process of its own as `quiet` says, once it has
+    /// taken it (one on the harness's runtime reads the shared flag itself).
+    pub fn set_quiet(&self, quiet: bool) -> Result<()> {
+        match &self.subscriber {
+            Subscriber::Task(_) => Ok(()),
+            Subscriber::Process(child) => child.set_quiet(quiet),
+        }
     }
 
     /// When a verifying stream got `id`'s exit event.
     pub fn arrived(&self, id: &str) -> Option<Instant> {
-        self.seen.lock().arrived.get(id).copied()
+        self.seen.arrived(id)
     }
 
     /// Waits for the CONTAINER_STOPPED_EVENT of each of `ids` (or `patience`); returns
@@ -367,6 +440,8 @@ impl RawExits {
 
 impl Drop for RawExits {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Subscriber::Task(task) = &self.subscriber {
+            task.abort();
+        }
     }
 }
