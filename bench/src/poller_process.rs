@@ -16,11 +16,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 
-use crate::real_cri::{Check, RawExits, RawSeen, RealCri, ARRIVED, RECORDED};
+use crate::real_cri::{Check, RawExits, RawSeen, RealCri};
 
-/// How the child tells that it took a `quiet` command, and that its stream ended.
-const QUIET: &str = "quiet";
+/// How the child's lines begin: an event's arrival, an EXITED answer (or, quiet, the
+/// arrival again), its stream's end, a `quiet` command taken.
+pub(crate) const ARRIVED: &str = "arrived";
+pub(crate) const RECORDED: &str = "recorded";
 pub(crate) const ENDED: &str = "ended";
+const QUIET: &str = "quiet";
 /// How long the harness waits for the child to take a `quiet` command.
 const PATIENCE: Duration = Duration::from_secs(10);
 

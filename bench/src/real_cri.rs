@@ -304,7 +304,7 @@ impl RawSeen {
     pub(crate) fn arrive(&self, id: String, at: Instant) {
         let mut s = self.lock();
         if s.echo {
-            crate::poller_process::tell(ARRIVED, &id);
+            crate::poller_process::tell(crate::poller_process::ARRIVED, &id);
         }
         s.arrived.entry(id).or_insert(at);
     }
@@ -313,7 +313,7 @@ impl RawSeen {
     pub(crate) fn record(&self, id: String, at: Instant) {
         let mut s = self.lock();
         if s.echo {
-            crate::poller_process::tell(RECORDED, &id);
+            crate::poller_process::tell(crate::poller_process::RECORDED, &id);
         }
         s.stopped.entry(id).or_insert(at);
         self.changed.notify_all();
@@ -340,10 +340,6 @@ impl RawSeen {
         self.lock().stopped.get(id).copied()
     }
 }
-
-/// How [`RawSeen`]'s echo names an arrival and a record.
-pub(crate) const ARRIVED: &str = "arrived";
-pub(crate) const RECORDED: &str = "recorded";
 
 /// What ends a raw subscriber when its [`RawExits`] is dropped.
 enum Subscriber {
