@@ -865,6 +865,20 @@ fn print_fanout(f: &fanout_row::FanoutRun) {
     );
 }
 
+/// A tokio runtime of one worker thread (named `thread`, if given); `what` names it
+/// in the error.
+pub(crate) fn one_worker_runtime(
+    what: &str,
+    thread: Option<&str>,
+) -> Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(1).enable_all();
+    if let Some(name) = thread {
+        builder.thread_name(name);
+    }
+    builder.build().with_context(|| what.to_string())
+}
+
 fn main() -> Result<()> {
     let mut args = Args::parse();
     if let Some(endpoint) = &args.floor_child {
@@ -909,21 +923,12 @@ fn main() -> Result<()> {
             );
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .context("the async runtime")?;
+    let rt = one_worker_runtime("the async runtime", None)?;
     // The CRI channel is made outside the runtime's futures.
     let _entered = rt.enter();
     // The watchers' (and the raw CRI subscriber's) own runtime: one worker thread, so
     // they never compete with the harness's CRI calls (which run on `rt`).
-    let watch_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name(WATCHERS_THREAD)
-        .enable_all()
-        .build()
-        .context("the watchers' async runtime")?;
+    let watch_rt = one_worker_runtime("the watchers' async runtime", Some(WATCHERS_THREAD))?;
     if let Some(endpoint) = &args.containerd {
         let o = real::Options {
             endpoint,

@@ -40,11 +40,7 @@ pub(crate) fn tell(kind: &str, what: &str) {
 
 /// The child: polls `endpoint`'s stopped containers until its stdin ends.
 pub fn run_child(endpoint: &str) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .context("the poller's async runtime")?;
+    let rt = crate::one_worker_runtime("the poller's async runtime", None)?;
     let _entered = rt.enter();
     let logs = tempfile::tempdir()?;
     let cri = RealCri::new(endpoint, logs.path())?;
