@@ -16,6 +16,7 @@ pub mod list_read;
 mod list_sink;
 pub mod list_streaming;
 pub mod list_wire;
+mod memo_slots;
 mod node_lists;
 mod packed_lists;
 mod raw_codec;

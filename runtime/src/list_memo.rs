@@ -59,27 +59,30 @@
 //! builds the next set in place (marking remembered ones it meets, adding those of
 //! the entries it checked); only when the whole read succeeds does that set replace the last one, a
 //! failed read leaves the memo as it was. Its tables keep their room from read to
-//! read (they give it back when the node shrinks to a third).
+//! read (they give it back when the node shrinks to a quarter). Each fingerprint is
+//! kept where its entry's ID field places it, and the read asks for that slot when
+//! it meets the ID, well before it knows the fingerprint (`crate::memo_slots`).
 
 use std::hash::{BuildHasher as _, Hasher as _};
 
-use hashbrown::HashTable;
-
+use crate::memo_slots::Slots;
 use crate::node_lists::ListRoom;
 use crate::NodeLists;
 
 /// An entry's fingerprint, less the two flag bits.
 const KEY: u64 = u64::MAX >> 2;
+/// The read's flags.
+const FLAGS: u64 = !KEY;
 /// Met in the read under way (a remembered entry).
 const SEEN: u64 = 1 << 63;
 /// Added by the read under way (not remembered before it).
 const FRESH: u64 = 1 << 62;
-/// A table keeps room for at least this many entries (a small node's is left alone).
-const MIN_ROOM: usize = 256;
+/// A table keeps at least this many slots (a small node's is left alone).
+const MIN_ROOM: usize = 512;
 
 /// The entries of one list (the sandboxes' or the containers') checked in the last
 /// good read.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct EntryMemo {
     /// foldhash's quality hasher, seeded at random per process (and per memo):
     /// keyed, unlike a plain hash of the bytes. Its fast variant has the same seeds
@@ -88,9 +91,9 @@ pub(crate) struct EntryMemo {
     /// which wants each one fully mixed, for one multiply a part.
     state: foldhash::quality::RandomState,
     /// Entries' fingerprints (the [`KEY`] bits) with the read's flags ([`SEEN`],
-    /// [`FRESH`]); hashed by [`slot`] (fingerprints are already random), ≈ 9–18
-    /// bytes an entry.
-    table: HashTable<u64>,
+    /// [`FRESH`]), each placed by its entry's ID field; 16–32 bytes an entry (12 a
+    /// slot).
+    table: Slots,
     /// The read under way: its entries, the remembered ones it met (each once), the
     /// ones it added.
     read: Counts,
@@ -108,25 +111,6 @@ struct Counts {
     added: usize,
 }
 
-impl Default for EntryMemo {
-    fn default() -> Self {
-        EntryMemo {
-            state: foldhash::quality::RandomState::default(),
-            table: HashTable::new(),
-            read: Counts::default(),
-            unchanged: false,
-            last_entries: None,
-        }
-    }
-}
-
-/// The table's hash of a stored value: its key bits, mixed (so that the table's slot
-/// and its control byte, which come from the low and the high bits, both vary).
-#[inline(always)]
-fn slot(value: &u64) -> u64 {
-    (value & KEY).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
 impl EntryMemo {
     /// One more entry in the read under way.
     #[inline(always)]
@@ -139,6 +123,8 @@ impl EntryMemo {
     pub(crate) fn fingerprint(&self) -> Fingerprint<'_> {
         Fingerprint {
             state: &self.state,
+            table: &self.table,
+            place: 0,
             sum: 0,
             read_tags: 0,
             repeated: false,
@@ -148,9 +134,10 @@ impl EntryMemo {
     /// Whether an entry with this fingerprint was checked before, and when; the read
     /// under way is marked as meeting it.
     #[inline(always)]
-    pub(crate) fn knows(&mut self, key: u64) -> Known {
-        match self.table.find_mut(slot(&key), |v| v & KEY == key) {
-            Some(v) => {
+    pub(crate) fn knows(&mut self, key: Key) -> Known {
+        match self.table.find(key.bits, key.place, FLAGS) {
+            Some(i) => {
+                let v = self.table.value_mut(i);
                 if *v & SEEN == 0 {
                     self.read.met += 1;
                 }
@@ -168,9 +155,10 @@ impl EntryMemo {
     /// Remembers an entry this read checked fully (one [`EntryMemo::knows`] did not
     /// know).
     #[inline(always)]
-    pub(crate) fn add(&mut self, key: u64) {
-        self.table.insert_unique(slot(&key), key | FRESH, slot);
-        self.read.added += 1;
+    pub(crate) fn add(&mut self, key: Key) {
+        if self.table.insert(key.bits | FRESH, key.place, MIN_ROOM) {
+            self.read.added += 1;
+        }
     }
 
     /// The read succeeded: its entries (met or added) are the memo.
@@ -188,9 +176,7 @@ impl EntryMemo {
             *v &= KEY;
             keep
         });
-        if self.table.capacity() > 3 * self.table.len().max(MIN_ROOM) {
-            self.table.shrink_to_fit(slot);
-        }
+        self.table.shrink(MIN_ROOM);
     }
 
     /// The read failed: the memo is what it was before it.
@@ -206,8 +192,8 @@ impl EntryMemo {
 
     /// Whether this fingerprint is remembered (without marking it met).
     #[cfg(test)]
-    pub(crate) fn holds(&self, key: u64) -> bool {
-        self.table.find(slot(&key), |v| v & KEY == key).is_some()
+    pub(crate) fn holds(&self, key: Key) -> bool {
+        self.table.find(key.bits, key.place, FLAGS).is_some()
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -224,9 +210,20 @@ pub(crate) enum Known {
     ThisRead,
 }
 
+/// An entry's fingerprint, and where the memo keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Key {
+    /// The fingerprint's [`KEY`] bits (never 0).
+    bits: u64,
+    /// A keyed hash of the entry's ID field (0 without one).
+    place: u32,
+}
+
 /// An entry's fingerprint, being summed up.
 pub(crate) struct Fingerprint<'m> {
     state: &'m foldhash::quality::RandomState,
+    table: &'m Slots,
+    place: u32,
     sum: u64,
     /// The tags of the fields plegd reads met so far (bit n: tag n).
     read_tags: u32,
@@ -244,6 +241,16 @@ impl Fingerprint<'_> {
         self.sum = self.sum.wrapping_add(h.finish());
     }
 
+    /// The entry's ID field (key and all), met first in a read: where the memo keeps
+    /// the entry, whose slot is brought into the cache now (see `crate::memo_slots`).
+    #[inline(always)]
+    pub(crate) fn id(&mut self, field: &[u8]) {
+        let mut h = self.state.build_hasher();
+        h.write(field);
+        self.place = h.finish() as u32;
+        self.table.touch(self.place);
+    }
+
     /// Notes a top-level field plegd reads, of tag `tag` (under 32), without hashing it.
     #[inline(always)]
     pub(crate) fn note_read(&mut self, tag: u32) {
@@ -255,8 +262,12 @@ impl Fingerprint<'_> {
     /// The entry's key for [`EntryMemo::knows`] and [`EntryMemo::add`]; None for
     /// an entry that named a field plegd reads twice (never remembered).
     #[inline(always)]
-    pub(crate) fn key(&self) -> Option<u64> {
-        (!self.repeated).then_some(self.sum & KEY)
+    pub(crate) fn key(&self) -> Option<Key> {
+        (!self.repeated).then_some(Key {
+            // 0 is an empty slot: a sum of 0 counts as 1.
+            bits: (self.sum & KEY).max(1),
+            place: self.place,
+        })
     }
 }
 
@@ -298,7 +309,7 @@ impl ListMemo {
     pub fn heap_bytes(&self) -> usize {
         [&self.sandboxes, &self.containers]
             .iter()
-            .map(|m| m.table.allocation_size())
+            .map(|m| m.table.heap_bytes())
             .sum::<usize>()
             + self.room.heap_bytes()
     }
