@@ -50,16 +50,16 @@ impl Slots {
             return;
         }
         let slot: *const u64 = &self.values[self.home(place)];
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
         // SAFETY: a prefetch is a hint: it reads nothing into the program, cannot
-        // fault, and `slot` points into the table. `_mm_prefetch` needs SSE, which
-        // every x86-64 processor has.
+        // fault, and `slot` points into the table; the build has SSE, which
+        // `_mm_prefetch` needs.
         #[allow(unsafe_code)]
         unsafe {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
             _mm_prefetch::<_MM_HINT_T0>(slot.cast());
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "sse")))]
         let _ = slot;
     }
 
@@ -167,11 +167,17 @@ impl Slots {
         self.values = vec![0; slots];
         self.places = vec![0; slots];
         self.len = 0;
-        for (value, place) in old_values.into_iter().zip(old_places) {
-            if value != 0 {
-                // Fewer slots crowd no home more than before, but for a shrink that
-                // does: such a value is dropped (the entry is read fully next time).
-                self.insert(value, place, 0);
+        // From just after an empty slot (as `retain`): each run of full slots goes in
+        // in its own order, so a grow puts no value further from its home than before
+        // (from slot 0, a run that wraps past the end would go in tail first).
+        let n = old_values.len();
+        let start = old_values.iter().position(|&v| v == 0).unwrap_or(0);
+        for step in 1..=n {
+            let i = (start + step) & (n - 1);
+            if old_values[i] != 0 {
+                // Only a shrink can crowd a home past MAX_PROBE: such a value is
+                // dropped (the entry is read fully next time).
+                self.insert(old_values[i], old_places[i], 0);
             }
         }
     }
@@ -215,6 +221,34 @@ mod tests {
         assert_eq!(stored, MAX_PROBE + 1);
         for k in 1..=200u64 {
             assert_eq!(s.find(k, 9, 0).is_some(), k as usize <= MAX_PROBE + 1);
+        }
+    }
+
+    /// A run of full slots that wraps past the table's end, its first values homed at
+    /// the end: a grow keeps every one of them within reach of its home.
+    #[test]
+    fn a_grow_keeps_a_run_that_wraps_past_the_end() {
+        let mut s = Slots::default();
+        assert!(s.insert(1, 510, 512) && s.insert(2, 510, 512));
+        for k in 3..=130 {
+            assert!(s.insert(k, 511, 512), "{k}");
+        }
+        for k in 0..254 {
+            assert!(s.insert(1000 + k, 200 + k as u32, 512));
+        }
+        assert_eq!(s.values.len(), 512);
+        assert!(s.insert(5000, 460, 512));
+        assert_eq!(s.values.len(), 1024, "grown");
+        assert_eq!(s.len(), 385);
+        for (k, p) in [
+            (1, 510),
+            (2, 510),
+            (3, 511),
+            (130, 511),
+            (1000, 200),
+            (5000, 460),
+        ] {
+            assert!(s.find(k, p, 0).is_some(), "{k} lost by the grow");
         }
     }
 
