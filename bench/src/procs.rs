@@ -95,6 +95,9 @@ pub struct Seen {
     pub evented: bool,
     /// The event's `relist_source` (global, evented_pleg, containerd_events, nri...).
     pub source: String,
+    /// The event's `time`: when the read that found the death began, ns since the
+    /// epoch (0 if the line had none).
+    pub read_ns: i64,
 }
 
 #[derive(Default)]
@@ -119,10 +122,16 @@ impl Events {
         if v["type"] == "ContainerDied" {
             if let Some(id) = v["container_id"].as_str() {
                 let source = v["relist_source"].as_str().unwrap_or("").to_string();
+                let read_ns = v["time"]
+                    .as_str()
+                    .and_then(|t| humantime::parse_rfc3339(t).ok())
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
                 seen.died.entry(id.to_string()).or_default().push(Seen {
                     at,
                     evented: source == "evented_pleg",
                     source,
+                    read_ns,
                 });
             }
         }

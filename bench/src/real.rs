@@ -57,6 +57,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 /// One exit as the harness saw it.
 struct Sample {
+    id: String,
     killed: Instant,
     /// The container's finished_at, ns since the epoch.
     finished_ns: i64,
@@ -522,6 +523,7 @@ fn exits(
             _ => None,
         };
         out.push(Sample {
+            id: id.clone(),
             killed,
             finished_ns,
             plegd: seen.into_iter().next(),
@@ -531,6 +533,28 @@ fn exits(
         });
     }
     Ok(out)
+}
+
+/// Over this, plegd − the raw CRI event makes an exit late (the goal at p99).
+const LATE_MS: f64 = 5.0;
+
+/// Where a late exit's time went, if plegd's ContainerDied came more than [`LATE_MS`]
+/// after the raw CRI event: the event → the read that found it began (plegd's event
+/// `time`) → the line on stdout.
+fn late_exit(set: &str, s: &Sample) -> Option<String> {
+    let plegd = s.plegd.as_ref()?;
+    let raw = s.checked[0].arrived?;
+    if ms_between(plegd.at, raw) <= LATE_MS || plegd.read_ns == 0 {
+        return None;
+    }
+    let ms = |ns: i64| ns as f64 / 1e6;
+    Some(format!(
+        "{set} {} {} {:.2} + {:.2} ms",
+        s.id.get(..12).unwrap_or(&s.id),
+        plegd.source,
+        ms(plegd.read_ns - epoch_ns(raw)),
+        ms(epoch_ns(plegd.at) - plegd.read_ns)
+    ))
 }
 
 fn cell(v: &[f64]) -> String {
@@ -723,6 +747,18 @@ fn print_rows(
         println!(
             "| {what}: found by (plegd's relist_source) | {} |",
             sources(&quiet)
+        );
+    }
+    if broadcast {
+        let late: Vec<String> = singles
+            .iter()
+            .map(|s| ("checked", *s))
+            .chain(quiet.iter().map(|s| ("quiet", s)))
+            .filter_map(|(set, s)| late_exit(set, s))
+            .collect();
+        println!(
+            "| single exits with plegd's ContainerDied more than {LATE_MS} ms after the raw CRI event, each: its set; relist_source; the raw event → plegd's read that found it began; that read began → ContainerDied on stdout | {} |",
+            if late.is_empty() { "none".into() } else { late.join("; ") }
         );
     }
     for (i, b) in bursts.iter().enumerate() {

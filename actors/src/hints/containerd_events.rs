@@ -114,7 +114,10 @@ impl HintSource for ContainerdEvents {
             TaskEvent::Task {
                 topic,
                 container_id,
-            } => self.task(topic, &container_id, Instant::now()),
+            } => {
+                tracing::debug!(container = %container_id, ?topic, "containerd task event");
+                self.task(topic, &container_id, Instant::now())
+            }
             TaskEvent::Other => vec![],
             TaskEvent::Invalid { reason } => {
                 if let Some(suppressed) = self.invalid_log.allow(Instant::now()) {

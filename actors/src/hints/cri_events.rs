@@ -152,6 +152,7 @@ impl HintSource for CriEvents {
             }
         }
         self.metrics.count_stream_event(kind);
+        tracing::debug!(pod = %uid, container = %ev.container_id, %kind, relist, "CRI event");
         if !relist {
             return vec![];
         }

@@ -43,10 +43,15 @@ fn may_die(record: &PodRecord, id: &str) -> bool {
         && events_for(record.state_of(id), PlegState::Exited).contains(&EventKind::ContainerDied)
 }
 
-/// True if a status read of `ids` could report a death early: a container `record`
-/// knows and has not seen exit.
-pub(super) fn a_death_possible(record: Option<&PodRecord>, ids: &[String]) -> bool {
-    record.is_some_and(|record| ids.iter().any(|id| may_die(record, id)))
+/// `ids` split in two: those whose status read could report a death early (a
+/// container `record` knows and has not seen exit), and the rest.
+pub(super) fn split_possible_deaths(
+    record: Option<&PodRecord>,
+    ids: &[String],
+) -> (Vec<String>, Vec<String>) {
+    ids.iter()
+        .cloned()
+        .partition(|id| record.is_some_and(|record| may_die(record, id)))
 }
 
 /// The statuses of `statuses` that report a death of a container `record` knows

@@ -580,3 +580,87 @@ async fn a_pod_read_again_in_the_batch_does_not_undo_its_early_death() {
         Some(super::record::PlegState::Exited)
     );
 }
+
+/// Holds the ContainerStatus calls of the containers in `slow` until `gate` closes.
+#[derive(Clone)]
+struct SlowStatus {
+    inner: FakeRuntime,
+    slow: Arc<Mutex<Vec<String>>>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait::async_trait]
+impl Intercept for SlowStatus {
+    fn inner(&self) -> &FakeRuntime {
+        &self.inner
+    }
+
+    async fn container_status(
+        &self,
+        id: &str,
+    ) -> Result<plegd_runtime::ContainerStatus, RuntimeError> {
+        let slow = self.slow.lock().unwrap().iter().any(|s| s == id);
+        if slow {
+            // Closed: let go.
+            let _ = self.gate.acquire().await;
+        }
+        self.inner.container_status(id).await
+    }
+}
+
+/// The pod's earlier exits, not settled yet, are read again with the read a new
+/// death's hint asks for: the death is handed over without waiting for them.
+#[tokio::test]
+async fn a_death_is_handed_over_before_the_pods_unsettled_exits_answer() {
+    use super::status_tests::{pod_of_20, Node};
+    let rt = FakeRuntime::new();
+    let slow = SlowStatus {
+        inner: rt.clone(),
+        slow: Arc::default(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let settle = std::time::Duration::from_secs(3600);
+    let mut n = Node::settling_behind(Arc::new(Intercepted(slow.clone())), settle);
+    let (_, cs) = pod_of_20(&rt, &mut n).await;
+    rt.exit_container(&cs[0], 1);
+    rt.exit_container(&cs[1], 1);
+    assert_eq!(n.targeted("u1").await.events.len(), 2, "two deaths");
+    slow.slow
+        .lock()
+        .unwrap()
+        .extend([cs[0].clone(), cs[1].clone()]);
+    rt.exit_container(&cs[2], 2);
+    let before = rt.calls(Op::ContainerStatus);
+    let steps = Mutex::new(Vec::new());
+    let asks = vec![(
+        "u1".to_string(),
+        RelistSource::EventedPleg,
+        vec![cs[2].clone()],
+    )];
+    let run = n
+        .pleg
+        .relist_pods_each(asks, None, None, &|_| false, EarlyDeaths::On(None), |s| {
+            steps.lock().unwrap().push(step(s));
+            std::future::ready(())
+        });
+    let release = async {
+        wait_until("something handed over", || {
+            !steps.lock().unwrap().is_empty()
+        })
+        .await;
+        slow.gate.close();
+    };
+    tokio::join!(run, release);
+    assert_eq!(
+        steps.into_inner().unwrap(),
+        vec![
+            ("early", died(&cs[2]), vec![], false),
+            ("read", vec![], vec![], false)
+        ]
+    );
+    assert_eq!(
+        rt.calls(Op::ContainerStatus) - before,
+        3,
+        "the earlier exits were read again, each once"
+    );
+}

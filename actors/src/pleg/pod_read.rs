@@ -18,7 +18,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Semaphore;
 
 use super::diff::pod_events;
-use super::early::{a_death_possible, deaths_in, EarlyExits};
+use super::early::{deaths_in, split_possible_deaths, EarlyExits};
 use super::record::{group, Id, PodRecord};
 use super::status::{
     index_containers, index_sandboxes, read_pod_status, reusable, take_prefetched, unsettled_exits,
@@ -177,11 +177,12 @@ impl Reader {
     /// A targeted read of one pod: its lists (a known pod's by sandbox id, all at once;
     /// a pod plegd has not seen yet can only be found in the whole list) together with
     /// the prefetches, then its status. When `unhurried` (no other pod waits for a
-    /// place among the batch's reads), a prefetch that may report a death early goes
-    /// first, alone, and the lists once it has answered: on containerd 2.1 a
-    /// ContainerStatus sent with the pod's two lists answers later than one sent alone
-    /// (docs/architecture.md). Otherwise all go at once, holding the read's place the
-    /// shortest. Always re-reads the status (that is what was
+    /// place among the batch's reads), the prefetches that may report a death early go
+    /// first, alone, and the lists (with the pod's unsettled exits) once they have
+    /// answered: on containerd 2.1 a ContainerStatus sent with the pod's two lists, or
+    /// with other statuses, answers later than one sent alone (docs/architecture.md).
+    /// Otherwise all go at once, holding the read's place the shortest; a death is
+    /// still handed over as soon as the statuses that may show one have answered. Always re-reads the status (that is what was
     /// asked for); a pod that is gone and unknown is a no-op. A new sandbox of a known
     /// pod (a recreated sandbox) is found by the next global relist. A prefetch that
     /// fails only means "not prefetched".
@@ -206,9 +207,20 @@ impl Reader {
                 self.list_known_pod(&plan.known).await
             }
         };
-        let prefetch = async {
+        // The statuses that may show a death go on their own: the pod's exits not yet
+        // settled (already deaths in the record) would only hold the early report back.
+        let (watched, settling) = split_possible_deaths(plan.previous.as_ref(), &plan.prefetch);
+        let watch = async {
             let read_at = SystemTime::now();
-            let read = prefetch_statuses(self.runtime.as_ref(), &plan.prefetch, calls).await;
+            let read = prefetch_statuses(self.runtime.as_ref(), &watched, calls).await;
+            if !watched.is_empty() {
+                tracing::debug!(
+                    pod = %plan.uid,
+                    containers = watched.len(),
+                    took_ms = read_at.elapsed().unwrap_or_default().as_secs_f64() * 1e3,
+                    "status read that may show a death"
+                );
+            }
             if let (Some(early), false) = (early, plan.reinspect) {
                 let exited = deaths_in(plan.previous.as_ref(), read.0.values());
                 if !exited.is_empty() {
@@ -223,16 +235,17 @@ impl Reader {
             }
             read
         };
-        let status_first = unhurried
-            && early.is_some()
-            && !plan.reinspect
-            && a_death_possible(plan.previous.as_ref(), &plan.prefetch);
-        let (lists, (prefetched, mut counts)) = if status_first {
-            let prefetched = prefetch.await;
-            (lists.await, prefetched)
+        let settling = prefetch_statuses(self.runtime.as_ref(), &settling, calls);
+        let status_first = unhurried && early.is_some() && !plan.reinspect && !watched.is_empty();
+        let (lists, (mut prefetched, mut counts), (settled, settled_counts)) = if status_first {
+            let watched = watch.await;
+            let (lists, settled) = futures::join!(lists, settling);
+            (lists, watched, settled)
         } else {
-            futures::join!(lists, prefetch)
+            futures::join!(lists, watch, settling)
         };
+        prefetched.extend(settled);
+        counts.add(settled_counts);
         let (sandboxes, containers) = match lists {
             Ok(lists) => lists,
             Err(e) => {

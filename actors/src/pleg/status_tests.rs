@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 /// when the last read began), applied by the test after each relist as the
 /// dispatcher does.
 #[derive(Default)]
-struct TestCache {
+pub(super) struct TestCache {
     pods: Mutex<HashMap<String, Entry>>,
     read_at: Mutex<HashMap<String, SystemTime>>,
 }
@@ -27,7 +27,7 @@ struct TestCache {
 type Entry = (Option<PodStatus>, Option<String>);
 
 impl TestCache {
-    fn apply(&self, out: &RelistOutput) {
+    pub(super) fn apply(&self, out: &RelistOutput) {
         let mut pods = self.pods.lock().unwrap();
         let mut read_at = self.read_at.lock().unwrap();
         for u in &out.cache {
@@ -85,8 +85,8 @@ impl LastReads for TestCache {
 }
 
 /// A plegd's PLEG with its cache.
-struct Node {
-    pleg: GenericPleg,
+pub(super) struct Node {
+    pub(super) pleg: GenericPleg,
     cache: Arc<TestCache>,
 }
 
@@ -104,8 +104,13 @@ impl Node {
 
     /// Reusing statuses, an exit's once `settle` after it.
     fn settling(rt: &FakeRuntime, settle: Duration) -> Node {
+        Node::settling_behind(Arc::new(rt.clone()), settle)
+    }
+
+    /// As [`Node::settling`], reading `runtime`.
+    pub(super) fn settling_behind(runtime: Arc<dyn RuntimeClient>, settle: Duration) -> Node {
         let cache = Arc::new(TestCache::default());
-        let pleg = GenericPleg::new(Arc::new(rt.clone()), 4)
+        let pleg = GenericPleg::new(runtime, 4)
             .with_last_reads(cache.clone())
             .with_exit_settle(settle);
         Node { pleg, cache }
@@ -121,7 +126,7 @@ impl Node {
         self.relist(&RelistScope::Global).await
     }
 
-    async fn targeted(&mut self, uid: &str) -> RelistOutput {
+    pub(super) async fn targeted(&mut self, uid: &str) -> RelistOutput {
         self.relist(&RelistScope::Pod {
             uid: uid.into(),
             source: RelistSource::EventedPleg,
@@ -143,7 +148,7 @@ async fn calls_of<F: std::future::Future<Output = RelistOutput>>(
 }
 
 /// A pod of 20 running containers, seen by a node's first relist.
-async fn pod_of_20(rt: &FakeRuntime, n: &mut Node) -> (String, Vec<String>) {
+pub(super) async fn pod_of_20(rt: &FakeRuntime, n: &mut Node) -> (String, Vec<String>) {
     let sb = rt.run_pod("u1", "p1", "ns");
     let cs: Vec<String> = (0..20)
         .map(|i| rt.run_container(&sb, &format!("c{i}")))
