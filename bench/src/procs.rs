@@ -95,8 +95,8 @@ pub struct Seen {
     pub evented: bool,
     /// The event's `relist_source` (global, evented_pleg, containerd_events, nri...).
     pub source: String,
-    /// The event's `time`: when the read that found the death began, ns since the
-    /// epoch (0 if the line had none).
+    /// The event's `time`: when the status read that showed the death began, ns
+    /// since the epoch (0 if the line had none, or it did not parse).
     pub read_ns: i64,
 }
 

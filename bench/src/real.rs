@@ -539,18 +539,22 @@ fn exits(
 const LATE_MS: f64 = 5.0;
 
 /// Where a late exit's time went, if plegd's ContainerDied came more than [`LATE_MS`]
-/// after the raw CRI event: the event → the read that found it began (plegd's event
-/// `time`) → the line on stdout.
+/// after the raw CRI event: the event → the event's `time` (the status read that
+/// showed the death began: an early death's, sent before the pod's lists, or the one
+/// after them) → the line on stdout; "?" if the line had no `time`.
 fn late_exit(set: &str, s: &Sample) -> Option<String> {
     let plegd = s.plegd.as_ref()?;
     let raw = s.checked[0].arrived?;
-    if ms_between(plegd.at, raw) <= LATE_MS || plegd.read_ns == 0 {
+    if ms_between(plegd.at, raw) <= LATE_MS {
         return None;
+    }
+    let id = s.id.get(..12).unwrap_or(&s.id);
+    if plegd.read_ns == 0 {
+        return Some(format!("{set} {id} {} ? ms", plegd.source));
     }
     let ms = |ns: i64| ns as f64 / 1e6;
     Some(format!(
-        "{set} {} {} {:.2} + {:.2} ms",
-        s.id.get(..12).unwrap_or(&s.id),
+        "{set} {id} {} {:.2} + {:.2} ms",
         plegd.source,
         ms(plegd.read_ns - epoch_ns(raw)),
         ms(epoch_ns(plegd.at) - plegd.read_ns)
@@ -757,7 +761,7 @@ fn print_rows(
             .filter_map(|(set, s)| late_exit(set, s))
             .collect();
         println!(
-            "| single exits with plegd's ContainerDied more than {LATE_MS} ms after the raw CRI event, each: its set; relist_source; the raw event → plegd's read that found it began; that read began → ContainerDied on stdout | {} |",
+            "| single exits with plegd's ContainerDied more than {LATE_MS} ms after the raw CRI event, each: its set; the container; relist_source; the raw event → the event's time (the status read that showed the death began); that → ContainerDied on stdout | {} |",
             if late.is_empty() { "none".into() } else { late.join("; ") }
         );
     }

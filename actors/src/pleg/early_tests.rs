@@ -609,9 +609,9 @@ impl Intercept for SlowStatus {
 }
 
 /// The pod's earlier exits, not settled yet, are read again with the read a new
-/// death's hint asks for: the death is handed over without waiting for them.
-#[tokio::test]
-async fn a_death_is_handed_over_before_the_pods_unsettled_exits_answer() {
+/// death's hint asks for: the death is handed over without waiting for them, whether
+/// that read sends the status first or (`other_pod` waiting for a place) all at once.
+async fn a_death_before_the_unsettled_exits(other_pod: bool) {
     use super::status_tests::{pod_of_20, Node};
     let rt = FakeRuntime::new();
     let slow = SlowStatus {
@@ -622,6 +622,16 @@ async fn a_death_is_handed_over_before_the_pods_unsettled_exits_answer() {
     let settle = std::time::Duration::from_secs(3600);
     let mut n = Node::settling_behind(Arc::new(Intercepted(slow.clone())), settle);
     let (_, cs) = pod_of_20(&rt, &mut n).await;
+    let mut asks = vec![(
+        "u1".to_string(),
+        RelistSource::EventedPleg,
+        vec![cs[2].clone()],
+    )];
+    if other_pod {
+        rt.run_container(&rt.run_pod("u2", "db", "ns"), "app");
+        n.global().await;
+        asks.push(("u2".to_string(), RelistSource::EventedPleg, vec![]));
+    }
     rt.exit_container(&cs[0], 1);
     rt.exit_container(&cs[1], 1);
     assert_eq!(n.targeted("u1").await.events.len(), 2, "two deaths");
@@ -632,11 +642,6 @@ async fn a_death_is_handed_over_before_the_pods_unsettled_exits_answer() {
     rt.exit_container(&cs[2], 2);
     let before = rt.calls(Op::ContainerStatus);
     let steps = Mutex::new(Vec::new());
-    let asks = vec![(
-        "u1".to_string(),
-        RelistSource::EventedPleg,
-        vec![cs[2].clone()],
-    )];
     let run = n
         .pleg
         .relist_pods_each(asks, None, None, &|_| false, EarlyDeaths::On(None), |s| {
@@ -644,23 +649,36 @@ async fn a_death_is_handed_over_before_the_pods_unsettled_exits_answer() {
             std::future::ready(())
         });
     let release = async {
-        wait_until("something handed over", || {
-            !steps.lock().unwrap().is_empty()
+        wait_until("the death handed over", || {
+            steps.lock().unwrap().iter().any(|s| s.0 == "early")
         })
         .await;
         slow.gate.close();
     };
     tokio::join!(run, release);
+    let steps = steps.into_inner().unwrap();
+    let early: Vec<_> = steps.iter().filter(|s| s.0 == "early").collect();
+    assert_eq!(early, vec![&("early", died(&cs[2]), vec![], false)]);
+    let read: Vec<_> = steps.iter().filter(|s| s.0 == "read").collect();
+    let reads = if other_pod { 2 } else { 1 };
     assert_eq!(
-        steps.into_inner().unwrap(),
-        vec![
-            ("early", died(&cs[2]), vec![], false),
-            ("read", vec![], vec![], false)
-        ]
+        read,
+        vec![&("read", vec![], vec![], false); reads],
+        "no death twice"
     );
     assert_eq!(
         rt.calls(Op::ContainerStatus) - before,
         3,
-        "the earlier exits were read again, each once"
+        "the new exit and the two earlier ones, each read once"
     );
+}
+
+#[tokio::test]
+async fn a_death_read_first_is_handed_over_before_the_pods_unsettled_exits_answer() {
+    a_death_before_the_unsettled_exits(false).await;
+}
+
+#[tokio::test]
+async fn a_death_read_with_the_lists_is_handed_over_before_the_pods_unsettled_exits_answer() {
+    a_death_before_the_unsettled_exits(true).await;
 }

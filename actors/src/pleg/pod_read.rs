@@ -46,9 +46,10 @@ pub(super) struct PodPlan {
     pub previous: Option<PodRecord>,
     /// The pod awaits reinspection.
     pub reinspect: bool,
-    /// Containers whose status is read together with the lists: those asked for, and
-    /// the exits whose status had not settled at the pod's last read (the read after
-    /// the lists would call them anyway).
+    /// Containers whose status is read with the lists (those that may show a death
+    /// first, [`Reader::read_pod`]): those asked for, and the exits whose status had
+    /// not settled at the pod's last read (the read after the lists would call them
+    /// anyway).
     pub prefetch: Vec<String>,
 }
 
@@ -178,12 +179,13 @@ impl Reader {
     /// a pod plegd has not seen yet can only be found in the whole list) together with
     /// the prefetches, then its status. When `unhurried` (no other pod waits for a
     /// place among the batch's reads), the prefetches that may report a death early go
-    /// first, alone, and the lists (with the pod's unsettled exits) once they have
-    /// answered: on containerd 2.1 a ContainerStatus sent with the pod's two lists, or
-    /// with other statuses, answers later than one sent alone (docs/architecture.md).
-    /// Otherwise all go at once, holding the read's place the shortest; a death is
-    /// still handed over as soon as the statuses that may show one have answered. Always re-reads the status (that is what was
-    /// asked for); a pod that is gone and unknown is a no-op. A new sandbox of a known
+    /// first, alone, and the lists with the other prefetches (the pod's unsettled
+    /// exits) once they have answered: on containerd 2.1 a ContainerStatus sent with
+    /// the pod's two lists answers later than one sent alone, and the other prefetches
+    /// would only hold the death back (docs/architecture.md). Otherwise all go at once,
+    /// holding the read's place the shortest; a death is still handed over as soon as
+    /// the prefetches that may show one have answered. Always re-reads the status (that
+    /// is what was asked for); a pod that is gone and unknown is a no-op. A new sandbox of a known
     /// pod (a recreated sandbox) is found by the next global relist. A prefetch that
     /// fails only means "not prefetched".
     /// A new pod's whole-node list waits for one of `whole_node` (at most
@@ -207,13 +209,13 @@ impl Reader {
                 self.list_known_pod(&plan.known).await
             }
         };
-        // The statuses that may show a death go on their own: the pod's exits not yet
-        // settled (already deaths in the record) would only hold the early report back.
+        // The statuses that may show a death are read on their own: the others (the
+        // pod's exits not yet settled, deaths the record has) would hold it back.
         let (watched, settling) = split_possible_deaths(plan.previous.as_ref(), &plan.prefetch);
         let watch = async {
             let read_at = SystemTime::now();
             let read = prefetch_statuses(self.runtime.as_ref(), &watched, calls).await;
-            if !watched.is_empty() {
+            if !watched.is_empty() && early.is_some() && !plan.reinspect {
                 tracing::debug!(
                     pod = %plan.uid,
                     containers = watched.len(),

@@ -13,7 +13,8 @@
 //! - everything else is read, and every container of a pod whose last read failed.
 //!
 //! Prefetch: a targeted relist reads the container its hint names, and the pod's
-//! exits not yet settled ([`unsettled_exits`]), together with the pod's lists. A
+//! exits not yet settled ([`unsettled_exits`]), with the pod's lists (one that may
+//! show a death first: `pod_read`). A
 //! container the rules above read takes that status if it has the list entry's id,
 //! state, attempt and created_at; otherwise, or if the prefetch failed, it is read as
 //! usual. Global relists never prefetch.

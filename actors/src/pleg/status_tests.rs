@@ -122,7 +122,7 @@ impl Node {
         out
     }
 
-    async fn global(&mut self) -> RelistOutput {
+    pub(super) async fn global(&mut self) -> RelistOutput {
         self.relist(&RelistScope::Global).await
     }
 
