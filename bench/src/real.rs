@@ -18,8 +18,10 @@
 //!   and a second status poller the same as the first but in a process of its own
 //!   (`poller_process`), whose answers − the first's show how far apart two identical
 //!   clients fall (what plegd − poller is read against).
-//!   Their reads load containerd at the moment plegd reads too, so every other single
-//!   exit is made with them quiet (stamping arrivals only): plegd − raw without them;
+//!   Their reads load containerd at the moment plegd reads too, so the single exits
+//!   are made in three sets in turn: with them all checking; with them quiet
+//!   (stamping arrivals only): plegd − raw without them; and with the first status
+//!   poller alone checking: on the same exits as plegd's, the floor of one status read;
 //! - on containerd 1.x, which splits CRI events between concurrent subscribers (a raw
 //!   subscriber would take events from plegd's stream): no raw CRI subscriber;
 //! - on both: when a raw subscriber of containerd's own event service (which publishes
@@ -124,22 +126,52 @@ const CHECKS: [Checker; 3] = [
 const POLLER: usize = 1;
 const SECOND_POLLER: usize = 2;
 
+/// Which checking CRI subscribers check a single exit beside plegd (the others only
+/// stamp its arrival).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Beside {
+    All,
+    /// None: what plegd − the raw event is without their reads.
+    Quiet,
+    /// The first status poller alone: on the same exits as plegd's, the floor of a
+    /// client that answers each event with one ContainerStatus.
+    Poller,
+}
+
+impl Beside {
+    /// The set a single exit `i` (from 0) belongs to, on containerd 2.x: each in turn.
+    fn of(i: usize) -> Beside {
+        [Beside::All, Beside::Quiet, Beside::Poller][i % 3]
+    }
+
+    /// Whether checker `k` of [`CHECKS`] is quiet.
+    fn quiets(self, k: usize) -> bool {
+        match self {
+            Beside::All => false,
+            Beside::Quiet => true,
+            Beside::Poller => k != POLLER,
+        }
+    }
+}
+
 /// The raw subscribers.
 struct Raws {
     /// The checking CRI subscribers, in the order of [`CHECKS`] (containerd 2.x only).
     cri: Option<[RawExits; CHECKS.len()]>,
-    /// While set, they only stamp each event's arrival.
-    quiet: Arc<AtomicBool>,
+    /// Each one's: while set, it only stamps each event's arrival.
+    quiet: [Arc<AtomicBool>; CHECKS.len()],
     task: RawExits,
 }
 
 impl Raws {
-    /// Quiets the checking CRI subscribers (or lets them check again), each once it
-    /// has taken it.
-    fn set_quiet(&self, quiet: bool) -> Result<()> {
-        self.quiet.store(quiet, Ordering::SeqCst);
-        for r in self.cri.iter().flatten() {
-            r.set_quiet(quiet)?;
+    /// Lets the checking CRI subscribers that `beside` names check and quiets the
+    /// others, each once it has taken it.
+    fn set_beside(&self, beside: Beside) -> Result<()> {
+        for (k, q) in self.quiet.iter().enumerate() {
+            q.store(beside.quiets(k), Ordering::SeqCst);
+        }
+        for (k, r) in self.cri.iter().flatten().enumerate() {
+            r.set_quiet(beside.quiets(k))?;
         }
         Ok(())
     }
@@ -221,7 +253,7 @@ pub fn run(
             return Err(e);
         }
     };
-    let quiet = Arc::new(AtomicBool::new(false));
+    let quiet: [Arc<AtomicBool>; CHECKS.len()] = Default::default();
     let checkers = match broadcast.then(|| checkers(o.endpoint, &cri, watch_rt, &quiet)) {
         Some(Err(e)) => {
             remove_pods(rt, &cri, &pods);
@@ -239,7 +271,7 @@ pub fn run(
         floor.and_then(|floor| measure(o, rt, &cri, &plegd, &raws, &mut pods).map(|m| (m, floor)));
     drop(raws);
     remove_pods(rt, &cri, &pods);
-    let ((singles, quiet, bursts, warmup), floor) = out?;
+    let (m, floor) = out?;
     let hints = plegd
         .metrics()
         .map(|m| m.labels_at_one("plegd_hint_source_state").join(", "))
@@ -253,15 +285,16 @@ pub fn run(
     println!("plegd's hint sources at the end: {hints}");
     println!(
         "raw CRI subscriber: {}; raw subscriber of containerd's event service (/tasks/exit): yes; \
-         {warmup} warm-up exit(s) before the first one plegd found through a hint",
+         {} warm-up exit(s) before the first one plegd found through a hint",
         if broadcast {
             "yes (containerd 2.x broadcasts CRI events to every subscriber)"
         } else {
             "none (containerd 1.x splits CRI events between subscribers: one would take events from plegd's stream); \
              measured against containerd's own event service, the exit (finished_at) and the kill instead"
-        }
+        },
+        m.warmup
     );
-    print_rows(&singles, &quiet, &bursts, broadcast, &floor);
+    print_rows(&m, broadcast, &floor);
     println!("at the end: {}", crate::machine());
     Ok(())
 }
@@ -271,10 +304,10 @@ fn checkers(
     endpoint: &str,
     cri: &RealCri,
     watch_rt: &tokio::runtime::Runtime,
-    quiet: &Arc<AtomicBool>,
+    quiet: &[Arc<AtomicBool>; CHECKS.len()],
 ) -> Result<[RawExits; CHECKS.len()]> {
     let mut out = Vec::with_capacity(CHECKS.len());
-    for c in &CHECKS {
+    for (c, quiet) in CHECKS.iter().zip(quiet) {
         out.push(if c.own_process {
             poller_process::spawn(endpoint)?
         } else {
@@ -295,9 +328,17 @@ fn remove_pods(rt: &tokio::runtime::Runtime, cri: &RealCri, pods: &[Pod]) {
     }
 }
 
-/// The single exits with the readers checking beside plegd, those without, the
-/// bursts, and the warm-up exits.
-type Measured = (Vec<Sample>, Vec<Sample>, Vec<Vec<Sample>>, usize);
+/// What the exits after plegd started gave.
+struct Measured {
+    /// The single exits with every checking subscriber checking beside plegd.
+    singles: Vec<Sample>,
+    /// With none ([`Beside::Quiet`]).
+    quiet: Vec<Sample>,
+    /// With the first status poller alone ([`Beside::Poller`]).
+    poller: Vec<Sample>,
+    bursts: Vec<Vec<Sample>>,
+    warmup: usize,
+}
 
 /// containerd's own speed, measured before plegd starts, ms: on 1.x, exit
 /// (finished_at) → a raw CRI event (singles only); on 2.x, a raw CRI event's arrival →
@@ -404,10 +445,11 @@ fn measure(
 ) -> Result<Measured> {
     eprintln!("plegd-bench: making containers");
     let warm = group(rt, cri, pods, "warmup", WARMUP)?;
-    // On 2.x, twice the single exits: every other one with the checking subscribers
-    // quiet, so that plegd − the raw event is also measured without their reads.
-    let quiet_too = raws.cri.is_some();
-    let singles = o.singles * if quiet_too { 2 } else { 1 };
+    // On 2.x, three times the single exits, each set in turn (`Beside`): with the
+    // checking subscribers all checking, all quiet (plegd − the raw event without
+    // their reads), and the status poller alone (the floor on the same exits).
+    let sets = raws.cri.is_some();
+    let singles = o.singles * if sets { 3 } else { 1 };
     let (singles_ids, burst_ids) = containers_to_kill(o, rt, cri, pods, singles, "")?;
     // plegd has seen every container running.
     workloads::relists(plegd, 2)?;
@@ -423,20 +465,31 @@ fn measure(
         }
     }
     eprintln!("plegd-bench: {} single exits", singles_ids.len());
-    let (mut singles, mut quiet) = (Vec::new(), Vec::new());
+    let (mut singles, mut quiet, mut poller) = (Vec::new(), Vec::new(), Vec::new());
     for (i, id) in singles_ids.iter().enumerate() {
-        let alone = quiet_too && i % 2 == 1;
-        raws.set_quiet(alone)?;
+        let beside = if sets { Beside::of(i) } else { Beside::All };
+        raws.set_beside(beside)?;
         let s = exits(rt, cri, plegd, raws, std::slice::from_ref(id));
-        raws.set_quiet(false)?;
-        if alone { &mut quiet } else { &mut singles }.extend(s?);
+        raws.set_beside(Beside::All)?;
+        match beside {
+            Beside::All => &mut singles,
+            Beside::Quiet => &mut quiet,
+            Beside::Poller => &mut poller,
+        }
+        .extend(s?);
     }
     eprintln!("plegd-bench: {} bursts of {BURST}", burst_ids.len());
     let mut bursts = Vec::new();
     for ids in &burst_ids {
         bursts.push(exits(rt, cri, plegd, raws, ids)?);
     }
-    Ok((singles, quiet, bursts, warmup))
+    Ok(Measured {
+        singles,
+        quiet,
+        poller,
+        bursts,
+        warmup,
+    })
 }
 
 /// The containers of `singles` single exits (pods of 20) and of --bursts bursts of 20,
@@ -553,12 +606,22 @@ fn late_exit(set: &str, s: &Sample) -> Option<String> {
         return Some(format!("{set} {id} {} ? ms", plegd.source));
     }
     let ms = |ns: i64| ns as f64 / 1e6;
+    let poller = s.checked[POLLER].answered.map_or(String::new(), |p| {
+        format!(" (poller {:.2})", ms_between(p, raw))
+    });
     Some(format!(
-        "{set} {id} {} {:.2} + {:.2} ms",
+        "{set} {id} {} {:.2} + {:.2} ms{poller}",
         plegd.source,
         ms(plegd.read_ns - epoch_ns(raw)),
         ms(epoch_ns(plegd.at) - plegd.read_ns)
     ))
+}
+
+/// plegd's ContainerDied − the raw CRI event, ms, of each exit of `set` that has both.
+fn minus_raw(set: &[Sample]) -> Vec<f64> {
+    set.iter()
+        .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.checked[0].arrived?)))
+        .collect()
 }
 
 fn cell(v: &[f64]) -> String {
@@ -605,13 +668,14 @@ fn sources(samples: &[&Sample]) -> String {
     parts.join(", ")
 }
 
-fn print_rows(
-    singles: &[Sample],
-    quiet: &[Sample],
-    bursts: &[Vec<Sample>],
-    broadcast: bool,
-    floor: &Floor,
-) {
+fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
+    let Measured {
+        singles,
+        quiet,
+        poller,
+        bursts,
+        ..
+    } = m;
     println!("| measure | figure |");
     println!("|---|---|");
     if broadcast {
@@ -738,14 +802,10 @@ fn print_rows(
         }
     }
     if !quiet.is_empty() {
-        let what = "single exit, no subscriber checking it beside plegd (every other one)";
-        let minus: Vec<f64> = quiet
-            .iter()
-            .filter_map(|s| Some(ms_between(s.plegd.as_ref()?.at, s.checked[0].arrived?)))
-            .collect();
+        let what = "single exit, no subscriber checking it beside plegd (one in three)";
         println!(
             "| {what}: plegd's ContainerDied − the raw CRI CONTAINER_STOPPED_EVENT (arrival) | {} |",
-            cell(&minus)
+            cell(&minus_raw(quiet))
         );
         let quiet: Vec<&Sample> = quiet.iter().collect();
         println!(
@@ -753,15 +813,53 @@ fn print_rows(
             sources(&quiet)
         );
     }
+    if !poller.is_empty() {
+        let what = "single exit, the status poller alone checking it beside plegd (one in three)";
+        println!(
+            "| {what}: plegd's ContainerDied − the raw CRI CONTAINER_STOPPED_EVENT (arrival) | {} |",
+            cell(&minus_raw(poller))
+        );
+        let answered: Vec<f64> = poller
+            .iter()
+            .filter_map(|s| {
+                Some(ms_between(
+                    s.checked[POLLER].answered?,
+                    s.checked[0].arrived?,
+                ))
+            })
+            .collect();
+        println!(
+            "| {what}: the floor on the same exits: the status poller's EXITED answer − the raw CRI event | {} |",
+            cell(&answered)
+        );
+        let died: Vec<f64> = poller
+            .iter()
+            .filter_map(|s| {
+                Some(ms_between(
+                    s.plegd.as_ref()?.at,
+                    s.checked[POLLER].answered?,
+                ))
+            })
+            .collect();
+        println!(
+            "| {what}: plegd's ContainerDied − the status poller's EXITED answer | {} |",
+            cell(&died)
+        );
+        println!(
+            "| {what}: plegd's ContainerDied more than 5 / 10 / 20 ms after the status poller's EXITED answer | {} |",
+            behind(&died)
+        );
+    }
     if broadcast {
         let late: Vec<String> = singles
             .iter()
             .map(|s| ("checked", *s))
             .chain(quiet.iter().map(|s| ("quiet", s)))
+            .chain(poller.iter().map(|s| ("poller", s)))
             .filter_map(|(set, s)| late_exit(set, s))
             .collect();
         println!(
-            "| single exits with plegd's ContainerDied more than {LATE_MS} ms after the raw CRI event, each: its set; the container; relist_source; the raw event → the event's time (the status read that showed the death began); that → ContainerDied on stdout | {} |",
+            "| single exits with plegd's ContainerDied more than {LATE_MS} ms after the raw CRI event, each: its set; the container; relist_source; the raw event → the event's time (the status read that showed the death began); that → ContainerDied on stdout; the status poller's EXITED answer − the raw event, where it checked | {} |",
             if late.is_empty() { "none".into() } else { late.join("; ") }
         );
     }
@@ -803,7 +901,19 @@ fn print_rows(
 
 #[cfg(test)]
 mod tests {
-    use super::behind;
+    use super::{behind, Beside, CHECKS, POLLER};
+
+    #[test]
+    fn the_single_exits_take_the_three_sets_in_turn() {
+        let sets: Vec<Beside> = (0..6).map(Beside::of).collect();
+        use Beside::*;
+        assert!(sets == [All, Quiet, Poller, All, Quiet, Poller]);
+        for k in 0..CHECKS.len() {
+            assert!(!All.quiets(k));
+            assert!(Quiet.quiets(k));
+            assert_eq!(Poller.quiets(k), k != POLLER, "checker {k}");
+        }
+    }
 
     #[test]
     fn the_tail_counts_what_is_over_each_bound() {
