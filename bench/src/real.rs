@@ -606,9 +606,13 @@ fn late_exit(set: &str, s: &Sample) -> Option<String> {
         return Some(format!("{set} {id} {} ? ms", plegd.source));
     }
     let ms = |ns: i64| ns as f64 / 1e6;
-    let poller = s.checked[POLLER].answered.map_or(String::new(), |p| {
-        format!(" (poller {:.2})", ms_between(p, raw))
-    });
+    // A quiet poller's "answer" is only its event's arrival.
+    let poller = s.checked[POLLER]
+        .answered
+        .filter(|_| set != "quiet")
+        .map_or(String::new(), |p| {
+            format!(" (poller {:.2})", ms_between(p, raw))
+        });
     Some(format!(
         "{set} {id} {} {:.2} + {:.2} ms{poller}",
         plegd.source,
@@ -902,6 +906,45 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
 #[cfg(test)]
 mod tests {
     use super::{behind, Beside, CHECKS, POLLER};
+
+    #[test]
+    fn a_late_exit_shows_the_pollers_answer_only_where_it_checked() {
+        use super::{epoch_ns, late_exit, Checked, Sample, Seen};
+        use std::time::{Duration, Instant};
+        let raw = Instant::now();
+        let at = raw + Duration::from_millis(9);
+        let answered = Some(raw + Duration::from_millis(1));
+        let mut checked = [Checked::default(); CHECKS.len()];
+        checked[0].arrived = Some(raw);
+        checked[POLLER] = Checked {
+            arrived: Some(raw),
+            answered,
+        };
+        let sample = Sample {
+            id: "0123456789abcdef".into(),
+            killed: raw,
+            finished_ns: 0,
+            plegd: Some(Seen {
+                at,
+                evented: true,
+                source: "evented_pleg".into(),
+                read_ns: epoch_ns(raw + Duration::from_millis(2)),
+            }),
+            checked,
+            raw_task: None,
+            reads: None,
+        };
+        let line = |set| late_exit(set, &sample).unwrap();
+        assert_eq!(
+            line("poller"),
+            "poller 0123456789ab evented_pleg 2.00 + 7.00 ms (poller 1.00)"
+        );
+        // Quiet, the poller only stamps its event's arrival: no answer to show.
+        assert_eq!(
+            line("quiet"),
+            "quiet 0123456789ab evented_pleg 2.00 + 7.00 ms"
+        );
+    }
 
     #[test]
     fn the_single_exits_take_the_three_sets_in_turn() {
