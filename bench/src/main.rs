@@ -15,6 +15,7 @@
 //! harness cannot rot. `--containerd ENDPOINT` measures against a real containerd
 //! instead (module `real`).
 
+mod cpu_wait;
 mod cri;
 mod fanout;
 mod fanout_row;

@@ -208,7 +208,7 @@ impl Plegd {
         let events = Arc::new(Events::default());
         let sink = events.clone();
         std::thread::Builder::new()
-            .name("plegd-events".into())
+            .name(crate::cpu_wait::READER.into())
             .spawn(move || {
                 for line in BufReader::new(stdout).lines() {
                     let Ok(line) = line else { break };

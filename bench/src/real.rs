@@ -46,6 +46,7 @@ use anyhow::{anyhow, bail, Result};
 use futures::future::join_all;
 use futures::StreamExt as _;
 
+use crate::cpu_wait::{CpuWaits, SinceArrival, Waited};
 use crate::fanout_row::percentile;
 use crate::poller_process;
 use crate::procs::{epoch_ns, Plegd, Seen};
@@ -73,6 +74,10 @@ struct Sample {
     /// The reads of a targeted relist of the pod, made by the harness after plegd
     /// reported the death: (both lists, ContainerStatus), singles only.
     reads: Option<(Duration, Duration)>,
+    /// The waits for a CPU of the threads that carry plegd's ContainerDied, from the
+    /// raw CRI event's arrival (containerd 2.x only) until plegd's ContainerDied of
+    /// every exit killed with this one was seen.
+    waited: Option<Waited>,
 }
 
 /// A checking raw CRI subscriber's view of one exit.
@@ -267,8 +272,20 @@ pub fn run(
         quiet,
         task: cri.raw_task_exits(watch_rt),
     };
-    let out =
-        floor.and_then(|floor| measure(o, rt, &cri, &plegd, &raws, &mut pods).map(|m| (m, floor)));
+    let waits = match CpuWaits::new(plegd.pid()) {
+        Ok(w) => Arc::new(SinceArrival::new(w)),
+        Err(e) => {
+            remove_pods(rt, &cri, &pods);
+            return Err(e);
+        }
+    };
+    if let Some(first) = raws.cri.as_ref().map(|c| &c[0]) {
+        let waits = waits.clone();
+        first.on_arrival(move |id| waits.arrived(id));
+    }
+    let out = floor.and_then(|floor| {
+        measure(o, rt, &cri, &plegd, &raws, &waits, &mut pods).map(|m| (m, floor))
+    });
     drop(raws);
     remove_pods(rt, &cri, &pods);
     let (m, floor) = out?;
@@ -441,6 +458,7 @@ fn measure(
     cri: &RealCri,
     plegd: &Plegd,
     raws: &Raws,
+    waits: &SinceArrival,
     pods: &mut Vec<Pod>,
 ) -> Result<Measured> {
     eprintln!("plegd-bench: making containers");
@@ -457,7 +475,7 @@ fn measure(
     let mut warmup = 0;
     for id in &warm {
         warmup += 1;
-        let s = exits(rt, cri, plegd, raws, std::slice::from_ref(id))?;
+        let s = exits(rt, cri, plegd, raws, waits, std::slice::from_ref(id))?;
         let hinted = s[0].plegd.as_ref().is_some_and(|p| p.source != "global");
         let raw_cri = raws.cri.is_none() || s[0].checked.iter().all(|c| c.arrived.is_some());
         if hinted && raw_cri && s[0].raw_task.is_some() {
@@ -469,7 +487,7 @@ fn measure(
     for (i, id) in singles_ids.iter().enumerate() {
         let beside = if sets { Beside::of(i) } else { Beside::All };
         raws.set_beside(beside)?;
-        let s = exits(rt, cri, plegd, raws, std::slice::from_ref(id));
+        let s = exits(rt, cri, plegd, raws, waits, std::slice::from_ref(id));
         raws.set_beside(Beside::All)?;
         match beside {
             Beside::All => &mut singles,
@@ -481,7 +499,7 @@ fn measure(
     eprintln!("plegd-bench: {} bursts of {BURST}", burst_ids.len());
     let mut bursts = Vec::new();
     for ids in &burst_ids {
-        bursts.push(exits(rt, cri, plegd, raws, ids)?);
+        bursts.push(exits(rt, cri, plegd, raws, waits, ids)?);
     }
     Ok(Measured {
         singles,
@@ -554,6 +572,7 @@ fn exits(
     cri: &RealCri,
     plegd: &Plegd,
     raws: &Raws,
+    waits: &SinceArrival,
     ids: &[String],
 ) -> Result<Vec<Sample>> {
     let pids: Vec<u32> = rt
@@ -562,10 +581,16 @@ fn exits(
         .collect::<Result<_>>()?;
     let killed = kill(&pids)?;
     let seen = plegd.events.wait_died(ids, PATIENCE);
+    let waited = ids
+        .iter()
+        .map(|id| waits.since(id))
+        .collect::<Result<Vec<_>>>()?;
     let checked = raws.checked(ids, PATIENCE)?;
     let raw_task = raws.task.wait(ids, PATIENCE)?;
     let mut out = Vec::with_capacity(ids.len());
-    for (((id, seen), checked), raw_task) in ids.iter().zip(seen).zip(checked).zip(raw_task) {
+    for ((((id, seen), checked), raw_task), waited) in
+        ids.iter().zip(seen).zip(checked).zip(raw_task).zip(waited)
+    {
         let finished_ns = rt.block_on(cri.finished_at(id))?;
         if finished_ns == 0 {
             bail!("{id} was killed but has no finished_at");
@@ -583,6 +608,7 @@ fn exits(
             checked,
             raw_task,
             reads,
+            waited,
         });
     }
     Ok(out)
@@ -602,8 +628,9 @@ fn late_exit(set: &str, s: &Sample) -> Option<String> {
         return None;
     }
     let id = s.id.get(..12).unwrap_or(&s.id);
+    let waited = s.waited.map_or("waits not known".into(), |w| w.describe());
     if plegd.read_ns == 0 {
-        return Some(format!("{set} {id} {} ? ms", plegd.source));
+        return Some(format!("{set} {id} {} ? ms, {waited}", plegd.source));
     }
     let ms = |ns: i64| ns as f64 / 1e6;
     // A quiet poller's "answer" is only its event's arrival.
@@ -614,11 +641,60 @@ fn late_exit(set: &str, s: &Sample) -> Option<String> {
             format!(" (poller {:.2})", ms_between(p, raw))
         });
     Some(format!(
-        "{set} {id} {} {:.2} + {:.2} ms{poller}",
+        "{set} {id} {} {:.2} + {:.2} ms{poller}, {waited}",
         plegd.source,
         ms(plegd.read_ns - epoch_ns(raw)),
         ms(epoch_ns(plegd.at) - plegd.read_ns)
     ))
+}
+
+/// What a late single exit's excess over [`LATE_MS`] is within.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Late {
+    /// The status poller checked it and answered at most [`LATE_MS`] before plegd's
+    /// line: containerd's answer was late for every client.
+    Floor,
+    /// The threads that carry plegd's line waited for a CPU at least that long after
+    /// the raw event.
+    Cpu,
+    /// Neither: plegd's own, as far as the bench can tell.
+    Plegd,
+}
+
+impl Late {
+    const ALL: [Late; 3] = [Late::Floor, Late::Cpu, Late::Plegd];
+
+    fn describe(self) -> &'static str {
+        match self {
+            Late::Floor => "the status poller, checking, answered at most 5 ms before plegd's line (containerd's answer was late)",
+            Late::Cpu => "else: plegd's actor and output threads and the harness's reader waited for a CPU at least that long after the raw event",
+            Late::Plegd => "neither (plegd's own)",
+        }
+    }
+}
+
+/// Why a single exit of `set` is late (none if it is not, or not known: no raw event
+/// or no line).
+fn why_late(set: &str, s: &Sample) -> Option<Late> {
+    let raw = s.checked[0].arrived?;
+    let at = s.plegd.as_ref()?.at;
+    let late = ms_between(at, raw);
+    if late <= LATE_MS {
+        return None;
+    }
+    // A quiet poller's "answer" is only its event's arrival.
+    let poller = s.checked[POLLER].answered.filter(|_| set != "quiet");
+    if poller.is_some_and(|p| ms_between(at, p) <= LATE_MS) {
+        return Some(Late::Floor);
+    }
+    let waited = s
+        .waited
+        .map_or(Duration::ZERO, |w| w.plegd + w.output + w.reader);
+    Some(if waited.as_secs_f64() * 1e3 >= late - LATE_MS {
+        Late::Cpu
+    } else {
+        Late::Plegd
+    })
 }
 
 /// plegd's ContainerDied − the raw CRI event, ms, of each exit of `set` that has both.
@@ -855,16 +931,46 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
         );
     }
     if broadcast {
-        let late: Vec<String> = singles
+        let labeled: Vec<(&str, &Sample)> = singles
             .iter()
             .map(|s| ("checked", *s))
             .chain(quiet.iter().map(|s| ("quiet", s)))
             .chain(poller.iter().map(|s| ("poller", s)))
-            .filter_map(|(set, s)| late_exit(set, s))
+            .collect();
+        let late: Vec<String> = labeled
+            .iter()
+            .filter_map(|&(set, s)| late_exit(set, s))
             .collect();
         println!(
-            "| single exits with plegd's ContainerDied more than {LATE_MS} ms after the raw CRI event, each: its set; the container; relist_source; the raw event → the event's time (the status read that showed the death began); that → ContainerDied on stdout; the status poller's EXITED answer − the raw event, where it checked | {} |",
+            "| single exits with plegd's ContainerDied more than {LATE_MS} ms after the raw CRI event, each: its set; the container; relist_source; the raw event → the event's time (the status read that showed the death began); that → ContainerDied on stdout; the status poller's EXITED answer − the raw event, where it checked; how long the threads that carry plegd's line waited for a CPU from the raw event to ContainerDied | {} |",
             if late.is_empty() { "none".into() } else { late.join("; ") }
+        );
+        type Whose = fn(&Waited) -> Duration;
+        let rows: [(&str, Whose); 3] = [
+            ("plegd's actor thread", |w| w.plegd),
+            ("plegd's event output thread", |w| w.output),
+            ("the harness's thread reading plegd's stdout", |w| w.reader),
+        ];
+        for (whose, of) in rows {
+            let waits: Vec<f64> = labeled
+                .iter()
+                .filter_map(|(_, s)| Some(of(&s.waited?).as_secs_f64() * 1e3))
+                .collect();
+            println!(
+                "| single exits, the three sets: {whose} runnable but waiting for a CPU from the raw CRI event to plegd's ContainerDied | {} |",
+                cell(&waits)
+            );
+        }
+        let mut by: std::collections::BTreeMap<Late, usize> = Default::default();
+        for &(set, s) in &labeled {
+            if let Some(why) = why_late(set, s) {
+                *by.entry(why).or_default() += 1;
+            }
+        }
+        println!(
+            "| single exits more than {LATE_MS} ms after the raw CRI event, by what the excess over {LATE_MS} ms is within: {} | {} |",
+            Late::ALL.map(Late::describe).join("; "),
+            Late::ALL.map(|w| by.get(&w).copied().unwrap_or(0).to_string()).join(" / ")
         );
     }
     for (i, b) in bursts.iter().enumerate() {
@@ -907,25 +1013,26 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
 mod tests {
     use super::{behind, Beside, CHECKS, POLLER};
 
-    #[test]
-    fn a_late_exit_shows_the_pollers_answer_only_where_it_checked() {
-        use super::{epoch_ns, late_exit, Checked, Sample, Seen};
-        use std::time::{Duration, Instant};
+    use super::{epoch_ns, late_exit, why_late, Checked, Late, Sample, Seen, Waited};
+    use std::time::{Duration, Instant};
+
+    /// A single exit plegd reported `plegd_ms` after the raw event, its status read
+    /// begun 2 ms after it; the status poller answered `poller_ms` after it; plegd's
+    /// threads and the reader waited for a CPU `waited_us` each.
+    fn sample(plegd_ms: u64, poller_ms: u64, waited_us: [u64; 3]) -> Sample {
         let raw = Instant::now();
-        let at = raw + Duration::from_millis(9);
-        let answered = Some(raw + Duration::from_millis(1));
         let mut checked = [Checked::default(); CHECKS.len()];
         checked[0].arrived = Some(raw);
         checked[POLLER] = Checked {
             arrived: Some(raw),
-            answered,
+            answered: Some(raw + Duration::from_millis(poller_ms)),
         };
-        let sample = Sample {
+        Sample {
             id: "0123456789abcdef".into(),
             killed: raw,
             finished_ns: 0,
             plegd: Some(Seen {
-                at,
+                at: raw + Duration::from_millis(plegd_ms),
                 evented: true,
                 source: "evented_pleg".into(),
                 read_ns: epoch_ns(raw + Duration::from_millis(2)),
@@ -933,17 +1040,51 @@ mod tests {
             checked,
             raw_task: None,
             reads: None,
-        };
+            waited: Some(Waited {
+                plegd: Duration::from_micros(waited_us[0]),
+                output: Duration::from_micros(waited_us[1]),
+                reader: Duration::from_micros(waited_us[2]),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_late_exit_shows_the_pollers_answer_only_where_it_checked() {
+        let sample = sample(9, 1, [3_100, 0, 250]);
         let line = |set| late_exit(set, &sample).unwrap();
         assert_eq!(
             line("poller"),
-            "poller 0123456789ab evented_pleg 2.00 + 7.00 ms (poller 1.00)"
+            "poller 0123456789ab evented_pleg 2.00 + 7.00 ms (poller 1.00), \
+             waited for a CPU: plegd 3.10, its output 0.00, the harness's reader 0.25 ms"
         );
         // Quiet, the poller only stamps its event's arrival: no answer to show.
         assert_eq!(
             line("quiet"),
-            "quiet 0123456789ab evented_pleg 2.00 + 7.00 ms"
+            "quiet 0123456789ab evented_pleg 2.00 + 7.00 ms, \
+             waited for a CPU: plegd 3.10, its output 0.00, the harness's reader 0.25 ms"
         );
+    }
+
+    #[test]
+    fn a_late_exit_is_put_down_to_the_floor_then_the_cpu_then_plegd() {
+        // Not late.
+        assert_eq!(why_late("poller", &sample(5, 0, [0; 3])), None);
+        // 9 ms: the poller's 4 ms answer leaves 5 ms to plegd.
+        assert_eq!(why_late("poller", &sample(9, 4, [0; 3])), Some(Late::Floor));
+        assert_eq!(
+            why_late("checked", &sample(9, 3, [0; 3])),
+            Some(Late::Plegd)
+        );
+        // The 4 ms over 5 are within the waits, summed over the three threads.
+        let cpu = [2_000, 1_000, 1_000];
+        assert_eq!(why_late("checked", &sample(9, 3, cpu)), Some(Late::Cpu));
+        assert_eq!(
+            why_late("checked", &sample(9, 3, [2_000, 1_000, 999])),
+            Some(Late::Plegd)
+        );
+        // A quiet poller's answer is its event's arrival, no floor.
+        assert_eq!(why_late("quiet", &sample(9, 4, [0; 3])), Some(Late::Plegd));
+        assert_eq!(why_late("quiet", &sample(9, 4, cpu)), Some(Late::Cpu));
     }
 
     #[test]

@@ -287,7 +287,11 @@ struct RawState {
     /// Also tell each arrival, record and the end on stdout, as they happen (a poller
     /// in a process of its own: `poller_process`).
     echo: bool,
+    /// Called with the container of each first arrival, as it is stamped.
+    on_arrival: Option<OnArrival>,
 }
+
+type OnArrival = Arc<dyn Fn(&str) + Send + Sync>;
 
 #[derive(Default)]
 pub(crate) struct RawSeen {
@@ -300,13 +304,26 @@ impl RawSeen {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Calls `hook` with the container of each first arrival, from now on.
+    pub(crate) fn on_arrival(&self, hook: impl Fn(&str) + Send + Sync + 'static) {
+        self.lock().on_arrival = Some(Arc::new(hook));
+    }
+
     /// A verifying stream's first exit event of `id` arrived `at`.
     pub(crate) fn arrive(&self, id: String, at: Instant) {
         let mut s = self.lock();
         if s.echo {
             crate::poller_process::tell(crate::poller_process::ARRIVED, &id);
         }
+        let hook = match s.on_arrival.clone() {
+            Some(hook) if !s.arrived.contains_key(&id) => Some((hook, id.clone())),
+            _ => None,
+        };
         s.arrived.entry(id).or_insert(at);
+        drop(s);
+        if let Some((hook, id)) = hook {
+            hook(&id);
+        }
     }
 
     /// The first exit event of `id` arrived `at`.
@@ -406,6 +423,12 @@ impl RawExits {
         }
     }
 
+    /// Calls `hook` with the container of each exit event's first arrival, from now
+    /// on, as it is stamped (on the subscriber's runtime: keep it short).
+    pub fn on_arrival(&self, hook: impl Fn(&str) + Send + Sync + 'static) {
+        self.seen.on_arrival(hook);
+    }
+
     /// When a verifying stream got `id`'s exit event.
     pub fn arrived(&self, id: &str) -> Option<Instant> {
         self.seen.arrived(id)
@@ -439,5 +462,29 @@ impl Drop for RawExits {
         if let Subscriber::Task(task) = &self.subscriber {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RawSeen;
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    #[test]
+    fn the_arrival_hook_hears_each_container_once_after_its_stamp() {
+        let seen = Arc::new(RawSeen::default());
+        seen.arrive("before".into(), Instant::now());
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let (h, s) = (heard.clone(), seen.clone());
+        seen.on_arrival(move |id| {
+            // Stamped already, and the lock is free.
+            assert!(s.arrived(id).is_some());
+            h.lock().unwrap().push(id.to_string());
+        });
+        for id in ["a", "b", "a", "before"] {
+            seen.arrive(id.into(), Instant::now());
+        }
+        assert_eq!(*heard.lock().unwrap(), ["a", "b"]);
     }
 }

@@ -1,0 +1,255 @@
+//! Time threads spent runnable but waiting for a CPU (the second field of a thread's
+//! `/proc/…/task/TID/schedstat`) while an exit was under way: on a busy node a late
+//! exit's milliseconds can go there rather than into anyone's work.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+
+/// The threads that carry plegd's ContainerDied to the harness: plegd's actor thread
+/// (hint streams, CRI reads, relists, the publisher), its event output thread, and
+/// the harness's thread reading plegd's stdout. Each is read from its own schedstat
+/// file, found once, so that a reading costs three small reads.
+pub struct CpuWaits {
+    plegd: PathBuf,
+    output: PathBuf,
+    reader: PathBuf,
+}
+
+/// The waits so far, or (after [`Waited::since`]) over a span.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Waited {
+    pub plegd: Duration,
+    pub output: Duration,
+    pub reader: Duration,
+}
+
+/// plegd's thread that runs its actors (the process's main thread).
+const PLEGD_ACTORS: &str = "plegd";
+/// plegd's event output thread (`plegd/src/output.rs`).
+const PLEGD_OUTPUT: &str = "event-output";
+/// The harness's thread that reads plegd's stdout (`procs::Plegd`).
+pub const READER: &str = "plegd-events";
+
+impl CpuWaits {
+    /// The threads of plegd's process `plegd` and of this one.
+    pub fn new(plegd: u32) -> Result<CpuWaits> {
+        let tasks = PathBuf::from(format!("/proc/{plegd}/task"));
+        Ok(CpuWaits {
+            plegd: schedstat_of(&tasks, PLEGD_ACTORS)?,
+            output: schedstat_of(&tasks, PLEGD_OUTPUT)?,
+            reader: schedstat_of(Path::new("/proc/self/task"), READER)?,
+        })
+    }
+
+    pub fn now(&self) -> Result<Waited> {
+        Ok(Waited {
+            plegd: waited(&self.plegd)?,
+            output: waited(&self.output)?,
+            reader: waited(&self.reader)?,
+        })
+    }
+}
+
+/// The waits at each raw CRI event's arrival, to count from there to plegd's line.
+pub struct SinceArrival {
+    threads: CpuWaits,
+    arrived: Mutex<HashMap<String, Waited>>,
+}
+
+impl SinceArrival {
+    pub fn new(threads: CpuWaits) -> SinceArrival {
+        SinceArrival {
+            threads,
+            arrived: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `id`'s raw CRI event arrived now (a reading that fails leaves it out).
+    pub fn arrived(&self, id: &str) {
+        if let Ok(w) = self.threads.now() {
+            self.lock().insert(id.to_string(), w);
+        }
+    }
+
+    /// The waits from `id`'s raw CRI event's arrival to now.
+    pub fn since(&self, id: &str) -> Result<Option<Waited>> {
+        let now = self.threads.now()?;
+        Ok(self.lock().get(id).map(|at| now.since(at)))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waited>> {
+        self.arrived.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The schedstat file of the one thread under `tasks` named `name`.
+fn schedstat_of(tasks: &Path, name: &str) -> Result<PathBuf> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(tasks).with_context(|| tasks.display().to_string())? {
+        let task = task?.path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            found.push(task.join("schedstat"));
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        n => bail!(
+            "{n} threads named {name:?} under {}: expected one",
+            tasks.display()
+        ),
+    }
+}
+
+fn waited(schedstat: &Path) -> Result<Duration> {
+    let text = std::fs::read_to_string(schedstat)
+        .with_context(|| format!("{} (has the thread ended?)", schedstat.display()))?;
+    let ns = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse::<u64>().ok())
+        .with_context(|| format!("no wait time in {}: {text:?}", schedstat.display()))?;
+    Ok(Duration::from_nanos(ns))
+}
+
+impl Waited {
+    /// The waits between `before` and `self`.
+    pub fn since(&self, before: &Waited) -> Waited {
+        Waited {
+            plegd: self.plegd.saturating_sub(before.plegd),
+            output: self.output.saturating_sub(before.output),
+            reader: self.reader.saturating_sub(before.reader),
+        }
+    }
+
+    /// As the late-exit row shows it, ms.
+    pub fn describe(&self) -> String {
+        let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
+        format!(
+            "waited for a CPU: plegd {}, its output {}, the harness's reader {} ms",
+            ms(self.plegd),
+            ms(self.output),
+            ms(self.reader)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Barrier};
+    use std::thread::JoinHandle;
+
+    fn spin(for_: Duration) {
+        let start = std::time::Instant::now();
+        while start.elapsed() < for_ {
+            std::hint::black_box(());
+        }
+    }
+
+    /// The tests that name threads of this process, one at a time.
+    static NAMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// A thread named `name` (once this returns) that runs `body`, then stays alive (a
+    /// thread that ended has no schedstat) until unparked.
+    fn named(name: &str, body: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+        let (started, named) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let _ = started.send(());
+                body();
+                std::thread::park_timeout(Duration::from_secs(60));
+            })
+            .expect("a thread");
+        named.recv().expect("the thread started");
+        thread
+    }
+
+    fn end(threads: Vec<JoinHandle<()>>) {
+        for t in &threads {
+            t.thread().unpark();
+        }
+        for t in threads {
+            t.join().expect("the thread ran");
+        }
+    }
+
+    #[test]
+    fn a_reader_kept_from_a_cpu_is_seen_waiting_and_sleeping_threads_are_not() {
+        let _one = NAMING.lock().unwrap_or_else(|e| e.into_inner());
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        // The reader and a hog for every CPU spin together: some must wait for one.
+        let go = Arc::new(Barrier::new(cpus + 2));
+        let done = Arc::new(Barrier::new(2));
+        let mut threads = vec![named(PLEGD_ACTORS, || {}), named(PLEGD_OUTPUT, || {})];
+        let (g, d) = (go.clone(), done.clone());
+        threads.push(named(READER, move || {
+            g.wait();
+            spin(Duration::from_millis(300));
+            d.wait();
+        }));
+        let hogs: Vec<_> = (0..cpus)
+            .map(|_| {
+                let go = go.clone();
+                std::thread::spawn(move || {
+                    go.wait();
+                    spin(Duration::from_millis(300));
+                })
+            })
+            .collect();
+        let waits = CpuWaits::new(std::process::id()).expect("the three threads");
+        let before = waits.now().expect("schedstat");
+        go.wait();
+        done.wait();
+        let span = waits.now().expect("schedstat").since(&before);
+        for h in hogs {
+            h.join().expect("hogged");
+        }
+        end(threads);
+        assert!(span.reader > Duration::ZERO, "{span:?}");
+        assert_eq!((span.plegd, span.output), (Duration::ZERO, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_second_thread_of_a_name_is_refused() {
+        let _one = NAMING.lock().unwrap_or_else(|e| e.into_inner());
+        let threads = vec![
+            named(PLEGD_ACTORS, || {}),
+            named(PLEGD_OUTPUT, || {}),
+            named(READER, || {}),
+            named(READER, || {}),
+        ];
+        let err = CpuWaits::new(std::process::id())
+            .err()
+            .map(|e| e.to_string());
+        end(threads);
+        assert_eq!(
+            err.as_deref(),
+            Some("2 threads named \"plegd-events\" under /proc/self/task: expected one")
+        );
+    }
+
+    #[test]
+    fn a_span_is_the_difference_and_is_described_in_ms() {
+        let at = Duration::from_micros;
+        let before = Waited {
+            plegd: at(1_000),
+            output: at(2_000),
+            reader: at(0),
+        };
+        let after = Waited {
+            plegd: at(4_250),
+            output: at(2_000),
+            reader: at(1_500),
+        };
+        assert_eq!(
+            after.since(&before).describe(),
+            "waited for a CPU: plegd 3.25, its output 0.00, the harness's reader 1.50 ms"
+        );
+    }
+}
