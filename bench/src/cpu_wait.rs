@@ -54,35 +54,50 @@ impl CpuWaits {
     }
 }
 
-/// The waits at each raw CRI event's arrival, to count from there to plegd's line.
+/// The waits at each raw CRI event's arrival and at plegd's ContainerDied line of the
+/// same container, to count from the one to the other.
 pub struct SinceArrival {
     threads: CpuWaits,
-    arrived: Mutex<HashMap<String, Waited>>,
+    at: Mutex<Stamps>,
+}
+
+#[derive(Default)]
+struct Stamps {
+    arrived: HashMap<String, Waited>,
+    reported: HashMap<String, Waited>,
 }
 
 impl SinceArrival {
     pub fn new(threads: CpuWaits) -> SinceArrival {
         SinceArrival {
             threads,
-            arrived: Mutex::new(HashMap::new()),
+            at: Mutex::default(),
         }
     }
 
     /// `id`'s raw CRI event arrived now (a reading that fails leaves it out).
     pub fn arrived(&self, id: &str) {
         if let Ok(w) = self.threads.now() {
-            self.lock().insert(id.to_string(), w);
+            self.lock().arrived.entry(id.to_string()).or_insert(w);
         }
     }
 
-    /// The waits from `id`'s raw CRI event's arrival to now.
-    pub fn since(&self, id: &str) -> Result<Option<Waited>> {
-        let now = self.threads.now()?;
-        Ok(self.lock().get(id).map(|at| now.since(at)))
+    /// plegd's ContainerDied of `id` was read now.
+    pub fn reported(&self, id: &str) {
+        if let Ok(w) = self.threads.now() {
+            self.lock().reported.entry(id.to_string()).or_insert(w);
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waited>> {
-        self.arrived.lock().unwrap_or_else(|e| e.into_inner())
+    /// The waits from `id`'s raw CRI event's arrival to plegd's first ContainerDied of
+    /// it: none if either is missing, or the line came first.
+    pub fn span(&self, id: &str) -> Option<Waited> {
+        let at = self.lock();
+        Some(at.reported.get(id)?.since(at.arrived.get(id)?))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Stamps> {
+        self.at.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -110,7 +110,10 @@ struct Published {
 pub struct Events {
     seen: Mutex<Published>,
     changed: Condvar,
+    on_died: Mutex<Option<OnDied>>,
 }
+
+type OnDied = Box<dyn Fn(&str) + Send>;
 
 impl Events {
     fn record(&self, line: &str) {
@@ -118,24 +121,39 @@ impl Events {
             return;
         };
         let at = Instant::now();
+        let died = (v["type"] == "ContainerDied")
+            .then(|| v["container_id"].as_str())
+            .flatten();
+        if let (Some(id), Some(hook)) = (died, &*self.hook()) {
+            hook(id);
+        }
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if v["type"] == "ContainerDied" {
-            if let Some(id) = v["container_id"].as_str() {
-                let source = v["relist_source"].as_str().unwrap_or("").to_string();
-                let read_ns = v["time"]
-                    .as_str()
-                    .and_then(|t| humantime::parse_rfc3339(t).ok())
-                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                    .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-                seen.died.entry(id.to_string()).or_default().push(Seen {
-                    at,
-                    evented: source == "evented_pleg",
-                    source,
-                    read_ns,
-                });
-            }
+        if let Some(id) = died {
+            let source = v["relist_source"].as_str().unwrap_or("").to_string();
+            let read_ns = v["time"]
+                .as_str()
+                .and_then(|t| humantime::parse_rfc3339(t).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+            seen.died.entry(id.to_string()).or_default().push(Seen {
+                at,
+                evented: source == "evented_pleg",
+                source,
+                read_ns,
+            });
         }
         self.changed.notify_all();
+    }
+
+    /// Calls `hook` with the container of each ContainerDied line from now on, on the
+    /// thread reading plegd's stdout, once the line is stamped and before it is
+    /// recorded (keep it short).
+    pub fn on_died(&self, hook: impl Fn(&str) + Send + 'static) {
+        *self.hook() = Some(Box::new(hook));
+    }
+
+    fn hook(&self) -> std::sync::MutexGuard<'_, Option<OnDied>> {
+        self.on_died.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits until every container of `ids` was reported dead (or `patience` passed);
@@ -364,4 +382,29 @@ fn rss_kib_of(pid: u32) -> Result<u64> {
 /// A `/proc/PID/status` field in KiB (`field` with its colon).
 fn status_kib(pid: u32, field: &str) -> Result<u64> {
     status_field(pid, field).with_context(|| format!("{field} in /proc/{pid}/status"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Events;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    #[test]
+    fn the_died_hook_hears_each_containerdied_line_before_it_is_seen() {
+        let events = Arc::new(Events::default());
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let (h, e) = (heard.clone(), events.clone());
+        events.on_died(move |id| {
+            // Not recorded yet: a waiter cannot have returned before the hook ran.
+            assert!(e.wait_died(&[id.to_string()], Duration::ZERO)[0].is_empty());
+            h.lock().unwrap().push(id.to_string());
+        });
+        events.record(r#"{"type":"ContainerStarted","container_id":"a"}"#);
+        events.record(r#"{"type":"ContainerDied","container_id":"b","relist_source":"nri"}"#);
+        events.record("not json");
+        assert_eq!(*heard.lock().unwrap(), ["b"]);
+        let seen = events.wait_died(&["b".to_string()], Duration::ZERO);
+        assert_eq!(seen[0][0].source, "nri");
+    }
 }

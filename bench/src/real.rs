@@ -75,8 +75,7 @@ struct Sample {
     /// reported the death: (both lists, ContainerStatus), singles only.
     reads: Option<(Duration, Duration)>,
     /// The waits for a CPU of the threads that carry plegd's ContainerDied, from the
-    /// raw CRI event's arrival (containerd 2.x only) until plegd's ContainerDied of
-    /// every exit killed with this one was seen.
+    /// raw CRI event's arrival (containerd 2.x only) to plegd's ContainerDied.
     waited: Option<Waited>,
 }
 
@@ -280,8 +279,9 @@ pub fn run(
         }
     };
     if let Some(first) = raws.cri.as_ref().map(|c| &c[0]) {
-        let waits = waits.clone();
-        first.on_arrival(move |id| waits.arrived(id));
+        let (w, r) = (waits.clone(), waits.clone());
+        first.on_arrival(move |id| w.arrived(id));
+        plegd.events.on_died(move |id| r.reported(id));
     }
     let out = floor.and_then(|floor| {
         measure(o, rt, &cri, &plegd, &raws, &waits, &mut pods).map(|m| (m, floor))
@@ -581,11 +581,9 @@ fn exits(
         .collect::<Result<_>>()?;
     let killed = kill(&pids)?;
     let seen = plegd.events.wait_died(ids, PATIENCE);
-    let waited = ids
-        .iter()
-        .map(|id| waits.since(id))
-        .collect::<Result<Vec<_>>>()?;
     let checked = raws.checked(ids, PATIENCE)?;
+    // Both stamped by now: the arrival's before its check, the line's before it is seen.
+    let waited = ids.iter().map(|id| waits.span(id));
     let raw_task = raws.task.wait(ids, PATIENCE)?;
     let mut out = Vec::with_capacity(ids.len());
     for ((((id, seen), checked), raw_task), waited) in
@@ -667,7 +665,7 @@ impl Late {
     fn describe(self) -> &'static str {
         match self {
             Late::Floor => "the status poller, checking, answered at most 5 ms before plegd's line (containerd's answer was late)",
-            Late::Cpu => "else: plegd's actor and output threads and the harness's reader waited for a CPU at least that long after the raw event",
+            Late::Cpu => "(else) plegd's actor and output threads and the harness's reader waited for a CPU, summed, at least that long from the raw event to the line",
             Late::Plegd => "neither (plegd's own)",
         }
     }
@@ -687,14 +685,48 @@ fn why_late(set: &str, s: &Sample) -> Option<Late> {
     if poller.is_some_and(|p| ms_between(at, p) <= LATE_MS) {
         return Some(Late::Floor);
     }
+    Some(within_waits(s, late - LATE_MS))
+}
+
+/// Why an exit of a burst is more than [`LATE_MS`] behind the status poller's EXITED
+/// answer (none if it is not, or not known): the poller is the floor there.
+fn why_behind_poller(s: &Sample) -> Option<Late> {
+    let behind = ms_between(s.plegd.as_ref()?.at, s.checked[POLLER].answered?);
+    (behind > LATE_MS).then(|| within_waits(s, behind - LATE_MS))
+}
+
+/// Whether `excess_ms` is within the waits for a CPU of the threads that carry the
+/// line.
+fn within_waits(s: &Sample, excess_ms: f64) -> Late {
     let waited = s
         .waited
         .map_or(Duration::ZERO, |w| w.plegd + w.output + w.reader);
-    Some(if waited.as_secs_f64() * 1e3 >= late - LATE_MS {
+    if waited.as_secs_f64() * 1e3 >= excess_ms {
         Late::Cpu
     } else {
         Late::Plegd
-    })
+    }
+}
+
+/// The rows of how long the threads that carry plegd's line waited for a CPU, over the
+/// exits of `what`.
+fn print_waits(what: &str, set: &[&Sample]) {
+    type Whose = fn(&Waited) -> Duration;
+    let rows: [(&str, Whose); 3] = [
+        ("plegd's actor thread", |w| w.plegd),
+        ("plegd's event output thread", |w| w.output),
+        ("the harness's thread reading plegd's stdout", |w| w.reader),
+    ];
+    for (whose, of) in rows {
+        let waits: Vec<f64> = set
+            .iter()
+            .filter_map(|s| Some(of(&s.waited?).as_secs_f64() * 1e3))
+            .collect();
+        println!(
+            "| {what}: {whose} runnable but waiting for a CPU from the raw CRI event to plegd's ContainerDied | {} |",
+            cell(&waits)
+        );
+    }
 }
 
 /// plegd's ContainerDied − the raw CRI event, ms, of each exit of `set` that has both.
@@ -945,22 +977,8 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
             "| single exits with plegd's ContainerDied more than {LATE_MS} ms after the raw CRI event, each: its set; the container; relist_source; the raw event → the event's time (the status read that showed the death began); that → ContainerDied on stdout; the status poller's EXITED answer − the raw event, where it checked; how long the threads that carry plegd's line waited for a CPU from the raw event to ContainerDied | {} |",
             if late.is_empty() { "none".into() } else { late.join("; ") }
         );
-        type Whose = fn(&Waited) -> Duration;
-        let rows: [(&str, Whose); 3] = [
-            ("plegd's actor thread", |w| w.plegd),
-            ("plegd's event output thread", |w| w.output),
-            ("the harness's thread reading plegd's stdout", |w| w.reader),
-        ];
-        for (whose, of) in rows {
-            let waits: Vec<f64> = labeled
-                .iter()
-                .filter_map(|(_, s)| Some(of(&s.waited?).as_secs_f64() * 1e3))
-                .collect();
-            println!(
-                "| single exits, the three sets: {whose} runnable but waiting for a CPU from the raw CRI event to plegd's ContainerDied | {} |",
-                cell(&waits)
-            );
-        }
+        let every: Vec<&Sample> = labeled.iter().map(|&(_, s)| s).collect();
+        print_waits("single exits, the three sets", &every);
         let mut by: std::collections::BTreeMap<Late, usize> = Default::default();
         for &(set, s) in &labeled {
             if let Some(why) = why_late(set, s) {
@@ -971,6 +989,20 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
             "| single exits more than {LATE_MS} ms after the raw CRI event, by what the excess over {LATE_MS} ms is within: {} | {} |",
             Late::ALL.map(Late::describe).join("; "),
             Late::ALL.map(|w| by.get(&w).copied().unwrap_or(0).to_string()).join(" / ")
+        );
+        print_waits("20 exits at once", &all_bursts);
+        let mut by: std::collections::BTreeMap<Late, usize> = Default::default();
+        for s in &all_bursts {
+            if let Some(why) = why_behind_poller(s) {
+                *by.entry(why).or_default() += 1;
+            }
+        }
+        let counted = [Late::Cpu, Late::Plegd];
+        println!(
+            "| 20 exits at once: plegd's ContainerDied more than {LATE_MS} ms after the status poller's EXITED answer, by what the excess over {LATE_MS} ms is within: {} | {} of {} |",
+            counted.map(Late::describe).join("; "),
+            counted.map(|w| by.get(&w).copied().unwrap_or(0).to_string()).join(" / "),
+            all_bursts.len()
         );
     }
     for (i, b) in bursts.iter().enumerate() {
@@ -1013,7 +1045,9 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
 mod tests {
     use super::{behind, Beside, CHECKS, POLLER};
 
-    use super::{epoch_ns, late_exit, why_late, Checked, Late, Sample, Seen, Waited};
+    use super::{
+        epoch_ns, late_exit, why_behind_poller, why_late, Checked, Late, Sample, Seen, Waited,
+    };
     use std::time::{Duration, Instant};
 
     /// A single exit plegd reported `plegd_ms` after the raw event, its status read
@@ -1085,6 +1119,15 @@ mod tests {
         // A quiet poller's answer is its event's arrival, no floor.
         assert_eq!(why_late("quiet", &sample(9, 4, [0; 3])), Some(Late::Plegd));
         assert_eq!(why_late("quiet", &sample(9, 4, cpu)), Some(Late::Cpu));
+    }
+
+    #[test]
+    fn an_exit_of_a_burst_behind_the_poller_is_put_down_to_the_cpu_or_plegd() {
+        assert_eq!(why_behind_poller(&sample(9, 4, [0; 3])), None);
+        assert_eq!(why_behind_poller(&sample(12, 4, [0; 3])), Some(Late::Plegd));
+        let three = [1_000, 1_000, 1_000];
+        assert_eq!(why_behind_poller(&sample(12, 4, three)), Some(Late::Cpu));
+        assert_eq!(why_behind_poller(&sample(13, 4, three)), Some(Late::Plegd));
     }
 
     #[test]
