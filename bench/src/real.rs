@@ -655,18 +655,22 @@ enum Late {
     /// The threads that carry plegd's line waited for a CPU at least that long after
     /// the raw event.
     Cpu,
-    /// Neither: plegd's own, as far as the bench can tell.
-    Plegd,
+    /// Else: plegd's status read that showed the death began within [`LATE_MS`] of the
+    /// raw event, so its answer (or the line after it) came late.
+    Answer,
+    /// Else: that read began later, or its time is not known.
+    Start,
 }
 
 impl Late {
-    const ALL: [Late; 3] = [Late::Floor, Late::Cpu, Late::Plegd];
+    const ALL: [Late; 4] = [Late::Floor, Late::Cpu, Late::Answer, Late::Start];
 
     fn describe(self) -> &'static str {
         match self {
             Late::Floor => "the status poller, checking, answered at most 5 ms before plegd's line (containerd's answer was late)",
             Late::Cpu => "(else) plegd's actor and output threads and the harness's reader waited for a CPU, summed, at least that long from the raw event to the line",
-            Late::Plegd => "neither (plegd's own)",
+            Late::Answer => "(else) plegd's status read that showed the death began within 5 ms of the raw event (its answer, or the line after it, came late)",
+            Late::Start => "(else) that read began later",
         }
     }
 }
@@ -696,15 +700,23 @@ fn why_behind_poller(s: &Sample) -> Option<Late> {
 }
 
 /// Whether `excess_ms` is within the waits for a CPU of the threads that carry the
-/// line.
+/// line, else where plegd's time went.
 fn within_waits(s: &Sample, excess_ms: f64) -> Late {
     let waited = s
         .waited
         .map_or(Duration::ZERO, |w| w.plegd + w.output + w.reader);
     if waited.as_secs_f64() * 1e3 >= excess_ms {
-        Late::Cpu
-    } else {
-        Late::Plegd
+        return Late::Cpu;
+    }
+    let began = s
+        .plegd
+        .as_ref()
+        .filter(|p| p.read_ns != 0)
+        .zip(s.checked[0].arrived)
+        .map(|(p, raw)| (p.read_ns - epoch_ns(raw)) as f64 / 1e6);
+    match began {
+        Some(ms) if ms <= LATE_MS => Late::Answer,
+        _ => Late::Start,
     }
 }
 
@@ -997,7 +1009,7 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
                 *by.entry(why).or_default() += 1;
             }
         }
-        let counted = [Late::Cpu, Late::Plegd];
+        let counted = [Late::Cpu, Late::Answer, Late::Start];
         println!(
             "| 20 exits at once: plegd's ContainerDied more than {LATE_MS} ms after the status poller's EXITED answer, by what the excess over {LATE_MS} ms is within: {} | {} of {} |",
             counted.map(Late::describe).join("; "),
@@ -1100,34 +1112,44 @@ mod tests {
     }
 
     #[test]
-    fn a_late_exit_is_put_down_to_the_floor_then_the_cpu_then_plegd() {
+    fn a_late_exit_is_put_down_to_the_floor_then_the_cpu_then_plegds_read() {
         // Not late.
         assert_eq!(why_late("poller", &sample(5, 0, [0; 3])), None);
         // 9 ms: the poller's 4 ms answer leaves 5 ms to plegd.
         assert_eq!(why_late("poller", &sample(9, 4, [0; 3])), Some(Late::Floor));
         assert_eq!(
             why_late("checked", &sample(9, 3, [0; 3])),
-            Some(Late::Plegd)
+            Some(Late::Answer)
         );
         // The 4 ms over 5 are within the waits, summed over the three threads.
         let cpu = [2_000, 1_000, 1_000];
         assert_eq!(why_late("checked", &sample(9, 3, cpu)), Some(Late::Cpu));
         assert_eq!(
             why_late("checked", &sample(9, 3, [2_000, 1_000, 999])),
-            Some(Late::Plegd)
+            Some(Late::Answer)
         );
         // A quiet poller's answer is its event's arrival, no floor.
-        assert_eq!(why_late("quiet", &sample(9, 4, [0; 3])), Some(Late::Plegd));
+        assert_eq!(why_late("quiet", &sample(9, 4, [0; 3])), Some(Late::Answer));
         assert_eq!(why_late("quiet", &sample(9, 4, cpu)), Some(Late::Cpu));
     }
 
     #[test]
-    fn an_exit_of_a_burst_behind_the_poller_is_put_down_to_the_cpu_or_plegd() {
+    fn an_exit_of_a_burst_behind_the_poller_is_put_down_to_the_cpu_the_answer_or_the_start() {
         assert_eq!(why_behind_poller(&sample(9, 4, [0; 3])), None);
-        assert_eq!(why_behind_poller(&sample(12, 4, [0; 3])), Some(Late::Plegd));
+        assert_eq!(
+            why_behind_poller(&sample(12, 4, [0; 3])),
+            Some(Late::Answer)
+        );
         let three = [1_000, 1_000, 1_000];
         assert_eq!(why_behind_poller(&sample(12, 4, three)), Some(Late::Cpu));
-        assert_eq!(why_behind_poller(&sample(13, 4, three)), Some(Late::Plegd));
+        assert_eq!(why_behind_poller(&sample(13, 4, three)), Some(Late::Answer));
+        // plegd's status read began 8 ms after the raw event.
+        let mut began_late = sample(13, 4, [0; 3]);
+        if let Some(p) = began_late.plegd.as_mut() {
+            p.read_ns += 6_000_000;
+        }
+        assert_eq!(why_behind_poller(&began_late), Some(Late::Start));
+        assert_eq!(why_late("quiet", &began_late), Some(Late::Start));
     }
 
     #[test]
