@@ -25,6 +25,8 @@ pub struct Waited {
     pub plegd: Duration,
     pub output: Duration,
     pub reader: Duration,
+    /// plegd's actor thread's time on a CPU meanwhile (busy, not waiting).
+    pub plegd_ran: Duration,
 }
 
 /// plegd's thread that runs its actors (the process's main thread).
@@ -46,10 +48,12 @@ impl CpuWaits {
     }
 
     pub fn now(&self) -> Result<Waited> {
+        let (plegd_ran, plegd) = schedstat(&self.plegd)?;
         Ok(Waited {
-            plegd: waited(&self.plegd)?,
-            output: waited(&self.output)?,
-            reader: waited(&self.reader)?,
+            plegd,
+            output: schedstat(&self.output)?.1,
+            reader: schedstat(&self.reader)?.1,
+            plegd_ran,
         })
     }
 }
@@ -120,15 +124,15 @@ fn schedstat_of(tasks: &Path, name: &str) -> Result<PathBuf> {
     }
 }
 
-fn waited(schedstat: &Path) -> Result<Duration> {
-    let text = std::fs::read_to_string(schedstat)
-        .with_context(|| format!("{} (has the thread ended?)", schedstat.display()))?;
-    let ns = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse::<u64>().ok())
-        .with_context(|| format!("no wait time in {}: {text:?}", schedstat.display()))?;
-    Ok(Duration::from_nanos(ns))
+/// A thread's time on a CPU and time waiting for one, from its schedstat file.
+fn schedstat(path: &Path) -> Result<(Duration, Duration)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{} (has the thread ended?)", path.display()))?;
+    let mut fields = text.split_whitespace().map(|v| v.parse::<u64>().ok());
+    match (fields.next().flatten(), fields.next().flatten()) {
+        (Some(ran), Some(waited)) => Ok((Duration::from_nanos(ran), Duration::from_nanos(waited))),
+        _ => bail!("no run and wait times in {}: {text:?}", path.display()),
+    }
 }
 
 impl Waited {
@@ -138,6 +142,7 @@ impl Waited {
             plegd: self.plegd.saturating_sub(before.plegd),
             output: self.output.saturating_sub(before.output),
             reader: self.reader.saturating_sub(before.reader),
+            plegd_ran: self.plegd_ran.saturating_sub(before.plegd_ran),
         }
     }
 
@@ -145,10 +150,11 @@ impl Waited {
     pub fn describe(&self) -> String {
         let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
         format!(
-            "waited for a CPU: plegd {}, its output {}, the harness's reader {} ms",
+            "waited for a CPU: plegd {}, its output {}, the harness's reader {} ms; plegd's actor thread ran {} ms",
             ms(self.plegd),
             ms(self.output),
-            ms(self.reader)
+            ms(self.reader),
+            ms(self.plegd_ran)
         )
     }
 }
@@ -227,7 +233,11 @@ mod tests {
         }
         end(threads);
         assert!(span.reader > Duration::ZERO, "{span:?}");
-        assert_eq!((span.plegd, span.output), (Duration::ZERO, Duration::ZERO));
+        // The threads named as plegd's slept: neither waited nor ran.
+        assert_eq!(
+            (span.plegd, span.output, span.plegd_ran),
+            (Duration::ZERO, Duration::ZERO, Duration::ZERO)
+        );
     }
 
     #[test]
@@ -256,15 +266,18 @@ mod tests {
             plegd: at(1_000),
             output: at(2_000),
             reader: at(0),
+            plegd_ran: at(10_000),
         };
         let after = Waited {
             plegd: at(4_250),
             output: at(2_000),
             reader: at(1_500),
+            plegd_ran: at(10_700),
         };
         assert_eq!(
             after.since(&before).describe(),
-            "waited for a CPU: plegd 3.25, its output 0.00, the harness's reader 1.50 ms"
+            "waited for a CPU: plegd 3.25, its output 0.00, the harness's reader 1.50 ms; \
+             plegd's actor thread ran 0.70 ms"
         );
     }
 }

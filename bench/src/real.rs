@@ -625,6 +625,14 @@ fn late_exit(set: &str, s: &Sample) -> Option<String> {
     if ms_between(plegd.at, raw) <= LATE_MS {
         return None;
     }
+    exit_times(set, s)
+}
+
+/// Where an exit's time went, as [`late_exit`] shows it (none without the raw event
+/// or plegd's line).
+fn exit_times(set: &str, s: &Sample) -> Option<String> {
+    let plegd = s.plegd.as_ref()?;
+    let raw = s.checked[0].arrived?;
     let id = s.id.get(..12).unwrap_or(&s.id);
     let waited = s.waited.map_or("waits not known".into(), |w| w.describe());
     if plegd.read_ns == 0 {
@@ -1016,6 +1024,15 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
             counted.map(|w| by.get(&w).copied().unwrap_or(0).to_string()).join(" / "),
             all_bursts.len()
         );
+        let started_late: Vec<String> = all_bursts
+            .iter()
+            .filter(|s| why_behind_poller(s) == Some(Late::Start))
+            .filter_map(|s| exit_times("burst", s))
+            .collect();
+        println!(
+            "| 20 exits at once, those whose status read began later, each as the late single exits | {} |",
+            if started_late.is_empty() { "none".into() } else { started_late.join("; ") }
+        );
     }
     for (i, b) in bursts.iter().enumerate() {
         let last_plegd = b
@@ -1090,6 +1107,7 @@ mod tests {
                 plegd: Duration::from_micros(waited_us[0]),
                 output: Duration::from_micros(waited_us[1]),
                 reader: Duration::from_micros(waited_us[2]),
+                plegd_ran: Duration::from_micros(500),
             }),
         }
     }
@@ -1101,13 +1119,15 @@ mod tests {
         assert_eq!(
             line("poller"),
             "poller 0123456789ab evented_pleg 2.00 + 7.00 ms (poller 1.00), \
-             waited for a CPU: plegd 3.10, its output 0.00, the harness's reader 0.25 ms"
+             waited for a CPU: plegd 3.10, its output 0.00, the harness's reader 0.25 ms; \
+             plegd's actor thread ran 0.50 ms"
         );
         // Quiet, the poller only stamps its event's arrival: no answer to show.
         assert_eq!(
             line("quiet"),
             "quiet 0123456789ab evented_pleg 2.00 + 7.00 ms, \
-             waited for a CPU: plegd 3.10, its output 0.00, the harness's reader 0.25 ms"
+             waited for a CPU: plegd 3.10, its output 0.00, the harness's reader 0.25 ms; \
+             plegd's actor thread ran 0.50 ms"
         );
     }
 
