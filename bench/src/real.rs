@@ -663,22 +663,23 @@ enum Late {
     /// The threads that carry plegd's line waited for a CPU at least that long after
     /// the raw event.
     Cpu,
-    /// Else: plegd's status read that showed the death began within [`LATE_MS`] of the
-    /// raw event, so its answer (or the line after it) came late.
-    Answer,
-    /// Else: that read began later, or its time is not known.
-    Start,
+    /// Else: plegd's actor thread was on a CPU (on this exit or other work) for the
+    /// rest of the excess: plegd was busy.
+    Busy,
+    /// Else: plegd's actor thread was idle most of the excess, waiting for answers to
+    /// its reads (this exit's, or others' it waits on).
+    Idle,
 }
 
 impl Late {
-    const ALL: [Late; 4] = [Late::Floor, Late::Cpu, Late::Answer, Late::Start];
+    const ALL: [Late; 4] = [Late::Floor, Late::Cpu, Late::Busy, Late::Idle];
 
     fn describe(self) -> &'static str {
         match self {
             Late::Floor => "the status poller, checking, answered at most 5 ms before plegd's line (containerd's answer was late)",
             Late::Cpu => "(else) plegd's actor and output threads and the harness's reader waited for a CPU, summed, at least that long from the raw event to the line",
-            Late::Answer => "(else) plegd's status read that showed the death began within 5 ms of the raw event (its answer, or the line after it, came late)",
-            Late::Start => "(else) that read began later",
+            Late::Busy => "(else) those waits and the time plegd's actor thread ran (busy) cover it",
+            Late::Idle => "(else) plegd's actor thread was idle, waiting for answers of containerd",
         }
     }
 }
@@ -708,23 +709,19 @@ fn why_behind_poller(s: &Sample) -> Option<Late> {
 }
 
 /// Whether `excess_ms` is within the waits for a CPU of the threads that carry the
-/// line, else where plegd's time went.
+/// line, else whether plegd's actor thread was busy or idle.
 fn within_waits(s: &Sample, excess_ms: f64) -> Late {
-    let waited = s
-        .waited
-        .map_or(Duration::ZERO, |w| w.plegd + w.output + w.reader);
-    if waited.as_secs_f64() * 1e3 >= excess_ms {
-        return Late::Cpu;
-    }
-    let began = s
-        .plegd
-        .as_ref()
-        .filter(|p| p.read_ns != 0)
-        .zip(s.checked[0].arrived)
-        .map(|(p, raw)| (p.read_ns - epoch_ns(raw)) as f64 / 1e6);
-    match began {
-        Some(ms) if ms <= LATE_MS => Late::Answer,
-        _ => Late::Start,
+    let Some(w) = s.waited else {
+        return Late::Idle;
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let waited = ms(w.plegd + w.output + w.reader);
+    if waited >= excess_ms {
+        Late::Cpu
+    } else if waited + ms(w.plegd_ran) >= excess_ms {
+        Late::Busy
+    } else {
+        Late::Idle
     }
 }
 
@@ -1017,21 +1014,25 @@ fn print_rows(m: &Measured, broadcast: bool, floor: &Floor) {
                 *by.entry(why).or_default() += 1;
             }
         }
-        let counted = [Late::Cpu, Late::Answer, Late::Start];
+        let counted = [Late::Cpu, Late::Busy, Late::Idle];
         println!(
             "| 20 exits at once: plegd's ContainerDied more than {LATE_MS} ms after the status poller's EXITED answer, by what the excess over {LATE_MS} ms is within: {} | {} of {} |",
             counted.map(Late::describe).join("; "),
             counted.map(|w| by.get(&w).copied().unwrap_or(0).to_string()).join(" / "),
             all_bursts.len()
         );
-        let started_late: Vec<String> = all_bursts
+        let busy: Vec<String> = all_bursts
             .iter()
-            .filter(|s| why_behind_poller(s) == Some(Late::Start))
+            .filter(|s| why_behind_poller(s) == Some(Late::Busy))
             .filter_map(|s| exit_times("burst", s))
             .collect();
         println!(
-            "| 20 exits at once, those whose status read began later, each as the late single exits | {} |",
-            if started_late.is_empty() { "none".into() } else { started_late.join("; ") }
+            "| 20 exits at once, those while plegd was busy, each as the late single exits | {} |",
+            if busy.is_empty() {
+                "none".into()
+            } else {
+                busy.join("; ")
+            }
         );
     }
     for (i, b) in bursts.iter().enumerate() {
@@ -1083,6 +1084,11 @@ mod tests {
     /// begun 2 ms after it; the status poller answered `poller_ms` after it; plegd's
     /// threads and the reader waited for a CPU `waited_us` each.
     fn sample(plegd_ms: u64, poller_ms: u64, waited_us: [u64; 3]) -> Sample {
+        ran(plegd_ms, poller_ms, waited_us, 500)
+    }
+
+    /// The same, plegd's actor thread on a CPU `ran_us` meanwhile.
+    fn ran(plegd_ms: u64, poller_ms: u64, waited_us: [u64; 3], ran_us: u64) -> Sample {
         let raw = Instant::now();
         let mut checked = [Checked::default(); CHECKS.len()];
         checked[0].arrived = Some(raw);
@@ -1107,7 +1113,7 @@ mod tests {
                 plegd: Duration::from_micros(waited_us[0]),
                 output: Duration::from_micros(waited_us[1]),
                 reader: Duration::from_micros(waited_us[2]),
-                plegd_ran: Duration::from_micros(500),
+                plegd_ran: Duration::from_micros(ran_us),
             }),
         }
     }
@@ -1132,44 +1138,43 @@ mod tests {
     }
 
     #[test]
-    fn a_late_exit_is_put_down_to_the_floor_then_the_cpu_then_plegds_read() {
+    fn a_late_exit_is_put_down_to_the_floor_the_cpu_or_plegd_busy_or_idle() {
         // Not late.
         assert_eq!(why_late("poller", &sample(5, 0, [0; 3])), None);
         // 9 ms: the poller's 4 ms answer leaves 5 ms to plegd.
         assert_eq!(why_late("poller", &sample(9, 4, [0; 3])), Some(Late::Floor));
-        assert_eq!(
-            why_late("checked", &sample(9, 3, [0; 3])),
-            Some(Late::Answer)
-        );
-        // The 4 ms over 5 are within the waits, summed over the three threads.
+        // 4 ms over 5; plegd's actor thread ran 0.5 ms of it.
+        assert_eq!(why_late("checked", &sample(9, 3, [0; 3])), Some(Late::Idle));
+        // The waits summed over the three threads cover it.
         let cpu = [2_000, 1_000, 1_000];
         assert_eq!(why_late("checked", &sample(9, 3, cpu)), Some(Late::Cpu));
+        // The waits and the run time cover it.
+        let nearly = [2_000, 1_000, 500];
+        assert_eq!(why_late("checked", &sample(9, 3, nearly)), Some(Late::Busy));
         assert_eq!(
-            why_late("checked", &sample(9, 3, [2_000, 1_000, 999])),
-            Some(Late::Answer)
+            why_late("checked", &ran(9, 3, nearly, 499)),
+            Some(Late::Idle)
+        );
+        assert_eq!(
+            why_late("checked", &ran(9, 3, [0; 3], 4_000)),
+            Some(Late::Busy)
         );
         // A quiet poller's answer is its event's arrival, no floor.
-        assert_eq!(why_late("quiet", &sample(9, 4, [0; 3])), Some(Late::Answer));
+        assert_eq!(why_late("quiet", &sample(9, 4, [0; 3])), Some(Late::Idle));
         assert_eq!(why_late("quiet", &sample(9, 4, cpu)), Some(Late::Cpu));
     }
 
     #[test]
-    fn an_exit_of_a_burst_behind_the_poller_is_put_down_to_the_cpu_the_answer_or_the_start() {
+    fn an_exit_of_a_burst_behind_the_poller_is_put_down_to_the_cpu_or_plegd_busy_or_idle() {
         assert_eq!(why_behind_poller(&sample(9, 4, [0; 3])), None);
-        assert_eq!(
-            why_behind_poller(&sample(12, 4, [0; 3])),
-            Some(Late::Answer)
-        );
+        assert_eq!(why_behind_poller(&sample(12, 4, [0; 3])), Some(Late::Idle));
         let three = [1_000, 1_000, 1_000];
         assert_eq!(why_behind_poller(&sample(12, 4, three)), Some(Late::Cpu));
-        assert_eq!(why_behind_poller(&sample(13, 4, three)), Some(Late::Answer));
-        // plegd's status read began 8 ms after the raw event.
-        let mut began_late = sample(13, 4, [0; 3]);
-        if let Some(p) = began_late.plegd.as_mut() {
-            p.read_ns += 6_000_000;
-        }
-        assert_eq!(why_behind_poller(&began_late), Some(Late::Start));
-        assert_eq!(why_late("quiet", &began_late), Some(Late::Start));
+        assert_eq!(why_behind_poller(&sample(13, 4, three)), Some(Late::Idle));
+        assert_eq!(
+            why_behind_poller(&ran(13, 4, three, 1_000)),
+            Some(Late::Busy)
+        );
     }
 
     #[test]
