@@ -29,21 +29,30 @@ pub struct Waited {
     pub plegd_ran: Duration,
 }
 
-/// plegd's thread that runs its actors (the process's main thread).
-const PLEGD_ACTORS: &str = "plegd";
 /// plegd's event output thread (`plegd/src/output.rs`).
 const PLEGD_OUTPUT: &str = "event-output";
 /// The harness's thread that reads plegd's stdout (`procs::Plegd`).
 pub const READER: &str = "plegd-events";
 
 impl CpuWaits {
-    /// The threads of plegd's process `plegd` and of this one.
+    /// The threads of plegd's process `plegd` (its actors run on its main thread,
+    /// whatever the binary is called) and of this one.
     pub fn new(plegd: u32) -> Result<CpuWaits> {
         let tasks = PathBuf::from(format!("/proc/{plegd}/task"));
+        let main = tasks.join(plegd.to_string()).join("schedstat");
+        if !main.exists() {
+            bail!("no {}: has plegd exited?", main.display());
+        }
+        CpuWaits::of(main, &tasks, Path::new("/proc/self/task"))
+    }
+
+    /// plegd's actor thread's schedstat file `actors`; its output thread under
+    /// `plegd_tasks`, the reader under `own_tasks`.
+    fn of(actors: PathBuf, plegd_tasks: &Path, own_tasks: &Path) -> Result<CpuWaits> {
         Ok(CpuWaits {
-            plegd: schedstat_of(&tasks, PLEGD_ACTORS)?,
-            output: schedstat_of(&tasks, PLEGD_OUTPUT)?,
-            reader: schedstat_of(Path::new("/proc/self/task"), READER)?,
+            plegd: actors,
+            output: schedstat_of(plegd_tasks, PLEGD_OUTPUT)?,
+            reader: schedstat_of(own_tasks, READER)?,
         })
     }
 
@@ -172,6 +181,25 @@ mod tests {
         }
     }
 
+    /// What stands for plegd's actor thread in this process.
+    const ACTORS: &str = "plegd-actors";
+
+    /// The threads of [`CpuWaits`] in this process: a thread named [`ACTORS`] for
+    /// plegd's main thread.
+    fn in_this_process() -> Result<CpuWaits> {
+        let own = Path::new("/proc/self/task");
+        CpuWaits::of(schedstat_of(own, ACTORS)?, own, own)
+    }
+
+    #[test]
+    fn a_process_without_its_threads_is_refused() {
+        let gone = CpuWaits::new(u32::MAX).err().map(|e| e.to_string());
+        assert_eq!(
+            gone.as_deref(),
+            Some("no /proc/4294967295/task/4294967295/schedstat: has plegd exited?")
+        );
+    }
+
     /// The tests that name threads of this process, one at a time.
     static NAMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -207,7 +235,7 @@ mod tests {
         // The reader and a hog for every CPU spin together: some must wait for one.
         let go = Arc::new(Barrier::new(cpus + 2));
         let done = Arc::new(Barrier::new(2));
-        let mut threads = vec![named(PLEGD_ACTORS, || {}), named(PLEGD_OUTPUT, || {})];
+        let mut threads = vec![named(ACTORS, || {}), named(PLEGD_OUTPUT, || {})];
         let (g, d) = (go.clone(), done.clone());
         threads.push(named(READER, move || {
             g.wait();
@@ -223,7 +251,7 @@ mod tests {
                 })
             })
             .collect();
-        let waits = CpuWaits::new(std::process::id()).expect("the three threads");
+        let waits = in_this_process().expect("the three threads");
         let before = waits.now().expect("schedstat");
         go.wait();
         done.wait();
@@ -244,14 +272,12 @@ mod tests {
     fn a_second_thread_of_a_name_is_refused() {
         let _one = NAMING.lock().unwrap_or_else(|e| e.into_inner());
         let threads = vec![
-            named(PLEGD_ACTORS, || {}),
+            named(ACTORS, || {}),
             named(PLEGD_OUTPUT, || {}),
             named(READER, || {}),
             named(READER, || {}),
         ];
-        let err = CpuWaits::new(std::process::id())
-            .err()
-            .map(|e| e.to_string());
+        let err = in_this_process().err().map(|e| e.to_string());
         end(threads);
         assert_eq!(
             err.as_deref(),
